@@ -1,0 +1,141 @@
+package config
+
+import "time"
+
+// Config is the agent's whole configuration. Field tags are the YAML/koanf
+// keys users write; keep them stable (see DESIGN.md, "Config and command
+// line"), add new ones freely.
+type Config struct {
+	NodeName   string `koanf:"nodeName"`
+	Kubeconfig string `koanf:"kubeconfig"`
+	Manifests  string `koanf:"manifests"`
+	Mode       string `koanf:"mode"` // iptables | ipvs | plan
+	// ProxyName is matched against the service.kubernetes.io/service-proxy-name
+	// label: Services carrying the label are skipped unless it names us.
+	ProxyName         string   `koanf:"proxyName"`
+	ClusterCIDR       string   `koanf:"clusterCIDR"`
+	MasqueradeAll     bool     `koanf:"masqueradeAll"`
+	NodePortAddresses []string `koanf:"nodePortAddresses"`
+	// ExternalIPs enables programming spec.externalIPs (upstream deprecated
+	// them; off by default).
+	ExternalIPs bool `koanf:"externalIPs"`
+
+	Sync     Sync     `koanf:"sync"`
+	IPTables IPTables `koanf:"iptables"`
+	IPVS     IPVS     `koanf:"ipvs"`
+	Policy   Policy   `koanf:"policy"`
+	StateDir string   `koanf:"stateDir"`
+	Server   Server   `koanf:"server"`
+	Log      Log      `koanf:"log"`
+	// Labels lists the node labels, and ServiceKeyPrefix the service label
+	// and annotation prefix, that are kept and handed to policy modules.
+	NodeLabels       []string `koanf:"nodeLabels"`
+	ServiceKeyPrefix string   `koanf:"serviceKeyPrefix"`
+}
+
+// Sync sets the sync runner's timing.
+type Sync struct {
+	MinPeriod time.Duration `koanf:"minPeriod"` // at most one sync per MinPeriod
+	Period    time.Duration `koanf:"period"`    // a full resync at least this often
+	// HealthTimeout: /healthz fails when a queued change has waited longer.
+	HealthTimeout time.Duration `koanf:"healthTimeout"`
+}
+
+// IPTables configures the iptables datapath (and the iptables part of IPVS mode).
+type IPTables struct {
+	MasqueradeBit      int  `koanf:"masqueradeBit"` // 0..31
+	LocalhostNodePorts bool `koanf:"localhostNodePorts"`
+	// LockWait bounds the wait on the xtables lock.
+	LockWait time.Duration `koanf:"lockWait"`
+}
+
+// IPVS configures the IPVS datapath.
+type IPVS struct {
+	Scheduler      string        `koanf:"scheduler"`
+	SchedulerFlags []string      `koanf:"schedulerFlags"`
+	Interface      string        `koanf:"interface"`
+	StrictARP      bool          `koanf:"strictARP"`
+	GracePeriod    time.Duration `koanf:"gracePeriod"`
+	TCPTimeout     time.Duration `koanf:"tcpTimeout"`
+	TCPFinTimeout  time.Duration `koanf:"tcpFinTimeout"`
+	UDPTimeout     time.Duration `koanf:"udpTimeout"`
+}
+
+// Policy configures the Wasm policy engine.
+type Policy struct {
+	Engine        string        `koanf:"engine"` // compiler | interpreter
+	Timeout       time.Duration `koanf:"timeout"`
+	MemoryLimit   Size          `koanf:"memoryLimit"`
+	MaxModuleSize Size          `koanf:"maxModuleSize"`
+	Modules       []Module      `koanf:"modules"`
+	Chains        []Chain       `koanf:"chains"`
+}
+
+// Module names a Wasm module file.
+type Module struct {
+	Name   string `koanf:"name"`
+	Path   string `koanf:"path"`
+	SHA256 string `koanf:"sha256"` // optional pin, hex
+}
+
+// Chain runs modules, in order, for the services it matches.
+type Chain struct {
+	Name    string      `koanf:"name"`
+	Match   Match       `koanf:"match"`
+	Modules []ChainStep `koanf:"modules"`
+	// Failure is keep-builtin (default) or last-good.
+	Failure string `koanf:"failure"`
+	// AllowEmpty lets a module drop every endpoint of a service; otherwise an
+	// all-zero output counts as a failure.
+	AllowEmpty bool `koanf:"allowEmpty"`
+}
+
+// Match selects services; every non-empty part must match.
+type Match struct {
+	Namespaces  []string          `koanf:"namespaces"`
+	Labels      map[string]string `koanf:"labels"`
+	Annotations map[string]string `koanf:"annotations"`
+}
+
+// ChainStep is one module of a chain with its own config, handed to the
+// module once at init as JSON.
+type ChainStep struct {
+	Module string         `koanf:"module"`
+	Config map[string]any `koanf:"config"`
+}
+
+// Server sets the HTTP listen addresses; empty disables a server.
+type Server struct {
+	Healthz string `koanf:"healthz"`
+	Metrics string `koanf:"metrics"`
+}
+
+// Log sets logging.
+type Log struct {
+	Level  string `koanf:"level"`  // debug | info | warn | error
+	Format string `koanf:"format"` // text | json
+}
+
+// Size is a byte count written as 16Mi, 512Ki, 1G or a plain number.
+type Size int64
+
+// Default returns the configuration used when nothing else is said.
+func Default() Config {
+	return Config{
+		Mode:      "iptables",
+		ProxyName: "edgeproxy",
+		Sync:      Sync{MinPeriod: time.Second, Period: 30 * time.Second, HealthTimeout: 60 * time.Second},
+		IPTables:  IPTables{MasqueradeBit: 14, LocalhostNodePorts: true, LockWait: 5 * time.Second},
+		IPVS: IPVS{
+			Scheduler: "rr", Interface: "edgeproxy0", GracePeriod: 30 * time.Second,
+		},
+		Policy: Policy{
+			Engine: "compiler", Timeout: 5 * time.Millisecond,
+			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
+		},
+		StateDir:         "/var/lib/edgeproxy",
+		Server:           Server{Healthz: "127.0.0.1:10256", Metrics: "127.0.0.1:10249"},
+		Log:              Log{Level: "info", Format: "text"},
+		ServiceKeyPrefix: "edgeproxy.io/",
+	}
+}

@@ -1,0 +1,127 @@
+// Package model holds the agent's own, Kubernetes-free view of the objects it
+// reads: services split into service ports, endpoint slices and this node.
+// The source package converts API objects into these types (skipping and
+// counting the ones it cannot use); everything after it works on them.
+package model
+
+import (
+	"net/netip"
+	"time"
+)
+
+// ServicePortName identifies one port of one service.
+type ServicePortName struct {
+	Namespace string
+	Name      string
+	Port      string // the port's name; empty for a service's only, unnamed port
+}
+
+// String is "namespace/name:port", or "namespace/name" for an unnamed port.
+func (n ServicePortName) String() string {
+	s := n.Namespace + "/" + n.Name
+	if n.Port != "" {
+		s += ":" + n.Port
+	}
+	return s
+}
+
+// ServiceName returns "namespace/name".
+func (n ServicePortName) ServiceName() string { return n.Namespace + "/" + n.Name }
+
+// TrafficDistribution values the selection understands.
+const (
+	PreferSameZone = "PreferSameZone"
+	PreferClose    = "PreferClose" // older alias of PreferSameZone
+	PreferSameNode = "PreferSameNode"
+)
+
+// Service is one Service, already checked: it is not headless, not
+// ExternalName and meant for this proxy.
+type Service struct {
+	Namespace, Name string
+	// ClusterIPs, ExternalIPs and LoadBalancerIPs may mix IP families.
+	// LoadBalancerIPs leaves out ingress points with ipMode Proxy.
+	ClusterIPs      []netip.Addr
+	ExternalIPs     []netip.Addr
+	LoadBalancerIPs []netip.Addr
+	SourceRanges    []netip.Prefix
+	// InternalLocal and ExternalLocal are the traffic policies set to Local.
+	InternalLocal bool
+	ExternalLocal bool
+	// HealthCheckNodePort is set for LoadBalancer services with external
+	// traffic policy Local.
+	HealthCheckNodePort uint16
+	// Affinity is the ClientIP session affinity timeout; zero means none.
+	Affinity            time.Duration
+	TrafficDistribution string
+	// Labels and Annotations kept after stripping (see source).
+	Labels      map[string]string
+	Annotations map[string]string
+	Ports       []ServicePort
+}
+
+// ServicePort is one port of a Service.
+type ServicePort struct {
+	Name     string // empty for an unnamed port
+	Protocol string // TCP, UDP or SCTP
+	Port     uint16
+	NodePort uint16 // 0 when none
+}
+
+// EndpointSlice is the part of a discovery/v1 EndpointSlice the proxy reads.
+type EndpointSlice struct {
+	Namespace, Name string
+	Service         string // the kubernetes.io/service-name label
+	Family          Family
+	Ports           []EndpointPort
+	Endpoints       []Endpoint
+}
+
+// Family is the address family of a slice.
+type Family uint8
+
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// EndpointPort maps a service port name to the port endpoints listen on.
+type EndpointPort struct {
+	Name     string
+	Protocol string
+	Port     uint16
+}
+
+// Endpoint is one address of a slice, with its conditions. A nil condition in
+// the API is already resolved here the way kube-proxy reads it: ready
+// defaults to true, serving defaults to ready, terminating to false.
+type Endpoint struct {
+	Addr        netip.Addr
+	NodeName    string
+	Zone        string
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	// HintZones and HintNodes are the topology hints (forZones, forNodes).
+	HintZones []string
+	HintNodes []string
+}
+
+// PortEndpoint is an endpoint of one service port: an address with the
+// port it listens on for that service port.
+type PortEndpoint struct {
+	Endpoint
+	Port uint16
+}
+
+// AddrPort returns the endpoint's address and port.
+func (e PortEndpoint) AddrPort() netip.AddrPort { return netip.AddrPortFrom(e.Addr, e.Port) }
+
+// Node is the node the agent runs on.
+type Node struct {
+	Name      string
+	Zone      string // topology.kubernetes.io/zone
+	Region    string // topology.kubernetes.io/region
+	Labels    map[string]string
+	Addresses []netip.Addr // InternalIP and ExternalIP addresses
+}

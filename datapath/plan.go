@@ -1,0 +1,269 @@
+// Package datapath defines what the agent asks the kernel to do: a Plan of
+// frontends (service addresses) with weighted endpoints, and the Backend
+// interface that makes the kernel match it. It knows nothing of Kubernetes;
+// the agent translates Services and EndpointSlices into a Plan.
+package datapath
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Protocol is a transport protocol as the kernel names it.
+type Protocol string
+
+const (
+	TCP  Protocol = "TCP"
+	UDP  Protocol = "UDP"
+	SCTP Protocol = "SCTP"
+)
+
+// Kind says how traffic reaches a frontend; it decides masquerading and
+// which traffic policy applies.
+type Kind string
+
+const (
+	ClusterIP    Kind = "ClusterIP"
+	NodePort     Kind = "NodePort"
+	ExternalIP   Kind = "ExternalIP"
+	LoadBalancer Kind = "LoadBalancer"
+)
+
+// External reports whether traffic to this kind of frontend comes from
+// outside the cluster and so follows the external traffic policy.
+func (k Kind) External() bool { return k != ClusterIP }
+
+// MaxWeight is the largest endpoint weight a plan may carry. It matches the
+// policy ABI's maximum and fits IPVS's signed 32-bit weight.
+const MaxWeight = 10000
+
+// Endpoint is one destination of a frontend.
+type Endpoint struct {
+	Addr   netip.AddrPort
+	Weight uint32 // 1..MaxWeight; endpoints of weight 0 are left out of a plan
+	Local  bool   // runs on this node
+}
+
+func (e Endpoint) String() string { return fmt.Sprintf("%s w=%d", e.Addr, e.Weight) }
+
+// Frontend is one address:port:protocol that the node must answer for, with
+// the endpoints that traffic to it is spread over.
+type Frontend struct {
+	// Service names the service port this frontend belongs to, as
+	// "namespace/name:port" (":port" is empty for an unnamed port). Frontends
+	// of one service port share a name; datapaths use it to group, to name
+	// kernel objects and to sync partially.
+	Service  string
+	Kind     Kind
+	Protocol Protocol
+	// Addr is the virtual address. For a NodePort frontend it is invalid
+	// (the zero Addr), meaning every node-port address of the node; Family
+	// then says which IP family it serves.
+	Addr   netip.Addr
+	Family Family
+	Port   uint16
+
+	// Endpoints, already filtered by traffic policy and weighted. Empty
+	// means the frontend has no endpoints: new connections are refused,
+	// or dropped when LocalOnly is set.
+	Endpoints []Endpoint
+	// LocalOnly is set when the external traffic policy is Local: endpoints
+	// are all on this node, the client's source address is kept, and traffic
+	// is dropped rather than refused when there are none.
+	LocalOnly bool
+	// Affinity is the ClientIP session affinity timeout; zero means none.
+	Affinity time.Duration
+	// SourceRanges restricts who may reach a LoadBalancer frontend; empty
+	// means anyone.
+	SourceRanges []netip.Prefix
+	// Scheduler is the IPVS scheduler (empty: the configured default), with
+	// optional scheduler flags. The iptables datapath ignores both.
+	Scheduler      string
+	SchedulerFlags []string
+}
+
+// Family is an IP family.
+type Family uint8
+
+const (
+	IPv4 Family = 4
+	IPv6 Family = 6
+)
+
+// FamilyOf returns the family of a.
+func FamilyOf(a netip.Addr) Family {
+	if a.Is4() || a.Is4In6() {
+		return IPv4
+	}
+	return IPv6
+}
+
+// Key identifies a frontend within a plan.
+type Key struct {
+	Kind     Kind
+	Protocol Protocol
+	Addr     netip.Addr
+	Family   Family
+	Port     uint16
+}
+
+// Key returns the frontend's identity.
+func (f *Frontend) Key() Key {
+	return Key{Kind: f.Kind, Protocol: f.Protocol, Addr: f.Addr, Family: f.Family, Port: f.Port}
+}
+
+// AddrString is the frontend's address as shown to people: "*" stands for
+// every node-port address of its family.
+func (f *Frontend) AddrString() string {
+	if !f.Addr.IsValid() {
+		if f.Family == IPv6 {
+			return "[*]:" + fmt.Sprint(f.Port)
+		}
+		return "*:" + fmt.Sprint(f.Port)
+	}
+	return netip.AddrPortFrom(f.Addr, f.Port).String()
+}
+
+// String renders one line: protocol, address:port, kind, service and the
+// weighted endpoints. The format is stable; tests compare it.
+func (f *Frontend) String() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-4s %s %s %s", f.Protocol, f.AddrString(), f.Kind, f.Service)
+	if f.LocalOnly {
+		b.WriteString(" local")
+	}
+	if f.Affinity > 0 {
+		fmt.Fprintf(&b, " affinity=%s", f.Affinity)
+	}
+	if len(f.SourceRanges) > 0 {
+		rs := make([]string, len(f.SourceRanges))
+		for i, r := range f.SourceRanges {
+			rs[i] = r.String()
+		}
+		fmt.Fprintf(&b, " from=%s", strings.Join(rs, ","))
+	}
+	if f.Scheduler != "" {
+		fmt.Fprintf(&b, " sched=%s", f.Scheduler)
+		if len(f.SchedulerFlags) > 0 {
+			fmt.Fprintf(&b, "(%s)", strings.Join(f.SchedulerFlags, ","))
+		}
+	}
+	b.WriteString(" ->")
+	if len(f.Endpoints) == 0 {
+		b.WriteString(" (none)")
+	}
+	for i, e := range f.Endpoints {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		fmt.Fprintf(&b, " %s w=%d", e.Addr, e.Weight)
+	}
+	return b.String()
+}
+
+// Plan is everything the node must program, as one immutable value.
+type Plan struct {
+	// Generation increases with every plan the agent computes.
+	Generation uint64
+	// Frontends, sorted by Compare.
+	Frontends []Frontend
+	// Changed names the service ports (Frontend.Service) that changed since
+	// the previous plan handed to the same Backend. Full is set when the
+	// backend must not rely on Changed and has to compare everything, e.g.
+	// the first plan, after a failed apply, or on a periodic resync.
+	Changed map[string]bool
+	Full    bool
+}
+
+// Compare orders frontends by service, then kind, address, port and protocol.
+func Compare(a, b *Frontend) int {
+	if c := strings.Compare(a.Service, b.Service); c != 0 {
+		return c
+	}
+	if c := strings.Compare(string(a.Kind), string(b.Kind)); c != 0 {
+		return c
+	}
+	if c := int(a.Family) - int(b.Family); c != 0 {
+		return c
+	}
+	if c := a.Addr.Compare(b.Addr); c != 0 {
+		return c
+	}
+	if c := int(a.Port) - int(b.Port); c != 0 {
+		return c
+	}
+	return strings.Compare(string(a.Protocol), string(b.Protocol))
+}
+
+// Sort puts the plan's frontends in their canonical order.
+func (p *Plan) Sort() {
+	slices.SortFunc(p.Frontends, func(a, b Frontend) int { return Compare(&a, &b) })
+}
+
+// String renders one line per frontend, in order. Stable for golden tests.
+func (p *Plan) String() string {
+	var b strings.Builder
+	for i := range p.Frontends {
+		b.WriteString(p.Frontends[i].String())
+		b.WriteByte('\n')
+	}
+	return b.String()
+}
+
+// Validate checks the invariants a Backend relies on and returns every
+// violation found, joined.
+func (p *Plan) Validate() error {
+	var errs []string
+	seen := make(map[Key]string, len(p.Frontends))
+	for i := range p.Frontends {
+		f := &p.Frontends[i]
+		where := fmt.Sprintf("frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)
+		switch f.Protocol {
+		case TCP, UDP, SCTP:
+		default:
+			errs = append(errs, fmt.Sprintf("%s: unknown protocol %q", where, f.Protocol))
+		}
+		if f.Port == 0 {
+			errs = append(errs, where+": port 0")
+		}
+		if f.Addr.IsValid() && FamilyOf(f.Addr) != f.Family {
+			errs = append(errs, fmt.Sprintf("%s: address family %d does not match family %d", where, FamilyOf(f.Addr), f.Family))
+		}
+		if !f.Addr.IsValid() && f.Kind != NodePort {
+			errs = append(errs, where+": only NodePort frontends may have no address")
+		}
+		if prev, dup := seen[f.Key()]; dup {
+			errs = append(errs, fmt.Sprintf("%s: duplicates a frontend of %s", where, prev))
+		}
+		seen[f.Key()] = f.Service
+		for _, e := range f.Endpoints {
+			if e.Weight == 0 || e.Weight > MaxWeight {
+				errs = append(errs, fmt.Sprintf("%s: endpoint %s: weight %d out of range 1..%d", where, e.Addr, e.Weight, MaxWeight))
+			}
+			if FamilyOf(e.Addr.Addr()) != f.Family {
+				errs = append(errs, fmt.Sprintf("%s: endpoint %s is not IPv%d", where, e.Addr, f.Family))
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return fmt.Errorf("datapath: invalid plan: %s", strings.Join(errs, "; "))
+	}
+	return nil
+}
+
+// Backend makes the kernel match a plan. Implementations must be idempotent:
+// applying the same plan twice changes nothing, and applying a plan after a
+// crash, or after someone removed kernel objects, repairs them.
+type Backend interface {
+	// Name is the mode, e.g. "iptables", "ipvs" or "plan".
+	Name() string
+	// Apply programs p. An error means the kernel may only partly match p;
+	// the caller then hands the next plan with Full set.
+	Apply(ctx context.Context, p *Plan) error
+	// Cleanup removes every kernel object this backend ever created.
+	Cleanup(ctx context.Context) error
+}
