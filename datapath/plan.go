@@ -267,3 +267,10 @@ type Backend interface {
 	// Cleanup removes every kernel object this backend ever created.
 	Cleanup(ctx context.Context) error
 }
+
+// Monitor is implemented by backends that can tell when their kernel objects
+// were changed behind their back (e.g. a chain flushed by hand). The agent
+// polls it every few seconds and answers true with a full sync.
+type Monitor interface {
+	Tampered(ctx context.Context) (bool, error)
+}
