@@ -75,6 +75,10 @@ type EndpointSlice struct {
 	Family          Family
 	Ports           []EndpointPort
 	Endpoints       []Endpoint
+	// TriggerTime is the endpoints.kubernetes.io/last-change-trigger-time
+	// annotation: when the change that produced this slice happened. It feeds
+	// the network programming latency metric; zero when absent.
+	TriggerTime time.Time
 }
 
 // Family is the address family of a slice.
