@@ -1,0 +1,69 @@
+// Command scheduler is a policy module that picks the IPVS scheduler per
+// service port. Weights pass through unchanged.
+//
+// The annotation (default edgeproxy.io/scheduler) wins: "sh", or with flags
+// "sh:sh-port,sh-fallback". Otherwise config rules apply, by port name or
+// number, then by protocol:
+//
+//	ports: {"443": sh, grpc: mh}
+//	protocols: {UDP: sh}
+//	default: ""        # empty: the node's configured scheduler
+package main
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/edgeproxy/edgeproxy/modules/sdk"
+)
+
+var cfg struct {
+	Annotation string            `json:"annotation"`
+	Ports      map[string]string `json:"ports"`
+	Protocols  map[string]string `json:"protocols"`
+	Default    string            `json:"default"`
+}
+
+func init() { sdk.Run(sdk.Module{Init: sdk.JSON(&cfg), Evaluate: evaluate}) }
+
+func set(out *sdk.Output, spec, why string) {
+	name, flags, _ := strings.Cut(strings.TrimSpace(spec), ":")
+	out.Scheduler = strings.TrimSpace(name)
+	out.SchedulerFlags = nil
+	for f := range strings.SplitSeq(flags, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out.SchedulerFlags = append(out.SchedulerFlags, f)
+		}
+	}
+	out.Reason = why
+}
+
+func evaluate(in *sdk.Input, out *sdk.Output) error {
+	key := cfg.Annotation
+	if key == "" {
+		key = "edgeproxy.io/scheduler"
+	}
+	if v, ok := sdk.Lookup(in.Service.Annotations, key); ok && v != "" {
+		set(out, v, "annotation "+key)
+		return nil
+	}
+	s := in.Service
+	for _, k := range []string{s.PortName, strconv.Itoa(int(s.Port))} {
+		if v, ok := cfg.Ports[k]; ok && k != "" {
+			set(out, v, "port rule "+k)
+			return nil
+		}
+	}
+	if v, ok := cfg.Protocols[s.Protocol]; ok {
+		set(out, v, "protocol rule "+s.Protocol)
+		return nil
+	}
+	if cfg.Default != "" {
+		set(out, cfg.Default, "default")
+		return nil
+	}
+	out.Reason = "no rule; node default"
+	return nil
+}
+
+func main() {}

@@ -1,0 +1,163 @@
+// Package sdk lets a policy module be written in a few lines of Go. A module
+// is a main package built with
+//
+//	GOOS=wasip1 GOARCH=wasm go build -buildmode=c-shared -o m.wasm .
+//
+// that registers its functions from init:
+//
+//	func init() { sdk.Run(sdk.Module{Evaluate: evaluate}) }
+//
+//	func evaluate(in *sdk.Input, out *sdk.Output) error {
+//		for i, e := range in.Endpoints {
+//			if !e.Local {
+//				out.Weights[i] = 0
+//			}
+//		}
+//		return nil
+//	}
+//
+//	func main() {}
+//
+// The SDK provides the exports policy/abi/ABI.md requires, decodes the
+// input, hands Evaluate an output whose weights are pre-filled with the
+// input weights, encodes the result and turns errors and panics into a clean
+// failure that the host counts and logs. The same code compiles for the
+// host, where Call runs a module's functions directly (for unit tests).
+package sdk
+
+import (
+	"encoding/json"
+	"fmt"
+
+	"github.com/edgeproxy/edgeproxy/policy/abi"
+)
+
+// Aliases so that modules need only this package.
+type (
+	Input    = abi.Input
+	Output   = abi.Output
+	Service  = abi.Service
+	Node     = abi.Node
+	Endpoint = abi.Endpoint
+	KV       = abi.KV
+)
+
+// MaxWeight is the largest weight a module may return.
+const MaxWeight = abi.MaxWeight
+
+// Module is what a module registers.
+type Module struct {
+	// Init receives the chain step's config (a JSON object, "{}" when
+	// none) once, before the first Evaluate. Optional.
+	Init func(config []byte) error
+	// Evaluate decides the weights of one service port's endpoints. out
+	// arrives with one weight per endpoint, copied from the input.
+	Evaluate func(in *Input, out *Output) error
+}
+
+var registered Module
+
+// Run registers m. Call it from an init function of the main package.
+func Run(m Module) { registered = m }
+
+// JSON returns an Init function that decodes the config into v.
+func JSON(v any) func([]byte) error {
+	return func(b []byte) error {
+		if err := json.Unmarshal(b, v); err != nil {
+			return fmt.Errorf("config: %w", err)
+		}
+		return nil
+	}
+}
+
+// Log levels.
+const (
+	Debug = abi.LevelDebug
+	Info  = abi.LevelInfo
+	Warn  = abi.LevelWarn
+	Error = abi.LevelError
+)
+
+// Logf writes a log line through the host (truncated and rate limited
+// there). Outside wasm it does nothing.
+func Logf(level int, format string, args ...any) {
+	hostLogString(level, fmt.Sprintf(format, args...))
+}
+
+// state is reused across calls so that an evaluation allocates little.
+var (
+	in     abi.Input
+	out    abi.Output
+	outBuf []byte
+)
+
+func doInit(config []byte) (err error) {
+	defer recoverInto(&err)
+	if registered.Evaluate == nil {
+		return fmt.Errorf("sdk: no module registered (call sdk.Run from init)")
+	}
+	if registered.Init != nil {
+		return registered.Init(config)
+	}
+	return nil
+}
+
+// evaluate decodes an input, runs the module and returns the encoded
+// output, or nil on failure.
+func evaluate(b []byte) []byte {
+	res, err := call(b)
+	if err != nil {
+		hostLogString(Error, err.Error())
+		return nil
+	}
+	return res
+}
+
+func call(b []byte) (res []byte, err error) {
+	defer recoverInto(&err)
+	if registered.Evaluate == nil {
+		return nil, fmt.Errorf("sdk: no module registered")
+	}
+	if err := abi.DecodeInput(b, &in); err != nil {
+		return nil, err
+	}
+	out.Weights = out.Weights[:0]
+	for i := range in.Endpoints {
+		out.Weights = append(out.Weights, in.Endpoints[i].Weight)
+	}
+	out.Scheduler, out.SchedulerFlags, out.Reason = "", nil, ""
+	if err := registered.Evaluate(&in, &out); err != nil {
+		return nil, err
+	}
+	outBuf = abi.AppendOutput(outBuf[:0], &out)
+	return outBuf, nil
+}
+
+func recoverInto(err *error) {
+	if r := recover(); r != nil {
+		*err = fmt.Errorf("sdk: module panicked: %v", r)
+	}
+}
+
+// Call runs the registered module on in the way the host would, through
+// the encoding, and returns its output. For unit tests of a module on the
+// build machine; config is passed to Init first when not nil.
+func Call(config []byte, input *Input) (*Output, error) {
+	if config != nil {
+		if err := doInit(config); err != nil {
+			return nil, err
+		}
+	}
+	res, err := call(abi.AppendInput(nil, input))
+	if err != nil {
+		return nil, err
+	}
+	var o abi.Output
+	if err := abi.DecodeOutput(res, &o); err != nil {
+		return nil, err
+	}
+	return &o, o.Validate(len(input.Endpoints))
+}
+
+// Lookup returns the value of key in a list of labels or annotations.
+func Lookup(kvs []KV, key string) (string, bool) { return abi.Lookup(kvs, key) }
