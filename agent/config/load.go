@@ -1,0 +1,168 @@
+// Package config loads, validates and hot-reloads the agent's configuration.
+//
+// A Config is built in layers, each overriding the one before:
+//
+//  1. Default(),
+//  2. the YAML file (optional),
+//  3. EDGEPROXY_-prefixed environment variables,
+//  4. command-line flags.
+//
+// The result is validated in full: every bad key is reported, each as
+// "config: <dotted.key>: <problem>" (see FieldError), and unknown keys in the
+// file are errors, so a typo never passes silently. Watcher re-reads the
+// file when it changes and swaps the new Config in atomically, or keeps the
+// old one when the new file is bad.
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"strings"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/confmap"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/v2"
+)
+
+// EnvPrefix starts every environment variable Load reads.
+const EnvPrefix = "EDGEPROXY_"
+
+// EnvConfig names the config file when LoadOptions.File is empty.
+const EnvConfig = EnvPrefix + "CONFIG"
+
+// LoadOptions says where Load finds each layer. The zero value loads
+// Default() plus the hostname as nodeName.
+type LoadOptions struct {
+	// File is the YAML config file. Empty: EDGEPROXY_CONFIG from Env, and
+	// if that is empty too, no file. A file that is named must exist.
+	File string
+	// Env holds "NAME=value" pairs, normally os.Environ(); nil means none
+	// (tests stay independent of the process environment). Variables
+	// starting with EDGEPROXY_ set the key they name with '.' written as
+	// '_', matched ignoring case and '_': EDGEPROXY_SYNC_MINPERIOD=2s,
+	// EDGEPROXY_NODENAME or EDGEPROXY_NODE_NAME, EDGEPROXY_MODE=plan. Lists
+	// are comma-separated (EDGEPROXY_NODEPORTADDRESSES=10.0.0.0/8,fd00::/8).
+	// policy.modules and policy.chains can only be set in the file. An
+	// EDGEPROXY_ variable that names no key is logged at warn and ignored
+	// (the environment is shared with other tools, e.g. test gates).
+	Env []string
+	// Flags maps keys to values given on the command line; they override
+	// everything else. Keys match like env names, so "nodeName",
+	// "node-name" and "sync.minPeriod" all work; an unknown key is an
+	// error. Pass only the flags the user actually set.
+	Flags map[string]string
+	// Hostname supplies nodeName when no layer sets it; nil: os.Hostname.
+	// Like kube-proxy, the name is trimmed and lower-cased.
+	Hostname func() (string, error)
+	// Logger receives warnings; nil: slog.Default().
+	Logger *slog.Logger
+}
+
+// Path returns the config file Load will read, or "" for none.
+func (o LoadOptions) Path() string {
+	if o.File != "" {
+		return o.File
+	}
+	for _, kv := range o.Env {
+		if v, ok := strings.CutPrefix(kv, EnvConfig+"="); ok {
+			return v
+		}
+	}
+	return ""
+}
+
+// Load builds the Config from the layers described in the package comment
+// and validates it. When nodeName is still empty after every layer, it is
+// set to the hostname (lower case). chain.failure left empty becomes
+// keep-builtin. The error joins one FieldError per problem; a file that
+// cannot be read or parsed gives an error naming the file (and for YAML
+// syntax errors, the line).
+func Load(opts LoadOptions) (*Config, error) {
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	k := koanf.New(".")
+	if path := opts.Path(); path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return nil, fmt.Errorf("config: %s: %w", path, err)
+		}
+	}
+
+	var errs []error
+	env := map[string]any{}
+	for _, kv := range opts.Env {
+		name, val, _ := strings.Cut(kv, "=")
+		rest, ok := strings.CutPrefix(name, EnvPrefix)
+		if !ok || name == EnvConfig {
+			continue
+		}
+		l, ok := schema.byNorm[normKey(rest)]
+		if !ok {
+			log.Warn("config: ignoring environment variable that names no config key", "name", name)
+			continue
+		}
+		env[l.key] = val
+	}
+	if err := k.Load(confmap.Provider(env, "."), nil); err != nil {
+		return nil, fmt.Errorf("config: environment: %w", err)
+	}
+
+	flags := map[string]any{}
+	for name, val := range opts.Flags {
+		l, ok := schema.byNorm[normKey(name)]
+		if !ok {
+			errs = append(errs, fieldErr(name, "unknown key (given as a flag)"))
+			continue
+		}
+		flags[l.key] = val
+	}
+	if err := k.Load(confmap.Provider(flags, "."), nil); err != nil {
+		return nil, fmt.Errorf("config: flags: %w", err)
+	}
+
+	cfg := Default()
+	var d decoder
+	d.decodeValue("", reflectValue(&cfg), k.Raw())
+	errs = append(errs, d.errs...)
+
+	if cfg.NodeName == "" {
+		hostname := opts.Hostname
+		if hostname == nil {
+			hostname = os.Hostname
+		}
+		h, err := hostname()
+		if err != nil {
+			errs = append(errs, fmt.Errorf("config: nodeName: empty, and the hostname is unknown: %w", err))
+		}
+		cfg.NodeName = strings.ToLower(strings.TrimSpace(h))
+	}
+	for i := range cfg.Policy.Chains {
+		if cfg.Policy.Chains[i].Failure == "" {
+			cfg.Policy.Chains[i].Failure = FailureKeepBuiltin
+		}
+	}
+
+	// Validate what decoded, but say nothing more about a key that did not
+	// decode: its default may not fit the file's other values.
+	bad := map[string]bool{}
+	for _, e := range errs {
+		if fe, ok := e.(*FieldError); ok {
+			bad[fe.Key] = true
+		}
+	}
+	if err := cfg.Validate(); err != nil {
+		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+			if fe, ok := e.(*FieldError); !ok || !bad[fe.Key] {
+				errs = append(errs, e)
+			}
+		}
+	}
+	if len(errs) > 0 {
+		return nil, errors.Join(errs...)
+	}
+	return &cfg, nil
+}
