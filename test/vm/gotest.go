@@ -1,0 +1,115 @@
+package vm
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/gate"
+)
+
+// Guest lets the calling test run only inside the VM. On the host it skips
+// (a plain skip, also under EDGEPROXY_REQUIRE_ALL: the same test runs in
+// the guest through RunGoTests, so no tier is lost).
+func Guest(t testing.TB) {
+	t.Helper()
+	if !InGuest() {
+		t.Skip("runs inside the test VM; test/vm's TestGuestPackages runs it there")
+	}
+}
+
+// GoTest is one package whose test binary runs in the guest.
+type GoTest struct {
+	// Package as given to `go test`, relative to the module root, e.g.
+	// "./datapath/ipvs".
+	Package string
+	// Args are extra test flags, e.g. "-test.run=Kernel".
+	Args []string
+}
+
+func (g GoTest) name() string {
+	return strings.ReplaceAll(strings.Trim(strings.TrimPrefix(g.Package, "./"), "/"), "/", "_")
+}
+
+// RunGoTests builds each package's test binary on the host (CGO_ENABLED=0,
+// `go test -c`), boots one VM, runs every binary there with -test.v in
+// order, and reports each package as a subtest of t that fails when its
+// binary did. EDGEPROXY_REQUIRE_ALL is passed through, so a guest test
+// that would skip fails in CI. timeout bounds the whole run.
+func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
+	t.Helper()
+	if err := Check(); err != nil {
+		gate.Skip(t, err.Error())
+	}
+	root, err := moduleRoot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	var script strings.Builder
+	script.WriteString("ulimit -c 0\n")
+	for _, g := range tests {
+		bin := filepath.Join(dir, g.name()+".test")
+		cmd := exec.Command("go", "test", "-c", "-o", bin, g.Package)
+		cmd.Dir = root
+		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
+		if out, err := cmd.CombinedOutput(); err != nil {
+			t.Fatalf("vm: build %s: %v\n%s", g.Package, err, out)
+		}
+		if _, err := os.Stat(bin); err != nil {
+			t.Fatalf("vm: %s has no tests to build: %v", g.Package, err)
+		}
+		// Each binary runs in its package directory, as `go test` would.
+		args := []string{"-test.v", "-test.timeout=" + (timeout - time.Minute).String()}
+		args = append(args, g.Args...)
+		quoted := make([]string, len(args))
+		for i, a := range args {
+			quoted[i] = shellQuote(a)
+		}
+		fmt.Fprintf(&script, "(cd %s && %s %s) >%s.out 2>&1; echo $? >%s.exit\n",
+			shellQuote(filepath.Join(root, g.Package)), shellQuote(bin), strings.Join(quoted, " "),
+			shellQuote(filepath.Join(dir, g.name())), shellQuote(filepath.Join(dir, g.name())))
+	}
+	var env []string
+	if gate.RequireAll() {
+		env = append(env, "EDGEPROXY_REQUIRE_ALL=1")
+	}
+	res, err := Run(context.Background(), Options{Dir: dir, Script: script.String(), Env: env, Timeout: timeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("vm: booted in %s, ran in %s; guest preparation:\n%s", res.Boot.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.Output)
+	for _, g := range tests {
+		t.Run(g.name(), func(t *testing.T) {
+			out, _ := os.ReadFile(filepath.Join(dir, g.name()+".out"))
+			code, err := os.ReadFile(filepath.Join(dir, g.name()+".exit"))
+			if err != nil {
+				t.Fatalf("%s did not run in the guest: %v\n%s", g.Package, err, out)
+			}
+			n, err := strconv.Atoi(strings.TrimSpace(string(code)))
+			if err != nil || n != 0 {
+				t.Errorf("%s failed in the guest (exit %s):\n%s", g.Package, strings.TrimSpace(string(code)), out)
+				return
+			}
+			t.Logf("%s in the guest:\n%s", g.Package, out)
+		})
+	}
+}
+
+func moduleRoot() (string, error) {
+	out, err := exec.Command("go", "env", "GOMOD").Output()
+	if err != nil {
+		return "", fmt.Errorf("vm: go env GOMOD: %w", err)
+	}
+	mod := strings.TrimSpace(string(out))
+	if mod == "" || mod == os.DevNull {
+		return "", fmt.Errorf("vm: not inside a Go module")
+	}
+	return filepath.Dir(mod), nil
+}
