@@ -1,0 +1,632 @@
+// Package iptables is the iptables datapath: it programs a datapath.Plan as
+// plain iptables chains (see datapath/README.md for the packet path). Rule
+// text is rendered by pure functions (Render) and written atomically with
+// iptables-restore --noflush; only the jumps from the built-in chains are
+// managed rule by rule, through go-iptables.
+package iptables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os/exec"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	goipt "github.com/coreos/go-iptables/iptables"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
+	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
+)
+
+// Variant is an iptables backend.
+type Variant string
+
+const (
+	Auto   Variant = ""       // whatever "iptables" resolves to
+	Legacy Variant = "legacy" // iptables-legacy: x_tables
+	NFT    Variant = "nft"    // iptables-nft: nf_tables with the xtables compat layer
+)
+
+// ErrBothBackends is returned by New when edgeproxy chains exist under both
+// iptables-legacy and iptables-nft: packets would traverse both sets.
+var ErrBothBackends = errors.New("iptables: edgeproxy chains exist in both iptables-legacy and iptables-nft; run `edgeproxy cleanup` with each variant, then start again")
+
+// ConntrackCleaner removes stale UDP conntrack entries after an apply.
+// *conntrack.Cleaner implements it.
+type ConntrackCleaner interface {
+	Reconcile(ctx context.Context, frontends []datapath.Frontend, force bool) (int, error)
+}
+
+// Options configure a Proxier.
+type Options struct {
+	// MasqueradeBit is the packet-mark bit (0..31) that asks for SNAT.
+	// kube-proxy and edgeproxy's config default to 14.
+	MasqueradeBit int
+	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (sets
+	// route_localnet).
+	LocalhostNodePorts bool
+	// ClusterCIDRs are the pod ranges; sources outside them are
+	// masqueraded when they reach a ClusterIP.
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all ClusterIP traffic.
+	MasqueradeAll bool
+	// NodePortAddresses restricts NodePorts to local addresses in these
+	// prefixes; empty means all local addresses.
+	NodePortAddresses []netip.Prefix
+	// LockWait bounds the wait for the xtables lock (default 5s).
+	LockWait time.Duration
+	Logger   *slog.Logger
+	// Registerer receives the metrics; nil registers none.
+	Registerer prometheus.Registerer
+
+	// Variant selects the backend binaries; Auto uses "iptables".
+	Variant Variant
+	// IPv6 also programs IPv6 frontends with ip6tables. Off: IPv6
+	// frontends are ignored.
+	IPv6 bool
+	// Sysctls are extra kernel parameters to set at start, e.g.
+	// "net/netfilter/nf_conntrack_udp_timeout": "60".
+	Sysctls map[string]string
+	// Conntrack cleans UDP entries after each successful apply. Nil
+	// creates a conntrack.Cleaner; set NoConntrack to have none.
+	Conntrack   ConntrackCleaner
+	NoConntrack bool
+}
+
+// Proxier implements datapath.Backend and datapath.Monitor with iptables.
+type Proxier struct {
+	log  *slog.Logger
+	opts Options
+	ct   ConntrackCleaner
+	fams []*family
+	m    *metrics
+
+	sysctlErr error
+
+	mu sync.Mutex
+}
+
+var (
+	_ datapath.Backend = (*Proxier)(nil)
+	_ datapath.Monitor = (*Proxier)(nil)
+)
+
+// family is the state of one IP family's rules.
+type family struct {
+	cfg         Config
+	variant     Variant
+	ipt         *goipt.IPTables
+	restorePath string
+	wait        time.Duration
+	log         *slog.Logger
+
+	applied    bool                // a plan was applied since start
+	needFull   bool                // the last apply failed
+	last       map[string][32]byte // unit id -> digest of its chains as written
+	lastChains map[tableChain]bool // per-unit chains as written
+}
+
+// New detects the iptables backend, checks that our chains are not held by
+// both backends, sets the sysctls the datapath needs and returns a Proxier.
+// It changes no rules: the first Apply adopts whatever a previous run left.
+func New(opts Options) (*Proxier, error) {
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("iptables: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
+	}
+	if opts.LockWait <= 0 {
+		opts.LockWait = 5 * time.Second
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("datapath", "iptables")
+	p := &Proxier{log: log, opts: opts}
+
+	fams := []datapath.Family{datapath.IPv4}
+	if opts.IPv6 {
+		fams = append(fams, datapath.IPv6)
+	}
+	for _, fam := range fams {
+		f, err := newFamily(opts, fam, log)
+		if err != nil {
+			return nil, err
+		}
+		p.fams = append(p.fams, f)
+	}
+
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	p.m = m
+
+	switch {
+	case opts.NoConntrack:
+	case opts.Conntrack != nil:
+		p.ct = opts.Conntrack
+	default:
+		c, err := conntrack.New(conntrack.Options{Logger: opts.Logger, Registerer: opts.Registerer, NodePortAddresses: opts.NodePortAddresses})
+		if err != nil {
+			return nil, fmt.Errorf("iptables: %w", err)
+		}
+		p.ct = c
+	}
+
+	want := map[string]string{"net/ipv4/ip_forward": "1"}
+	if opts.LocalhostNodePorts {
+		want["net/ipv4/conf/all/route_localnet"] = "1"
+	}
+	if opts.IPv6 {
+		want["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	maps.Copy(want, opts.Sysctls)
+	if err := sysctl.Ensure(want); err != nil {
+		p.sysctlErr = err
+		log.Warn("cannot set the sysctls the datapath needs; some traffic may not be forwarded", "err", err)
+	}
+	return p, nil
+}
+
+// SysctlErrors returns the sysctls New could not set, joined, or nil.
+func (p *Proxier) SysctlErrors() error { return p.sysctlErr }
+
+// Name implements datapath.Backend.
+func (p *Proxier) Name() string { return "iptables" }
+
+// Variant reports the backend in use, as detected by New.
+func (p *Proxier) Variant() Variant { return p.fams[0].variant }
+
+func binaries(v Variant, fam datapath.Family) (ipt, restore string) {
+	base := "iptables"
+	if fam == datapath.IPv6 {
+		base = "ip6tables"
+	}
+	if v == Auto {
+		return base, base + "-restore"
+	}
+	return base + "-" + string(v), base + "-" + string(v) + "-restore"
+}
+
+func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
+	secs := int((opts.LockWait + time.Second - 1) / time.Second)
+	iptBin, restoreBin := binaries(opts.Variant, fam)
+	iptPath, err := exec.LookPath(iptBin)
+	if err != nil {
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
+	ipt, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(iptPath), goipt.Timeout(secs))
+	if err != nil {
+		return nil, fmt.Errorf("iptables: %s: %w", iptBin, err)
+	}
+	restorePath, err := exec.LookPath(restoreBin)
+	if err != nil {
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
+	variant := opts.Variant
+	if variant == Auto {
+		out, err := exec.Command(iptPath, "--version").CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("iptables: %s --version: %w: %s", iptBin, err, out)
+		}
+		variant = Legacy
+		if bytes.Contains(out, []byte("nf_tables")) {
+			variant = NFT
+		}
+	}
+	// Refuse to run when both backends hold our chains.
+	other := NFT
+	if variant == NFT {
+		other = Legacy
+	}
+	otherBin, _ := binaries(other, fam)
+	if _, err := exec.LookPath(otherBin); err == nil {
+		if o, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(otherBin), goipt.Timeout(secs)); err == nil {
+			theirs, _ := o.ChainExists(tableNAT, chainServices)
+			mine, _ := ipt.ChainExists(tableNAT, chainServices)
+			switch {
+			case theirs && mine:
+				return nil, fmt.Errorf("%w (IPv%d)", ErrBothBackends, fam)
+			case theirs:
+				log.Warn("edgeproxy chains exist under the other iptables backend; they stay until `edgeproxy cleanup`", "using", variant, "other", other)
+			}
+		}
+	}
+	npa := filterFamily(opts.NodePortAddresses, fam)
+	if len(opts.NodePortAddresses) > 0 && len(npa) == 0 {
+		// Node ports restricted to addresses of the other family: none here.
+		npa = []netip.Prefix{}
+	}
+	cfg := Config{
+		Family:             fam,
+		MasqueradeBit:      opts.MasqueradeBit,
+		MasqueradeAll:      opts.MasqueradeAll,
+		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
+		NodePortAddresses:  npa,
+		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
+		RandomFully:        ipt.HasRandomFully(),
+	}
+	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", iptPath, "restore", restorePath)
+	return &family{
+		cfg: cfg, variant: variant, ipt: ipt, restorePath: restorePath,
+		wait: opts.LockWait, log: log.With("family", fmt.Sprintf("IPv%d", fam)),
+	}, nil
+}
+
+func protoOf(f datapath.Family) goipt.Protocol {
+	if f == datapath.IPv6 {
+		return goipt.ProtocolIPv6
+	}
+	return goipt.ProtocolIPv4
+}
+
+func filterFamily(ps []netip.Prefix, fam datapath.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if datapath.FamilyOf(p.Addr()) == fam {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Apply implements datapath.Backend. Only the chains of service ports
+// whose rendered rules differ from what was last written are rewritten,
+// unless p.Full is set, the previous apply failed, or this is the first
+// apply since start; then everything is rewritten in one atomic restore and
+// chains no longer wanted are removed. A service port whose rules the
+// kernel refuses is left out and named in the error; the others are
+// programmed.
+func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	ok := true
+	for _, f := range p.fams {
+		full := plan.Full || f.needFull || !f.applied
+		start := time.Now()
+		st, err := f.apply(ctx, plan.Frontends, full)
+		if full {
+			p.m.fullDuration.Observe(time.Since(start).Seconds())
+		} else {
+			p.m.partialDuration.Observe(time.Since(start).Seconds())
+		}
+		p.m.restoreFailures.Add(float64(st.failures))
+		if !full {
+			p.m.partialFailures.Add(float64(st.failures))
+		}
+		if st.bytes > 0 {
+			p.m.restoreBytes.Set(float64(st.bytes))
+		}
+		for t, n := range st.rules {
+			p.m.rules.WithLabelValues(t).Set(float64(n))
+		}
+		if err != nil {
+			errs = append(errs, err)
+			if st.fatal {
+				ok = false
+			}
+		}
+		f.log.Debug("applied plan", "generation", plan.Generation, "full", full, "written", st.written, "units", st.units, "bytes", st.bytes, "took", time.Since(start))
+	}
+	if ok && p.ct != nil {
+		if _, err := p.ct.Reconcile(ctx, plan.Frontends, plan.Full); err != nil {
+			errs = append(errs, fmt.Errorf("iptables: conntrack cleanup: %w", err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+type applyStats struct {
+	units, written, bytes int
+	failures              int
+	fatal                 bool
+	rules                 map[string]int
+}
+
+var lineRE = regexp.MustCompile(`line:? (\d+)`)
+
+func (f *family) apply(ctx context.Context, frontends []datapath.Frontend, full bool) (applyStats, error) {
+	var st applyStats
+	rs := Render(f.cfg, frontends)
+	errs := rs.Errors
+	var existing []tableChain
+	if full {
+		var err error
+		if existing, err = f.ourChains(); err != nil {
+			f.needFull = true
+			st.fatal = true
+			return st, errors.Join(append(errs, err)...)
+		}
+	}
+	// Each round either succeeds or drops the unit that a failed line
+	// belongs to; the bound keeps a systematic failure from looping.
+	const maxRounds = 8
+	var desired map[tableChain]string
+	var ws writeSpec
+	var restoreErr error
+	for round := 0; ; round++ {
+		desired = rs.chains()
+		ws = writeSpec{}
+		if full {
+			for _, c := range existing {
+				if _, ok := desired[c]; !ok && !isFixed(c) {
+					ws.stale = append(ws.stale, c)
+				}
+			}
+		} else {
+			ws.write = map[string]bool{}
+			for _, u := range rs.units {
+				if d, ok := f.last[u.id]; !ok || d != u.digest {
+					ws.write[u.id] = true
+				}
+			}
+			for c := range f.lastChains {
+				if _, ok := desired[c]; !ok {
+					ws.stale = append(ws.stale, c)
+				}
+			}
+		}
+		text, owner := rs.restoreText(ws)
+		st.bytes = len(text)
+		restoreErr = f.restore(ctx, text)
+		if restoreErr == nil {
+			break
+		}
+		st.failures++
+		id := ""
+		if m := lineRE.FindStringSubmatch(restoreErr.Error()); m != nil {
+			if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(owner) {
+				id = owner[n-1]
+			}
+		}
+		if id == "" || round == maxRounds-1 {
+			f.needFull = true
+			st.fatal = true
+			return st, errors.Join(append(errs, restoreErr)...)
+		}
+		errs = append(errs, fmt.Errorf("iptables: service port %s left out: %w", id, restoreErr))
+		rs.drop(id)
+	}
+	if full {
+		if err := f.ensureJumps(); err != nil {
+			f.needFull = true
+			st.fatal = true
+			return st, errors.Join(append(errs, err)...)
+		}
+	}
+	st.units = len(rs.units)
+	if ws.write == nil {
+		st.written = len(rs.units)
+	} else {
+		st.written = len(ws.write)
+	}
+	f.last = make(map[string][32]byte, len(rs.units))
+	for _, u := range rs.units {
+		f.last[u.id] = u.digest
+	}
+	f.lastChains = make(map[tableChain]bool, len(desired))
+	for c := range desired {
+		f.lastChains[c] = true
+	}
+	f.applied = true
+	f.needFull = false
+	st.rules = rs.ruleCounts()
+	return st, errors.Join(errs...)
+}
+
+func isFixed(c tableChain) bool {
+	for _, n := range fixedChains[c.table] {
+		if n == c.name {
+			return true
+		}
+	}
+	return false
+}
+
+// ourChains lists the chains with our prefix in the tables we use.
+func (f *family) ourChains() ([]tableChain, error) {
+	var out []tableChain
+	for _, t := range []string{tableNAT, tableFilter} {
+		names, err := f.ipt.ListChains(t)
+		if err != nil {
+			return nil, fmt.Errorf("iptables: list chains of %s: %w", t, err)
+		}
+		for _, n := range names {
+			if ours(n) {
+				out = append(out, tableChain{t, n})
+			}
+		}
+	}
+	return out, nil
+}
+
+func (f *family) restore(ctx context.Context, text []byte) error {
+	secs := int((f.wait + time.Second - 1) / time.Second)
+	cmd := exec.CommandContext(ctx, f.restorePath, "--noflush", "-w", strconv.Itoa(secs))
+	cmd.Stdin = bytes.NewReader(text)
+	var out bytes.Buffer
+	cmd.Stdout = &out
+	cmd.Stderr = &out
+	if err := cmd.Run(); err != nil {
+		return fmt.Errorf("iptables: %s --noflush: %w: %s", f.restorePath, err, strings.TrimSpace(out.String()))
+	}
+	return nil
+}
+
+// ensureJumps puts each jump from a built-in chain in place, first in its
+// chain, unless it is already there.
+func (f *family) ensureJumps() error {
+	var errs []error
+	for _, j := range jumps() {
+		ok, err := f.ipt.Exists(j.table, j.chain, j.spec...)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("iptables: check jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err))
+			continue
+		}
+		if ok {
+			continue
+		}
+		if err := f.ipt.Insert(j.table, j.chain, 1, j.spec...); err != nil {
+			errs = append(errs, fmt.Errorf("iptables: insert jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// sentinels are rules whose absence means someone changed our rules: the
+// canaries (gone after a flush of a table), the last rule of nat
+// EP-SERVICES (gone after a flush of that chain) and the jumps.
+func (f *family) sentinels() []jump {
+	out := jumps()
+	canary := splitSpec(canaryRule)
+	out = append(out, jump{tableNAT, chainCanary, canary}, jump{tableFilter, chainCanary, canary})
+	_, tail := staticRules(&f.cfg)
+	for _, r := range tail {
+		out = append(out, jump{r.table, r.chain, splitSpec(r.spec)})
+	}
+	return out
+}
+
+// Tampered implements datapath.Monitor: it reports whether any rule that
+// must be present after an apply is missing. Before the first apply it
+// reports false.
+func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, f := range p.fams {
+		if !f.applied {
+			continue
+		}
+		for _, s := range f.sentinels() {
+			if err := ctx.Err(); err != nil {
+				return false, err
+			}
+			ok, err := f.ipt.Exists(s.table, s.chain, s.spec...)
+			if err != nil {
+				var e *goipt.Error
+				if errors.As(err, &e) && (e.IsNotExist() || e.ExitStatus() == 1) {
+					f.log.Warn("our rules were changed behind our back", "table", s.table, "chain", s.chain)
+					return true, nil
+				}
+				return false, fmt.Errorf("iptables: check %s/%s: %w", s.table, s.chain, err)
+			}
+			if !ok {
+				f.log.Warn("our rules were changed behind our back", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+				return true, nil
+			}
+		}
+	}
+	return false, nil
+}
+
+// Cleanup implements datapath.Backend: it removes the jumps and every chain
+// whose name starts with Prefix, in both tables and every family, and
+// nothing else. The next Apply starts from scratch.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, f := range p.fams {
+		if err := f.cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		f.applied, f.last, f.lastChains = false, nil, nil
+	}
+	return errors.Join(errs...)
+}
+
+func (f *family) cleanup(ctx context.Context) error {
+	var errs []error
+	for _, j := range jumps() {
+		if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
+			var e *goipt.Error
+			if !errors.As(err, &e) || !e.IsNotExist() {
+				errs = append(errs, fmt.Errorf("iptables: delete jump %s/%s: %w", j.table, j.chain, err))
+			}
+		}
+	}
+	chains, err := f.ourChains()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if len(chains) == 0 {
+		return errors.Join(errs...)
+	}
+	var b strings.Builder
+	for _, t := range []string{tableFilter, tableNAT} {
+		fmt.Fprintf(&b, "*%s\n", t)
+		for _, c := range chains {
+			if c.table == t {
+				fmt.Fprintf(&b, ":%s - [0:0]\n", c.name)
+			}
+		}
+		for _, c := range chains {
+			if c.table == t {
+				fmt.Fprintf(&b, "-X %s\n", c.name)
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	if err := f.restore(ctx, []byte(b.String())); err != nil {
+		errs = append(errs, fmt.Errorf("iptables: cleanup: %w", err))
+	}
+	return errors.Join(errs...)
+}
+
+// splitSpec splits a rendered rule spec into arguments, honouring double
+// quotes (the only quoting the renderer produces).
+func splitSpec(s string) []string {
+	var out []string
+	var cur strings.Builder
+	inQ, have := false, false
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		switch {
+		case c == '"':
+			inQ = !inQ
+			have = true
+		case c == ' ' && !inQ:
+			if have {
+				out = append(out, cur.String())
+				cur.Reset()
+				have = false
+			}
+		default:
+			cur.WriteByte(c)
+			have = true
+		}
+	}
+	if have {
+		out = append(out, cur.String())
+	}
+	return out
+}
+
+// ruleCounts returns how many rules the ruleset holds per table.
+func (rs *Ruleset) ruleCounts() map[string]int {
+	out := map[string]int{tableNAT: 0, tableFilter: 0}
+	head, tail := staticRules(&rs.cfg)
+	for _, r := range append(head, tail...) {
+		out[r.table]++
+	}
+	for _, u := range rs.units {
+		for _, r := range u.top {
+			out[r.table]++
+		}
+		for _, c := range u.chains {
+			out[c.table] += len(c.rules)
+		}
+	}
+	return out
+}

@@ -1,0 +1,583 @@
+package iptables
+
+import (
+	"cmp"
+	"crypto/sha256"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// Tables edgeproxy writes to.
+const (
+	tableNAT    = "nat"
+	tableFilter = "filter"
+)
+
+// maxAffinity is the longest ClientIP affinity timeout rendered; longer
+// ones are clamped, as Kubernetes caps timeoutSeconds at one day.
+const maxAffinity = 24 * time.Hour
+
+// Config is everything rule rendering needs besides the plan: the settings
+// that shape the rules of one IP family. Render is a pure function of a
+// Config and a list of frontends.
+type Config struct {
+	Family datapath.Family
+	// MasqueradeBit is the bit of the packet mark that asks for SNAT (0..31).
+	MasqueradeBit int
+	// MasqueradeAll marks every packet sent to a ClusterIP.
+	MasqueradeAll bool
+	// ClusterCIDRs are the pod ranges; traffic to a ClusterIP from outside
+	// them is masqueraded. Empty: only MasqueradeAll decides.
+	ClusterCIDRs []netip.Prefix
+	// NodePortAddresses restricts NodePorts to destination addresses in
+	// these prefixes. Nil: every local address (addrtype LOCAL); empty but
+	// not nil: no node ports in this family.
+	NodePortAddresses []netip.Prefix
+	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (IPv4 only).
+	LocalhostNodePorts bool
+	// RandomFully adds --random-fully to the MASQUERADE rule.
+	RandomFully bool
+}
+
+func (c *Config) markMasq() string {
+	return fmt.Sprintf("0x%x", uint32(1)<<uint(c.MasqueradeBit))
+}
+
+func (c *Config) hostMask() string {
+	if c.Family == datapath.IPv6 {
+		return "/128"
+	}
+	return "/32"
+}
+
+// chain is one user chain and its rules, each a rule spec without "-A NAME".
+type chain struct {
+	table string
+	name  string
+	rules []string
+}
+
+// topRule is a rule a unit adds to one of the fixed chains.
+type topRule struct {
+	table, chain, spec string
+}
+
+// unit is everything one service port (one protocol) renders to: the chains
+// it owns and its rules in the fixed dispatch chains. Units are the grain of
+// partial syncs and of failure isolation.
+type unit struct {
+	id      string // Service + " " + protocol
+	service string
+	chains  []chain
+	top     []topRule
+	digest  [32]byte
+}
+
+// Ruleset is the rendered form of a plan for one family.
+type Ruleset struct {
+	cfg   Config
+	units []*unit // sorted by id
+	// Errors lists frontends left out because they cannot be rendered.
+	Errors []error
+}
+
+// Render turns the frontends of cfg.Family into a Ruleset. Frontends of
+// other families are ignored. Frontends that cannot be rendered are left
+// out and reported in Ruleset.Errors; the rest is unaffected.
+func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
+	rs := &Ruleset{cfg: cfg}
+	byUnit := map[string][]*datapath.Frontend{}
+	var ids []string
+	for i := range frontends {
+		f := &frontends[i]
+		if f.Family != cfg.Family {
+			continue
+		}
+		if err := checkFrontend(f); err != nil {
+			rs.Errors = append(rs.Errors, err)
+			continue
+		}
+		id := f.Service + " " + strings.ToLower(string(f.Protocol))
+		if _, ok := byUnit[id]; !ok {
+			ids = append(ids, id)
+		}
+		byUnit[id] = append(byUnit[id], f)
+	}
+	slices.Sort(ids)
+	for _, id := range ids {
+		fs := byUnit[id]
+		slices.SortFunc(fs, datapath.Compare)
+		rs.units = append(rs.units, renderUnit(&rs.cfg, id, fs))
+	}
+	return rs
+}
+
+func checkFrontend(f *datapath.Frontend) error {
+	where := fmt.Sprintf("iptables: frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)
+	switch f.Protocol {
+	case datapath.TCP, datapath.UDP, datapath.SCTP:
+	default:
+		return fmt.Errorf("%s: unsupported protocol", where)
+	}
+	if f.Port == 0 {
+		return fmt.Errorf("%s: port 0", where)
+	}
+	if !f.Addr.IsValid() && f.Kind != datapath.NodePort {
+		return fmt.Errorf("%s: no address", where)
+	}
+	for _, e := range f.Endpoints {
+		if e.Weight == 0 || e.Weight > datapath.MaxWeight {
+			return fmt.Errorf("%s: endpoint %s: weight %d out of range", where, e.Addr, e.Weight)
+		}
+		if datapath.FamilyOf(e.Addr.Addr()) != f.Family || e.Addr.Port() == 0 {
+			return fmt.Errorf("%s: bad endpoint %s", where, e.Addr)
+		}
+	}
+	return nil
+}
+
+// group is a set of frontends of one unit that share their endpoints and
+// affinity, and so one SVC chain.
+type group struct {
+	svc       string
+	sig       string
+	endpoints []datapath.Endpoint
+	affinity  time.Duration
+	frontends []*datapath.Frontend
+}
+
+func groupSig(f *datapath.Frontend) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "a=%d", f.Affinity)
+	for _, e := range f.Endpoints {
+		fmt.Fprintf(&b, " %s/%d", e.Addr, e.Weight)
+	}
+	return b.String()
+}
+
+func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
+	u := &unit{id: id, service: fs[0].Service}
+	proto := strings.ToLower(string(fs[0].Protocol))
+
+	// Group frontends by endpoint set. The SVC chain name depends on the
+	// group's role, not on its endpoints, so an endpoint change rewrites
+	// the same chain instead of renaming it.
+	var groups []*group
+	bySig := map[string]*group{}
+	names := map[string]bool{}
+	groupOf := map[*datapath.Frontend]*group{}
+	for _, f := range fs {
+		sig := groupSig(f)
+		g := bySig[sig]
+		if g == nil {
+			role := "cluster"
+			if f.Kind.External() {
+				role = "external"
+				if f.LocalOnly {
+					role = "local"
+				}
+			}
+			name := ChainName(kindSvc, id+" "+role)
+			if names[name] {
+				name = ChainName(kindSvc, id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
+			}
+			names[name] = true
+			g = &group{svc: name, sig: sig, endpoints: f.Endpoints, affinity: min(f.Affinity, maxAffinity)}
+			bySig[sig] = g
+			groups = append(groups, g)
+		}
+		g.frontends = append(g.frontends, f)
+		groupOf[f] = g
+	}
+	// The group serving the ClusterIP, used by the Local policy's
+	// short-circuits for pod and node traffic.
+	var cluster *group
+	for _, f := range fs {
+		if f.Kind == datapath.ClusterIP && len(f.Endpoints) > 0 {
+			cluster = groupOf[f]
+		}
+	}
+
+	for _, g := range groups {
+		if len(g.endpoints) > 0 {
+			u.chains = append(u.chains, renderGroup(cfg, u, g, proto)...)
+		}
+	}
+
+	ext := map[*group]string{} // EXT chain per group of external frontends
+	comment := func(f *datapath.Frontend, what string) string {
+		return fmt.Sprintf("-m comment --comment %q", sanitize(f.Service)+" "+what)
+	}
+	for _, f := range fs {
+		g := groupOf[f]
+		match := fmt.Sprintf("-p %s -m %s --dport %d", proto, proto, f.Port)
+		dst := ""
+		if f.Addr.IsValid() {
+			dst = "-d " + f.Addr.String() + cfg.hostMask() + " "
+		}
+		noEndpoints := "REJECT"
+		if f.LocalOnly && f.Kind.External() {
+			noEndpoints = "DROP"
+		}
+		if f.Kind == datapath.ClusterIP {
+			if len(f.Endpoints) == 0 {
+				u.top = append(u.top, topRule{tableFilter, chainServices,
+					fmt.Sprintf("%s%s %s -j REJECT", dst, match, comment(f, "cluster IP has no endpoints"))})
+				continue
+			}
+			if cfg.MasqueradeAll {
+				u.top = append(u.top, topRule{tableNAT, chainServices,
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainMarkMasq)})
+			} else if len(cfg.ClusterCIDRs) > 0 {
+				u.top = append(u.top, topRule{tableNAT, chainServices,
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainClusterMasq)})
+			}
+			u.top = append(u.top, topRule{tableNAT, chainServices,
+				fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), g.svc)})
+			continue
+		}
+
+		// External frontends: NodePort, ExternalIP, LoadBalancer.
+		what := strings.ToLower(string(f.Kind))
+		extChain, ok := ext[g]
+		if !ok {
+			var rules []string
+			if f.LocalOnly {
+				if cluster != nil {
+					for _, c := range cfg.ClusterCIDRs {
+						rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c, sanitize(f.Service), cluster.svc))
+					}
+					rules = append(rules,
+						"-m addrtype --src-type LOCAL -j "+chainMarkMasq,
+						"-m addrtype --src-type LOCAL -j "+cluster.svc)
+				}
+				if cluster == nil && cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
+					// Localhost NodePort clients need SNAT to get replies.
+					rules = append(rules, "-s 127.0.0.0/8 -j "+chainMarkMasq)
+				}
+				if len(g.endpoints) > 0 {
+					rules = append(rules, "-j "+g.svc)
+				}
+			} else if len(g.endpoints) > 0 {
+				rules = append(rules, "-j "+chainMarkMasq, "-j "+g.svc)
+			}
+			if len(rules) > 0 {
+				extChain = ChainName(kindExt, g.svc)
+				u.chains = append(u.chains, chain{tableNAT, extChain, rules})
+			}
+			ext[g] = extChain
+		}
+		top := chainServices
+		if f.Kind == datapath.NodePort {
+			top = chainNodePorts
+		}
+		if extChain != "" {
+			u.top = append(u.top, topRule{tableNAT, top,
+				fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what), extChain)})
+		}
+		if len(f.Endpoints) == 0 {
+			if f.Kind == datapath.NodePort {
+				for _, d := range nodePortDst(cfg) {
+					u.top = append(u.top, topRule{tableFilter, chainExternal,
+						fmt.Sprintf("%s%s %s -j %s", d, match, comment(f, what+" has no endpoints"), noEndpoints)})
+				}
+			} else {
+				u.top = append(u.top, topRule{tableFilter, chainServices,
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+" has no endpoints"), noEndpoints)})
+			}
+		}
+		if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {
+			fw := ChainName(kindFw, id+" "+f.AddrString())
+			var rules []string
+			for _, r := range f.SourceRanges {
+				if datapath.FamilyOf(r.Addr()) == cfg.Family {
+					rules = append(rules, "-s "+r.Masked().String()+" -j RETURN")
+				}
+			}
+			rules = append(rules, fmt.Sprintf("-m comment --comment %q -j DROP", sanitize(f.Service)+" source not in loadBalancerSourceRanges"))
+			u.chains = append(u.chains, chain{tableFilter, fw, rules})
+			u.top = append(u.top, topRule{tableFilter, chainFirewall,
+				fmt.Sprintf("-m conntrack --ctorigdst %s --ctorigdstport %d --ctproto %s %s -j %s", f.Addr, f.Port, proto, comment(f, "source ranges"), fw)})
+		}
+	}
+
+	h := sha256.New()
+	for _, c := range u.chains {
+		fmt.Fprintf(h, "%s %s\n", c.table, c.name)
+		for _, r := range c.rules {
+			fmt.Fprintf(h, "%s\n", r)
+		}
+	}
+	copy(u.digest[:], h.Sum(nil))
+	return u
+}
+
+// renderGroup writes a group's SVC chain and one SEP chain per endpoint.
+func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
+	seps := make([]string, len(g.endpoints))
+	for i, e := range g.endpoints {
+		seps[i] = ChainName(kindSep, g.svc+" "+e.Addr.String())
+	}
+	var svc []string
+	secs := int64(g.affinity / time.Second)
+	if g.affinity > 0 && secs == 0 {
+		secs = 1
+	}
+	if secs > 0 {
+		for i := range g.endpoints {
+			svc = append(svc, fmt.Sprintf("-m recent --name %s --rcheck --seconds %d --reap -j %s", seps[i], secs, seps[i]))
+		}
+	}
+	// Rule i is taken with probability w_i / sum(w_j, j >= i), which makes
+	// the overall chance of endpoint i exactly w_i / sum(w).
+	var rest uint64
+	for _, e := range g.endpoints {
+		rest += uint64(e.Weight)
+	}
+	for i, e := range g.endpoints {
+		if i == len(g.endpoints)-1 {
+			svc = append(svc, "-j "+seps[i])
+			break
+		}
+		p := float64(e.Weight) / float64(rest)
+		rest -= uint64(e.Weight)
+		svc = append(svc, fmt.Sprintf("-m statistic --mode random --probability %s -j %s", formatProbability(p), seps[i]))
+	}
+	out := []chain{{tableNAT, g.svc, svc}}
+	for i, e := range g.endpoints {
+		to := e.Addr.String()
+		rules := []string{fmt.Sprintf("-s %s%s -j %s", e.Addr.Addr(), cfg.hostMask(), chainMarkMasq)}
+		aff := ""
+		if secs > 0 {
+			aff = fmt.Sprintf(" -m recent --name %s --set --rsource", seps[i])
+		}
+		rules = append(rules, fmt.Sprintf("-p %s%s -j DNAT --to-destination %s", proto, aff, to))
+		out = append(out, chain{tableNAT, seps[i], rules})
+	}
+	return out
+}
+
+func formatProbability(p float64) string {
+	return strconv.FormatFloat(p, 'f', 10, 64)
+}
+
+// nodePortDst returns the destination matches that select node-port
+// addresses, one rule each.
+func nodePortDst(cfg *Config) []string {
+	if cfg.NodePortAddresses == nil {
+		if cfg.Family == datapath.IPv4 && !cfg.LocalhostNodePorts {
+			return []string{"-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 "}
+		}
+		return []string{"-m addrtype --dst-type LOCAL "}
+	}
+	var out []string
+	for _, p := range cfg.NodePortAddresses {
+		if datapath.FamilyOf(p.Addr()) == cfg.Family {
+			out = append(out, "-d "+p.Masked().String()+" ")
+		}
+	}
+	return out
+}
+
+func sanitize(s string) string {
+	return strings.Map(func(r rune) rune {
+		if r == '"' || r == '\\' || r < ' ' || r > '~' {
+			return '_'
+		}
+		return r
+	}, s)
+}
+
+// fixedChains lists the chains that exist regardless of the plan, per table.
+var fixedChains = map[string][]string{
+	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainClusterMasq, chainCanary},
+	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainCanary},
+}
+
+// canaryRule is the single rule of the canary chains. A flush of the table
+// removes it; Tampered looks for it.
+const canaryRule = `-m comment --comment "edgeproxy canary" -j RETURN`
+
+// staticRules returns the fixed chains' rules that do not depend on the
+// plan: head rules come before the units' rules, tail rules after.
+func staticRules(cfg *Config) (head, tail []topRule) {
+	mark := cfg.markMasq()
+	masq := "-j MASQUERADE"
+	if cfg.RandomFully {
+		masq += " --random-fully"
+	}
+	head = []topRule{
+		{tableNAT, chainMarkMasq, "-j MARK --or-mark " + mark},
+		{tableNAT, chainPostrouting, fmt.Sprintf("-m mark ! --mark %s/%s -j RETURN", mark, mark)},
+		{tableNAT, chainPostrouting, "-j MARK --xor-mark " + mark},
+		{tableNAT, chainPostrouting, `-m comment --comment "edgeproxy service traffic requiring SNAT" ` + masq},
+		{tableNAT, chainCanary, canaryRule},
+		{tableFilter, chainForward, `-m conntrack --ctstate INVALID -m comment --comment "edgeproxy: out-of-window packets must not reset connections" -j DROP`},
+		{tableFilter, chainForward, fmt.Sprintf(`-m mark --mark %s/%s -m comment --comment "edgeproxy forwarding rules" -j ACCEPT`, mark, mark)},
+		{tableFilter, chainForward, `-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "edgeproxy forwarding conntrack rule" -j ACCEPT`},
+		{tableFilter, chainCanary, canaryRule},
+	}
+	for _, c := range cfg.ClusterCIDRs {
+		head = append(head, topRule{tableNAT, chainClusterMasq, "-s " + c.Masked().String() + " -j RETURN"})
+	}
+	head = append(head, topRule{tableNAT, chainClusterMasq, "-j " + chainMarkMasq})
+	for _, d := range nodePortDst(cfg) {
+		tail = append(tail, topRule{tableNAT, chainServices, strings.TrimSpace(d) + ` -m comment --comment "edgeproxy node ports; keep last" -j ` + chainNodePorts})
+	}
+	return head, tail
+}
+
+// jump is a rule in a built-in chain that leads to one of ours.
+type jump struct {
+	table, chain string
+	spec         []string
+}
+
+// jumps is the static skeleton: where packets enter our chains.
+func jumps() []jump {
+	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
+	j := func(table, from string, cond []string, to, why string) jump {
+		spec := slices.Concat(cond, []string{"-m", "comment", "--comment", "edgeproxy " + why, "-j", to})
+		return jump{table, from, spec}
+	}
+	return []jump{
+		j(tableNAT, "PREROUTING", nil, chainServices, "service portals"),
+		j(tableNAT, "OUTPUT", nil, chainServices, "service portals"),
+		j(tableNAT, "POSTROUTING", nil, chainPostrouting, "postrouting rules"),
+		j(tableFilter, "INPUT", newOnly, chainServices, "service portals"),
+		j(tableFilter, "INPUT", newOnly, chainExternal, "node ports"),
+		j(tableFilter, "INPUT", newOnly, chainFirewall, "load balancer firewall"),
+		j(tableFilter, "FORWARD", newOnly, chainServices, "service portals"),
+		j(tableFilter, "FORWARD", newOnly, chainFirewall, "load balancer firewall"),
+		j(tableFilter, "FORWARD", nil, chainForward, "forwarding rules"),
+		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
+		j(tableFilter, "OUTPUT", newOnly, chainExternal, "node ports"),
+		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
+	}
+}
+
+// tableChain names a chain in a table.
+type tableChain struct{ table, name string }
+
+// writeSpec says what one restore writes: every fixed chain always, the
+// chains of the units in write, and the stale chains to delete.
+type writeSpec struct {
+	write map[string]bool // unit ids; nil means all
+	stale []tableChain
+}
+
+// chains returns the set of chains the ruleset owns beyond the fixed ones.
+func (rs *Ruleset) chains() map[tableChain]string {
+	out := map[tableChain]string{}
+	for _, u := range rs.units {
+		for _, c := range u.chains {
+			out[tableChain{c.table, c.name}] = u.id
+		}
+	}
+	return out
+}
+
+// drop removes a unit from the ruleset, after the kernel refused its rules.
+func (rs *Ruleset) drop(id string) {
+	rs.units = slices.DeleteFunc(rs.units, func(u *unit) bool { return u.id == id })
+}
+
+// restoreText renders the iptables-restore --noflush input for ws. owner[i]
+// is the unit that line i+1 belongs to ("" for fixed rules), so a failing
+// line can be traced to its service.
+func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
+	var b strings.Builder
+	line := func(own, s string) {
+		b.WriteString(s)
+		b.WriteByte('\n')
+		owner = append(owner, own)
+	}
+	head, tail := staticRules(&rs.cfg)
+	stale := slices.Clone(ws.stale)
+	slices.SortFunc(stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
+	for _, table := range []string{tableFilter, tableNAT} {
+		line("", "*"+table)
+		for _, c := range fixedChains[table] {
+			line("", ":"+c+" - [0:0]")
+		}
+		for _, u := range rs.units {
+			if ws.write != nil && !ws.write[u.id] {
+				continue
+			}
+			for _, c := range u.chains {
+				if c.table == table {
+					line(u.id, ":"+c.name+" - [0:0]")
+				}
+			}
+		}
+		for _, s := range stale {
+			if s.table == table {
+				line("", ":"+s.name+" - [0:0]")
+			}
+		}
+		// Fixed chains in their fixed order: head rules, the units'
+		// dispatch rules, tail rules.
+		for _, c := range fixedChains[table] {
+			for _, r := range head {
+				if r.table == table && r.chain == c {
+					line("", "-A "+c+" "+r.spec)
+				}
+			}
+			for _, u := range rs.units {
+				for _, r := range u.top {
+					if r.table == table && r.chain == c {
+						line(u.id, "-A "+c+" "+r.spec)
+					}
+				}
+			}
+			for _, r := range tail {
+				if r.table == table && r.chain == c {
+					line("", "-A "+c+" "+r.spec)
+				}
+			}
+		}
+		for _, u := range rs.units {
+			if ws.write != nil && !ws.write[u.id] {
+				continue
+			}
+			for _, c := range u.chains {
+				if c.table != table {
+					continue
+				}
+				for _, r := range c.rules {
+					line(u.id, "-A "+c.name+" "+r)
+				}
+			}
+		}
+		for _, s := range stale {
+			if s.table == table {
+				line("", "-X "+s.name)
+			}
+		}
+		line("", "COMMIT")
+	}
+	return []byte(b.String()), owner
+}
+
+// RestoreText is the complete iptables-restore --noflush input that
+// programs the ruleset from scratch (a full sync with nothing stale). It is
+// what the golden tests compare.
+func (rs *Ruleset) RestoreText() string {
+	t, _ := rs.restoreText(writeSpec{})
+	return string(t)
+}
+
+// Services returns the ids of the rendered units ("namespace/name:port proto").
+func (rs *Ruleset) Services() []string {
+	out := make([]string, len(rs.units))
+	for i, u := range rs.units {
+		out[i] = u.id
+	}
+	return out
+}

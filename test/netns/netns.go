@@ -1,0 +1,439 @@
+// Package netns is the network-namespace test harness: a "node" namespace
+// with a bridge, "pod" namespaces wired to it with veth pairs, an optional
+// "outside client" namespace, and tiny TCP/UDP echo servers in the pods
+// that answer with their own name and the client address they saw.
+//
+// Everything runs in the test process: code that must run inside a
+// namespace does so on a locked OS thread (NS.Do), and sockets keep the
+// namespace they were created in. Every object is removed by t.Cleanup,
+// also when the test fails. Addresses used (10.244.0.0/24 pods,
+// 192.168.77.0/24 node-client link) exist only inside these namespaces.
+package netns
+
+import (
+	"bufio"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"runtime"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+)
+
+var seq atomic.Int64
+
+// NS is one network namespace.
+type NS struct {
+	Name string
+	h    netns.NsHandle
+	nl   *netlink.Handle
+}
+
+// New creates a named network namespace ("ep<pid>-<n>-<name>", visible to
+// `ip netns`) with lo up, removed when t ends.
+func New(t testing.TB, name string) *NS {
+	t.Helper()
+	full := fmt.Sprintf("ep%d-%d-%s", os.Getpid(), seq.Add(1), name)
+	var h netns.NsHandle
+	err := onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return fmt.Errorf("netns: get current: %w", err)
+		}
+		defer orig.Close()
+		h, err = netns.NewNamed(full)
+		if err != nil {
+			return fmt.Errorf("netns: create %s: %w", full, err)
+		}
+		if err := netns.Set(orig); err != nil {
+			return errPoisoned{fmt.Errorf("netns: return to original namespace: %w", err)}
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &NS{Name: full, h: h}
+	t.Cleanup(func() {
+		if n.nl != nil {
+			n.nl.Close()
+		}
+		h.Close()
+		if err := netns.DeleteNamed(full); err != nil {
+			t.Logf("netns: delete %s: %v", full, err)
+		}
+	})
+	nl, err := netlink.NewHandleAt(h)
+	if err != nil {
+		t.Fatalf("netns: netlink handle in %s: %v", full, err)
+	}
+	n.nl = nl
+	lo, err := nl.LinkByName("lo")
+	if err == nil {
+		err = nl.LinkSetUp(lo)
+	}
+	if err != nil {
+		t.Fatalf("netns: lo up in %s: %v", full, err)
+	}
+	return n
+}
+
+// Netlink returns a netlink handle bound to the namespace.
+func (n *NS) Netlink() *netlink.Handle { return n.nl }
+
+// Handle returns the namespace's file handle.
+func (n *NS) Handle() netns.NsHandle { return n.h }
+
+// errPoisoned marks a thread whose namespace could not be restored; it is
+// left locked so that the runtime destroys it.
+type errPoisoned struct{ error }
+
+func (e errPoisoned) Unwrap() error { return e.error }
+
+func onLockedThread(fn func() error) error {
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread()
+		err := fn()
+		var p errPoisoned
+		if !errors.As(err, &p) {
+			runtime.UnlockOSThread()
+		}
+		errc <- err
+	}()
+	return <-errc
+}
+
+// Do runs fn on an OS thread inside the namespace. Sockets opened and
+// processes started by fn belong to the namespace.
+func (n *NS) Do(fn func() error) error {
+	return onLockedThread(func() error {
+		orig, err := netns.Get()
+		if err != nil {
+			return fmt.Errorf("netns: get current: %w", err)
+		}
+		defer orig.Close()
+		if err := netns.Set(n.h); err != nil {
+			return fmt.Errorf("netns: enter %s: %w", n.Name, err)
+		}
+		ferr := fn()
+		if err := netns.Set(orig); err != nil {
+			return errPoisoned{errors.Join(ferr, fmt.Errorf("netns: leave %s: %w", n.Name, err))}
+		}
+		return ferr
+	})
+}
+
+// Run runs a command inside the namespace and returns its combined output.
+func (n *NS) Run(name string, args ...string) (string, error) {
+	var out []byte
+	err := n.Do(func() error {
+		var err error
+		out, err = exec.Command(name, args...).CombinedOutput()
+		if err != nil {
+			return fmt.Errorf("%s %s: %w: %s", name, strings.Join(args, " "), err, out)
+		}
+		return nil
+	})
+	return string(out), err
+}
+
+// Sysctl sets a kernel parameter (slash form, e.g. "net/ipv4/ip_forward")
+// inside the namespace.
+func (n *NS) Sysctl(name, value string) error {
+	return n.Do(func() error {
+		return os.WriteFile("/proc/sys/"+name, []byte(value), 0o644)
+	})
+}
+
+// Reply is what an echo server answered.
+type Reply struct {
+	Name   string         // the pod that answered
+	Client netip.AddrPort // the source address the pod saw
+}
+
+func parseReply(s string) (Reply, error) {
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return Reply{}, fmt.Errorf("netns: malformed echo reply %q", s)
+	}
+	ap, err := netip.ParseAddrPort(f[1])
+	if err != nil {
+		return Reply{}, fmt.Errorf("netns: malformed echo reply %q: %w", s, err)
+	}
+	return Reply{Name: f[0], Client: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
+}
+
+// TCP connects from this namespace to dst and reads the echo reply.
+func (n *NS) TCP(dst netip.AddrPort, timeout time.Duration) (Reply, error) {
+	var c net.Conn
+	err := n.Do(func() error {
+		var err error
+		c, err = (&net.Dialer{Timeout: timeout}).Dial("tcp", dst.String())
+		return err
+	})
+	if err != nil {
+		return Reply{}, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return Reply{}, fmt.Errorf("netns: read from %s: %w", dst, err)
+	}
+	return parseReply(line)
+}
+
+// UDP sends one datagram from this namespace to dst, from srcPort (0: any),
+// and waits for the echo reply.
+func (n *NS) UDP(dst netip.AddrPort, srcPort uint16, timeout time.Duration) (Reply, error) {
+	var c *net.UDPConn
+	err := n.Do(func() error {
+		var err error
+		c, err = net.DialUDP("udp", &net.UDPAddr{Port: int(srcPort)}, net.UDPAddrFromAddrPort(dst))
+		return err
+	})
+	if err != nil {
+		return Reply{}, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte("ping\n")); err != nil {
+		return Reply{}, fmt.Errorf("netns: send to %s: %w", dst, err)
+	}
+	buf := make([]byte, 512)
+	k, err := c.Read(buf)
+	if err != nil {
+		return Reply{}, fmt.Errorf("netns: read from %s: %w", dst, err)
+	}
+	return parseReply(string(buf[:k]))
+}
+
+// Node is a "node" namespace with a bridge that pods hang off.
+type Node struct {
+	*NS
+	t       testing.TB
+	Bridge  string
+	Gateway netip.Addr   // the bridge's address, the pods' default gateway
+	PodNet  netip.Prefix // pod addresses come from here
+	LinkIP  netip.Addr   // the node's address on the client link, once a client exists
+	next    byte
+}
+
+// NewNode creates a node namespace with bridge br0 at 10.244.0.1/24,
+// forwarding on and ICMP redirects off (pods must keep sending through the
+// node so that replies are de-NATed).
+func NewNode(t testing.TB, name string) *Node {
+	t.Helper()
+	n := &Node{NS: New(t, name), t: t, Bridge: "br0",
+		Gateway: netip.MustParseAddr("10.244.0.1"), PodNet: netip.MustParsePrefix("10.244.0.0/24"), next: 2}
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}}
+	if err := n.nl.LinkAdd(br); err != nil {
+		t.Fatalf("netns: add bridge: %v", err)
+	}
+	if err := n.nl.AddrAdd(br, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(n.Gateway, 24))}); err != nil {
+		t.Fatalf("netns: bridge address: %v", err)
+	}
+	if err := n.nl.LinkSetUp(br); err != nil {
+		t.Fatalf("netns: bridge up: %v", err)
+	}
+	for k, v := range map[string]string{
+		"net/ipv4/ip_forward":              "1",
+		"net/ipv4/conf/all/send_redirects": "0",
+		"net/ipv4/conf/br0/send_redirects": "0",
+		"net/ipv4/conf/default/rp_filter":  "0",
+		"net/ipv4/conf/all/rp_filter":      "0",
+	} {
+		if err := n.Sysctl(k, v); err != nil {
+			t.Fatalf("netns: sysctl %s: %v", k, err)
+		}
+	}
+	return n
+}
+
+func ipnet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// Pod is a pod namespace with one address.
+type Pod struct {
+	*NS
+	PodName string
+	IP      netip.Addr
+
+	mu      sync.Mutex
+	closers []func()
+	wg      sync.WaitGroup
+}
+
+// AddPod creates a pod namespace wired to the node's bridge, with the next
+// free pod address as a /32 and a default route through the node.
+func (n *Node) AddPod(name string) *Pod {
+	t := n.t
+	t.Helper()
+	ip := n.PodNet.Addr().As4()
+	ip[3] = n.next
+	n.next++
+	p := &Pod{NS: New(t, name), PodName: name, IP: netip.AddrFrom4(ip)}
+	host := "v" + fmt.Sprint(ip[3]) + "-" + name
+	if len(host) > 15 {
+		host = host[:15]
+	}
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: host}, PeerName: "eth0", PeerNamespace: netlink.NsFd(p.h)}
+	if err := n.nl.LinkAdd(veth); err != nil {
+		t.Fatalf("netns: add veth for %s: %v", name, err)
+	}
+	hl, err := n.nl.LinkByName(host)
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	br, err := n.nl.LinkByName(n.Bridge)
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := n.nl.LinkSetMaster(hl, br); err != nil {
+		t.Fatalf("netns: enslave %s: %v", host, err)
+	}
+	if err := n.nl.LinkSetUp(hl); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	pl, err := p.nl.LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := p.nl.AddrAdd(pl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(p.IP, 32))}); err != nil {
+		t.Fatalf("netns: pod address: %v", err)
+	}
+	if err := p.nl.LinkSetUp(pl); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	gw := ipnet(netip.PrefixFrom(n.Gateway, 32))
+	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Dst: gw, Scope: netlink.SCOPE_LINK}); err != nil {
+		t.Fatalf("netns: pod gateway route: %v", err)
+	}
+	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw.IP}); err != nil {
+		t.Fatalf("netns: pod default route: %v", err)
+	}
+	_ = p.Sysctl("net/ipv4/conf/all/accept_redirects", "0")
+	t.Cleanup(p.Stop)
+	return p
+}
+
+// AddClient creates an "outside client" namespace linked to the node by a
+// veth pair: node 192.168.77.1/24, client 192.168.77.2/24 with its default
+// route through the node. The node's default route points at the client,
+// so the node can route (unanswered) traffic to any address.
+func (n *Node) AddClient(name string) *NS {
+	t := n.t
+	t.Helper()
+	c := New(t, name)
+	nodeIP, clientIP := netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("192.168.77.2")
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "c-" + name}, PeerName: "eth0", PeerNamespace: netlink.NsFd(c.h)}
+	if len(veth.Name) > 15 {
+		veth.Name = veth.Name[:15]
+	}
+	if err := n.nl.LinkAdd(veth); err != nil {
+		t.Fatalf("netns: add client veth: %v", err)
+	}
+	hl, err := n.nl.LinkByName(veth.Name)
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := n.nl.AddrAdd(hl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(nodeIP, 24))}); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := n.nl.LinkSetUp(hl); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	cl, err := c.nl.LinkByName("eth0")
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := c.nl.AddrAdd(cl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(clientIP, 24))}); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := c.nl.LinkSetUp(cl); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := c.nl.RouteAdd(&netlink.Route{LinkIndex: cl.Attrs().Index, Gw: nodeIP.AsSlice()}); err != nil {
+		t.Fatalf("netns: client default route: %v", err)
+	}
+	if err := n.nl.RouteAdd(&netlink.Route{LinkIndex: hl.Attrs().Index, Gw: clientIP.AsSlice()}); err != nil {
+		t.Fatalf("netns: node default route: %v", err)
+	}
+	n.LinkIP = nodeIP
+	return c
+}
+
+// Serve starts TCP and UDP echo servers on port (both protocols, same
+// port). Each answers "<pod name> <client address>\n". They stop with the
+// pod (Stop, or the end of the test).
+func (p *Pod) Serve(port uint16) error {
+	var tl net.Listener
+	var ul net.PacketConn
+	err := p.Do(func() error {
+		var err error
+		if tl, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); err != nil {
+			return err
+		}
+		if ul, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port)); err != nil {
+			tl.Close()
+			return err
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("netns: serve %s:%d: %w", p.PodName, port, err)
+	}
+	p.mu.Lock()
+	p.closers = append(p.closers, func() { tl.Close() }, func() { ul.Close() })
+	p.mu.Unlock()
+	p.wg.Add(2)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := tl.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", p.PodName, c.RemoteAddr())
+			c.Close()
+		}
+	}()
+	go func() {
+		defer p.wg.Done()
+		buf := make([]byte, 512)
+		for {
+			_, from, err := ul.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = ul.WriteTo(fmt.Appendf(nil, "%s %s\n", p.PodName, from), from)
+		}
+	}()
+	return nil
+}
+
+// Stop closes the pod's servers and waits for them.
+func (p *Pod) Stop() {
+	p.mu.Lock()
+	cs := p.closers
+	p.closers = nil
+	p.mu.Unlock()
+	for _, c := range cs {
+		c()
+	}
+	p.wg.Wait()
+}
+
+// AddrPort returns the pod's address with port.
+func (p *Pod) AddrPort(port uint16) netip.AddrPort { return netip.AddrPortFrom(p.IP, port) }
