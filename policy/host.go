@@ -1,0 +1,284 @@
+// Package policy is the wazero host for policy modules: it checks a module
+// before it is trusted, instantiates it in an empty sandbox with a memory
+// cap, calls it with a deadline, validates every output, and contains
+// failures (discard the instance, re-create it with backoff, open a circuit
+// after repeated failures). It knows nothing of Kubernetes; the agent
+// converts its model into abi.Input (see agent/chain).
+package policy
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"runtime"
+	"strings"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/edgeproxy/edgeproxy/policy/abi"
+)
+
+// Engines.
+const (
+	Compiler    = "compiler"
+	Interpreter = "interpreter"
+)
+
+// Options configure a Host. Zero values take the defaults shown.
+type Options struct {
+	// Engine is Compiler (default) or Interpreter. The interpreter writes
+	// no executable memory, so it works under systemd's
+	// MemoryDenyWriteExecute=yes.
+	Engine string
+	// CacheDir holds the compiled-code cache (compiler engine only),
+	// keyed by the module's sha256; created with mode 0700. Empty: in
+	// memory only.
+	CacheDir string
+	// MemoryLimit caps each instance's linear memory (default 16 MiB,
+	// rounded down to 64 KiB pages).
+	MemoryLimit int64
+	// Timeout is the deadline of one evaluation, input copy included
+	// (default 5ms). Instantiation and init get InitTimeout (default
+	// 100×Timeout, at least 1s); check-time probes ProbeTimeout (default
+	// 10×Timeout, at least 100ms).
+	Timeout, InitTimeout, ProbeTimeout time.Duration
+	// MaxModuleSize refuses bigger files (default 8 MiB).
+	MaxModuleSize int64
+	// CacheEntries bounds the per-instance result cache (default 4096).
+	CacheEntries int
+	// Breaker tunes failure containment.
+	Breaker Breaker
+	Log     *slog.Logger
+	// Now is the clock for backoff and the circuit breaker (default
+	// time.Now); tests step it.
+	Now func() time.Time
+}
+
+// Breaker tunes how failing modules are contained. After a trap or timeout
+// the instance is discarded and re-created no sooner than RetryBase,
+// doubling per consecutive failure up to RetryMax. After Threshold
+// consecutive failures of any kind the circuit opens for OpenFor (doubling
+// up to OpenMax while it keeps failing); one call is let through when it
+// ends, and a success closes it.
+type Breaker struct {
+	Threshold           int
+	RetryBase, RetryMax time.Duration
+	OpenFor, OpenMax    time.Duration
+}
+
+func (o *Options) defaults() {
+	if o.Engine == "" {
+		o.Engine = Compiler
+	}
+	if o.MemoryLimit <= 0 {
+		o.MemoryLimit = 16 << 20
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 5 * time.Millisecond
+	}
+	if o.InitTimeout <= 0 {
+		o.InitTimeout = max(100*o.Timeout, time.Second)
+	}
+	if o.ProbeTimeout <= 0 {
+		o.ProbeTimeout = max(10*o.Timeout, 100*time.Millisecond)
+	}
+	if o.MaxModuleSize <= 0 {
+		o.MaxModuleSize = 8 << 20
+	}
+	if o.CacheEntries <= 0 {
+		o.CacheEntries = 4096
+	}
+	b := &o.Breaker
+	if b.Threshold <= 0 {
+		b.Threshold = 5
+	}
+	if b.RetryBase <= 0 {
+		b.RetryBase = 50 * time.Millisecond
+	}
+	if b.RetryMax <= 0 {
+		b.RetryMax = 5 * time.Second
+	}
+	if b.OpenFor <= 0 {
+		b.OpenFor = 10 * time.Second
+	}
+	if b.OpenMax <= 0 {
+		b.OpenMax = 5 * time.Minute
+	}
+	if o.Log == nil {
+		o.Log = slog.New(slog.DiscardHandler)
+	}
+	if o.Now == nil {
+		o.Now = time.Now
+	}
+}
+
+// Host owns one wazero runtime. It is safe for concurrent use; each
+// Instance serializes its own calls.
+type Host struct {
+	opts   Options
+	engine string
+	rt     wazero.Runtime
+	cache  wazero.CompilationCache
+}
+
+// NewHost creates the runtime, with WASI preview 1 and the host's log
+// function available to modules. With the compiler engine it first
+// compiles and runs a tiny module; if that fails (no executable memory, an
+// unsupported platform) it logs why and falls back to the interpreter.
+func NewHost(ctx context.Context, opts Options) (*Host, error) {
+	opts.defaults()
+	h := &Host{opts: opts}
+	switch opts.Engine {
+	case Compiler:
+		if err := compilerSelfTest(ctx); err != nil {
+			opts.Log.Warn("policy: compiler engine failed its self-test; using the interpreter", "err", err)
+			h.engine = Interpreter
+		} else {
+			h.engine = Compiler
+		}
+	case Interpreter:
+		h.engine = Interpreter
+	default:
+		return nil, fmt.Errorf("policy: unknown engine %q (want %s or %s)", opts.Engine, Compiler, Interpreter)
+	}
+	var err error
+	if h.engine == Compiler && opts.CacheDir != "" {
+		if err := os.MkdirAll(opts.CacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("policy: compilation cache: %w", err)
+		}
+		if err := os.Chmod(opts.CacheDir, 0o700); err != nil {
+			return nil, fmt.Errorf("policy: compilation cache: %w", err)
+		}
+		if h.cache, err = wazero.NewCompilationCacheWithDir(opts.CacheDir); err != nil {
+			return nil, fmt.Errorf("policy: compilation cache %s: %w", opts.CacheDir, err)
+		}
+	} else {
+		h.cache = wazero.NewCompilationCache()
+	}
+	var cfg wazero.RuntimeConfig
+	if h.engine == Compiler {
+		cfg = wazero.NewRuntimeConfigCompiler()
+	} else {
+		cfg = wazero.NewRuntimeConfigInterpreter()
+	}
+	pages := uint32(opts.MemoryLimit / 65536)
+	if pages == 0 {
+		pages = 1
+	}
+	cfg = cfg.WithCloseOnContextDone(true).WithMemoryLimitPages(pages).WithCompilationCache(h.cache)
+	h.rt = wazero.NewRuntimeWithConfig(ctx, cfg)
+	if _, err := wasi_snapshot_preview1.Instantiate(ctx, h.rt); err != nil {
+		h.Close(ctx)
+		return nil, fmt.Errorf("policy: instantiate WASI: %w", err)
+	}
+	_, err = h.rt.NewHostModuleBuilder(abi.HostModule).
+		NewFunctionBuilder().WithFunc(hostLog).Export(abi.LogImport).
+		Instantiate(ctx)
+	if err != nil {
+		h.Close(ctx)
+		return nil, fmt.Errorf("policy: instantiate host module: %w", err)
+	}
+	return h, nil
+}
+
+// Engine returns the engine in use (which may be the interpreter although
+// the compiler was asked for; see NewHost).
+func (h *Host) Engine() string { return h.engine }
+
+// Options returns the effective options.
+func (h *Host) Options() Options { return h.opts }
+
+// Close releases the runtime and every instance created by it.
+func (h *Host) Close(ctx context.Context) error {
+	var errs []error
+	if h.rt != nil {
+		errs = append(errs, h.rt.Close(ctx))
+	}
+	if h.cache != nil {
+		errs = append(errs, h.cache.Close(ctx))
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("policy: close host: %w", err)
+	}
+	return nil
+}
+
+// selfTestWasm is a module exporting add(i32, i32) -> i32.
+var selfTestWasm = []byte{
+	0x00, 0x61, 0x73, 0x6d, 0x01, 0x00, 0x00, 0x00,
+	0x01, 0x07, 0x01, 0x60, 0x02, 0x7f, 0x7f, 0x01, 0x7f, // type (i32 i32) -> i32
+	0x03, 0x02, 0x01, 0x00, // one function of type 0
+	0x07, 0x07, 0x01, 0x03, 'a', 'd', 'd', 0x00, 0x00, // export "add"
+	0x0a, 0x09, 0x01, 0x07, 0x00, 0x20, 0x00, 0x20, 0x01, 0x6a, 0x0b, // local.get 0 1, i32.add
+}
+
+func compilerSelfTest(ctx context.Context) (err error) {
+	switch runtime.GOARCH {
+	case "amd64", "arm64":
+	default:
+		return fmt.Errorf("no compiler for %s", runtime.GOARCH)
+	}
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("compiler panicked: %v", r)
+		}
+	}()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigCompiler())
+	defer rt.Close(ctx)
+	m, err := rt.Instantiate(ctx, selfTestWasm)
+	if err != nil {
+		return err
+	}
+	res, err := m.ExportedFunction("add").Call(ctx, 2, 3)
+	if err != nil {
+		return err
+	}
+	if len(res) != 1 || api.DecodeI32(res[0]) != 5 {
+		return fmt.Errorf("add(2, 3) = %v", res)
+	}
+	return nil
+}
+
+// callKey carries the calling Instance to hostLog.
+type callKey struct{}
+
+const (
+	maxLogLine     = 512
+	maxLogsPerCall = 8
+)
+
+// hostLog implements edgeproxy.log: copy at most maxLogLine bytes of guest
+// memory and log them with the module's name, at most maxLogsPerCall times
+// per call.
+func hostLog(ctx context.Context, m api.Module, level, ptr, n uint32) {
+	inst, _ := ctx.Value(callKey{}).(*Instance)
+	if inst == nil {
+		return
+	}
+	inst.logs++
+	if inst.logs > maxLogsPerCall {
+		return
+	}
+	n = min(n, maxLogLine)
+	view, ok := m.Memory().Read(ptr, n)
+	if !ok {
+		return
+	}
+	msg := strings.ToValidUTF8(string(view), "?")
+	lv := slog.LevelDebug
+	switch level {
+	case abi.LevelInfo:
+		lv = slog.LevelInfo
+	case abi.LevelWarn:
+		lv = slog.LevelWarn
+	case abi.LevelError:
+		lv = slog.LevelWarn // a module's own error is not the proxy's
+	}
+	inst.lastLog = msg
+	inst.log.Log(ctx, lv, "module says", "msg", msg)
+}

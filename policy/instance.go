@@ -1,0 +1,386 @@
+package policy
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/edgeproxy/edgeproxy/policy/abi"
+)
+
+// Instance is one checked module with its config, ready to evaluate. It
+// owns at most one wazero instance at a time, re-creating it after a trap
+// or timeout. Calls are serialized.
+type Instance struct {
+	h        *Host
+	spec     Spec
+	sha      string
+	compiled wazero.CompiledModule
+	log      *slog.Logger
+
+	mu          sync.Mutex
+	mod         api.Module // nil while discarded
+	mem         api.Memory
+	alloc, eval api.Function
+	stderr      tailBuffer
+	logs        int    // log lines in the current call
+	lastLog     string // the latest line the module logged
+
+	failures  int // consecutive
+	retryAt   time.Time
+	openUntil time.Time
+	openFor   time.Duration
+
+	cache resultCache
+	buf   []byte
+}
+
+// Result is a successful evaluation.
+type Result struct {
+	// Output is valid for the input it answers (see abi.Output.Validate)
+	// and owned by the caller.
+	Output abi.Output
+	// Cached is set when the output came from the result cache.
+	Cached bool
+	// Duration is the time spent on the call, copies included (0 when
+	// cached).
+	Duration time.Duration
+}
+
+// State is a snapshot of an instance's containment state.
+type State struct {
+	Instantiated bool
+	Failures     int       // consecutive failures
+	OpenUntil    time.Time // zero unless the circuit is or was open
+	MemoryBytes  uint32    // linear memory of the current wasm instance
+}
+
+func (h *Host) newInstance(spec Spec, cm wazero.CompiledModule) *Instance {
+	if spec.Config == nil {
+		spec.Config = []byte("{}")
+	}
+	sum := sha256.Sum256(spec.Wasm)
+	spec.Wasm = nil // compiled; do not keep the bytes
+	return &Instance{
+		h: h, spec: spec, sha: hex.EncodeToString(sum[:]), compiled: cm,
+		log:   h.opts.Log.With("module", spec.Name),
+		cache: resultCache{max: h.opts.CacheEntries},
+	}
+}
+
+// Name returns the module's name.
+func (i *Instance) Name() string { return i.spec.Name }
+
+// SHA256 returns the hex sha256 of the module file.
+func (i *Instance) SHA256() string { return i.sha }
+
+// State returns the containment state.
+func (i *Instance) State() State {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	s := State{Instantiated: i.mod != nil, Failures: i.failures, OpenUntil: i.openUntil}
+	if i.mem != nil && i.mod != nil {
+		s.MemoryBytes = i.mem.Size()
+	}
+	return s
+}
+
+// Close releases the instance and its compiled code.
+func (i *Instance) Close(ctx context.Context) error {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.discard(ctx)
+	if i.compiled != nil {
+		err := i.compiled.Close(ctx)
+		i.compiled = nil
+		if err != nil {
+			return fmt.Errorf("policy: close module %s: %w", i.spec.Name, err)
+		}
+	}
+	return nil
+}
+
+func (i *Instance) discard(ctx context.Context) {
+	if i.mod != nil {
+		_ = i.mod.Close(ctx) // may already be closed by a deadline
+	}
+	i.mod, i.mem, i.alloc, i.eval = nil, nil, nil, nil
+}
+
+// instantiate creates the wasm instance in an empty sandbox (no files,
+// environment, arguments or real clock; start functions off), runs the
+// reactor initializer and hands the module its config.
+func (i *Instance) instantiate(ctx context.Context) error {
+	if i.compiled == nil {
+		return errors.New("instance closed")
+	}
+	i.discard(ctx)
+	i.stderr.reset()
+	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions().
+		WithStdout(&i.stderr).WithStderr(&i.stderr)
+	ictx, cancel := context.WithTimeout(ctx, i.h.opts.InitTimeout)
+	defer cancel()
+	ictx = context.WithValue(ictx, callKey{}, i)
+	i.logs = 0
+	mod, err := i.h.rt.InstantiateModule(ictx, i.compiled, cfg)
+	if err != nil {
+		return fmt.Errorf("instantiate: %w%s", err, i.stderr.suffix())
+	}
+	fail := func(what string, err error) error {
+		_ = mod.Close(ctx)
+		return fmt.Errorf("%s: %w%s", what, err, i.stderr.suffix())
+	}
+	if f := mod.ExportedFunction(abi.InitializeExport); f != nil {
+		if _, err := f.Call(ictx); err != nil {
+			return fail(abi.InitializeExport, err)
+		}
+	}
+	i.mod, i.mem = mod, mod.ExportedMemory(abi.MemoryExport)
+	i.alloc, i.eval = mod.ExportedFunction(abi.AllocExport), mod.ExportedFunction(abi.EvaluateExport)
+	ptr, err := i.write(ictx, i.spec.Config)
+	if err != nil {
+		i.discard(ctx)
+		return fail("write config", err)
+	}
+	res, err := mod.ExportedFunction(abi.InitExport).Call(ictx, uint64(ptr), uint64(len(i.spec.Config)))
+	if err != nil {
+		i.discard(ctx)
+		return fail(abi.InitExport, err)
+	}
+	if st := api.DecodeI32(res[0]); st != 0 {
+		i.discard(ctx)
+		return fmt.Errorf("%s returned %d: the module refused its config (%s)", abi.InitExport, st, i.lastLog)
+	}
+	return nil
+}
+
+// write copies b into guest memory obtained from ep_alloc.
+func (i *Instance) write(ctx context.Context, b []byte) (uint32, error) {
+	res, err := i.alloc.Call(ctx, uint64(len(b)))
+	if err != nil {
+		return 0, err
+	}
+	ptr := uint32(res[0])
+	if !i.mem.Write(ptr, b) {
+		return 0, fmt.Errorf("%s returned %#x for %d bytes, outside memory of %d bytes", abi.AllocExport, ptr, len(b), i.mem.Size())
+	}
+	return ptr, nil
+}
+
+// Evaluate runs the module on in. A cached output is returned when the
+// same encoded input was answered before. Failures are *CallError; a trap
+// or timeout discards the wasm instance, and repeated failures open the
+// circuit (see Breaker).
+func (i *Instance) Evaluate(ctx context.Context, in *abi.Input) (Result, error) {
+	i.mu.Lock()
+	defer i.mu.Unlock()
+	i.buf = abi.AppendInput(i.buf[:0], in)
+	key := sha256.Sum256(i.buf)
+	if out, ok := i.cache.get(key); ok {
+		return Result{Output: cloneOutput(out), Cached: true}, nil
+	}
+	now := i.h.opts.Now()
+	if now.Before(i.openUntil) {
+		return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w after %d consecutive failures, until %s", ErrCircuitOpen, i.failures, i.openUntil.Format(time.RFC3339)))
+	}
+	if i.compiled == nil {
+		return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance closed", ErrCircuitOpen))
+	}
+	if i.mod == nil {
+		if now.Before(i.retryAt) {
+			return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance discarded, re-created after %s", ErrCircuitOpen, i.retryAt.Format(time.RFC3339Nano)))
+		}
+		if err := i.instantiate(ctx); err != nil {
+			return Result{}, i.fail(ctx, now, i.classify(ctx, nil, err))
+		}
+	}
+	start := time.Now()
+	out, err := i.invokeEncoded(ctx, i.h.opts.Timeout, len(in.Endpoints), !i.spec.AllowEmpty)
+	d := time.Since(start)
+	if err != nil {
+		return Result{Duration: d}, i.fail(ctx, now, err)
+	}
+	i.failures, i.openFor = 0, 0
+	i.cache.put(key, out)
+	return Result{Output: cloneOutput(out), Duration: d}, nil
+}
+
+func (i *Instance) callErr(r Reason, err error) *CallError {
+	return &CallError{Module: i.spec.Name, Reason: r, Err: err}
+}
+
+// fail records a failure for the breaker and returns err.
+func (i *Instance) fail(ctx context.Context, now time.Time, err *CallError) error {
+	if err.Reason == ReasonCanceled {
+		if i.mod != nil && i.mod.IsClosed() {
+			i.discard(ctx)
+		}
+		return err
+	}
+	i.failures++
+	if err.Reason == ReasonTrap || err.Reason == ReasonTimeout {
+		i.discard(ctx)
+		backoff := i.h.opts.Breaker.RetryBase << min(i.failures-1, 20)
+		i.retryAt = now.Add(min(backoff, i.h.opts.Breaker.RetryMax))
+	}
+	if i.failures >= i.h.opts.Breaker.Threshold {
+		if i.openFor == 0 {
+			i.openFor = i.h.opts.Breaker.OpenFor
+		} else {
+			i.openFor = min(2*i.openFor, i.h.opts.Breaker.OpenMax)
+		}
+		i.openUntil = now.Add(i.openFor)
+	}
+	return err
+}
+
+// invoke encodes in and calls the module (probes use it directly).
+func (i *Instance) invoke(ctx context.Context, timeout time.Duration, in *abi.Input, rejectEmpty bool) (abi.Output, time.Duration, *CallError) {
+	if i.mod == nil {
+		if err := i.instantiate(ctx); err != nil {
+			return abi.Output{}, 0, i.classify(ctx, nil, err)
+		}
+	}
+	i.buf = abi.AppendInput(i.buf[:0], in)
+	start := time.Now()
+	out, err := i.invokeEncoded(ctx, timeout, len(in.Endpoints), rejectEmpty)
+	if err != nil && (err.Reason == ReasonTrap || err.Reason == ReasonTimeout) {
+		i.discard(ctx)
+	}
+	return out, time.Since(start), err
+}
+
+// invokeEncoded calls ep_evaluate on i.buf under a deadline, copies the
+// output out of guest memory and validates the copy.
+func (i *Instance) invokeEncoded(ctx context.Context, timeout time.Duration, endpoints int, rejectEmpty bool) (abi.Output, *CallError) {
+	var out abi.Output
+	cctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cctx = context.WithValue(cctx, callKey{}, i)
+	i.logs = 0
+	i.lastLog = ""
+	ptr, err := i.write(cctx, i.buf)
+	if err != nil {
+		return out, i.classify(ctx, cctx, err)
+	}
+	res, err := i.eval.Call(cctx, uint64(ptr), uint64(len(i.buf)))
+	if err != nil {
+		return out, i.classify(ctx, cctx, err)
+	}
+	optr, olen := uint32(res[0]>>32), uint32(res[0])
+	if olen == 0 {
+		msg := "the module reported a failure"
+		if i.lastLog != "" {
+			msg += ": " + i.lastLog
+		}
+		return out, i.callErr(ReasonInvalid, errors.New(msg))
+	}
+	if limit := maxOutput(endpoints); olen > limit {
+		return out, i.callErr(ReasonInvalid, fmt.Errorf("output of %d bytes for %d endpoints (limit %d)", olen, endpoints, limit))
+	}
+	view, ok := i.mem.Read(optr, olen)
+	if !ok {
+		return out, i.callErr(ReasonInvalid, fmt.Errorf("output at %#x+%d is outside memory", optr, olen))
+	}
+	// Copy first: the checks must not look at memory the guest still owns.
+	b := slices.Clone(view)
+	if err := abi.DecodeOutput(b, &out); err != nil {
+		return out, i.callErr(ReasonInvalid, err)
+	}
+	if err := out.Validate(endpoints); err != nil {
+		return out, i.callErr(ReasonInvalid, err)
+	}
+	if rejectEmpty && out.AllZero() {
+		return out, i.callErr(ReasonInvalid, fmt.Errorf("all %d endpoints dropped and the chain does not allow an empty service", endpoints))
+	}
+	return out, nil
+}
+
+// maxOutput bounds an output's encoding: header, weights, scheduler, flags
+// and reason at their maximum sizes.
+func maxOutput(endpoints int) uint32 {
+	return uint32(8 + 4*endpoints + 2 + abi.MaxSchedulerLen + 2 + abi.MaxFlags*(2+32) + 2 + abi.MaxReasonLen)
+}
+
+// classify turns a wazero error into a CallError. ctx is the caller's
+// context, cctx the call's (nil outside a call).
+func (i *Instance) classify(ctx, cctx context.Context, err error) *CallError {
+	if ctx.Err() != nil {
+		return i.callErr(ReasonCanceled, err)
+	}
+	if cctx != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
+		return i.callErr(ReasonTimeout, fmt.Errorf("per-call deadline exceeded: %w", err))
+	}
+	var ee *sys.ExitError
+	if errors.As(err, &ee) {
+		if ee.ExitCode() == sys.ExitCodeDeadlineExceeded {
+			return i.callErr(ReasonTimeout, err)
+		}
+		return i.callErr(ReasonTrap, fmt.Errorf("module exited with code %d%s", ee.ExitCode(), i.stderr.suffix()))
+	}
+	return i.callErr(ReasonTrap, fmt.Errorf("%w%s", err, i.stderr.suffix()))
+}
+
+func cloneOutput(o abi.Output) abi.Output {
+	o.Weights = slices.Clone(o.Weights)
+	o.SchedulerFlags = slices.Clone(o.SchedulerFlags)
+	return o
+}
+
+// resultCache keeps at most max outputs in two generations: when the
+// current one is full it becomes the old one, and hits in the old one move
+// back. Cheap, bounded, and keeps what a sync keeps asking for.
+type resultCache struct {
+	cur, old map[[32]byte]abi.Output
+	max      int
+}
+
+func (c *resultCache) get(k [32]byte) (abi.Output, bool) {
+	if o, ok := c.cur[k]; ok {
+		return o, true
+	}
+	if o, ok := c.old[k]; ok {
+		c.put(k, o)
+		return o, true
+	}
+	return abi.Output{}, false
+}
+
+func (c *resultCache) put(k [32]byte, o abi.Output) {
+	if c.cur == nil || len(c.cur) >= max(c.max/2, 1) {
+		c.old, c.cur = c.cur, make(map[[32]byte]abi.Output)
+	}
+	c.cur[k] = o
+}
+
+// tailBuffer keeps the first bytes a module writes to stdout/stderr (a Go
+// panic message, say) for error messages.
+type tailBuffer struct{ b []byte }
+
+const tailMax = 1024
+
+func (t *tailBuffer) Write(p []byte) (int, error) {
+	if room := tailMax - len(t.b); room > 0 {
+		t.b = append(t.b, p[:min(len(p), room)]...)
+	}
+	return len(p), nil
+}
+
+func (t *tailBuffer) reset() { t.b = t.b[:0] }
+
+func (t *tailBuffer) suffix() string {
+	if len(t.b) == 0 {
+		return ""
+	}
+	return fmt.Sprintf(" (module output: %.300q)", t.b)
+}
