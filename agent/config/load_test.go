@@ -268,7 +268,7 @@ policy:
   memoryLimit: 1048576
   maxModuleSize: 1G
   modules:
-    - {name: canary, path: /m/canary.wasm, sha256: "` + strings.Repeat("ab", 32) + `"}
+    - {name: canary, path: /m/canary.wasm, sha256: "`+strings.Repeat("ab", 32)+`"}
   chains:
     - name: c1
       match: {namespaces: [shop], labels: {app: web, version: 2}}
