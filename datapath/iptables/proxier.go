@@ -15,6 +15,7 @@ import (
 	"net/netip"
 	"os/exec"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -468,7 +469,11 @@ func (f *family) restore(ctx context.Context, text []byte) error {
 // chain, unless it is already there.
 func (f *family) ensureJumps() error {
 	var errs []error
-	for _, j := range jumps() {
+	// Walk backwards inserting at the top, so that jumps missing together
+	// end up in the order jumps() lists them.
+	js := jumps()
+	slices.Reverse(js)
+	for _, j := range js {
 		ok, err := f.ipt.Exists(j.table, j.chain, j.spec...)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("iptables: check jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err))

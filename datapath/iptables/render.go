@@ -99,6 +99,7 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 		if f.Family != cfg.Family {
 			continue
 		}
+		f = unmapped(f)
 		if err := checkFrontend(f); err != nil {
 			rs.Errors = append(rs.Errors, err)
 			continue
@@ -117,6 +118,29 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 	}
 	return rs
 }
+
+// unmapped returns f with IPv4-mapped IPv6 addresses written as IPv4,
+// copying it only when needed (the plan is never modified).
+func unmapped(f *datapath.Frontend) *datapath.Frontend {
+	mapped := f.Addr.Is4In6()
+	for _, e := range f.Endpoints {
+		mapped = mapped || e.Addr.Addr().Is4In6()
+	}
+	if !mapped {
+		return f
+	}
+	c := *f
+	c.Addr = c.Addr.Unmap()
+	c.Endpoints = make([]datapath.Endpoint, len(f.Endpoints))
+	for i, e := range f.Endpoints {
+		e.Addr = netip.AddrPortFrom(e.Addr.Addr().Unmap(), e.Addr.Port())
+		c.Endpoints[i] = e
+	}
+	return &c
+}
+
+// renderHook, when set (by tests only), may change a unit after rendering.
+var renderHook func(u *unit)
 
 func checkFrontend(f *datapath.Frontend) error {
 	where := fmt.Sprintf("iptables: frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)
@@ -307,6 +331,9 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		}
 	}
 
+	if renderHook != nil {
+		renderHook(u)
+	}
 	h := sha256.New()
 	for _, c := range u.chains {
 		fmt.Fprintf(h, "%s %s\n", c.table, c.name)

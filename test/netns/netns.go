@@ -303,6 +303,12 @@ func (n *Node) AddPod(name string) *Pod {
 	if err := n.nl.LinkSetMaster(hl, br); err != nil {
 		t.Fatalf("netns: enslave %s: %v", host, err)
 	}
+	// Hairpin mode, as the CNI bridge plugin sets it: with br_netfilter a
+	// pod that reaches itself through a service gets its packet back out of
+	// the port it came in on.
+	if err := n.nl.LinkSetHairpin(hl, true); err != nil {
+		t.Fatalf("netns: hairpin on %s: %v", host, err)
+	}
 	if err := n.nl.LinkSetUp(hl); err != nil {
 		t.Fatalf("netns: %v", err)
 	}
