@@ -19,7 +19,7 @@ func ExampleLoad() {
 
 	cfg, err := config.Load(config.LoadOptions{
 		File:  path,
-		Env:   []string{"EDGEPROXY_SYNC_MINPERIOD=2s"}, // normally os.Environ()
+		Env:   []string{"EDGEPROXY_SYNC_MINPERIOD=2s"},  // normally os.Environ()
 		Flags: map[string]string{"node-name": "edge-1"}, // only the flags the user set
 	})
 	if err != nil {
