@@ -73,7 +73,7 @@ func newEnv(t *testing.T, v iptables.Variant, n int, mod func(*iptables.Options)
 	e.p = e.newProxier(mod)
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := e.node.Run("iptables-" + string(v) + "-save", "-c")
+			out, _ := e.node.Run("iptables-"+string(v)+"-save", "-c")
 			t.Logf("iptables-save -c in the node:\n%s", out)
 		}
 	})
