@@ -33,11 +33,15 @@ const EnvPrefix = "EDGEPROXY_"
 // EnvConfig names the config file when LoadOptions.File is empty.
 const EnvConfig = EnvPrefix + "CONFIG"
 
+// flagConfig is the Flags key that names the config file.
+const flagConfig = "config"
+
 // LoadOptions says where Load finds each layer. The zero value loads
 // Default() plus the hostname as nodeName.
 type LoadOptions struct {
-	// File is the YAML config file. Empty: EDGEPROXY_CONFIG from Env, and
-	// if that is empty too, no file. A file that is named must exist.
+	// File is the YAML config file. Flags["config"], when set, wins over
+	// it; when both are empty, EDGEPROXY_CONFIG from Env names the file,
+	// and if that is empty too there is no file. A named file must exist.
 	File string
 	// Env holds "NAME=value" pairs, normally os.Environ(); nil means none
 	// (tests stay independent of the process environment). Variables
@@ -52,7 +56,8 @@ type LoadOptions struct {
 	// Flags maps keys to values given on the command line; they override
 	// everything else. Keys match like env names, so "nodeName",
 	// "node-name" and "sync.minPeriod" all work; an unknown key is an
-	// error. Pass only the flags the user actually set.
+	// error. Pass only the flags the user actually set. The key "config"
+	// names the file (see File).
 	Flags map[string]string
 	// Hostname supplies nodeName when no layer sets it; nil: os.Hostname.
 	// Like kube-proxy, the name is trimmed and lower-cased.
@@ -63,6 +68,9 @@ type LoadOptions struct {
 
 // Path returns the config file Load will read, or "" for none.
 func (o LoadOptions) Path() string {
+	if p := o.Flags[flagConfig]; p != "" {
+		return p
+	}
 	if o.File != "" {
 		return o.File
 	}
@@ -113,6 +121,9 @@ func Load(opts LoadOptions) (*Config, error) {
 
 	flags := map[string]any{}
 	for name, val := range opts.Flags {
+		if name == flagConfig {
+			continue
+		}
 		l, ok := schema.byNorm[normKey(name)]
 		if !ok {
 			errs = append(errs, fieldErr(name, "unknown key (given as a flag)"))

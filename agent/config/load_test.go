@@ -120,6 +120,13 @@ nodePortAddresses: [10.0.0.0/8]
 				}
 				return ""
 			}},
+		{"file named by the config flag", LoadOptions{File: "/does/not/exist", Env: []string{"EDGEPROXY_CONFIG=/nor/this"},
+			Flags: map[string]string{"config": path}}, func(c *Config) string {
+			if c.Mode != "ipvs" {
+				return "config flag not read"
+			}
+			return ""
+		}},
 		{"file named by EDGEPROXY_CONFIG", LoadOptions{Env: []string{"EDGEPROXY_CONFIG=" + path}}, func(c *Config) string {
 			if c.Mode != "ipvs" {
 				return "EDGEPROXY_CONFIG not read"

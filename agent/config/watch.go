@@ -88,6 +88,9 @@ func NewWatcher(initial *Config, opts WatcherOptions) (*Watcher, error) {
 	if log == nil {
 		log = slog.Default()
 	}
+	// The environment was read, and its unknown names warned about, by the
+	// initial Load; it does not change, so reloads need not warn again.
+	opts.Load.Logger = slog.New(slog.DiscardHandler)
 	w := &Watcher{
 		opts: opts,
 		path: abs,
@@ -131,11 +134,13 @@ func (w *Watcher) RestartRequired() []string {
 func (w *Watcher) Reload() error { return w.reload("requested", true) }
 
 // Run watches the file's directory until ctx is done, then returns nil; it
-// returns an error only when the watch cannot be set up. Watching the
-// directory rather than the file sees editors that write a new file and
-// rename it over the old one, and Kubernetes ConfigMap volumes, which swap
-// a "..data" symlink. Bursts of events are debounced. Right after the watch
-// is in place Run reloads once, so an edit made before Run is not missed.
+// returns an error only when the watch cannot be set up. Call it once.
+// Watching the directory rather than the file sees editors that write a new
+// file and rename it over the old one, and Kubernetes ConfigMap volumes,
+// which swap a "..data" symlink. Bursts of events are debounced: the reload
+// runs once the file has been quiet for Debounce, or at the latest
+// 10×Debounce after the first event of the burst. Right after the watch is
+// in place Run reloads once, so an edit made before Run is not missed.
 func (w *Watcher) Run(ctx context.Context) error {
 	fw, err := fsnotify.NewWatcher()
 	if err != nil {
@@ -153,6 +158,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	timer.Stop()
 	defer timer.Stop()
 	var fire <-chan time.Time
+	var burstStart time.Time
 	for {
 		select {
 		case <-ctx.Done():
@@ -168,7 +174,11 @@ func (w *Watcher) Run(ctx context.Context) error {
 			now := w.realPath()
 			if base == filepath.Base(w.path) || base == "..data" || now != real {
 				real = now
-				timer.Reset(w.opts.Debounce)
+				if fire == nil {
+					burstStart = time.Now()
+				}
+				wait := min(w.opts.Debounce, time.Until(burstStart.Add(10*w.opts.Debounce)))
+				timer.Reset(max(wait, 0))
 				fire = timer.C
 			}
 		case err, ok := <-fw.Errors:
