@@ -1,0 +1,180 @@
+package source
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync/atomic"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/cache"
+)
+
+// API watches Services, EndpointSlices and this Node on a kube-apiserver.
+type API struct {
+	conv     *Converter
+	sink     Sink
+	report   *reporter
+	log      *slog.Logger
+	factory  informers.SharedInformerFactory
+	nodes    informers.SharedInformerFactory
+	synced   []cache.InformerSynced
+	contact  atomic.Int64 // unix nanoseconds of the last event or successful list
+	nodeName string
+}
+
+// NewAPI prepares informers; nothing is started until Run.
+func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
+	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName}
+	// No periodic informer resync: the sync runner owns timing.
+	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip))
+	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+		}))
+
+	svc := a.factory.Core().V1().Services().Informer()
+	eps := a.factory.Discovery().V1().EndpointSlices().Informer()
+	node := a.nodes.Core().V1().Nodes().Informer()
+	for _, h := range []struct {
+		inf cache.SharedIndexInformer
+		fn  func(key string, obj any)
+	}{{svc, a.onService}, {eps, a.onSlice}, {node, a.onNode}} {
+		fn := h.fn
+		if _, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+			AddFunc:    func(obj any) { a.touch(); fn(keyOf(obj), obj) },
+			UpdateFunc: func(_, obj any) { a.touch(); fn(keyOf(obj), obj) },
+			DeleteFunc: func(obj any) {
+				a.touch()
+				if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+					fn(d.Key, nil)
+					return
+				}
+				fn(keyOf(obj), nil)
+			},
+		}); err != nil {
+			return nil, fmt.Errorf("source: add event handler: %w", err)
+		}
+		a.synced = append(a.synced, h.inf.HasSynced)
+		if err := h.inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+			log.Warn("watch failed; retrying", "error", err)
+		}); err != nil {
+			return nil, fmt.Errorf("source: set watch error handler: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// Run starts the informers and returns when ctx is done.
+func (a *API) Run(ctx context.Context) error {
+	a.factory.Start(ctx.Done())
+	a.nodes.Start(ctx.Done())
+	<-ctx.Done()
+	a.factory.Shutdown()
+	a.nodes.Shutdown()
+	return nil
+}
+
+// WaitForSync blocks until every informer has listed once, or ctx ends.
+func (a *API) WaitForSync(ctx context.Context) bool {
+	ok := cache.WaitForCacheSync(ctx.Done(), a.synced...)
+	if ok {
+		a.touch()
+	}
+	return ok
+}
+
+// LastContact is when the API last delivered anything.
+func (a *API) LastContact() time.Time {
+	n := a.contact.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+func (a *API) touch() { a.contact.Store(time.Now().UnixNano()) }
+
+func (a *API) onService(key string, obj any) {
+	s, _ := obj.(*v1.Service)
+	if s == nil {
+		a.report.clear("Service", key)
+		a.sink.SetService(key, nil)
+		return
+	}
+	m, err := a.conv.Service(s)
+	if err != nil {
+		a.report.problem("Service", key, err)
+		a.sink.SetService(key, nil)
+		return
+	}
+	a.report.clear("Service", key)
+	a.sink.SetService(key, m)
+}
+
+func (a *API) onSlice(key string, obj any) {
+	s, _ := obj.(*discovery.EndpointSlice)
+	if s == nil {
+		a.report.clear("EndpointSlice", key)
+		a.sink.SetSlice(key, nil)
+		return
+	}
+	m, warnings, err := a.conv.EndpointSlice(s)
+	if err != nil {
+		a.report.problem("EndpointSlice", key, err)
+		a.sink.SetSlice(key, nil)
+		return
+	}
+	a.report.warnings("EndpointSlice", key, warnings)
+	a.sink.SetSlice(key, m)
+}
+
+func (a *API) onNode(_ string, obj any) {
+	n, _ := obj.(*v1.Node)
+	if n == nil {
+		a.log.Warn("this node's Node object was deleted; keeping its last known labels", "node", a.nodeName)
+		return
+	}
+	a.sink.SetNode(a.conv.Node(n))
+}
+
+func keyOf(obj any) string {
+	k, err := cache.MetaNamespaceKeyFunc(obj)
+	if err != nil {
+		return fmt.Sprintf("%T", obj)
+	}
+	return k
+}
+
+// Strip drops what the proxy never reads before an informer caches the
+// object: managed fields, annotations other than the ones it reads, and the
+// bulky parts of a Node's status. Memory on small edge nodes matters.
+func (c *Converter) Strip(obj any) (any, error) {
+	acc, ok := obj.(metav1.Object)
+	if !ok {
+		return obj, nil
+	}
+	acc.SetManagedFields(nil)
+	if ann := acc.GetAnnotations(); len(ann) > 0 {
+		kept := make(map[string]string)
+		for k, v := range ann {
+			if keepAnnotation(k, c.KeepPrefix) {
+				kept[k] = v
+			}
+		}
+		acc.SetAnnotations(kept)
+	}
+	if n, ok := obj.(*v1.Node); ok {
+		n.Status.Images = nil
+		n.Status.Conditions = nil
+		n.Status.VolumesAttached = nil
+		n.Status.VolumesInUse = nil
+	}
+	return obj, nil
+}

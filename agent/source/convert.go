@@ -1,0 +1,275 @@
+package source
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	v1 "k8s.io/api/core/v1"
+	discovery "k8s.io/api/discovery/v1"
+
+	"github.com/edgeproxy/edgeproxy/agent/model"
+)
+
+// Well-known labels and annotations the proxy reads.
+const (
+	LabelServiceProxyName  = "service.kubernetes.io/service-proxy-name"
+	LabelServiceName       = discovery.LabelServiceName // kubernetes.io/service-name
+	LabelZone              = v1.LabelTopologyZone
+	LabelRegion            = v1.LabelTopologyRegion
+	AnnotationTopologyMode = "service.kubernetes.io/topology-mode"
+	// AnnotationTopologyHints is the older spelling of AnnotationTopologyMode.
+	AnnotationTopologyHints = "service.kubernetes.io/topology-aware-hints"
+	AnnotationTriggerTime   = v1.EndpointsLastChangeTriggerTime
+)
+
+// ErrSkip marks an object that is valid but not for this proxy (headless,
+// ExternalName, another proxy's). It is not counted as bad.
+var ErrSkip = errors.New("not proxied")
+
+// Converter turns API objects into model values. Its fields decide what is
+// kept: the proxy name, and which label and annotation keys survive.
+type Converter struct {
+	// ProxyName: Services labelled service-proxy-name with another value are
+	// skipped; an empty ProxyName skips every labelled Service, as
+	// kube-proxy does.
+	ProxyName string
+	// KeepPrefix: annotations under this prefix are kept for policy modules.
+	KeepPrefix string
+}
+
+// Service converts a Service. It returns an error wrapping ErrSkip for a
+// Service the proxy must ignore, and a plain error naming the field for one
+// it cannot use.
+func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
+	if name, ok := s.Labels[LabelServiceProxyName]; ok && name != c.ProxyName {
+		return nil, fmt.Errorf("%w: labelled %s=%q", ErrSkip, LabelServiceProxyName, name)
+	}
+	if s.Spec.Type == v1.ServiceTypeExternalName {
+		return nil, fmt.Errorf("%w: type ExternalName", ErrSkip)
+	}
+	if s.Spec.ClusterIP == v1.ClusterIPNone {
+		return nil, fmt.Errorf("%w: headless", ErrSkip)
+	}
+	out := &model.Service{
+		Namespace:           s.Namespace,
+		Name:                s.Name,
+		InternalLocal:       s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
+		HealthCheckNodePort: uint16(s.Spec.HealthCheckNodePort),
+		Labels:              s.Labels,
+		Annotations:         c.keptAnnotations(s.Annotations),
+	}
+	if s.Spec.TrafficDistribution != nil {
+		out.TrafficDistribution = *s.Spec.TrafficDistribution
+	}
+	var err error
+	ips := s.Spec.ClusterIPs
+	if len(ips) == 0 && s.Spec.ClusterIP != "" {
+		ips = []string{s.Spec.ClusterIP}
+	}
+	if len(ips) == 0 {
+		return nil, errors.New("spec.clusterIP: no address allocated (manifests must set it)")
+	}
+	if out.ClusterIPs, err = parseAddrs("spec.clusterIPs", ips); err != nil {
+		return nil, err
+	}
+	if out.ExternalIPs, err = parseAddrs("spec.externalIPs", s.Spec.ExternalIPs); err != nil {
+		return nil, err
+	}
+	for i, ing := range s.Status.LoadBalancer.Ingress {
+		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+			continue
+		}
+		a, err := netip.ParseAddr(ing.IP)
+		if err != nil {
+			return nil, fmt.Errorf("status.loadBalancer.ingress[%d].ip: %q is not an IP address", i, ing.IP)
+		}
+		out.LoadBalancerIPs = append(out.LoadBalancerIPs, a.Unmap())
+	}
+	for i, r := range s.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			return nil, fmt.Errorf("spec.loadBalancerSourceRanges[%d]: %q is not a CIDR", i, r)
+		}
+		out.SourceRanges = append(out.SourceRanges, p.Masked())
+	}
+	external := s.Spec.Type == v1.ServiceTypeNodePort || s.Spec.Type == v1.ServiceTypeLoadBalancer || len(s.Spec.ExternalIPs) > 0
+	out.ExternalLocal = external && s.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
+	if s.Spec.SessionAffinity == v1.ServiceAffinityClientIP {
+		timeout := int32(v1.DefaultClientIPServiceAffinitySeconds)
+		if cfg := s.Spec.SessionAffinityConfig; cfg != nil && cfg.ClientIP != nil && cfg.ClientIP.TimeoutSeconds != nil {
+			timeout = *cfg.ClientIP.TimeoutSeconds
+		}
+		out.Affinity = time.Duration(timeout) * time.Second
+	}
+	for i, p := range s.Spec.Ports {
+		proto := string(p.Protocol)
+		if proto == "" {
+			proto = string(v1.ProtocolTCP)
+		}
+		if err := checkProtocol(proto); err != nil {
+			return nil, fmt.Errorf("spec.ports[%d].protocol: %w", i, err)
+		}
+		if p.Port < 1 || p.Port > 65535 {
+			return nil, fmt.Errorf("spec.ports[%d].port: %d is out of range", i, p.Port)
+		}
+		if p.NodePort < 0 || p.NodePort > 65535 {
+			return nil, fmt.Errorf("spec.ports[%d].nodePort: %d is out of range", i, p.NodePort)
+		}
+		out.Ports = append(out.Ports, model.ServicePort{
+			Name: p.Name, Protocol: proto, Port: uint16(p.Port), NodePort: uint16(p.NodePort),
+		})
+	}
+	return out, nil
+}
+
+// EndpointSlice converts a discovery/v1 EndpointSlice. Endpoints whose
+// address does not parse and ports without a number are dropped and
+// reported in the returned warnings; a slice the proxy cannot use at all
+// (FQDN, no service-name label) is an error.
+func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSlice, []string, error) {
+	svc := s.Labels[LabelServiceName]
+	if svc == "" {
+		return nil, nil, fmt.Errorf("metadata.labels: no %s label", LabelServiceName)
+	}
+	out := &model.EndpointSlice{Namespace: s.Namespace, Name: s.Name, Service: svc}
+	switch s.AddressType {
+	case discovery.AddressTypeIPv4:
+		out.Family = model.IPv4
+	case discovery.AddressTypeIPv6:
+		out.Family = model.IPv6
+	default:
+		return nil, nil, fmt.Errorf("addressType: %q is not supported (only IPv4 and IPv6)", s.AddressType)
+	}
+	if t, ok := s.Annotations[AnnotationTriggerTime]; ok {
+		if tt, err := time.Parse(time.RFC3339Nano, t); err == nil {
+			out.TriggerTime = tt
+		}
+	}
+	var warnings []string
+	for i, p := range s.Ports {
+		if p.Port == nil {
+			warnings = append(warnings, fmt.Sprintf("ports[%d]: no port number", i))
+			continue
+		}
+		if *p.Port < 1 || *p.Port > 65535 {
+			warnings = append(warnings, fmt.Sprintf("ports[%d].port: %d is out of range", i, *p.Port))
+			continue
+		}
+		ep := model.EndpointPort{Protocol: string(v1.ProtocolTCP), Port: uint16(*p.Port)}
+		if p.Name != nil {
+			ep.Name = *p.Name
+		}
+		if p.Protocol != nil {
+			ep.Protocol = string(*p.Protocol)
+		}
+		out.Ports = append(out.Ports, ep)
+	}
+	for i, e := range s.Endpoints {
+		if len(e.Addresses) == 0 {
+			warnings = append(warnings, fmt.Sprintf("endpoints[%d]: no address", i))
+			continue
+		}
+		// Like kube-proxy, only the first address is used: the API allows
+		// more, but every producer writes exactly one.
+		a, err := netip.ParseAddr(e.Addresses[0])
+		if err != nil {
+			warnings = append(warnings, fmt.Sprintf("endpoints[%d].addresses[0]: %q is not an IP address", i, e.Addresses[0]))
+			continue
+		}
+		a = a.Unmap()
+		if (out.Family == model.IPv4) != a.Is4() {
+			warnings = append(warnings, fmt.Sprintf("endpoints[%d].addresses[0]: %s is not of addressType %s", i, a, s.AddressType))
+			continue
+		}
+		me := model.Endpoint{Addr: a}
+		// Conditions as kube-proxy reads them: a missing ready means ready,
+		// a missing serving means "same as ready", terminating defaults false.
+		me.Ready = e.Conditions.Ready == nil || *e.Conditions.Ready
+		me.Serving = me.Ready
+		if e.Conditions.Serving != nil {
+			me.Serving = *e.Conditions.Serving
+		}
+		me.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
+		if e.NodeName != nil {
+			me.NodeName = *e.NodeName
+		}
+		if e.Zone != nil {
+			me.Zone = *e.Zone
+		}
+		if e.Hints != nil {
+			for _, z := range e.Hints.ForZones {
+				me.HintZones = append(me.HintZones, z.Name)
+			}
+			for _, n := range e.Hints.ForNodes {
+				me.HintNodes = append(me.HintNodes, n.Name)
+			}
+		}
+		out.Endpoints = append(out.Endpoints, me)
+	}
+	return out, warnings, nil
+}
+
+// Node converts this node.
+func (c *Converter) Node(n *v1.Node) *model.Node {
+	out := &model.Node{
+		Name:   n.Name,
+		Zone:   n.Labels[LabelZone],
+		Region: n.Labels[LabelRegion],
+		Labels: n.Labels,
+	}
+	for _, a := range n.Status.Addresses {
+		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
+			continue
+		}
+		if ip, err := netip.ParseAddr(a.Address); err == nil {
+			out.Addresses = append(out.Addresses, ip.Unmap())
+		}
+	}
+	return out
+}
+
+func (c *Converter) keptAnnotations(in map[string]string) map[string]string {
+	var out map[string]string
+	for k, v := range in {
+		if keepAnnotation(k, c.KeepPrefix) {
+			if out == nil {
+				out = make(map[string]string)
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
+
+// keepAnnotation lists the annotations anything after the source reads:
+// topology mode, the trigger time, and the policy prefix.
+func keepAnnotation(key, prefix string) bool {
+	switch key {
+	case AnnotationTopologyMode, AnnotationTopologyHints, AnnotationTriggerTime:
+		return true
+	}
+	return prefix != "" && strings.HasPrefix(key, prefix)
+}
+
+func parseAddrs(field string, in []string) ([]netip.Addr, error) {
+	var out []netip.Addr
+	for i, s := range in {
+		a, err := netip.ParseAddr(s)
+		if err != nil {
+			return nil, fmt.Errorf("%s[%d]: %q is not an IP address", field, i, s)
+		}
+		out = append(out, a.Unmap())
+	}
+	return out, nil
+}
+
+func checkProtocol(p string) error {
+	switch p {
+	case "TCP", "UDP", "SCTP":
+		return nil
+	}
+	return fmt.Errorf("%q is not TCP, UDP or SCTP", p)
+}

@@ -1,0 +1,128 @@
+package state
+
+import (
+	"net/netip"
+	"testing"
+
+	"github.com/edgeproxy/edgeproxy/agent/model"
+)
+
+func svc(name string, ports ...model.ServicePort) *model.Service {
+	return &model.Service{Namespace: "ns", Name: name, ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")}, Ports: ports}
+}
+
+func slice(name, svcName string, fam model.Family, port model.EndpointPort, eps ...model.Endpoint) *model.EndpointSlice {
+	return &model.EndpointSlice{Namespace: "ns", Name: name, Service: svcName, Family: fam, Ports: []model.EndpointPort{port}, Endpoints: eps}
+}
+
+func ep(addr string, ready bool) model.Endpoint {
+	return model.Endpoint{Addr: netip.MustParseAddr(addr), Ready: ready, Serving: ready}
+}
+
+func TestMergeAcrossSlicesDedupAndFamilies(t *testing.T) {
+	pokes := 0
+	s := New(func() { pokes++ })
+	http := model.ServicePort{Name: "http", Protocol: "TCP", Port: 80}
+	s.SetService("ns/web", svc("web", http))
+	p := model.EndpointPort{Name: "http", Protocol: "TCP", Port: 8080}
+	s.SetSlice("ns/web-a", slice("web-a", "web", model.IPv4, p, ep("10.0.0.2", true), ep("10.0.0.1", false)))
+	// The same address in a second slice, ready there: kept once, as ready.
+	s.SetSlice("ns/web-b", slice("web-b", "web", model.IPv4, p, ep("10.0.0.1", true), ep("10.0.0.3", true)))
+	s.SetSlice("ns/web-6", slice("web-6", "web", model.IPv6, p, ep("fd00::1", true)))
+	// A slice port of another protocol does not belong to this service port.
+	s.SetSlice("ns/web-udp", slice("web-udp", "web", model.IPv4, model.EndpointPort{Name: "http", Protocol: "UDP", Port: 53}, ep("10.0.0.9", true)))
+
+	snap := s.Snapshot()
+	name := model.ServicePortName{Namespace: "ns", Name: "web", Port: "http"}
+	port := snap.Ports[name]
+	if port == nil {
+		t.Fatalf("no port %s in snapshot", name)
+	}
+	var got []string
+	for _, e := range port.V4 {
+		got = append(got, e.AddrPort().String())
+		if e.Addr == netip.MustParseAddr("10.0.0.1") && !e.Ready {
+			t.Errorf("duplicate 10.0.0.1 kept the not-ready entry")
+		}
+	}
+	want := []string{"10.0.0.1:8080", "10.0.0.2:8080", "10.0.0.3:8080"}
+	if len(got) != len(want) {
+		t.Fatalf("v4 endpoints = %v, want %v", got, want)
+	}
+	for i := range want {
+		if got[i] != want[i] {
+			t.Fatalf("v4 endpoints = %v, want %v", got, want)
+		}
+	}
+	if len(port.V6) != 1 || port.V6[0].AddrPort().String() != "[fd00::1]:8080" {
+		t.Fatalf("v6 endpoints = %v", port.V6)
+	}
+	if !snap.Changed[name] || snap.Generation != 1 {
+		t.Fatalf("changed=%v generation=%d, want changed and generation 1", snap.Changed, snap.Generation)
+	}
+	if pokes != 5 {
+		t.Errorf("notify called %d times, want 5", pokes)
+	}
+}
+
+func TestNoOpUpdatesAreDropped(t *testing.T) {
+	pokes := 0
+	s := New(func() { pokes++ })
+	http := model.ServicePort{Name: "", Protocol: "TCP", Port: 80}
+	s.SetService("ns/a", svc("a", http))
+	s.Snapshot()
+	s.SetService("ns/a", svc("a", http)) // equal value: no-op
+	if pokes != 1 {
+		t.Fatalf("no-op update poked the runner: %d pokes", pokes)
+	}
+	snap := s.Snapshot()
+	if len(snap.Changed) != 0 || snap.Generation != 1 {
+		t.Fatalf("no-op produced changes %v at generation %d", snap.Changed, snap.Generation)
+	}
+}
+
+func TestChangedOnlyTouchedPorts(t *testing.T) {
+	s := New(nil)
+	p := model.ServicePort{Protocol: "TCP", Port: 80}
+	s.SetService("ns/a", svc("a", p))
+	s.SetService("ns/b", svc("b", p))
+	first := s.Snapshot()
+	s.SetSlice("ns/b-1", slice("b-1", "b", model.IPv4, model.EndpointPort{Protocol: "TCP", Port: 80}, ep("10.0.0.5", true)))
+	snap := s.Snapshot()
+	a := model.ServicePortName{Namespace: "ns", Name: "a"}
+	b := model.ServicePortName{Namespace: "ns", Name: "b"}
+	if snap.Changed[a] || !snap.Changed[b] || len(snap.Changed) != 1 {
+		t.Fatalf("changed = %v, want only %s", snap.Changed, b)
+	}
+	if snap.Ports[a] != first.Ports[a] {
+		t.Errorf("unchanged port was rebuilt instead of shared")
+	}
+	// Deleting the service removes its port and marks it changed.
+	s.SetService("ns/b", nil)
+	snap = s.Snapshot()
+	if _, ok := snap.Ports[b]; ok || !snap.Changed[b] {
+		t.Fatalf("deleted service: port present=%v changed=%v", ok, snap.Changed[b])
+	}
+	// A slice that moves to another service marks both.
+	s.SetService("ns/b", svc("b", p))
+	s.SetSlice("ns/b-1", slice("b-1", "a", model.IPv4, model.EndpointPort{Protocol: "TCP", Port: 80}, ep("10.0.0.5", true)))
+	snap = s.Snapshot()
+	if !snap.Changed[a] || len(snap.Ports[a].V4) != 1 || len(snap.Ports[b].V4) != 0 {
+		t.Fatalf("slice move: changed=%v a=%v b=%v", snap.Changed, snap.Ports[a].V4, snap.Ports[b].V4)
+	}
+}
+
+func TestNodeChangeIsReported(t *testing.T) {
+	s := New(nil)
+	s.SetNode(&model.Node{Name: "n1", Zone: "a"})
+	if !s.Snapshot().NodeChanged {
+		t.Fatal("first node not reported as changed")
+	}
+	s.SetNode(&model.Node{Name: "n1", Zone: "a"})
+	if s.Snapshot().NodeChanged {
+		t.Fatal("identical node reported as changed")
+	}
+	if !s.Pending().IsZero() {
+		t.Fatal("pending change left after snapshot")
+	}
+}
