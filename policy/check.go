@@ -132,7 +132,9 @@ func (h *Host) Load(ctx context.Context, spec Spec) (*Instance, *Report, error) 
 func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 	sum := sha256.Sum256(spec.Wasm)
 	r := &Report{Module: spec.Name, SHA256: hex.EncodeToString(sum[:]), Size: len(spec.Wasm), Engine: h.engine}
-	rest := func(from string) []string { return checkNames[slices.Index(checkNames, from):] }
+	rest := func(from string) []string {
+		return append(slices.Clone(checkNames[slices.Index(checkNames, from):]), probeCheckNames()...)
+	}
 	ok := r.add("size", func() error {
 		if int64(len(spec.Wasm)) > h.opts.MaxModuleSize {
 			return fmt.Errorf("%d bytes, limit %d", len(spec.Wasm), h.opts.MaxModuleSize)

@@ -3,8 +3,8 @@ package policy_test
 import (
 	"context"
 	"slices"
-	"time"
 	"testing"
+	"time"
 
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/policy"

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -134,11 +135,11 @@ func (i *Instance) instantiate(ctx context.Context) error {
 	i.logs = 0
 	mod, err := i.h.rt.InstantiateModule(ictx, i.compiled, cfg)
 	if err != nil {
-		return fmt.Errorf("instantiate: %w%s", err, i.stderr.suffix())
+		return fmt.Errorf("instantiate: %w", shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
 	}
 	fail := func(what string, err error) error {
 		_ = mod.Close(ctx)
-		return fmt.Errorf("%s: %w%s", what, err, i.stderr.suffix())
+		return fmt.Errorf("%s: %w", what, shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
 	}
 	if f := mod.ExportedFunction(abi.InitializeExport); f != nil {
 		if _, err := f.Call(ictx); err != nil {
@@ -328,7 +329,24 @@ func (i *Instance) classify(ctx, cctx context.Context, err error) *CallError {
 		}
 		return i.callErr(ReasonTrap, fmt.Errorf("module exited with code %d%s", ee.ExitCode(), i.stderr.suffix()))
 	}
-	return i.callErr(ReasonTrap, fmt.Errorf("%w%s", err, i.stderr.suffix()))
+	return i.callErr(ReasonTrap, shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
+}
+
+// shortErr keeps an error's cause but shows only the given message:
+// wazero's trap errors carry the whole wasm stack trace.
+type shortErr struct {
+	msg string
+	err error
+}
+
+func (e shortErr) Error() string { return e.msg }
+func (e shortErr) Unwrap() error { return e.err }
+
+func firstLine(s string) string {
+	if i := strings.IndexByte(s, '\n'); i >= 0 {
+		return s[:i]
+	}
+	return s
 }
 
 func cloneOutput(o abi.Output) abi.Output {
