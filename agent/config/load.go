@@ -12,6 +12,13 @@
 // file are errors, so a typo never passes silently. Watcher re-reads the
 // file when it changes and swaps the new Config in atomically, or keeps the
 // old one when the new file is bad.
+//
+// koanf merges the layers: the file through its file provider and YAML
+// parser, env vars and flags through confmap. Env vars come from
+// LoadOptions.Env rather than koanf's env provider, which reads the process
+// environment itself; that keeps tests independent of it. The merged map is
+// decoded by this package rather than mapstructure, so every error can name
+// its key and value.
 package config
 
 import (

@@ -151,7 +151,7 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err := fw.Add(dir); err != nil {
 		return fmt.Errorf("config: watcher: watch %s: %w", dir, err)
 	}
-	real := w.realPath()
+	target := w.realPath()
 	_ = w.reload("watch started", false)
 
 	timer := time.NewTimer(time.Hour)
@@ -172,8 +172,8 @@ func (w *Watcher) Run(ctx context.Context) error {
 			}
 			base := filepath.Base(ev.Name)
 			now := w.realPath()
-			if base == filepath.Base(w.path) || base == "..data" || now != real {
-				real = now
+			if base == filepath.Base(w.path) || base == "..data" || now != target {
+				target = now
 				if fire == nil {
 					burstStart = time.Now()
 				}
