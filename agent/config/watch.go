@@ -137,7 +137,9 @@ func (w *Watcher) Reload() error { return w.reload("requested", true) }
 // returns an error only when the watch cannot be set up. Call it once.
 // Watching the directory rather than the file sees editors that write a new
 // file and rename it over the old one, and Kubernetes ConfigMap volumes,
-// which swap a "..data" symlink. Bursts of events are debounced: the reload
+// which swap a "..data" symlink. When the path is a symlink, the directory
+// of its target is watched too (and followed when the link changes). Bursts
+// of events are debounced: the reload
 // runs once the file has been quiet for Debounce, or at the latest
 // 10×Debounce after the first event of the burst. Right after the watch is
 // in place Run reloads once, so an edit made before Run is not missed.
@@ -151,7 +153,26 @@ func (w *Watcher) Run(ctx context.Context) error {
 	if err := fw.Add(dir); err != nil {
 		return fmt.Errorf("config: watcher: watch %s: %w", dir, err)
 	}
-	target := w.realPath()
+	// When the path is a symlink into another directory, watch that one
+	// too, so edits at the target are seen; follow it when the link moves.
+	target, targetDir := "", ""
+	follow := func() {
+		target = w.realPath()
+		td := filepath.Dir(target)
+		if target == "" || td == dir || td == targetDir {
+			return
+		}
+		if targetDir != "" {
+			_ = fw.Remove(targetDir) // may already be gone with its directory
+		}
+		targetDir = ""
+		if err := fw.Add(td); err != nil {
+			w.log.Warn("config: cannot watch the directory the config file links to", "dir", td, "err", err)
+			return
+		}
+		targetDir = td
+	}
+	follow()
 	_ = w.reload("watch started", false)
 
 	timer := time.NewTimer(time.Hour)
@@ -171,9 +192,9 @@ func (w *Watcher) Run(ctx context.Context) error {
 				continue
 			}
 			base := filepath.Base(ev.Name)
-			now := w.realPath()
-			if base == filepath.Base(w.path) || base == "..data" || now != target {
-				target = now
+			prev := target
+			follow()
+			if base == filepath.Base(w.path) || base == "..data" || ev.Name == target || target != prev {
 				if fire == nil {
 					burstStart = time.Now()
 				}

@@ -398,3 +398,29 @@ func TestWatcherRunEndsWithContext(t *testing.T) {
 		t.Fatalf("Run on a missing directory: %v", err)
 	}
 }
+
+// TestWatcherFollowsSymlinkElsewhere: the config path links to a file in
+// another directory, which is edited there.
+func TestWatcherFollowsSymlinkElsewhere(t *testing.T) {
+	etc, store := t.TempDir(), t.TempDir()
+	target := writeFile(t, store, "real.yaml", baseYAML)
+	link := filepath.Join(etc, "edgeproxy.yaml")
+	if err := os.Symlink(target, link); err != nil {
+		t.Fatal(err)
+	}
+	h := startWatcher(t, link, nil)
+	replaceFile(t, target, strings.Replace(baseYAML, "info", "warn", 1))
+	waitFor(t, "the edit at the link target to apply", func() bool { return h.w.Current().Log.Level == "warn" })
+
+	// Point the link somewhere else, then edit the new target.
+	other := writeFile(t, t.TempDir(), "other.yaml", strings.Replace(baseYAML, "info", "error", 1))
+	if err := os.Symlink(other, link+".new"); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(link+".new", link); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the relinked file to apply", func() bool { return h.w.Current().Log.Level == "error" })
+	replaceFile(t, other, strings.Replace(baseYAML, "info", "debug", 1))
+	waitFor(t, "the edit at the new target to apply", func() bool { return h.w.Current().Log.Level == "debug" })
+}
