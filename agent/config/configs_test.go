@@ -131,3 +131,19 @@ func TestDemoConfig(t *testing.T) {
 		}
 	}
 }
+
+// BenchmarkLoadExample measures one reload's work: read, parse, decode and
+// validate configs/edgeproxy.yaml with an env layer and flags.
+func BenchmarkLoadExample(b *testing.B) {
+	opts := LoadOptions{
+		File:     exampleFile,
+		Env:      []string{"EDGEPROXY_SYNC_MINPERIOD=2s", "PATH=/usr/bin"},
+		Flags:    map[string]string{"mode": "plan"},
+		Hostname: fixedHost("h"),
+	}
+	for b.Loop() {
+		if _, err := Load(opts); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
