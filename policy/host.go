@@ -71,6 +71,12 @@ type Breaker struct {
 	OpenFor, OpenMax    time.Duration
 }
 
+// WithDefaults returns o with every zero value replaced by its default.
+func (o Options) WithDefaults() Options {
+	o.defaults()
+	return o
+}
+
 func (o *Options) defaults() {
 	if o.Engine == "" {
 		o.Engine = Compiler

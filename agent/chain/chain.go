@@ -1,0 +1,632 @@
+// Package chain runs the configured Wasm policy chains for the agent: it
+// loads and checks the modules named in config.Policy (through package
+// policy), picks the chain that matches a service, converts the agent's
+// model into the policy ABI's input and the modules' outputs back into one
+// weight per endpoint, applies each chain's failure policy, and records
+// metrics and the per-module verdicts for the explain view.
+//
+// One Evaluator serves the sync loop; Reload swaps in a new module set only
+// when every module of it passed its checks.
+package chain
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"maps"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/policy"
+	"github.com/edgeproxy/edgeproxy/policy/abi"
+)
+
+// Failure policies of a chain.
+const (
+	KeepBuiltin = "keep-builtin"
+	LastGood    = "last-good"
+)
+
+// DefaultServiceKeyPrefix is used when WithServiceKeyPrefix is not given.
+const DefaultServiceKeyPrefix = "edgeproxy.io/"
+
+// Option adjusts an Evaluator.
+type Option func(*options)
+
+type options struct {
+	prefix     string
+	nodeLabels []string
+	now        func() time.Time
+	breaker    policy.Breaker
+}
+
+// WithServiceKeyPrefix sets which service labels and annotations modules
+// see: only keys starting with prefix (config.Config.ServiceKeyPrefix). An
+// empty prefix passes them all.
+func WithServiceKeyPrefix(prefix string) Option { return func(o *options) { o.prefix = prefix } }
+
+// WithNodeLabels sets which node labels modules see (config.Config.NodeLabels).
+func WithNodeLabels(keys []string) Option {
+	return func(o *options) { o.nodeLabels = slices.Clone(keys) }
+}
+
+// WithClock sets the clock of the modules' circuit breakers (tests).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
+
+// WithBreaker tunes the modules' circuit breakers (tests).
+func WithBreaker(b policy.Breaker) Option { return func(o *options) { o.breaker = b } }
+
+// Evaluator evaluates service ports through the configured chains. It is
+// safe for concurrent use.
+type Evaluator struct {
+	log      *slog.Logger
+	metrics  *metrics
+	stateDir string
+
+	mu   sync.RWMutex // guards cur; Evaluate holds it shared
+	cur  *loaded
+	opts options
+
+	lgMu     sync.Mutex
+	lastGood map[string]lastGood // by chain name + service port
+}
+
+// loaded is one checked module set.
+type loaded struct {
+	cfg    config.Policy
+	host   *policy.Host
+	chains []*chain
+}
+
+type chain struct {
+	cfg   config.Chain
+	steps []step
+}
+
+type step struct {
+	module string
+	inst   *policy.Instance
+}
+
+type lastGood struct {
+	weights   map[netip.AddrPort]uint32
+	scheduler string
+	flags     []string
+}
+
+// New loads and checks every module of cfg and returns an Evaluator
+// running its chains. Compiled code is cached under stateDir/wasm-cache
+// (mode 0700). reg may be nil.
+func New(ctx context.Context, cfg config.Policy, stateDir string, log *slog.Logger, reg prometheus.Registerer, opts ...Option) (*Evaluator, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	m, err := newMetrics(reg)
+	if err != nil {
+		return nil, fmt.Errorf("chain: register metrics: %w", err)
+	}
+	e := &Evaluator{
+		log: log.With("component", "policy"), metrics: m, stateDir: stateDir,
+		opts: options{prefix: DefaultServiceKeyPrefix, now: time.Now}, lastGood: map[string]lastGood{},
+	}
+	for _, o := range opts {
+		o(&e.opts)
+	}
+	if err := e.Reload(ctx, cfg); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+// Reload loads and checks cfg's modules and, only when all pass, swaps
+// them in and closes the old ones. On any failure it returns the error
+// (with every failed check) and the previous chains keep running. Options
+// given here replace the corresponding ones given to New.
+func (e *Evaluator) Reload(ctx context.Context, cfg config.Policy, opts ...Option) error {
+	e.mu.RLock()
+	old := e.cur
+	o := e.opts
+	e.mu.RUnlock()
+	for _, opt := range opts {
+		opt(&o)
+	}
+	next, err := e.load(ctx, cfg, old, o)
+	if err != nil {
+		e.metrics.reloads.WithLabelValues("failure").Inc()
+		e.log.Error("policy: new modules refused; the previous chains keep running", "err", err)
+		return err
+	}
+	e.mu.Lock()
+	e.cur, e.opts = next, o
+	e.mu.Unlock()
+	// lastGood survives: a new module version that fails at run time
+	// falls back to what the previous one answered.
+	e.metrics.reloads.WithLabelValues("success").Inc()
+	if old != nil {
+		old.close(ctx, next.host)
+	}
+	names := make([]string, len(next.chains))
+	for i, c := range next.chains {
+		names[i] = c.cfg.Name
+	}
+	e.log.Info("policy: chains loaded", "engine", next.host.Engine(), "modules", len(cfg.Modules), "chains", names)
+	return nil
+}
+
+func hostOptions(cfg config.Policy, stateDir string, log *slog.Logger, o options) policy.Options {
+	ho := policy.Options{
+		Engine: cfg.Engine, Timeout: cfg.Timeout, MemoryLimit: int64(cfg.MemoryLimit),
+		MaxModuleSize: int64(cfg.MaxModuleSize), Log: log, Now: o.now, Breaker: o.breaker,
+	}
+	if stateDir != "" {
+		ho.CacheDir = filepath.Join(stateDir, "wasm-cache")
+	}
+	return ho
+}
+
+func sameHost(a, b policy.Options) bool {
+	return a.Engine == b.Engine && a.Timeout == b.Timeout && a.MemoryLimit == b.MemoryLimit &&
+		a.MaxModuleSize == b.MaxModuleSize && a.CacheDir == b.CacheDir && a.Breaker == b.Breaker
+}
+
+func (e *Evaluator) load(ctx context.Context, cfg config.Policy, old *loaded, o options) (_ *loaded, err error) {
+	if err := validate(cfg); err != nil {
+		return nil, err
+	}
+	want := hostOptions(cfg, e.stateDir, e.log, o)
+	next := &loaded{cfg: cfg}
+	if old != nil && sameHost(want.WithDefaults(), old.host.Options()) {
+		next.host = old.host
+	}
+	if next.host == nil {
+		if next.host, err = policy.NewHost(ctx, want); err != nil {
+			return nil, fmt.Errorf("chain: %w", err)
+		}
+	}
+	defer func() {
+		if err != nil {
+			var sharedHost *policy.Host
+			if old != nil {
+				sharedHost = old.host
+			}
+			next.close(ctx, sharedHost)
+		}
+	}()
+	files := map[string]config.Module{}
+	for _, m := range cfg.Modules {
+		files[m.Name] = m
+	}
+	wasm := map[string][]byte{}
+	var errs []error
+	for _, c := range cfg.Chains {
+		ch := &chain{cfg: c}
+		next.chains = append(next.chains, ch)
+		for _, s := range c.Modules {
+			m := files[s.Module]
+			b, ok := wasm[m.Name]
+			if !ok {
+				if b, err = readModule(m.Path, int64(next.host.Options().MaxModuleSize)); err != nil {
+					errs = append(errs, fmt.Errorf("chain %s: module %s: %w", c.Name, m.Name, err))
+					continue
+				}
+				wasm[m.Name] = b
+			}
+			conf, err := stepConfig(s.Config)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("chain %s: module %s: %w", c.Name, m.Name, err))
+				continue
+			}
+			inst, rep, err := next.host.Load(ctx, policy.Spec{Name: m.Name, Wasm: b, SHA256: m.SHA256, Config: conf, AllowEmpty: c.AllowEmpty})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("chain %s: %w", c.Name, err))
+				continue
+			}
+			e.log.Info("policy: module checked", "chain", c.Name, "module", m.Name, "sha256", rep.SHA256, "engine", rep.Engine)
+			ch.steps = append(ch.steps, step{module: m.Name, inst: inst})
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, fmt.Errorf("chain: load policy: %w", err)
+	}
+	return next, nil
+}
+
+func (l *loaded) close(ctx context.Context, keepHost *policy.Host) {
+	for _, c := range l.chains {
+		for _, s := range c.steps {
+			s.inst.Close(ctx)
+		}
+	}
+	if l.host != nil && l.host != keepHost {
+		l.host.Close(ctx)
+	}
+}
+
+func validate(cfg config.Policy) error {
+	var errs []error
+	mods := map[string]bool{}
+	for _, m := range cfg.Modules {
+		switch {
+		case m.Name == "":
+			errs = append(errs, fmt.Errorf("module with path %q has no name", m.Path))
+		case mods[m.Name]:
+			errs = append(errs, fmt.Errorf("module %s defined twice", m.Name))
+		case m.Path == "":
+			errs = append(errs, fmt.Errorf("module %s has no path", m.Name))
+		}
+		mods[m.Name] = true
+	}
+	chains := map[string]bool{}
+	for _, c := range cfg.Chains {
+		if c.Name == "" || chains[c.Name] {
+			errs = append(errs, fmt.Errorf("chain name %q empty or repeated", c.Name))
+		}
+		chains[c.Name] = true
+		switch c.Failure {
+		case "", KeepBuiltin, LastGood:
+		default:
+			errs = append(errs, fmt.Errorf("chain %s: failure policy %q (want %s or %s)", c.Name, c.Failure, KeepBuiltin, LastGood))
+		}
+		if len(c.Modules) == 0 {
+			errs = append(errs, fmt.Errorf("chain %s runs no module", c.Name))
+		}
+		for _, s := range c.Modules {
+			if !mods[s.Module] {
+				errs = append(errs, fmt.Errorf("chain %s: unknown module %q", c.Name, s.Module))
+			}
+		}
+	}
+	if err := errors.Join(errs...); err != nil {
+		return fmt.Errorf("chain: invalid policy config: %w", err)
+	}
+	return nil
+}
+
+func readModule(path string, limit int64) ([]byte, error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return nil, err
+	}
+	if limit > 0 && st.Size() > limit {
+		return nil, fmt.Errorf("%s: %d bytes, limit %d", path, st.Size(), limit)
+	}
+	return os.ReadFile(path)
+}
+
+func stepConfig(c map[string]any) ([]byte, error) {
+	if c == nil {
+		return []byte("{}"), nil
+	}
+	b, err := json.Marshal(c)
+	if err != nil {
+		return nil, fmt.Errorf("config to JSON: %w", err)
+	}
+	return b, nil
+}
+
+// Close releases every module.
+func (e *Evaluator) Close(ctx context.Context) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.cur != nil {
+		e.cur.close(ctx, nil)
+		e.cur = nil
+	}
+	return nil
+}
+
+// Engine returns the Wasm engine in use.
+func (e *Evaluator) Engine() string {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.cur == nil {
+		return ""
+	}
+	return e.cur.host.Engine()
+}
+
+// ModuleStatus describes one loaded chain step, for status output.
+type ModuleStatus struct {
+	Chain, Module, SHA256 string
+	State                 policy.State
+}
+
+// Modules lists every loaded chain step.
+func (e *Evaluator) Modules() []ModuleStatus {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	var out []ModuleStatus
+	if e.cur == nil {
+		return nil
+	}
+	for _, c := range e.cur.chains {
+		for _, s := range c.steps {
+			out = append(out, ModuleStatus{Chain: c.cfg.Name, Module: s.module, SHA256: s.inst.SHA256(), State: s.inst.State()})
+		}
+	}
+	return out
+}
+
+// CheckFile runs every check on the module file at path, the way a chain
+// would load it, for `edgeproxy module check FILE`. When path is the path
+// of a configured module its name and sha256 pin are used. The report
+// lists every check; the error is non-nil when the module is refused or
+// could not be read.
+func CheckFile(ctx context.Context, cfg config.Policy, path string, log *slog.Logger) (*policy.Report, error) {
+	b, err := readModule(path, int64(cmp.Or(cfg.MaxModuleSize, 64<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("chain: check %s: %w", path, err)
+	}
+	spec := policy.Spec{Name: filepath.Base(path), Wasm: b}
+	abs, _ := filepath.Abs(path)
+	for _, m := range cfg.Modules {
+		if ma, _ := filepath.Abs(m.Path); ma == abs {
+			spec.Name, spec.SHA256 = m.Name, m.SHA256
+		}
+	}
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h, err := policy.NewHost(ctx, hostOptions(cfg, "", log, options{}))
+	if err != nil {
+		return nil, fmt.Errorf("chain: check %s: %w", path, err)
+	}
+	defer h.Close(ctx)
+	r := h.Check(ctx, spec)
+	return r, r.Err()
+}
+
+// Verdict is the outcome of evaluating one service port.
+type Verdict struct {
+	// Weights holds one weight per input endpoint, in order; 0 drops the
+	// endpoint. All 1 when no chain matched or keep-builtin applied.
+	Weights []uint32
+	// Scheduler and SchedulerFlags are the IPVS scheduler chosen by the
+	// chain (the last module that chose one); empty keeps the default.
+	Scheduler      string
+	SchedulerFlags []string
+	// Chain names the chain that ran; empty when none matched.
+	Chain string
+	// Steps are the modules' verdicts, in chain order, up to the first
+	// failure.
+	Steps []Step
+	// Fallback is the failure policy applied (KeepBuiltin or LastGood)
+	// when a module failed; empty otherwise.
+	Fallback string
+}
+
+// Step is one module's verdict.
+type Step struct {
+	Module string
+	// Weights maps the module's output back onto the Evaluate input:
+	// one per input endpoint, 0 for endpoints dropped here or earlier.
+	// Nil when the module failed.
+	Weights []uint32
+	// Failure is the failure reason (trap, timeout, invalid,
+	// circuit_open); empty on success. Error has the detail.
+	Failure policy.Reason
+	Error   string
+	// Reason is the module's own explanation.
+	Reason    string
+	Scheduler string
+	Cached    bool
+	Duration  time.Duration
+}
+
+// String renders a verdict on one line for logs and the explain view.
+func (v Verdict) String() string {
+	if v.Chain == "" {
+		return "no chain"
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "chain %s:", v.Chain)
+	for _, s := range v.Steps {
+		if s.Failure != "" {
+			fmt.Fprintf(&b, " %s FAILED %s (%s);", s.Module, s.Failure, s.Error)
+			continue
+		}
+		fmt.Fprintf(&b, " %s %v", s.Module, s.Weights)
+		if s.Scheduler != "" {
+			fmt.Fprintf(&b, " sched=%s", s.Scheduler)
+		}
+		if s.Reason != "" {
+			fmt.Fprintf(&b, " %q", s.Reason)
+		}
+		b.WriteString(";")
+	}
+	if v.Fallback != "" {
+		fmt.Fprintf(&b, " fallback=%s", v.Fallback)
+	}
+	fmt.Fprintf(&b, " -> %v", v.Weights)
+	if v.Scheduler != "" {
+		fmt.Fprintf(&b, " sched=%s", v.Scheduler)
+		if len(v.SchedulerFlags) > 0 {
+			fmt.Fprintf(&b, "(%s)", strings.Join(v.SchedulerFlags, ","))
+		}
+	}
+	return b.String()
+}
+
+func ones(n int) []uint32 {
+	w := make([]uint32, n)
+	for i := range w {
+		w[i] = 1
+	}
+	return w
+}
+
+// Evaluate runs the first chain matching svc on eps, the endpoints of port
+// after built-in selection (internal and external choices together), and
+// returns a weight per endpoint. Modules are called only when their input
+// changed since they last answered it (each module caches by input hash).
+// It never fails: a failing module gets its chain's failure policy.
+func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) Verdict {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.cur == nil {
+		return Verdict{Weights: ones(len(eps))}
+	}
+	var ch *chain
+	for _, c := range e.cur.chains {
+		if matches(c.cfg.Match, svc) {
+			ch = c
+			break
+		}
+	}
+	if ch == nil {
+		return Verdict{Weights: ones(len(eps))}
+	}
+	spn := model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: port.Name}
+	v := Verdict{Chain: ch.cfg.Name}
+	in := e.input(svc, port, node)
+	weights := ones(len(eps))
+	idx := make([]int, 0, len(eps))
+	for _, st := range ch.steps {
+		idx = idx[:0]
+		in.Endpoints = in.Endpoints[:0]
+		for i := range eps {
+			if weights[i] > 0 {
+				idx = append(idx, i)
+				in.Endpoints = append(in.Endpoints, endpoint(&eps[i], node, weights[i]))
+			}
+		}
+		e.metrics.calls.WithLabelValues(st.module).Inc()
+		res, err := st.inst.Evaluate(ctx, &in)
+		s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
+		if res.Cached {
+			e.metrics.cacheHits.WithLabelValues(st.module).Inc()
+		} else if res.Duration > 0 {
+			e.metrics.duration.WithLabelValues(st.module).Observe(res.Duration.Seconds())
+		}
+		if err != nil {
+			s.Failure, s.Error = policy.ReasonOf(err), err.Error()
+			if s.Failure == "" {
+				s.Failure = policy.ReasonTrap
+			}
+			v.Steps = append(v.Steps, s)
+			return e.fallback(ch, spn, v, eps, s, err)
+		}
+		next := make([]uint32, len(eps))
+		for k, i := range idx {
+			next[i] = res.Output.Weights[k]
+		}
+		weights = next
+		s.Weights, s.Reason, s.Scheduler = slices.Clone(next), res.Output.Reason, res.Output.Scheduler
+		if res.Output.Scheduler != "" {
+			v.Scheduler, v.SchedulerFlags = res.Output.Scheduler, res.Output.SchedulerFlags
+		}
+		v.Steps = append(v.Steps, s)
+	}
+	v.Weights = weights
+	lg := lastGood{weights: make(map[netip.AddrPort]uint32, len(eps)), scheduler: v.Scheduler, flags: v.SchedulerFlags}
+	for i := range eps {
+		lg.weights[eps[i].AddrPort()] = weights[i]
+	}
+	e.lgMu.Lock()
+	e.lastGood[ch.cfg.Name+"\x00"+spn.String()] = lg
+	e.lgMu.Unlock()
+	return v
+}
+
+// fallback applies the chain's failure policy after step s failed.
+func (e *Evaluator) fallback(ch *chain, spn model.ServicePortName, v Verdict, eps []model.PortEndpoint, s Step, err error) Verdict {
+	v.Fallback = KeepBuiltin
+	v.Weights = ones(len(eps))
+	v.Scheduler, v.SchedulerFlags = "", nil
+	if ch.cfg.Failure == LastGood {
+		e.lgMu.Lock()
+		lg, ok := e.lastGood[ch.cfg.Name+"\x00"+spn.String()]
+		e.lgMu.Unlock()
+		if ok {
+			w := make([]uint32, len(eps))
+			any := false
+			for i := range eps {
+				w[i] = lg.weights[eps[i].AddrPort()]
+				any = any || w[i] > 0
+			}
+			// The last good answer may not know today's endpoints; it is
+			// used only if it keeps the service non-empty (or may empty it).
+			if any || ch.cfg.AllowEmpty || len(eps) == 0 {
+				v.Fallback, v.Weights, v.Scheduler, v.SchedulerFlags = LastGood, w, lg.scheduler, lg.flags
+			}
+		}
+	}
+	e.metrics.failures.WithLabelValues(s.Module, string(s.Failure)).Inc()
+	e.metrics.fallbacks.WithLabelValues(ch.cfg.Name, v.Fallback).Inc()
+	level := slog.LevelWarn
+	if s.Failure == policy.ReasonCircuitOpen {
+		level = slog.LevelDebug // already reported when it opened
+	}
+	e.log.Log(context.Background(), level, "policy: module failed; failure policy applied",
+		"service", spn.String(), "chain", ch.cfg.Name, "module", s.Module,
+		"reason", string(s.Failure), "policy", v.Fallback, "err", err)
+	return v
+}
+
+func matches(m config.Match, svc *model.Service) bool {
+	if len(m.Namespaces) > 0 && !slices.Contains(m.Namespaces, svc.Namespace) {
+		return false
+	}
+	for k, want := range m.Labels {
+		if got, ok := svc.Labels[k]; !ok || got != want {
+			return false
+		}
+	}
+	for k, want := range m.Annotations {
+		if got, ok := svc.Annotations[k]; !ok || got != want {
+			return false
+		}
+	}
+	return true
+}
+
+func (e *Evaluator) input(svc *model.Service, port model.ServicePort, node *model.Node) abi.Input {
+	in := abi.Input{
+		Service: abi.Service{
+			Namespace: svc.Namespace, Name: svc.Name, PortName: port.Name, Protocol: port.Protocol, Port: port.Port,
+			Labels:      withPrefix(svc.Labels, e.opts.prefix),
+			Annotations: withPrefix(svc.Annotations, e.opts.prefix),
+		},
+	}
+	if node != nil {
+		in.Node = abi.Node{Name: node.Name, Zone: node.Zone, Region: node.Region}
+		for _, k := range e.opts.nodeLabels {
+			if v, ok := node.Labels[k]; ok {
+				in.Node.Labels = append(in.Node.Labels, abi.KV{Key: k, Value: v})
+			}
+		}
+		slices.SortFunc(in.Node.Labels, func(a, b abi.KV) int { return strings.Compare(a.Key, b.Key) })
+	}
+	return in
+}
+
+func withPrefix(m map[string]string, prefix string) []abi.KV {
+	var out []abi.KV
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		if strings.HasPrefix(k, prefix) {
+			out = append(out, abi.KV{Key: k, Value: m[k]})
+		}
+	}
+	return out
+}
+
+func endpoint(e *model.PortEndpoint, node *model.Node, w uint32) abi.Endpoint {
+	return abi.Endpoint{
+		Addr: e.Addr, Port: e.Port, NodeName: e.NodeName, Zone: e.Zone,
+		Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
+		Local:     node != nil && e.NodeName != "" && e.NodeName == node.Name,
+		HintZones: e.HintZones, HintNodes: e.HintNodes, Weight: w,
+	}
+}
