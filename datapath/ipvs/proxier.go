@@ -1,0 +1,526 @@
+// Package ipvs is the IPVS datapath (mode: ipvs). Every frontend of a plan
+// becomes an IPVS virtual server (NodePorts one per node address) with
+// masquerading real servers that carry the plan's weights; every service
+// address is bound to a dummy link so the kernel accepts the packets; and
+// a constant handful of iptables rules, matching ipsets that hold the
+// per-service data, marks what must be masqueraded and refuses what has no
+// endpoints. Changes are made by diffing against what the kernel holds.
+//
+// All kernel operations act on the network namespace of the calling
+// thread (the IPVS handle: the one New ran in), so New and Apply must run
+// in the same namespace.
+package ipvs
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"os"
+	"os/exec"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/ipset"
+	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
+)
+
+// Options configure a Proxier. Zero values take the defaults noted.
+type Options struct {
+	Interface      string   // dummy link for service addresses; "edgeproxy0"
+	Scheduler      string   // default scheduler; "rr"
+	SchedulerFlags []string // for the default scheduler, e.g. "sh-fallback"
+	StrictARP      bool     // arp_ignore=1, arp_announce=2
+	// GracePeriod bounds how long a removed TCP/SCTP real server stays at
+	// weight 0 while it still has connections; 30s.
+	GracePeriod time.Duration
+	// NodeAddresses are where NodePorts are served; nil means every IPv4
+	// global unicast address on the node's links (but the dummy), looked
+	// up at each Apply.
+	NodeAddresses []netip.Addr
+	ClusterCIDRs  []netip.Prefix
+	MasqueradeAll bool
+	MasqueradeBit int // 0..31; 14
+	// IPVS connection timeouts; zero keeps the kernel's.
+	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
+	// IPTables is the iptables binary ("iptables"); its -restore and
+	// -save siblings are used too.
+	IPTables string
+	// Kernel, if set, replaces the netlink IPVS handle (unit tests).
+	Kernel Kernel
+	Logger *slog.Logger
+	Now    func() time.Time
+}
+
+// Stats count what one Apply changed, by kind of kernel object.
+type Stats struct {
+	VirtualServers struct{ Added, Updated, Deleted int }
+	RealServers    struct{ Added, Updated, Deleted, Draining int }
+	Addresses      int // addresses bound or unbound on the dummy link
+	SetEntries     int // ipset entries added or deleted, sets created
+	// Reads are the kernel dumps made (virtual-server and real-server
+	// lists); together with the changes above they are the netlink
+	// operations of the sync.
+	Reads    int
+	Duration time.Duration
+}
+
+// Ops is the number of netlink operations the sync made.
+func (s Stats) Ops() int {
+	return s.VirtualServers.Added + s.VirtualServers.Updated + s.VirtualServers.Deleted +
+		s.RealServers.Added + s.RealServers.Updated + s.RealServers.Deleted +
+		s.Addresses + s.SetEntries + s.Reads
+}
+
+// Proxier is the IPVS datapath.Backend.
+type Proxier struct {
+	opts Options
+	k    Kernel
+	link dummy
+	ipt  iptables
+	log  *slog.Logger
+
+	mu          sync.Mutex
+	applied     map[Key]string // virtual servers programmed, by service
+	terminating map[Key]map[netip.AddrPort]time.Time
+	logged      map[string]bool
+	rulesOK     bool
+	last        Stats
+	sysctlErr   error
+}
+
+var (
+	_ datapath.Backend = (*Proxier)(nil)
+	_ datapath.Monitor = (*Proxier)(nil)
+)
+
+// New prepares the IPVS datapath in the calling thread's network
+// namespace: loads ip_vs, opens the IPVS handle, sets the sysctls IPVS
+// needs and the connection timeouts. Sysctl failures are logged and kept
+// (SysctlErrors), not fatal: some are read-only in containers.
+func New(opts Options) (*Proxier, error) {
+	if opts.Interface == "" {
+		opts.Interface = "edgeproxy0"
+	}
+	if opts.Scheduler == "" {
+		opts.Scheduler = "rr"
+	}
+	if opts.GracePeriod == 0 {
+		opts.GracePeriod = 30 * time.Second
+	}
+	if opts.MasqueradeBit == 0 {
+		opts.MasqueradeBit = 14
+	}
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("ipvs: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
+	}
+	if opts.IPTables == "" {
+		opts.IPTables = "iptables"
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	for _, f := range opts.SchedulerFlags {
+		if _, ok := schedulerFlags[f]; !ok {
+			return nil, fmt.Errorf("ipvs: unknown scheduler flag %q", f)
+		}
+	}
+	p := &Proxier{
+		opts: opts, link: dummy{opts.Interface},
+		ipt:         iptables{bin: opts.IPTables, restore: opts.IPTables + "-restore"},
+		log:         opts.Logger.With("datapath", "ipvs"),
+		applied:     map[Key]string{},
+		terminating: map[Key]map[netip.AddrPort]time.Time{},
+		logged:      map[string]bool{},
+	}
+	p.k = opts.Kernel
+	if p.k == nil {
+		if err := LoadModules("ip_vs", "nf_conntrack", "dummy"); err != nil {
+			return nil, err
+		}
+		k, err := Open()
+		if err != nil {
+			return nil, err
+		}
+		if _, err := k.VirtualServers(); err != nil {
+			k.Close()
+			return nil, fmt.Errorf("%w: %w", ErrNoIPVS, err)
+		}
+		p.k = k
+		want := map[string]string{
+			"net/ipv4/vs/conntrack":                 "1", // NAT with conntrack, so iptables SNAT and REJECT see IPVS flows
+			"net/ipv4/vs/expire_nodest_conn":        "1", // drop connections to deleted real servers at once
+			"net/ipv4/vs/expire_quiescent_template": "1", // persistence does not pin clients to weight-0 servers
+			"net/ipv4/ip_forward":                   "1",
+		}
+		if opts.StrictARP {
+			want["net/ipv4/conf/all/arp_ignore"] = "1"
+			want["net/ipv4/conf/all/arp_announce"] = "2"
+		}
+		if err := sysctl.Ensure(want); err != nil {
+			p.sysctlErr = err
+			p.log.Warn("some sysctls could not be set", "err", err)
+		}
+		if opts.TCPTimeout != 0 || opts.TCPFinTimeout != 0 || opts.UDPTimeout != 0 {
+			if err := k.SetTimeouts(opts.TCPTimeout, opts.TCPFinTimeout, opts.UDPTimeout); err != nil {
+				k.Close()
+				return nil, err
+			}
+		}
+	}
+	return p, nil
+}
+
+// LoadModules makes sure the named kernel modules are present (loaded or
+// built in), running modprobe for the missing ones, and names those that
+// are still missing.
+func LoadModules(names ...string) error {
+	var missing []string
+	for _, n := range names {
+		if _, err := os.Stat("/sys/module/" + n); err == nil {
+			continue
+		}
+		if out, err := exec.Command("modprobe", n).CombinedOutput(); err != nil {
+			missing = append(missing, fmt.Sprintf("%s (%s)", n, strings.TrimSpace(string(out))))
+		}
+	}
+	if len(missing) > 0 {
+		return fmt.Errorf("ipvs: kernel modules missing: %s", strings.Join(missing, ", "))
+	}
+	return nil
+}
+
+// SysctlErrors returns the sysctls New could not set, or nil.
+func (p *Proxier) SysctlErrors() error { return p.sysctlErr }
+
+// Name is the mode.
+func (p *Proxier) Name() string { return "ipvs" }
+
+// LastStats returns the statistics of the last Apply.
+func (p *Proxier) LastStats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.last
+}
+
+// Close releases the IPVS handle; kernel state stays.
+func (p *Proxier) Close() error { return p.k.Close() }
+
+// Apply makes the kernel match plan. The dummy link, ipsets and iptables
+// rules are brought in line first, then the virtual servers: on a full
+// plan every one is compared with the kernel; otherwise only those of
+// changed services, new or vanished ones, and those with draining real
+// servers.
+func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := time.Now() // real time for the measurement; opts.Now drives grace periods
+	var st Stats
+	defer func() { st.Duration = time.Since(start); p.last = st }()
+
+	nodeAddrs := p.opts.NodeAddresses
+	if nodeAddrs == nil {
+		var err error
+		if nodeAddrs, err = nodeAddresses(p.opts.Interface); err != nil {
+			return err
+		}
+	}
+	want, cerr := compute(Config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
+	if cerr != nil {
+		// Frontends that cannot be programmed are left out; retrying
+		// does not help, so they are logged, not returned.
+		p.logOnce("frontends left out", "err", cerr)
+	}
+	for _, ds := range want.Servers {
+		if ds.Weighted {
+			p.logOnce("weighted scheduler", "service", ds.Service, "scheduler", ds.VS.Scheduler,
+				"why", "endpoint weights differ and the chosen scheduler ignores weights")
+		}
+	}
+	bound, err := p.link.addresses()
+	if err != nil {
+		return err
+	}
+	var errs []error
+	n, err := p.link.sync(want.VIPs)
+	st.Addresses += n
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, s := range sets() {
+		ss, err := ipset.Sync(ipset.Netlink{}, s, want.Entries[s.Name])
+		st.SetEntries += ss.Added + ss.Deleted + ss.Created + ss.Replaced
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	if plan.Full || !p.rulesOK {
+		p.rulesOK = false
+		if err := p.ipt.ensure(ctx, p.ruleText()); err != nil {
+			errs = append(errs, err)
+		} else {
+			p.rulesOK = true
+		}
+	}
+	if err := p.syncServers(plan, want, bound, nodeAddrs, &st); err != nil {
+		errs = append(errs, err)
+	}
+	if err := errors.Join(errs...); err != nil {
+		p.rulesOK = false
+		return err
+	}
+	return nil
+}
+
+func (p *Proxier) ruleText() string {
+	return renderRules(ruleConfig{ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
+}
+
+func (p *Proxier) logOnce(msg string, args ...any) {
+	key := fmt.Sprint(msg, args)
+	if p.logged[key] {
+		return
+	}
+	p.logged[key] = true
+	p.log.Info(msg, args...)
+}
+
+// syncServers diffs the virtual and real servers. A virtual server is
+// ours when its address is (or was) bound on the dummy link, is a node
+// address, or was programmed by this process.
+func (p *Proxier) syncServers(plan *datapath.Plan, want *desired, bound map[netip.Addr]bool, nodeAddrs []netip.Addr, st *Stats) error {
+	have, err := p.k.VirtualServers()
+	st.Reads++
+	if err != nil {
+		return err
+	}
+	node := map[netip.Addr]bool{}
+	for _, a := range nodeAddrs {
+		node[a] = true
+	}
+	ours := func(k Key) bool {
+		_, applied := p.applied[k]
+		return bound[k.Addr] || want.VIPs[k.Addr] || node[k.Addr] || applied
+	}
+	kernel := make(map[Key]VirtualServer, len(have))
+	for _, v := range have {
+		kernel[v.Key()] = v
+	}
+	var errs []error
+	applied := make(map[Key]string, len(want.Servers))
+	for key, ds := range want.Servers {
+		kv, exists := kernel[key]
+		if !exists {
+			if err := p.k.AddVirtualServer(ds.VS); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			st.VirtualServers.Added++
+			applied[key] = ds.Service
+			for _, r := range ds.Reals {
+				if err := p.k.AddRealServer(ds.VS, r); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				st.RealServers.Added++
+			}
+			continue
+		}
+		applied[key] = ds.Service
+		if !plan.Full && !plan.Changed[ds.Service] && p.applied[key] == ds.Service && len(p.terminating[key]) == 0 {
+			continue
+		}
+		if kv.Scheduler != ds.VS.Scheduler || kv.Flags != ds.VS.Flags || kv.Timeout != ds.VS.Timeout {
+			if err := p.k.UpdateVirtualServer(ds.VS); err != nil {
+				errs = append(errs, err)
+			} else {
+				st.VirtualServers.Updated++
+			}
+		}
+		if err := p.syncReals(ds.VS, ds.Reals, st); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for key, kv := range kernel {
+		if _, keep := want.Servers[key]; keep || !ours(key) {
+			continue
+		}
+		if err := p.k.DeleteVirtualServer(kv); err != nil {
+			errs = append(errs, err)
+			applied[key] = p.applied[key]
+			continue
+		}
+		st.VirtualServers.Deleted++
+		delete(p.terminating, key)
+	}
+	p.applied = applied
+	return errors.Join(errs...)
+}
+
+// syncReals makes the real servers of vs match want. A TCP or SCTP real
+// server that is no longer wanted first drains at weight 0 and goes when
+// it has no connections or its grace period is over; a UDP one goes at
+// once (the conntrack cleaner clears its flows).
+func (p *Proxier) syncReals(vs VirtualServer, want []RealServer, st *Stats) error {
+	have, err := p.k.RealServers(vs)
+	st.Reads++
+	if err != nil {
+		return err
+	}
+	key := vs.Key()
+	now := p.opts.Now()
+	cur := make(map[netip.AddrPort]RealServer, len(have))
+	for _, r := range have {
+		cur[r.Addr] = r
+	}
+	var errs []error
+	wanted := make(map[netip.AddrPort]bool, len(want))
+	for _, r := range want {
+		wanted[r.Addr] = true
+		delete(p.terminating[key], r.Addr)
+		c, ok := cur[r.Addr]
+		switch {
+		case !ok:
+			if err := p.k.AddRealServer(vs, r); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			st.RealServers.Added++
+		case c.Weight != r.Weight:
+			if err := p.k.UpdateRealServer(vs, r); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			st.RealServers.Updated++
+		}
+	}
+	for _, c := range have {
+		if wanted[c.Addr] {
+			continue
+		}
+		if vs.Protocol != datapath.UDP {
+			if c.Weight != 0 {
+				c.Weight = 0
+				if err := p.k.UpdateRealServer(vs, c); err != nil {
+					errs = append(errs, err)
+					continue
+				}
+				st.RealServers.Updated++
+			}
+			if p.terminating[key] == nil {
+				p.terminating[key] = map[netip.AddrPort]time.Time{}
+			}
+			since, ok := p.terminating[key][c.Addr]
+			if !ok {
+				since = now
+				p.terminating[key][c.Addr] = now
+			}
+			if c.Active+c.Inactive > 0 && now.Sub(since) < p.opts.GracePeriod {
+				st.RealServers.Draining++
+				continue
+			}
+		}
+		if err := p.k.DeleteRealServer(vs, c); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		st.RealServers.Deleted++
+		delete(p.terminating[key], c.Addr)
+	}
+	if len(p.terminating[key]) == 0 {
+		delete(p.terminating, key)
+	}
+	return errors.Join(errs...)
+}
+
+// Draining reports how many real servers wait at weight 0 for their
+// connections to end. The agent keeps syncing while it is not zero.
+func (p *Proxier) Draining() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	n := 0
+	for _, m := range p.terminating {
+		n += len(m)
+	}
+	return n
+}
+
+// Tampered reports whether our iptables chains or jumps have gone (e.g. a
+// table flushed by hand) or the dummy link vanished.
+func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
+	n, err := p.ipt.countRules(ctx)
+	if err != nil {
+		return false, err
+	}
+	if want := ruleCount(p.ruleText()) + len(jumps()); n != want {
+		return true, nil
+	}
+	if _, err := p.link.addresses(); err != nil {
+		return false, err
+	}
+	return false, nil
+}
+
+func ruleCount(text string) int {
+	n := 0
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "-A ") {
+			n++
+		}
+	}
+	return n
+}
+
+// Cleanup removes every virtual server this datapath may have made (those
+// on the dummy link's addresses, on node addresses, or programmed by this
+// process), the dummy link, the iptables rules and the ipsets.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	bound, err := p.link.addresses()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	nodeAddrs := p.opts.NodeAddresses
+	if nodeAddrs == nil {
+		nodeAddrs, _ = nodeAddresses(p.opts.Interface)
+	}
+	node := map[netip.Addr]bool{}
+	for _, a := range nodeAddrs {
+		node[a] = true
+	}
+	vss, err := p.k.VirtualServers()
+	if err != nil {
+		errs = append(errs, err)
+	}
+	for _, v := range vss {
+		_, applied := p.applied[v.Key()]
+		if bound[v.Addr] || node[v.Addr] || applied {
+			if err := p.k.DeleteVirtualServer(v); err != nil {
+				errs = append(errs, err)
+			}
+		}
+	}
+	p.applied = map[Key]string{}
+	p.terminating = map[Key]map[netip.AddrPort]time.Time{}
+	if err := p.link.remove(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := p.ipt.remove(ctx); err != nil {
+		errs = append(errs, err)
+	}
+	for _, s := range sets() {
+		if err := ipset.Destroy(ipset.Netlink{}, s.Name); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	p.rulesOK = false
+	return errors.Join(errs...)
+}

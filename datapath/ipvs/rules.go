@@ -1,0 +1,191 @@
+package ipvs
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net/netip"
+	"os/exec"
+	"strings"
+)
+
+// Chains. The rules in them match the sets, never single services, so
+// their number does not grow with the number of services.
+const (
+	chainServices    = "EP-IPVS-SERVICES"     // nat PREROUTING, OUTPUT: mark what needs SNAT
+	chainNodePort    = "EP-IPVS-NODE-PORT"    // nat: NodePort marking
+	chainMarkMasq    = "EP-IPVS-MARK-MASQ"    // nat: set the masquerade bit
+	chainPostrouting = "EP-IPVS-POSTROUTING"  // nat POSTROUTING: hairpin and marked SNAT
+	chainClusterMasq = "EP-IPVS-CLUSTER-MASQ" // nat: mark sources outside the cluster ranges
+	chainFilter      = "EP-IPVS-FILTER"       // filter INPUT, OUTPUT, FORWARD (new): no endpoints, source ranges
+	chainForward     = "EP-IPVS-FORWARD"      // filter FORWARD: accept service traffic
+)
+
+var (
+	natChains    = []string{chainServices, chainNodePort, chainMarkMasq, chainClusterMasq, chainPostrouting}
+	filterChains = []string{chainFilter, chainForward}
+)
+
+// ruleConfig is what the static rules depend on.
+type ruleConfig struct {
+	ClusterCIDRs  []netip.Prefix
+	MasqueradeAll bool
+	MarkBit       int
+}
+
+func (c ruleConfig) mark() string { m := 1 << c.MarkBit; return fmt.Sprintf("%#x/%#x", m, m) }
+
+// renderRules returns the iptables-restore input for our chains. Declaring
+// a chain in a --noflush restore replaces its rules, so applying this text
+// is idempotent and repairs edits. Its size depends on the configuration
+// only, never on the plan.
+func renderRules(c ruleConfig) string {
+	var b strings.Builder
+	mark := c.mark()
+	orMark := fmt.Sprintf("%#x", 1<<c.MarkBit)
+	r := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+
+	r("*nat")
+	for _, ch := range natChains {
+		r(":%s - [0:0]", ch)
+	}
+	r("-A %s -j MARK --or-mark %s", chainMarkMasq, orMark)
+	r(`-A %s -m set --match-set %s dst,dst,src -m comment --comment "edgeproxy hairpin" -j MASQUERADE`, chainPostrouting, setLoopback)
+	r("-A %s -m mark ! --mark %s -j RETURN", chainPostrouting, mark)
+	r("-A %s -j MARK --xor-mark %s", chainPostrouting, orMark)
+	r(`-A %s -m comment --comment "edgeproxy service traffic requiring SNAT" -j MASQUERADE`, chainPostrouting)
+	// ClusterIP traffic is masqueraded when it comes from outside the
+	// cluster ranges (so that replies return through this node), or
+	// always with masqueradeAll.
+	for _, p := range c.ClusterCIDRs {
+		r("-A %s -s %s -j RETURN", chainClusterMasq, p.Masked())
+	}
+	r("-A %s -j %s", chainClusterMasq, chainMarkMasq)
+	if c.MasqueradeAll || len(c.ClusterCIDRs) > 0 {
+		r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setClusterIP, chainClusterMasq)
+	}
+	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setExternalIP, chainMarkMasq)
+	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setLB, chainMarkMasq)
+	r("-A %s -m addrtype --dst-type LOCAL -j %s", chainServices, chainNodePort)
+	for _, p := range protocols {
+		lp := strings.ToLower(string(p))
+		r("-A %s -p %s -m set --match-set %s dst -j RETURN", chainNodePort, lp, setNodePortLoPfx+string(p))
+		r("-A %s -p %s -m set --match-set %s dst -j %s", chainNodePort, lp, setNodePortPfx+string(p), chainMarkMasq)
+	}
+	r("COMMIT")
+	r("*filter")
+	for _, ch := range filterChains {
+		r(":%s - [0:0]", ch)
+	}
+	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy service without endpoints" -j REJECT`, chainFilter, setNoEndpoints)
+	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy local service without local endpoints" -j DROP`, chainFilter, setNoEndpointsLo)
+	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, setLBFirewall, setLBSource)
+	r(`-A %s -m conntrack --ctstate INVALID -j DROP`, chainForward)
+	r(`-A %s -m comment --comment "edgeproxy service traffic" -m mark --mark %s -j ACCEPT`, chainForward, mark)
+	r(`-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`, chainForward)
+	r("COMMIT")
+	return b.String()
+}
+
+// jump is a rule in a built-in chain that leads into ours.
+type jump struct {
+	table, chain string
+	spec         []string
+}
+
+func jumps() []jump {
+	c := func(why string) []string { return []string{"-m", "comment", "--comment", "edgeproxy-ipvs " + why} }
+	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
+	j := func(table, chain string, cond []string, why, to string) jump {
+		spec := append(append(append([]string{}, cond...), c(why)...), "-j", to)
+		return jump{table, chain, spec}
+	}
+	return []jump{
+		j("nat", "PREROUTING", nil, "services", chainServices),
+		j("nat", "OUTPUT", nil, "services", chainServices),
+		j("nat", "POSTROUTING", nil, "postrouting", chainPostrouting),
+		j("filter", "INPUT", newOnly, "filter", chainFilter),
+		j("filter", "OUTPUT", newOnly, "filter", chainFilter),
+		j("filter", "FORWARD", newOnly, "filter", chainFilter),
+		j("filter", "FORWARD", nil, "forward", chainForward),
+	}
+}
+
+// iptables runs the iptables tools of the calling thread's namespace.
+type iptables struct {
+	bin, restore string // e.g. "iptables", "iptables-restore"
+}
+
+func (t iptables) run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return string(out), fmt.Errorf("ipvs: %s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+	}
+	return string(out), nil
+}
+
+// ensure writes our chains and makes sure every jump exists.
+func (t iptables) ensure(ctx context.Context, text string) error {
+	if _, err := t.run(ctx, []byte(text), t.restore, "-w", "--noflush"); err != nil {
+		return err
+	}
+	for _, j := range jumps() {
+		args := append([]string{"-w", "-t", j.table, "-C", j.chain}, j.spec...)
+		if _, err := t.run(ctx, nil, t.bin, args...); err == nil {
+			continue
+		}
+		args = append([]string{"-w", "-t", j.table, "-I", j.chain, "1"}, j.spec...)
+		if _, err := t.run(ctx, nil, t.bin, args...); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// remove deletes the jumps and our chains; missing ones are fine.
+func (t iptables) remove(ctx context.Context) error {
+	for _, j := range jumps() {
+		for range 10 { // a jump inserted twice is removed twice; bounded
+			args := append([]string{"-w", "-t", j.table, "-D", j.chain}, j.spec...)
+			if _, err := t.run(ctx, nil, t.bin, args...); err != nil {
+				break
+			}
+		}
+	}
+	var firstErr error
+	// Flush every chain first: a chain still referred to cannot go.
+	for _, pass := range []string{"-F", "-X"} {
+		for table, chains := range map[string][]string{"nat": natChains, "filter": filterChains} {
+			for _, ch := range chains {
+				if _, err := t.run(ctx, nil, t.bin, "-w", "-t", table, "-n", "-L", ch); err != nil {
+					continue // not there
+				}
+				if _, err := t.run(ctx, nil, t.bin, "-w", "-t", table, pass, ch); err != nil && firstErr == nil {
+					firstErr = err
+				}
+			}
+		}
+	}
+	return firstErr
+}
+
+// countRules returns how many rules the tables hold in our chains and the
+// jumps into them, as iptables-save reports them.
+func (t iptables) countRules(ctx context.Context) (int, error) {
+	save := strings.TrimSuffix(t.restore, "-restore") + "-save"
+	out, err := t.run(ctx, nil, save)
+	if err != nil {
+		return 0, err
+	}
+	n := 0
+	for _, line := range strings.Split(out, "\n") {
+		if strings.HasPrefix(line, "-A ") && strings.Contains(line, "EP-IPVS-") {
+			n++
+		}
+	}
+	return n, nil
+}
