@@ -404,6 +404,7 @@ func TestPartialSync(t *testing.T) {
 		e := newEnv(t, v, 3, nil)
 		c := e.pods[2]
 		x := fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1))
+		x.Affinity = time.Minute // gives each endpoint a chain of its own
 		y := fe("default/y:", datapath.ClusterIP, datapath.TCP, vip2, 80, e.ep(1, 1))
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{x, y}})
 		before := e.save()

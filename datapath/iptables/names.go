@@ -26,12 +26,13 @@ const (
 	chainFirewall    = "EP-FIREWALL"     // filter: loadBalancerSourceRanges
 	chainForward     = "EP-FORWARD"      // filter: drop INVALID, accept marked and established
 	chainCanary      = "EP-CANARY"       // nat+filter: holds one rule; its loss means a flush
+	chainHairpin     = "EP-HAIRPIN"      // nat: masquerade endpoints reaching themselves
 )
 
 // Kinds of per-service chains.
 const (
 	kindSvc = "SVC" // load balancing over the endpoints of one group
-	kindSep = "SEP" // one endpoint: hairpin mark, affinity, DNAT
+	kindSep = "SEP" // one endpoint of a service with affinity: record the client, DNAT
 	kindExt = "EXT" // external entry: masquerade or the Local policy short-circuits
 	kindFw  = "FW"  // filter: source ranges of one LoadBalancer frontend
 )

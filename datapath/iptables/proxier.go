@@ -115,6 +115,7 @@ type family struct {
 	needFull   bool                // the last apply failed
 	last       map[string][32]byte // unit id -> digest of its chains as written
 	lastChains map[tableChain]bool // per-unit chains as written
+	units      map[string]*unit    // the units as last written, for reuse
 }
 
 // New detects the iptables backend, checks that our chains are not held by
@@ -296,7 +297,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	for _, f := range p.fams {
 		full := plan.Full || f.needFull || !f.applied
 		start := time.Now()
-		st, err := f.apply(ctx, plan.Frontends, full)
+		st, err := f.apply(ctx, plan, full)
 		if full {
 			p.m.fullDuration.Observe(time.Since(start).Seconds())
 		} else {
@@ -337,17 +338,37 @@ type applyStats struct {
 
 var lineRE = regexp.MustCompile(`line:? (\d+)`)
 
-func (f *family) apply(ctx context.Context, frontends []datapath.Frontend, full bool) (applyStats, error) {
+func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (applyStats, error) {
 	var st applyStats
-	rs := Render(f.cfg, frontends)
+	// Units of service ports the plan says did not change are taken from
+	// the last apply instead of being rendered again.
+	var reuse func(id, service string) *unit
+	if !full && plan.Changed != nil {
+		reuse = func(id, service string) *unit {
+			if plan.Changed[service] {
+				return nil
+			}
+			return f.units[id]
+		}
+	}
+	rs := render(f.cfg, plan.Frontends, reuse)
 	errs := rs.Errors
+	// A full sync removes every chain of ours that the plan does not
+	// want. What the kernel holds is listed on the first apply (adopting a
+	// previous run's chains) and after a failure; otherwise what we wrote
+	// last is known, and listing a large table is costly.
 	var existing []tableChain
-	if full {
+	switch {
+	case full && (!f.applied || f.needFull):
 		var err error
 		if existing, err = f.ourChains(); err != nil {
 			f.needFull = true
 			st.fatal = true
 			return st, errors.Join(append(errs, err)...)
+		}
+	case full:
+		for c := range f.lastChains {
+			existing = append(existing, c)
 		}
 	}
 	// Each round either succeeds or drops the unit that a failed line
@@ -413,8 +434,10 @@ func (f *family) apply(ctx context.Context, frontends []datapath.Frontend, full 
 		st.written = len(ws.write)
 	}
 	f.last = make(map[string][32]byte, len(rs.units))
+	f.units = make(map[string]*unit, len(rs.units))
 	for _, u := range rs.units {
 		f.last[u.id] = u.digest
+		f.units[u.id] = u
 	}
 	f.lastChains = make(map[tableChain]bool, len(desired))
 	for c := range desired {
@@ -546,7 +569,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		if err := f.cleanup(ctx); err != nil {
 			errs = append(errs, err)
 		}
-		f.applied, f.last, f.lastChains = false, nil, nil
+		f.applied, f.last, f.lastChains, f.units = false, nil, nil, nil
 	}
 	return errors.Join(errs...)
 }

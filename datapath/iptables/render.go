@@ -1,6 +1,7 @@
 package iptables
 
 import (
+	"bytes"
 	"cmp"
 	"crypto/sha256"
 	"fmt"
@@ -76,6 +77,7 @@ type unit struct {
 	service string
 	chains  []chain
 	top     []topRule
+	hairpin []netip.Addr // local endpoints, which may reach themselves
 	digest  [32]byte
 }
 
@@ -91,6 +93,12 @@ type Ruleset struct {
 // other families are ignored. Frontends that cannot be rendered are left
 // out and reported in Ruleset.Errors; the rest is unaffected.
 func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
+	return render(cfg, frontends, nil)
+}
+
+// render is Render with a cache: reuse may return the unit rendered for the
+// same id before, which is then taken as is.
+func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service string) *unit) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
 	byUnit := map[string][]*datapath.Frontend{}
 	var ids []string
@@ -113,6 +121,12 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 	slices.Sort(ids)
 	for _, id := range ids {
 		fs := byUnit[id]
+		if reuse != nil {
+			if u := reuse(id, fs[0].Service); u != nil {
+				rs.units = append(rs.units, u)
+				continue
+			}
+		}
 		slices.SortFunc(fs, datapath.Compare)
 		rs.units = append(rs.units, renderUnit(&rs.cfg, id, fs))
 	}
@@ -345,21 +359,32 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 	return u
 }
 
-// renderGroup writes a group's SVC chain and one SEP chain per endpoint.
+// renderGroup writes a group's SVC chain: one DNAT rule per endpoint,
+// chosen by a cascade of statistic matches. With ClientIP affinity each
+// endpoint gets a SEP chain that records the client in a recent list
+// before the DNAT, and the SVC chain first sends known clients back to
+// their endpoint. Hairpin traffic is masqueraded in EP-HAIRPIN, so
+// endpoints need no chain of their own otherwise: one chain per service
+// port keeps iptables-nft-restore fast.
 func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
-	seps := make([]string, len(g.endpoints))
-	for i, e := range g.endpoints {
-		seps[i] = ChainName(kindSep, g.svc+" "+e.Addr.String())
-	}
-	var svc []string
 	secs := int64(g.affinity / time.Second)
 	if g.affinity > 0 && secs == 0 {
 		secs = 1
 	}
+	var seps []string
+	var svc []string
 	if secs > 0 {
-		for i := range g.endpoints {
+		seps = make([]string, len(g.endpoints))
+		for i, e := range g.endpoints {
+			seps[i] = ChainName(kindSep, g.svc+" "+e.Addr.String())
 			svc = append(svc, fmt.Sprintf("-m recent --name %s --rcheck --seconds %d --reap -j %s", seps[i], secs, seps[i]))
 		}
+	}
+	target := func(i int) string {
+		if seps != nil {
+			return "-j " + seps[i]
+		}
+		return "-j DNAT --to-destination " + g.endpoints[i].Addr.String()
 	}
 	// Rule i is taken with probability w_i / sum(w_j, j >= i), which makes
 	// the overall chance of endpoint i exactly w_i / sum(w).
@@ -369,23 +394,26 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 	}
 	for i, e := range g.endpoints {
 		if i == len(g.endpoints)-1 {
-			svc = append(svc, "-j "+seps[i])
+			svc = append(svc, fmt.Sprintf("-p %s %s", proto, target(i)))
 			break
 		}
 		p := float64(e.Weight) / float64(rest)
 		rest -= uint64(e.Weight)
-		svc = append(svc, fmt.Sprintf("-m statistic --mode random --probability %s -j %s", formatProbability(p), seps[i]))
+		svc = append(svc, fmt.Sprintf("-p %s -m statistic --mode random --probability %s %s", proto, formatProbability(p), target(i)))
+	}
+	for _, e := range g.endpoints {
+		if e.Local {
+			u.hairpin = append(u.hairpin, e.Addr.Addr())
+		}
 	}
 	out := []chain{{tableNAT, g.svc, svc}}
 	for i, e := range g.endpoints {
-		to := e.Addr.String()
-		rules := []string{fmt.Sprintf("-s %s%s -j %s", e.Addr.Addr(), cfg.hostMask(), chainMarkMasq)}
-		aff := ""
-		if secs > 0 {
-			aff = fmt.Sprintf(" -m recent --name %s --set --rsource", seps[i])
+		if seps == nil {
+			break
 		}
-		rules = append(rules, fmt.Sprintf("-p %s%s -j DNAT --to-destination %s", proto, aff, to))
-		out = append(out, chain{tableNAT, seps[i], rules})
+		out = append(out, chain{tableNAT, seps[i], []string{
+			fmt.Sprintf("-p %s -m recent --name %s --set --rsource -j DNAT --to-destination %s", proto, seps[i], e.Addr),
+		}})
 	}
 	return out
 }
@@ -423,7 +451,7 @@ func sanitize(s string) string {
 
 // fixedChains lists the chains that exist regardless of the plan, per table.
 var fixedChains = map[string][]string{
-	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainMarkMasq, chainClusterMasq, chainCanary},
+	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
 	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainCanary},
 }
 
@@ -441,6 +469,7 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 	}
 	head = []topRule{
 		{tableNAT, chainMarkMasq, "-j MARK --or-mark " + mark},
+		{tableNAT, chainPostrouting, "-m conntrack --ctstate DNAT -j " + chainHairpin},
 		{tableNAT, chainPostrouting, fmt.Sprintf("-m mark ! --mark %s/%s -j RETURN", mark, mark)},
 		{tableNAT, chainPostrouting, "-j MARK --xor-mark " + mark},
 		{tableNAT, chainPostrouting, `-m comment --comment "edgeproxy service traffic requiring SNAT" ` + masq},
@@ -519,19 +548,41 @@ func (rs *Ruleset) drop(id string) {
 // is the unit that line i+1 belongs to ("" for fixed rules), so a failing
 // line can be traced to its service.
 func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
-	var b strings.Builder
-	line := func(own, s string) {
-		b.WriteString(s)
+	var b bytes.Buffer
+	size, lines := 0, 0
+	for _, u := range rs.units {
+		for _, c := range u.chains {
+			lines += 1 + len(c.rules)
+			size += 40 + len(c.rules)*(len(c.name)+4)
+			for _, r := range c.rules {
+				size += len(r)
+			}
+		}
+		for _, r := range u.top {
+			lines++
+			size += len(r.chain) + len(r.spec) + 4
+		}
+	}
+	b.Grow(size + 4096)
+	owner = make([]string, 0, lines+64)
+	line := func(own string, parts ...string) {
+		for _, p := range parts {
+			b.WriteString(p)
+		}
 		b.WriteByte('\n')
 		owner = append(owner, own)
 	}
 	head, tail := staticRules(&rs.cfg)
+	masq := "-j MASQUERADE"
+	if rs.cfg.RandomFully {
+		masq += " --random-fully"
+	}
 	stale := slices.Clone(ws.stale)
 	slices.SortFunc(stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
 	for _, table := range []string{tableFilter, tableNAT} {
-		line("", "*"+table)
+		line("", "*", table)
 		for _, c := range fixedChains[table] {
-			line("", ":"+c+" - [0:0]")
+			line("", ":", c, " - [0:0]")
 		}
 		for _, u := range rs.units {
 			if ws.write != nil && !ws.write[u.id] {
@@ -539,13 +590,13 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
 			}
 			for _, c := range u.chains {
 				if c.table == table {
-					line(u.id, ":"+c.name+" - [0:0]")
+					line(u.id, ":", c.name, " - [0:0]")
 				}
 			}
 		}
 		for _, s := range stale {
 			if s.table == table {
-				line("", ":"+s.name+" - [0:0]")
+				line("", ":", s.name, " - [0:0]")
 			}
 		}
 		// Fixed chains in their fixed order: head rules, the units'
@@ -553,19 +604,24 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
 		for _, c := range fixedChains[table] {
 			for _, r := range head {
 				if r.table == table && r.chain == c {
-					line("", "-A "+c+" "+r.spec)
+					line("", "-A ", c, " ", r.spec)
 				}
 			}
 			for _, u := range rs.units {
 				for _, r := range u.top {
 					if r.table == table && r.chain == c {
-						line(u.id, "-A "+c+" "+r.spec)
+						line(u.id, "-A ", c, " ", r.spec)
 					}
 				}
 			}
 			for _, r := range tail {
 				if r.table == table && r.chain == c {
-					line("", "-A "+c+" "+r.spec)
+					line("", "-A ", c, " ", r.spec)
+				}
+			}
+			if table == tableNAT && c == chainHairpin {
+				for _, a := range rs.hairpin() {
+					line("", "-A ", c, " -s ", a.String(), rs.cfg.hostMask(), " -d ", a.String(), rs.cfg.hostMask(), " ", masq)
 				}
 			}
 		}
@@ -578,18 +634,29 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
 					continue
 				}
 				for _, r := range c.rules {
-					line(u.id, "-A "+c.name+" "+r)
+					line(u.id, "-A ", c.name, " ", r)
 				}
 			}
 		}
 		for _, s := range stale {
 			if s.table == table {
-				line("", "-X "+s.name)
+				line("", "-X ", s.name)
 			}
 		}
 		line("", "COMMIT")
 	}
-	return []byte(b.String()), owner
+	return b.Bytes(), owner
+}
+
+// hairpin returns the local endpoint addresses of all units, sorted and
+// without duplicates.
+func (rs *Ruleset) hairpin() []netip.Addr {
+	var out []netip.Addr
+	for _, u := range rs.units {
+		out = append(out, u.hairpin...)
+	}
+	slices.SortFunc(out, netip.Addr.Compare)
+	return slices.Compact(out)
 }
 
 // RestoreText is the complete iptables-restore --noflush input that

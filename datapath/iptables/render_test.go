@@ -193,7 +193,7 @@ func TestPartialWrite(t *testing.T) {
 	before := Render(cfg, samplePlan())
 	fs := samplePlan()
 	for i := range fs {
-		if fs[i].Service == "default/dns:dns" {
+		if fs[i].Service == "default/sticky:" {
 			fs[i].Endpoints = fs[i].Endpoints[:1]
 		}
 	}
@@ -208,8 +208,8 @@ func TestPartialWrite(t *testing.T) {
 			changed[u.id] = true
 		}
 	}
-	if len(changed) != 1 || !changed["default/dns:dns udp"] {
-		t.Fatalf("changed units = %v, want only default/dns:dns udp", changed)
+	if len(changed) != 1 || !changed["default/sticky: tcp"] {
+		t.Fatalf("changed units = %v, want only default/sticky: tcp", changed)
 	}
 	var stale []tableChain
 	now := after.chains()
@@ -218,8 +218,8 @@ func TestPartialWrite(t *testing.T) {
 			stale = append(stale, c)
 		}
 	}
-	if len(stale) != 2 {
-		t.Fatalf("stale chains = %v, want the 2 SEP chains of the removed endpoints", stale)
+	if len(stale) != 1 {
+		t.Fatalf("stale chains = %v, want the SEP chain of the removed endpoint", stale)
 	}
 	text, owner := after.restoreText(writeSpec{write: changed, stale: stale})
 	s := string(text)

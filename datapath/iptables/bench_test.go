@@ -1,0 +1,96 @@
+package iptables_test
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"testing"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/test/netns"
+)
+
+// benchPlan has n service ports (ClusterIP, TCP), each with 10 endpoints;
+// every tenth also has a NodePort. shift changes the endpoints of service 0.
+func benchPlan(n, shift int) *datapath.Plan {
+	p := &datapath.Plan{}
+	for i := range n {
+		svc := fmt.Sprintf("ns%d/svc%d:http", i%50, i)
+		eps := make([]datapath.Endpoint, 10)
+		for j := range eps {
+			k := i*10 + j
+			if i == 0 {
+				k += shift * 10
+			}
+			eps[j] = datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(k >> 16), byte(k >> 8), byte(k)}), 8080), Weight: 1}
+		}
+		addr := netip.AddrFrom4([4]byte{172, 20, byte(i >> 8), byte(i)})
+		p.Frontends = append(p.Frontends, datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr, Family: datapath.IPv4, Port: 80, Endpoints: eps})
+		if i%10 == 0 {
+			p.Frontends = append(p.Frontends, datapath.Frontend{Service: svc, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: uint16(30000 + i%2000), Endpoints: eps})
+		}
+	}
+	p.Sort()
+	return p
+}
+
+var sizes = []int{1000, 5000, 10000}
+
+func BenchmarkRender(b *testing.B) {
+	cfg := iptables.Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}}
+	for _, n := range sizes {
+		plan := benchPlan(n, 0)
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			var size int
+			for b.Loop() {
+				size = len(iptables.Render(cfg, plan.Frontends).RestoreText())
+			}
+			b.ReportMetric(float64(size), "restore-bytes")
+		})
+	}
+}
+
+// BenchmarkSync programs the plan into a node namespace with the real
+// iptables-restore: "full" rewrites everything each time, "partial"
+// changes one service's endpoints each time.
+func BenchmarkSync(b *testing.B) {
+	gate.Root(b)
+	for _, v := range []iptables.Variant{iptables.Legacy, iptables.NFT} {
+		for _, n := range sizes {
+			b.Run(fmt.Sprintf("%s/services=%d", v, n), func(b *testing.B) {
+				gate.Binaries(b, "iptables-"+string(v), "iptables-"+string(v)+"-restore")
+				node := netns.New(b, "bench")
+				var p *iptables.Proxier
+				if err := node.Do(func() (err error) {
+					p, err = iptables.New(iptables.Options{Variant: v, MasqueradeBit: 14, NoConntrack: true, ClusterCIDRs: []netip.Prefix{clusterCIDR}})
+					return err
+				}); err != nil {
+					b.Fatal(err)
+				}
+				apply := func(plan *datapath.Plan) {
+					if err := node.Do(func() error { return p.Apply(context.Background(), plan) }); err != nil {
+						b.Fatal(err)
+					}
+				}
+				plans := [2]*datapath.Plan{benchPlan(n, 0), benchPlan(n, 1)}
+				apply(plans[0])
+				b.Run("full", func(b *testing.B) {
+					plans[0].Full = true
+					for b.Loop() {
+						apply(plans[0])
+					}
+					plans[0].Full = false
+				})
+				b.Run("partial", func(b *testing.B) {
+					i := 0
+					for b.Loop() {
+						i++
+						apply(plans[i%2])
+					}
+				})
+			})
+		}
+	}
+}
