@@ -292,7 +292,17 @@ func holdServer(t *testing.T, pod *netns.Pod, port uint16) {
 		t.Fatal(err)
 	}
 	var wg sync.WaitGroup
-	t.Cleanup(func() { l.Close(); wg.Wait() })
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close() // a peer cut off by a deleted real server never sends FIN
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -301,6 +311,9 @@ func holdServer(t *testing.T, pod *netns.Pod, port uint16) {
 			if err != nil {
 				return
 			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
@@ -400,6 +413,11 @@ func TestGracefulTermination(t *testing.T) {
 	}
 	if reals := k[Key{vip.Addr(), datapath.UDP, 53}].Reals; len(reals) != 1 || reals[0].Addr != w.pods["d"].AddrPort(8080) {
 		t.Errorf("UDP real servers after removal %v, want only d (no draining for UDP)", reals)
+	}
+
+	// The UDP client keeps its source port and lands on the new pod.
+	if r, err := w.client.UDP(ap("10.96.2.1", 53), 40000, timeout); err != nil || r.Name != "d" {
+		t.Errorf("UDP after its endpoint moved, same source port: %v %v, want d", r, err)
 	}
 
 	// While the connection lives and the grace period runs, a stays.
@@ -536,4 +554,72 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 		}
 		return nil
 	})
+}
+
+func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
+	w := newWorld(t, "a", "b")
+	clientIP := addr("192.168.77.2")
+	fe := func(svc string, kind datapath.Kind, a string, port uint16, local bool, eps ...string) datapath.Frontend {
+		f := datapath.Frontend{Service: svc, Kind: kind, Protocol: datapath.TCP, Family: datapath.IPv4, Port: port, LocalOnly: local}
+		if a != "" {
+			f.Addr = addr(a)
+		}
+		for _, e := range eps {
+			f.Endpoints = append(f.Endpoints, w.ep(e, 1))
+		}
+		return f
+	}
+	denied := fe("default/lb-deny:http", datapath.LoadBalancer, "203.0.113.30", 80, false, "a")
+	denied.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
+	allowed := fe("default/lb-allow:http", datapath.LoadBalancer, "203.0.113.31", 80, false, "a")
+	allowed.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		fe("default/ext:http", datapath.ExternalIP, "203.0.113.10", 80, false, "a"),
+		fe("default/lb-local:http", datapath.LoadBalancer, "203.0.113.20", 80, true, "b"),
+		fe("default/np-local:http", datapath.NodePort, "", 30090, true, "b"),
+		fe("default/lb-local-empty:http", datapath.LoadBalancer, "203.0.113.40", 80, true),
+		fe("default/self:http", datapath.ClusterIP, "10.96.3.1", 80, false, "a"),
+		denied, allowed,
+	}})
+	cases := []struct {
+		name     string
+		from     *netns.NS
+		dst      netip.AddrPort
+		want     string // pod name, or "" for no answer
+		keepsSrc bool   // the pod must see the client's own address
+	}{
+		{"ExternalIP, policy Cluster: masqueraded", w.client, ap("203.0.113.10", 80), "a", false},
+		{"LoadBalancer, policy Local: source kept", w.client, ap("203.0.113.20", 80), "b", true},
+		{"NodePort, policy Local: source kept", w.client, netip.AddrPortFrom(w.node.LinkIP, 30090), "b", true},
+		{"LoadBalancer source range allows the client", w.client, ap("203.0.113.31", 80), "a", false},
+		{"LoadBalancer source range denies the client", w.client, ap("203.0.113.30", 80), "", false},
+		{"policy Local without local endpoints: dropped", w.client, ap("203.0.113.40", 80), "", false},
+	}
+	for _, c := range cases {
+		r, err := c.from.TCP(c.dst, timeout)
+		switch {
+		case c.want == "":
+			if err == nil {
+				t.Errorf("%s: answered by %s, want no answer", c.name, r.Name)
+			} else if strings.Contains(err.Error(), "refused") {
+				t.Errorf("%s: refused; want the packets dropped", c.name)
+			}
+		case err != nil:
+			t.Errorf("%s: %v", c.name, err)
+		case r.Name != c.want:
+			t.Errorf("%s: answered by %s, want %s", c.name, r.Name, c.want)
+		case c.keepsSrc && r.Client.Addr() != clientIP:
+			t.Errorf("%s: pod saw %s, want the client's %s", c.name, r.Client, clientIP)
+		case !c.keepsSrc && r.Client.Addr() == clientIP:
+			t.Errorf("%s: pod saw the client's own address %s; want it masqueraded", c.name, r.Client)
+		}
+	}
+	// Hairpin: a reaches itself through the ClusterIP, masqueraded so the
+	// reply goes back through the node.
+	r, err := w.pods["a"].TCP(ap("10.96.3.1", 80), timeout)
+	if err != nil || r.Name != "a" {
+		t.Errorf("hairpin: %v %v", r, err)
+	} else if r.Client.Addr() == w.pods["a"].IP {
+		t.Errorf("hairpin: a saw its own address %s; want the node's", r.Client)
+	}
 }

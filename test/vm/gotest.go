@@ -51,6 +51,9 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := touchSources(root, tests); err != nil {
+		t.Fatal(err)
+	}
 	dir := t.TempDir()
 	var script strings.Builder
 	script.WriteString("ulimit -c 0\n")
@@ -112,4 +115,38 @@ func moduleRoot() (string, error) {
 		return "", fmt.Errorf("vm: not inside a Go module")
 	}
 	return filepath.Dir(mod), nil
+}
+
+// touchSources stats every file of the packages and of their dependencies
+// inside the module. The go test cache keys a cached result on the files a
+// test consulted; without this, a change to a guest package would not
+// invalidate TestGuestPackages' cached pass.
+func touchSources(root string, tests []GoTest) error {
+	args := []string{"list", "-deps", "-test", "-f", "{{.Dir}}"}
+	for _, g := range tests {
+		args = append(args, g.Package)
+	}
+	cmd := exec.Command("go", args...)
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		return fmt.Errorf("vm: go list: %w", err)
+	}
+	seen := map[string]bool{}
+	for _, d := range strings.Fields(string(out)) {
+		if seen[d] || !strings.HasPrefix(d, root+string(filepath.Separator)) {
+			continue
+		}
+		seen[d] = true
+		entries, err := os.ReadDir(d)
+		if err != nil {
+			return fmt.Errorf("vm: %w", err)
+		}
+		for _, e := range entries {
+			if !e.IsDir() {
+				_, _ = os.Stat(filepath.Join(d, e.Name()))
+			}
+		}
+	}
+	return nil
 }
