@@ -57,8 +57,10 @@ func renderRules(c ruleConfig) string {
 	// ClusterIP traffic is masqueraded when it comes from outside the
 	// cluster ranges (so that replies return through this node), or
 	// always with masqueradeAll.
-	for _, p := range c.ClusterCIDRs {
-		r("-A %s -s %s -j RETURN", chainClusterMasq, p.Masked())
+	if !c.MasqueradeAll {
+		for _, p := range c.ClusterCIDRs {
+			r("-A %s -s %s -j RETURN", chainClusterMasq, p.Masked())
+		}
 	}
 	r("-A %s -j %s", chainClusterMasq, chainMarkMasq)
 	if c.MasqueradeAll || len(c.ClusterCIDRs) > 0 {

@@ -1,0 +1,125 @@
+package ipvs
+
+import (
+	"flag"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func ep(a string, w uint32) datapath.Endpoint {
+	return datapath.Endpoint{Addr: netip.MustParseAddrPort(a), Weight: w}
+}
+
+// render prints the desired state in a stable form for comparison.
+func (d *desired) String() string {
+	var lines []string
+	for _, s := range d.Servers {
+		l := s.VS.String() + " ->"
+		for _, r := range s.Reals {
+			l += " " + r.String()
+		}
+		lines = append(lines, l)
+	}
+	slices.Sort(lines)
+	var vips []string
+	for a := range d.VIPs {
+		vips = append(vips, a.String())
+	}
+	slices.Sort(vips)
+	lines = append(lines, "vips: "+strings.Join(vips, " "))
+	var names []string
+	for n, es := range d.Entries {
+		if len(es) > 0 {
+			names = append(names, n)
+		}
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		var es []string
+		for _, e := range d.Entries[n] {
+			es = append(es, e.String())
+		}
+		lines = append(lines, fmt.Sprintf("set %s: %s", n, strings.Join(es, " ")))
+	}
+	return strings.Join(lines, "\n") + "\n"
+}
+
+func TestCompute(t *testing.T) {
+	cfg := Config{Scheduler: "lc", NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
+	plan := &datapath.Plan{Frontends: []datapath.Frontend{
+		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1)}},
+		{Service: "a/canary:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.2"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3), ep("10.244.0.3:8080", 1)}},
+		{Service: "a/hash:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.3"), Family: datapath.IPv4, Port: 80,
+			Scheduler: "mh", SchedulerFlags: []string{"mh-fallback", "mh-port"}, Affinity: 90 * time.Second,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3), ep("10.244.0.3:8080", 1)}},
+		{Service: "a/np:dns", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, LocalOnly: true,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.4:53", 1)}},
+		{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("203.0.113.5"), Family: datapath.IPv4, Port: 443,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}},
+		{Service: "a/ext:http", Kind: datapath.ExternalIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("203.0.113.6"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1)}},
+	}}
+	d, err := compute(cfg, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "compute.golden", d.String())
+}
+
+func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
+	plan := &datapath.Plan{Frontends: []datapath.Frontend{
+		{Service: "a/v6:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::1"), Family: datapath.IPv6, Port: 80},
+		{Service: "a/bad:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.7"), Family: datapath.IPv4, Port: 80, Scheduler: "sh", SchedulerFlags: []string{"sh-bogus"}},
+		{Service: "a/ok:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.8"), Family: datapath.IPv4, Port: 80},
+	}}
+	d, err := compute(Config{}, plan)
+	if err == nil || !strings.Contains(err.Error(), "IPv6") || !strings.Contains(err.Error(), "sh-bogus") {
+		t.Errorf("err = %v, want both problems named", err)
+	}
+	if len(d.Servers) != 1 {
+		t.Errorf("servers = %v, want only a/ok", d.Servers)
+	}
+	if v := d.Servers[Key{netip.MustParseAddr("10.96.0.8"), datapath.TCP, 80}]; v == nil || v.VS.Scheduler != "rr" {
+		t.Errorf("default scheduler: %v, want rr", v)
+	}
+}
+
+// TestRules pins the static rules; their text is a
+// function of the configuration alone, which is what keeps their number
+// constant however many services there are.
+func TestRules(t *testing.T) {
+	golden(t, "rules.golden", renderRules(ruleConfig{MarkBit: 14}))
+	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
+	golden(t, "rules-cidr.golden", renderRules(ruleConfig{MarkBit: 14, ClusterCIDRs: cidr}))
+	if all := renderRules(ruleConfig{MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "10.244.0.0/16") {
+		t.Errorf("masqueradeAll still exempts the cluster range:\n%s", all)
+	}
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := "testdata/" + name
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if got != string(want) {
+		t.Errorf("%s differs (run with -update if intended):\n--- got\n%s--- want\n%s", path, got, want)
+	}
+}
