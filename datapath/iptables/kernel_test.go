@@ -622,6 +622,21 @@ func TestRefusesBothBackends(t *testing.T) {
 	if !errors.Is(err, iptables.ErrBothBackends) {
 		t.Fatalf("New = %v, want ErrBothBackends", err)
 	}
+	// CleanupAll needs no Proxier and clears both.
+	if err := node.Do(func() error { return iptables.CleanupAll(context.Background(), nil) }); err != nil {
+		t.Fatal(err)
+	}
+	for _, bin := range []string{"iptables-legacy-save", "iptables-nft-save"} {
+		if out, err := node.Run(bin); err != nil || strings.Contains(out, iptables.Prefix) {
+			t.Fatalf("%s after CleanupAll (%v):\n%s", bin, err, out)
+		}
+	}
+	if err := node.Do(func() error {
+		_, err := iptables.New(iptables.Options{MasqueradeBit: 14, NoConntrack: true})
+		return err
+	}); err != nil {
+		t.Fatalf("New after CleanupAll: %v", err)
+	}
 }
 
 func TestSysctls(t *testing.T) {

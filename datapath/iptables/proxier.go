@@ -108,6 +108,7 @@ type family struct {
 	variant     Variant
 	ipt         *goipt.IPTables
 	restorePath string
+	iptPath     string
 	wait        time.Duration
 	log         *slog.Logger
 
@@ -132,7 +133,6 @@ func New(opts Options) (*Proxier, error) {
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("datapath", "iptables")
 	p := &Proxier{log: log, opts: opts}
 
 	fams := []datapath.Family{datapath.IPv4}
@@ -200,9 +200,11 @@ func binaries(v Variant, fam datapath.Family) (ipt, restore string) {
 	return base + "-" + string(v), base + "-" + string(v) + "-restore"
 }
 
-func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
-	secs := int((opts.LockWait + time.Second - 1) / time.Second)
-	iptBin, restoreBin := binaries(opts.Variant, fam)
+// openFamily finds the binaries of variant v for fam and detects which
+// backend Auto resolves to.
+func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Logger) (*family, error) {
+	secs := int((wait + time.Second - 1) / time.Second)
+	iptBin, restoreBin := binaries(v, fam)
 	iptPath, err := exec.LookPath(iptBin)
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
@@ -215,7 +217,7 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
 	}
-	variant := opts.Variant
+	variant := v
 	if variant == Auto {
 		out, err := exec.Command(iptPath, "--version").CombinedOutput()
 		if err != nil {
@@ -226,6 +228,19 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 			variant = NFT
 		}
 	}
+	return &family{
+		cfg: Config{Family: fam}, variant: variant, ipt: ipt, restorePath: restorePath, iptPath: iptPath,
+		wait: wait, log: log.With("family", fmt.Sprintf("IPv%d", fam)),
+	}, nil
+}
+
+func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
+	secs := int((opts.LockWait + time.Second - 1) / time.Second)
+	f, err := openFamily(opts.Variant, fam, opts.LockWait, log)
+	if err != nil {
+		return nil, err
+	}
+	ipt, variant := f.ipt, f.variant
 	// Refuse to run when both backends hold our chains.
 	other := NFT
 	if variant == NFT {
@@ -249,7 +264,7 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		// Node ports restricted to addresses of the other family: none here.
 		npa = []netip.Prefix{}
 	}
-	cfg := Config{
+	f.cfg = Config{
 		Family:             fam,
 		MasqueradeBit:      opts.MasqueradeBit,
 		MasqueradeAll:      opts.MasqueradeAll,
@@ -258,11 +273,36 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
 		RandomFully:        ipt.HasRandomFully(),
 	}
-	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", iptPath, "restore", restorePath)
-	return &family{
-		cfg: cfg, variant: variant, ipt: ipt, restorePath: restorePath,
-		wait: opts.LockWait, log: log.With("family", fmt.Sprintf("IPv%d", fam)),
-	}, nil
+	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", f.iptPath, "restore", f.restorePath)
+	return f, nil
+}
+
+// CleanupAll removes every chain and jump edgeproxy created, under both
+// iptables backends and both IP families, wherever the binaries exist. It
+// needs no Proxier, so it also works when New refuses to start (for
+// example with ErrBothBackends); `edgeproxy cleanup` should call it.
+func CleanupAll(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	var errs []error
+	for _, v := range []Variant{Legacy, NFT} {
+		for _, fam := range []datapath.Family{datapath.IPv4, datapath.IPv6} {
+			f, err := openFamily(v, fam, 5*time.Second, log)
+			if err != nil {
+				var ee *exec.Error
+				if errors.As(err, &ee) {
+					continue // this variant is not installed
+				}
+				errs = append(errs, err)
+				continue
+			}
+			if err := f.cleanup(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s IPv%d: %w", v, fam, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
 }
 
 func protoOf(f datapath.Family) goipt.Protocol {
@@ -559,8 +599,9 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 }
 
 // Cleanup implements datapath.Backend: it removes the jumps and every chain
-// whose name starts with Prefix, in both tables and every family, and
-// nothing else. The next Apply starts from scratch.
+// whose name starts with Prefix, in both tables, both families and both
+// backends (see CleanupAll), and nothing else. The next Apply starts from
+// scratch.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -570,6 +611,10 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 		f.applied, f.last, f.lastChains, f.units = false, nil, nil, nil
+	}
+	// Chains a previous run left under the other backend or family.
+	if err := CleanupAll(ctx, p.log); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }
