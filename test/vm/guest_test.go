@@ -1,6 +1,7 @@
 package vm
 
 import (
+	"os"
 	"testing"
 	"time"
 )
@@ -15,4 +16,13 @@ var guestPackages = []GoTest{
 // TestGuestPackages runs the guest-only tests of guestPackages in one VM.
 func TestGuestPackages(t *testing.T) {
 	RunGoTests(t, 9*time.Minute, guestPackages...)
+}
+
+// TestGuestBenchmarks runs the datapath benchmarks in the VM. They take
+// minutes under TCG, so they are opt-in: EDGEPROXY_VM_BENCH=1.
+func TestGuestBenchmarks(t *testing.T) {
+	if os.Getenv("EDGEPROXY_VM_BENCH") != "1" {
+		t.Skip("opt-in: set EDGEPROXY_VM_BENCH=1")
+	}
+	RunGoTests(t, 30*time.Minute, GoTest{Package: "./datapath/ipvs", Args: []string{"-test.run=^$", "-test.bench=.", "-test.benchtime=1x"}})
 }

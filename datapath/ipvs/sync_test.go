@@ -1,0 +1,145 @@
+package ipvs
+
+import (
+	"net/netip"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// fakeKernel is an in-memory IPVS table: state, not call recording.
+type fakeKernel struct {
+	vs    map[Key]VirtualServer
+	reals map[Key]map[netip.AddrPort]RealServer
+}
+
+func newFakeKernel() *fakeKernel {
+	return &fakeKernel{vs: map[Key]VirtualServer{}, reals: map[Key]map[netip.AddrPort]RealServer{}}
+}
+
+func (f *fakeKernel) VirtualServers() ([]VirtualServer, error) {
+	var out []VirtualServer
+	for _, v := range f.vs {
+		out = append(out, v)
+	}
+	return out, nil
+}
+func (f *fakeKernel) AddVirtualServer(v VirtualServer) error {
+	f.vs[v.Key()] = v
+	f.reals[v.Key()] = map[netip.AddrPort]RealServer{}
+	return nil
+}
+func (f *fakeKernel) UpdateVirtualServer(v VirtualServer) error { f.vs[v.Key()] = v; return nil }
+func (f *fakeKernel) DeleteVirtualServer(v VirtualServer) error {
+	delete(f.vs, v.Key())
+	delete(f.reals, v.Key())
+	return nil
+}
+func (f *fakeKernel) RealServers(v VirtualServer) ([]RealServer, error) {
+	var out []RealServer
+	for _, r := range f.reals[v.Key()] {
+		out = append(out, r)
+	}
+	slices.SortFunc(out, func(a, b RealServer) int { return a.Addr.Compare(b.Addr) })
+	return out, nil
+}
+func (f *fakeKernel) AddRealServer(v VirtualServer, r RealServer) error {
+	f.reals[v.Key()][r.Addr] = r
+	return nil
+}
+func (f *fakeKernel) UpdateRealServer(v VirtualServer, r RealServer) error {
+	old := f.reals[v.Key()][r.Addr]
+	r.Active, r.Inactive = old.Active, old.Inactive
+	f.reals[v.Key()][r.Addr] = r
+	return nil
+}
+func (f *fakeKernel) DeleteRealServer(v VirtualServer, r RealServer) error {
+	delete(f.reals[v.Key()], r.Addr)
+	return nil
+}
+func (f *fakeKernel) SetTimeouts(tcp, tcpFin, udp time.Duration) error { return nil }
+func (f *fakeKernel) Close() error                                     { return nil }
+
+func TestSyncServersDrainsAndDeletes(t *testing.T) {
+	k := newFakeKernel()
+	now := time.Unix(0, 0)
+	p, err := New(Options{Kernel: k, GracePeriod: 10 * time.Second, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr("10.96.0.1")
+	a, b := netip.MustParseAddrPort("10.244.0.2:80"), netip.MustParseAddrPort("10.244.0.3:80")
+	plan := func(full bool, proto datapath.Protocol, eps ...netip.AddrPort) *datapath.Plan {
+		f := datapath.Frontend{Service: "s", Kind: datapath.ClusterIP, Protocol: proto, Addr: vip, Family: datapath.IPv4, Port: 80}
+		for _, e := range eps {
+			f.Endpoints = append(f.Endpoints, datapath.Endpoint{Addr: e, Weight: 1})
+		}
+		return &datapath.Plan{Full: full, Changed: map[string]bool{"s": true}, Frontends: []datapath.Frontend{f}}
+	}
+	sync := func(pl *datapath.Plan) Stats {
+		t.Helper()
+		d, err := compute(Config{}, pl)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var st Stats
+		if err := p.syncServers(pl, d, map[netip.Addr]bool{}, nil, &st); err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	key := Key{vip, datapath.TCP, 80}
+	sync(plan(true, datapath.TCP, a, b))
+	if len(k.reals[key]) != 2 {
+		t.Fatalf("reals = %v", k.reals[key])
+	}
+	// a leaves with a live connection: weight 0, kept.
+	r := k.reals[key][a]
+	r.Active = 1
+	k.reals[key][a] = r
+	sync(plan(false, datapath.TCP, b))
+	if got := k.reals[key][a]; got.Weight != 0 || len(k.reals[key]) != 2 {
+		t.Fatalf("after removal: %v", k.reals[key])
+	}
+	// Unchanged partial plans still revisit the draining server.
+	now = now.Add(5 * time.Second)
+	pl := plan(false, datapath.TCP, b)
+	pl.Changed = nil
+	if st := sync(pl); st.RealServers.Draining != 1 {
+		t.Errorf("draining = %+v", st.RealServers)
+	}
+	// The connection ends: a goes before the grace period is over.
+	r = k.reals[key][a]
+	r.Active = 0
+	k.reals[key][a] = r
+	if st := sync(pl); st.RealServers.Deleted != 1 || len(k.reals[key]) != 1 || p.Draining() != 0 {
+		t.Errorf("after the connection ended: %+v, reals %v", st.RealServers, k.reals[key])
+	}
+	// a comes back while it would be draining: weight restored.
+	k.reals[key][a] = RealServer{Addr: a, Weight: 0, Active: 3}
+	sync(plan(true, datapath.TCP, a, b))
+	if got := k.reals[key][a]; got.Weight != 1 {
+		t.Errorf("returning endpoint has weight %d, want 1", got.Weight)
+	}
+	// UDP: deleted at once.
+	sync(plan(true, datapath.UDP, a, b))
+	ukey := Key{vip, datapath.UDP, 80}
+	k.reals[ukey][a] = RealServer{Addr: a, Weight: 1, Active: 5}
+	sync(plan(false, datapath.UDP, b))
+	if _, still := k.reals[ukey][a]; still {
+		t.Error("a UDP real server was kept draining")
+	}
+	// The TCP frontend left the plan: its virtual server goes (it was ours).
+	if _, ok := k.vs[key]; ok {
+		t.Error("the TCP virtual server outlived its frontend")
+	}
+	// A virtual server that is not ours stays.
+	foreign := VirtualServer{Addr: netip.MustParseAddr("172.16.0.1"), Protocol: datapath.TCP, Port: 1, Scheduler: "rr"}
+	k.AddVirtualServer(foreign)
+	sync(plan(true, datapath.UDP, b))
+	if _, ok := k.vs[foreign.Key()]; !ok {
+		t.Error("a virtual server that edgeproxy never made was deleted")
+	}
+}
