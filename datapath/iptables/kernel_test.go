@@ -13,7 +13,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/test/gate"
 	"github.com/edgeproxy/edgeproxy/test/netns"
@@ -406,11 +409,15 @@ func TestPartialSync(t *testing.T) {
 		x := fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1))
 		x.Affinity = time.Minute // gives each endpoint a chain of its own
 		y := fe("default/y:", datapath.ClusterIP, datapath.TCP, vip2, 80, e.ep(1, 1))
-		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{x, y}})
+		xnp := fe("default/x:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1))
+		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{x, xnp, y}})
 		before := e.save()
 		x.Endpoints = []datapath.Endpoint{e.ep(2, 1)}
-		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{x, y}, Changed: map[string]bool{"default/x:": true}})
-		r, err := c.TCP(ap(vip, 80), waitResp)
+		xnp.Endpoints = x.Endpoints
+		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{x, xnp, y}, Changed: map[string]bool{"default/x:": true}})
+		r, err := e.client.TCP(ap(e.node.LinkIP, 30080), waitResp)
+		expect(t, "changed service's NodePort", r, err, "c", netip.Addr{})
+		r, err = c.TCP(ap(vip, 80), waitResp)
 		expect(t, "changed service", r, err, "c", netip.Addr{})
 		r, err = c.TCP(ap(vip2, 80), waitResp)
 		expect(t, "unchanged service", r, err, "b", netip.Addr{})
@@ -424,6 +431,9 @@ func TestPartialSync(t *testing.T) {
 		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{y}, Changed: map[string]bool{"default/x:": true}})
 		if _, err := c.TCP(ap(vip, 80), waitDrop); err == nil {
 			t.Fatal("deleted service still answers")
+		}
+		if _, err := e.client.TCP(ap(e.node.LinkIP, 30080), 10*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("NodePort of the deleted service: %v, want connection refused (closed)", err)
 		}
 		if svc := iptables.ChainName("SVC", "default/x: tcp cluster"); strings.Contains(e.save(), svc) {
 			t.Fatalf("chain %s of the deleted service remains", svc)
@@ -667,4 +677,42 @@ func TestSysctls(t *testing.T) {
 			}
 		}
 	})
+}
+
+func TestMetrics(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore")
+	node := netns.NewNode(t, "node")
+	reg := prometheus.NewRegistry()
+	var p *iptables.Proxier
+	if err := node.Do(func() (err error) {
+		p, err = iptables.New(iptables.Options{MasqueradeBit: 14, Registerer: reg})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		fe("default/x:", datapath.ClusterIP, datapath.UDP, vip, 53, datapath.Endpoint{Addr: netip.MustParseAddrPort("10.244.0.2:53"), Weight: 1}),
+	}}
+	for _, full := range []bool{true, false} {
+		plan.Full = full
+		if err := node.Do(func() error { return p.Apply(context.Background(), plan) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]bool{}
+	for _, mf := range mfs {
+		got[mf.GetName()] = true
+	}
+	for _, name := range []string{iptables.MetricRules, iptables.MetricRestoreFailures, iptables.MetricPartialFailures,
+		iptables.MetricFullDuration, iptables.MetricPartialDuration, iptables.MetricRestoreBytes,
+		conntrack.MetricDeleted, conntrack.MetricDuration} {
+		if !got[name] {
+			t.Errorf("metric %s not registered", name)
+		}
+	}
 }
