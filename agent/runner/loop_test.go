@@ -227,3 +227,15 @@ func TestLoopCancelsRunningWork(t *testing.T) {
 		t.Fatalf("work returned %v, want context.Canceled", workErr)
 	}
 }
+
+func TestLoopPicksUpNewIntervals(t *testing.T) {
+	h := startLoop(t, nil)
+	h.waitArmed(maxInterval)
+	h.clk.Step(time.Second)
+	h.r.SetIntervals(minInterval, retryInterval, 10*time.Second)
+	h.waitArmed(11 * time.Second) // re-armed without a run: no last run, so from now
+	h.noMoreRuns()
+	h.clk.Step(10 * time.Second)
+	h.waitRun(11 * time.Second)
+	h.waitArmed(21 * time.Second)
+}

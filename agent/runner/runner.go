@@ -87,11 +87,11 @@ type Status struct {
 type Runner struct {
 	name                 string
 	fn                   func(context.Context) error
-	min, retry, max      time.Duration
 	clk                  Clock
-	log                  *slog.Logger
 	wake                 chan struct{} // capacity 1: a buffered wake-up is a coalesced request
 	mu                   sync.Mutex    // guards everything below
+	min, retry, max      time.Duration // changed by SetIntervals
+	log                  *slog.Logger
 	looping              bool
 	requested            bool      // a run was requested since the last run started
 	pendingSince         time.Time // see Status.PendingSince
@@ -142,12 +142,17 @@ func New(name string, fn func(context.Context) error, minInterval, retryInterval
 	}
 }
 
-// SetLogger replaces the logger (the attribute runner=name is added). Call
-// it before Loop.
+// SetLogger replaces the logger (the attribute runner=name is added).
 func (r *Runner) SetLogger(l *slog.Logger) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.log = l.With("runner", r.name)
+}
+
+func (r *Runner) logger() *slog.Logger {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.log
 }
 
 // Run requests a run as soon as the min interval allows. It never blocks.
@@ -193,7 +198,7 @@ func (r *Runner) Status() Status {
 // must not be called again while it runs (a second call logs and returns).
 func (r *Runner) Loop(ctx context.Context) {
 	if !r.begin() {
-		r.log.Error("runner: Loop called while already looping")
+		r.logger().Error("runner: Loop called while already looping")
 		return
 	}
 	defer func() {
@@ -202,14 +207,16 @@ func (r *Runner) Loop(ctx context.Context) {
 		r.mu.Unlock()
 	}()
 
+	r.mu.Lock()
 	r.log.Debug("loop starting", "minInterval", r.min, "retryInterval", r.retry, "maxInterval", r.max)
+	r.mu.Unlock()
 	timer := r.clk.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
 	for {
 		next, ok := r.tick(ctx)
 		if ctx.Err() != nil {
-			r.log.Debug("loop stopping")
+			r.logger().Debug("loop stopping")
 			return
 		}
 		if ok {
@@ -219,7 +226,7 @@ func (r *Runner) Loop(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			r.log.Debug("loop stopping")
+			r.logger().Debug("loop stopping")
 			return
 		case <-r.wake:
 		case <-timer.C():
@@ -320,11 +327,11 @@ func (r *Runner) runOnce(ctx context.Context) {
 		r.lastSuccess = end
 	}
 	r.inflightSince = time.Time{}
-	failures, log := r.failures, r.log
+	failures, retry, log := r.failures, r.retry, r.log
 	r.mu.Unlock()
 
 	if err != nil {
-		log.Warn("run failed, will retry", "err", err, "took", end.Sub(start), "retryIn", r.retry, "consecutiveFailures", failures)
+		log.Warn("run failed, will retry", "err", err, "took", end.Sub(start), "retryIn", retry, "consecutiveFailures", failures)
 	} else {
 		log.Debug("run done", "took", end.Sub(start))
 	}
@@ -334,10 +341,7 @@ func (r *Runner) runOnce(ctx context.Context) {
 func (r *Runner) call(ctx context.Context) (err error) {
 	defer func() {
 		if v := recover(); v != nil {
-			r.mu.Lock()
-			log := r.log
-			r.mu.Unlock()
-			log.Error("run panicked", "panic", v, "stack", string(debug.Stack()))
+			r.logger().Error("run panicked", "panic", v, "stack", string(debug.Stack()))
 			if e, isErr := v.(error); isErr {
 				err = fmt.Errorf("runner %s: %w: %w", r.name, ErrPanic, e)
 			} else {
