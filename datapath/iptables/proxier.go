@@ -117,6 +117,7 @@ type family struct {
 	last       map[string][32]byte // unit id -> digest of its chains as written
 	lastChains map[tableChain]bool // per-unit chains as written
 	units      map[string]*unit    // the units as last written, for reuse
+	lastFixed  map[tableChain][32]byte
 }
 
 // New detects the iptables backend, checks that our chains are not held by
@@ -376,6 +377,9 @@ type applyStats struct {
 	rules                 map[string]int
 }
 
+// emptyRestore is the restore input of a partial sync that changes nothing.
+var emptyRestore = []byte("*filter\nCOMMIT\n*nat\nCOMMIT\n")
+
 var lineRE = regexp.MustCompile(`line:? (\d+)`)
 
 func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (applyStats, error) {
@@ -416,6 +420,7 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (app
 	const maxRounds = 8
 	var desired map[tableChain]string
 	var ws writeSpec
+	var fixedDigests map[tableChain][32]byte
 	var restoreErr error
 	for round := 0; ; round++ {
 		desired = rs.chains()
@@ -439,8 +444,16 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (app
 				}
 			}
 		}
-		text, owner := rs.restoreText(ws)
+		if !full {
+			ws.fixed = f.lastFixed
+		}
+		var text []byte
+		var owner []string
+		text, owner, fixedDigests = rs.restoreText(ws)
 		st.bytes = len(text)
+		if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
+			break // nothing changed
+		}
 		restoreErr = f.restore(ctx, text)
 		if restoreErr == nil {
 			break
@@ -483,6 +496,7 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (app
 	for c := range desired {
 		f.lastChains[c] = true
 	}
+	f.lastFixed = fixedDigests
 	f.applied = true
 	f.needFull = false
 	st.rules = rs.ruleCounts()
@@ -610,7 +624,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		if err := f.cleanup(ctx); err != nil {
 			errs = append(errs, err)
 		}
-		f.applied, f.last, f.lastChains, f.units = false, nil, nil, nil
+		f.applied, f.last, f.lastChains, f.units, f.lastFixed = false, nil, nil, nil, nil
 	}
 	// Chains a previous run left under the other backend or family.
 	if err := CleanupAll(ctx, p.log); err != nil {

@@ -521,11 +521,14 @@ func jumps() []jump {
 // tableChain names a chain in a table.
 type tableChain struct{ table, name string }
 
-// writeSpec says what one restore writes: every fixed chain always, the
-// chains of the units in write, and the stale chains to delete.
+// writeSpec says what one restore writes: the fixed chains, the chains of
+// the units in write, and the stale chains to delete.
 type writeSpec struct {
 	write map[string]bool // unit ids; nil means all
 	stale []tableChain
+	// fixed holds the digests of the fixed chains as last written; with
+	// write set, fixed chains whose digest is unchanged are left out.
+	fixed map[tableChain][32]byte
 }
 
 // chains returns the set of chains the ruleset owns beyond the fixed ones.
@@ -547,7 +550,7 @@ func (rs *Ruleset) drop(id string) {
 // restoreText renders the iptables-restore --noflush input for ws. owner[i]
 // is the unit that line i+1 belongs to ("" for fixed rules), so a failing
 // line can be traced to its service.
-func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
+func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain][32]byte) {
 	var b bytes.Buffer
 	size, lines := 0, 0
 	for _, u := range rs.units {
@@ -579,10 +582,56 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
 	}
 	stale := slices.Clone(ws.stale)
 	slices.SortFunc(stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
+
+	// The fixed chains' rules in their fixed order: head rules, the
+	// units' dispatch rules, tail rules.
+	type fixedRule struct{ own, spec string }
+	fixed := map[tableChain][]fixedRule{}
+	for _, r := range head {
+		tc := tableChain{r.table, r.chain}
+		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
+	}
+	for _, u := range rs.units {
+		for _, r := range u.top {
+			tc := tableChain{r.table, r.chain}
+			fixed[tc] = append(fixed[tc], fixedRule{u.id, r.spec})
+		}
+	}
+	for _, r := range tail {
+		tc := tableChain{r.table, r.chain}
+		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
+	}
+	hp := tableChain{tableNAT, chainHairpin}
+	for _, a := range rs.hairpin() {
+		m := rs.cfg.hostMask()
+		fixed[hp] = append(fixed[hp], fixedRule{"", "-s " + a.String() + m + " -d " + a.String() + m + " " + masq})
+	}
+	digests = map[tableChain][32]byte{}
+	for tc, rules := range fixed {
+		h := sha256.New()
+		for _, r := range rules {
+			h.Write([]byte(r.spec))
+			h.Write([]byte{'\n'})
+		}
+		var d [32]byte
+		copy(d[:], h.Sum(nil))
+		digests[tc] = d
+	}
+	// A partial write leaves out fixed chains whose content is unchanged.
+	writeFixed := func(tc tableChain) bool {
+		if ws.write == nil || ws.fixed == nil {
+			return true
+		}
+		d, ok := ws.fixed[tc]
+		return !ok || d != digests[tc]
+	}
+
 	for _, table := range []string{tableFilter, tableNAT} {
 		line("", "*", table)
 		for _, c := range fixedChains[table] {
-			line("", ":", c, " - [0:0]")
+			if writeFixed(tableChain{table, c}) {
+				line("", ":", c, " - [0:0]")
+			}
 		}
 		for _, u := range rs.units {
 			if ws.write != nil && !ws.write[u.id] {
@@ -599,30 +648,13 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
 				line("", ":", s.name, " - [0:0]")
 			}
 		}
-		// Fixed chains in their fixed order: head rules, the units'
-		// dispatch rules, tail rules.
 		for _, c := range fixedChains[table] {
-			for _, r := range head {
-				if r.table == table && r.chain == c {
-					line("", "-A ", c, " ", r.spec)
-				}
+			tc := tableChain{table, c}
+			if !writeFixed(tc) {
+				continue
 			}
-			for _, u := range rs.units {
-				for _, r := range u.top {
-					if r.table == table && r.chain == c {
-						line(u.id, "-A ", c, " ", r.spec)
-					}
-				}
-			}
-			for _, r := range tail {
-				if r.table == table && r.chain == c {
-					line("", "-A ", c, " ", r.spec)
-				}
-			}
-			if table == tableNAT && c == chainHairpin {
-				for _, a := range rs.hairpin() {
-					line("", "-A ", c, " -s ", a.String(), rs.cfg.hostMask(), " -d ", a.String(), rs.cfg.hostMask(), " ", masq)
-				}
+			for _, r := range fixed[tc] {
+				line(r.own, "-A ", c, " ", r.spec)
 			}
 		}
 		for _, u := range rs.units {
@@ -645,7 +677,7 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string) {
 		}
 		line("", "COMMIT")
 	}
-	return b.Bytes(), owner
+	return b.Bytes(), owner, digests
 }
 
 // hairpin returns the local endpoint addresses of all units, sorted and
@@ -663,7 +695,7 @@ func (rs *Ruleset) hairpin() []netip.Addr {
 // programs the ruleset from scratch (a full sync with nothing stale). It is
 // what the golden tests compare.
 func (rs *Ruleset) RestoreText() string {
-	t, _ := rs.restoreText(writeSpec{})
+	t, _, _ := rs.restoreText(writeSpec{})
 	return string(t)
 }
 

@@ -221,7 +221,8 @@ func TestPartialWrite(t *testing.T) {
 	if len(stale) != 1 {
 		t.Fatalf("stale chains = %v, want the SEP chain of the removed endpoint", stale)
 	}
-	text, owner := after.restoreText(writeSpec{write: changed, stale: stale})
+	_, _, fixed := before.restoreText(writeSpec{})
+	text, owner, _ := after.restoreText(writeSpec{write: changed, stale: stale, fixed: fixed})
 	s := string(text)
 	if len(owner) != strings.Count(s, "\n") {
 		t.Fatalf("owner has %d lines, text %d", len(owner), strings.Count(s, "\n"))
@@ -239,9 +240,20 @@ func TestPartialWrite(t *testing.T) {
 			}
 		}
 	}
-	// Dispatch rules of every unit are always present.
-	if !strings.Contains(s, "-d 10.96.0.10/32 -p tcp -m tcp --dport 80") {
-		t.Error("dispatch rule of an unchanged service missing from a partial restore")
+	// Fixed chains whose rules did not change are left alone: an endpoint
+	// change touches no dispatch rule.
+	if strings.Contains(s, ":EP-SERVICES") || strings.Contains(s, "-A EP-SERVICES") {
+		t.Errorf("partial restore rewrites EP-SERVICES although no dispatch rule changed:\n%s", s)
+	}
+	// A new service rewrites the dispatch chain, with every service's rules.
+	fs = append(fs, datapath.Frontend{Service: "default/new:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
+		Endpoints: []datapath.Endpoint{ep("10.244.0.9:80", 1, true)}})
+	added := Render(cfg, fs)
+	text, _, _ = added.restoreText(writeSpec{write: map[string]bool{"default/new: tcp": true}, fixed: fixed})
+	for _, want := range []string{":EP-SERVICES - [0:0]", "-d 10.96.9.9/32", "-d 10.96.0.10/32 -p tcp -m tcp --dport 80", ":EP-HAIRPIN - [0:0]"} {
+		if !strings.Contains(string(text), want) {
+			t.Errorf("restore adding a service lacks %q", want)
+		}
 	}
 }
 
