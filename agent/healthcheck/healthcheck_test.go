@@ -48,7 +48,7 @@ func setup(t *testing.T, addrs []netip.Addr) (*healthcheck.Servers, *netns.Node,
 }
 
 type body struct {
-	Service struct{ Namespace, Name string }
+	Service        struct{ Namespace, Name string }
 	LocalEndpoints int
 }
 

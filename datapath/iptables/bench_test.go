@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/test/gate"
@@ -63,8 +65,9 @@ func BenchmarkSync(b *testing.B) {
 				gate.Binaries(b, "iptables-"+string(v), "iptables-"+string(v)+"-restore")
 				node := netns.New(b, "bench")
 				var p *iptables.Proxier
+				reg := prometheus.NewRegistry()
 				if err := node.Do(func() (err error) {
-					p, err = iptables.New(iptables.Options{Variant: v, MasqueradeBit: 14, NoConntrack: true, ClusterCIDRs: []netip.Prefix{clusterCIDR}})
+					p, err = iptables.New(iptables.Options{Variant: v, MasqueradeBit: 14, NoConntrack: true, ClusterCIDRs: []netip.Prefix{clusterCIDR}, Registerer: reg})
 					return err
 				}); err != nil {
 					b.Fatal(err)
@@ -82,15 +85,31 @@ func BenchmarkSync(b *testing.B) {
 						apply(plans[0])
 					}
 					plans[0].Full = false
+					reportBytes(b, reg)
 				})
 				b.Run("partial", func(b *testing.B) {
 					i := 0
 					for b.Loop() {
 						i++
+						plans[i%2].Changed = map[string]bool{"ns0/svc0:http": true}
 						apply(plans[i%2])
 					}
+					reportBytes(b, reg)
 				})
 			})
+		}
+	}
+}
+
+// reportBytes reports the size of the last iptables-restore input.
+func reportBytes(b *testing.B, reg *prometheus.Registry) {
+	mfs, err := reg.Gather()
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == iptables.MetricRestoreBytes {
+			b.ReportMetric(mf.GetMetric()[0].GetGauge().GetValue(), "restore-bytes")
 		}
 	}
 }
