@@ -1,0 +1,305 @@
+// Package agent wires edgeproxy together: a source feeds the state, the sync
+// runner turns state snapshots into plans (selection, then policy) and hands
+// them to the datapath backend, and small HTTP servers report health,
+// metrics and the current plan. Config reloads reach every stage.
+package agent
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
+	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/runner"
+	"github.com/edgeproxy/edgeproxy/agent/source"
+	"github.com/edgeproxy/edgeproxy/agent/state"
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// Source is where objects come from: the API server or a manifest directory.
+type Source interface {
+	Run(ctx context.Context) error
+	WaitForSync(ctx context.Context) bool
+}
+
+// Options configure an Agent.
+type Options struct {
+	Config *config.Config
+	// Load is how Config was loaded; with a file named, the agent watches
+	// it and reloads. Zero: no reload.
+	Load config.LoadOptions
+	// Logger and LogLevel: the agent changes LogLevel on config reloads.
+	Logger   *slog.Logger
+	LogLevel *slog.LevelVar
+	// Registry receives every metric and is served on /metrics.
+	Registry *prometheus.Registry
+	// Backend overrides the backend chosen by Config.Mode (tests, `plan`).
+	Backend datapath.Backend
+	// Policy weighs endpoints after built-in selection; nil: equal weights.
+	Policy planner.Policy
+	// Version is reported on /debug/status.
+	Version string
+}
+
+// Agent is one running edgeproxy.
+type Agent struct {
+	opts    Options
+	log     *slog.Logger
+	cfg     atomic.Pointer[config.Config]
+	state   *state.State
+	source  Source
+	api     *source.API // nil with a manifest source
+	backend datapath.Backend
+	planner *planner.Planner
+	runner  *runner.Runner
+	health  *healthcheck.Servers
+	watcher *config.Watcher
+	metrics *metrics
+
+	mu        sync.Mutex // guards the fields below; held by sync
+	needFull  bool
+	lastFull  time.Time
+	triggers  []time.Time
+	last      *planner.Result
+	lastErr   error
+	synced    chan struct{} // closed after the first successful apply
+	syncOnce  sync.Once
+	startTime time.Time
+}
+
+// New builds an agent; nothing runs until Run.
+func New(opts Options) (*Agent, error) {
+	cfg := opts.Config
+	if cfg == nil {
+		return nil, errors.New("agent: no config")
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Registry == nil {
+		opts.Registry = prometheus.NewRegistry()
+	}
+	a := &Agent{opts: opts, log: opts.Logger, needFull: true, synced: make(chan struct{}), startTime: time.Now()}
+	a.cfg.Store(cfg)
+	a.runner = runner.New("sync", a.sync, cfg.Sync.MinPeriod, cfg.Sync.MinPeriod, cfg.Sync.Period, nil)
+	a.runner.SetLogger(a.log)
+	a.state = state.New(a.runner.Run)
+	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, opts.Policy)
+	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds)
+
+	conv := &source.Converter{ProxyName: cfg.ProxyName, KeepPrefix: cfg.ServiceKeyPrefix}
+	srcMetrics := source.NewMetrics(opts.Registry)
+	var err error
+	if cfg.Manifests != "" {
+		a.source, err = source.NewDir(cfg.Manifests, cfg.NodeName, conv, a.state, a.log.With("source", "manifests"), srcMetrics)
+	} else {
+		var client kubernetes.Interface
+		if client, err = newClient(cfg.Kubeconfig); err == nil {
+			a.api, err = source.NewAPI(client, cfg.NodeName, conv, a.state, a.log.With("source", "api"), srcMetrics)
+			a.source = a.api
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
+
+	a.backend = opts.Backend
+	if a.backend == nil {
+		if a.backend, err = NewBackend(cfg, a.log, opts.Registry); err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
+	if cfg.Mode != "plan" {
+		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck")})
+	}
+	if path := opts.Load.Path(); path != "" {
+		a.watcher, err = config.NewWatcher(cfg, config.WatcherOptions{
+			Load: opts.Load, Registerer: opts.Registry, Logger: a.log.With("component", "config"),
+			OnChange: a.reconfigure,
+		})
+		if err != nil {
+			return nil, fmt.Errorf("agent: %w", err)
+		}
+	}
+	return a, nil
+}
+
+// newClient builds an API client from a kubeconfig path, or from the
+// in-cluster environment when path is empty.
+func newClient(path string) (kubernetes.Interface, error) {
+	var rc *rest.Config
+	var err error
+	if path == "" {
+		rc, err = rest.InClusterConfig()
+	} else {
+		rc, err = clientcmd.BuildConfigFromFlags("", path)
+	}
+	if err != nil {
+		return nil, fmt.Errorf("api client: %w", err)
+	}
+	rc.UserAgent = "edgeproxy"
+	// Lists of thousands of slices at start must not be throttled.
+	rc.QPS, rc.Burst = 50, 100
+	return kubernetes.NewForConfig(rc)
+}
+
+// Config returns the running config.
+func (a *Agent) Config() *config.Config { return a.cfg.Load() }
+
+// Backend returns the datapath backend.
+func (a *Agent) Backend() datapath.Backend { return a.backend }
+
+// Synced is closed after the first successful programming.
+func (a *Agent) Synced() <-chan struct{} { return a.synced }
+
+// Run starts every part and returns when ctx is done. It returns an error
+// only when a part cannot start (e.g. a listen address is taken).
+func (a *Agent) Run(ctx context.Context) error {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var wg sync.WaitGroup
+	errc := make(chan error, 4)
+	goRun := func(name string, fn func(context.Context) error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(ctx); err != nil && ctx.Err() == nil {
+				errc <- fmt.Errorf("%s: %w", name, err)
+			}
+		}()
+	}
+	servers, err := a.listen()
+	if err != nil {
+		return err
+	}
+	for _, s := range servers {
+		goRun("http "+s.name, s.serve)
+	}
+	goRun("source", a.source.Run)
+	if a.watcher != nil {
+		goRun("config watcher", a.watcher.Run)
+	}
+	if a.health != nil {
+		goRun("healthcheck", func(ctx context.Context) error {
+			<-ctx.Done()
+			return a.health.Close()
+		})
+	}
+	if m, ok := a.backend.(datapath.Monitor); ok {
+		goRun("tamper monitor", func(ctx context.Context) error { a.monitor(ctx, m); return nil })
+	}
+
+	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
+	if a.source.WaitForSync(ctx) {
+		a.log.Info("source synced; starting the sync loop")
+		goRun("sync", func(ctx context.Context) error { a.runner.Loop(ctx); return nil })
+		a.runner.Run()
+	}
+
+	select {
+	case <-ctx.Done():
+	case err = <-errc:
+		a.log.Error("stopping", "error", err)
+	}
+	cancel()
+	wg.Wait()
+	return err
+}
+
+// monitor polls the backend for tampering and forces a full sync when its
+// kernel objects were changed behind its back.
+func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
+	t := time.NewTicker(2 * time.Second)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		select {
+		case <-a.synced:
+		default:
+			continue // nothing programmed yet
+		}
+		bad, err := m.Tampered(ctx)
+		if err != nil {
+			a.log.Warn("cannot check the datapath for tampering", "error", err)
+			continue
+		}
+		if bad {
+			a.log.Warn("datapath objects were changed outside edgeproxy; repairing with a full sync")
+			a.metrics.tamperedRepairs.Inc()
+			a.mu.Lock()
+			a.needFull = true
+			a.mu.Unlock()
+			a.runner.Run()
+		}
+	}
+}
+
+// reconfigure applies a reloaded config. The watcher has already kept the
+// restart-only keys at their running values.
+func (a *Agent) reconfigure(prev, next *config.Config) {
+	a.cfg.Store(next)
+	if a.opts.LogLevel != nil {
+		var l slog.Level
+		if err := l.UnmarshalText([]byte(next.Log.Level)); err == nil {
+			a.opts.LogLevel.Set(l)
+		}
+	}
+	if prev.Sync != next.Sync {
+		a.runner.SetIntervals(next.Sync.MinPeriod, next.Sync.MinPeriod, next.Sync.Period)
+	}
+	a.mu.Lock()
+	a.planner.SetOptions(planner.Options{ExternalIPs: next.ExternalIPs})
+	a.needFull = true
+	a.mu.Unlock()
+	if r, ok := a.opts.Policy.(interface {
+		Reload(context.Context, config.Policy) error
+	}); ok {
+		if err := r.Reload(context.Background(), next.Policy); err != nil {
+			a.log.Error("policy reload failed; the running chains stay in force", "error", err)
+		} else {
+			a.mu.Lock()
+			a.planner.Invalidate()
+			a.mu.Unlock()
+		}
+	}
+	a.log.Info("config reloaded", "changed", config.Diff(prev, next))
+	a.runner.Run()
+}
+
+func (a *Agent) apiContactSeconds() float64 {
+	if a.api == nil {
+		return 0
+	}
+	t := a.api.LastContact()
+	if t.IsZero() {
+		return -1
+	}
+	return time.Since(t).Seconds()
+}
+
+// parsePrefixes parses CIDRs from the config (already validated).
+func parsePrefixes(ss ...string) []netip.Prefix {
+	var out []netip.Prefix
+	for _, s := range ss {
+		if p, err := netip.ParsePrefix(s); err == nil {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}

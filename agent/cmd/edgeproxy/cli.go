@@ -1,0 +1,246 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/agent"
+	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+func printPlan(w io.Writer, a *agent.Agent, format string) error {
+	res := a.Last()
+	if res == nil {
+		return errors.New("plan: no plan computed")
+	}
+	if format == "json" {
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return enc.Encode(struct {
+			Generation uint64                       `json:"generation"`
+			Frontends  []datapath.Frontend          `json:"frontends"`
+			Explain    map[string][]planner.Explain `json:"explain"`
+		}{res.Plan.Generation, res.Plan.Frontends, res.Explain})
+	}
+	_, err := io.WriteString(w, res.Plan.String())
+	return err
+}
+
+// clientFlags are the flags of the commands that ask a running agent.
+func clientFlags(name string) (*flag.FlagSet, *string, *string, *string) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	out := fs.String("o", "text", "")
+	server := fs.String("server", "", "")
+	cfgPath := fs.String("config", "", "")
+	return fs, out, server, cfgPath
+}
+
+// debugGet fetches a debug endpoint of the local agent, whose address comes
+// from --server, else from the config's server.metrics.
+func debugGet(server, cfgPath, path string, query url.Values, v any) error {
+	if server == "" {
+		flags := map[string]string{}
+		if cfgPath != "" {
+			flags["config"] = cfgPath
+		}
+		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+		cfg, err := config.Load(config.LoadOptions{Env: os.Environ(), Flags: flags, Logger: quiet})
+		if err != nil {
+			return err
+		}
+		server = cfg.Server.Metrics
+	}
+	if server == "" {
+		return errors.New("the agent's metrics server is disabled (server.metrics is empty); pass --server HOST:PORT")
+	}
+	u := url.URL{Scheme: "http", Host: server, Path: path, RawQuery: query.Encode()}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("cannot reach the agent at %s (is edgeproxy running? `systemctl status edgeproxy`): %w", server, err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return fmt.Errorf("reading %s: %w", u.String(), err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		var e struct{ Error string }
+		if json.Unmarshal(body, &e) == nil && e.Error != "" {
+			return errors.New(e.Error)
+		}
+		return fmt.Errorf("%s: %s", u.String(), resp.Status)
+	}
+	return json.Unmarshal(body, v)
+}
+
+func runStatus(args []string, stdout io.Writer) error {
+	fs, out, server, cfgPath := clientFlags("status")
+	if err := fs.Parse(args); err != nil {
+		return usageError("%v", err)
+	}
+	var st agent.Status
+	if err := debugGet(*server, *cfgPath, "/debug/status", nil, &st); err != nil {
+		return fmt.Errorf("status: %w", err)
+	}
+	if *out == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(st)
+	}
+	renderStatus(stdout, &st, time.Now())
+	return nil
+}
+
+// renderStatus prints the status for people.
+func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
+	age := func(t time.Time) string {
+		if t.IsZero() {
+			return "never"
+		}
+		return now.Sub(t).Round(time.Second).String() + " ago"
+	}
+	health := "healthy"
+	if !st.Health.Healthy {
+		health = "UNHEALTHY"
+	}
+	fmt.Fprintf(w, "edgeproxy %s  mode %s  node %s  source %s\n", st.Version, st.Mode, st.Node, st.Source)
+	fmt.Fprintf(w, "health: %s  last sync: %s  plan generation: %d\n", health, age(st.Health.LastUpdated), st.Generation)
+	if strings.HasPrefix(st.Source, "api") {
+		fmt.Fprintf(w, "API server last contact: %s\n", age(st.Health.APIServerLastContact))
+	}
+	if st.Health.LastError != "" {
+		fmt.Fprintf(w, "last error: %s\n", st.Health.LastError)
+	}
+	fmt.Fprintln(w)
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SERVICE\tFRONTEND\tKIND\tENDPOINTS (weight)")
+	for _, s := range st.Services {
+		for _, f := range s.Frontends {
+			var eps []string
+			for _, e := range f.Endpoints {
+				eps = append(eps, fmt.Sprintf("%s (%d)", e.Addr, e.Weight))
+			}
+			if len(eps) == 0 {
+				eps = []string{"none"}
+			}
+			fmt.Fprintf(tw, "%s\t%s/%s\t%s\t%s\n", s.Service, f.AddrString(), strings.ToLower(string(f.Protocol)), f.Kind, strings.Join(eps, ", "))
+		}
+	}
+	tw.Flush()
+}
+
+func runExplain(args []string, stdout io.Writer) error {
+	fs, out, server, cfgPath := clientFlags("explain")
+	if err := fs.Parse(args); err != nil {
+		return usageError("%v", err)
+	}
+	if fs.NArg() != 1 || strings.Count(fs.Arg(0), "/") != 1 {
+		return usageError("explain needs one NAMESPACE/NAME")
+	}
+	var ex map[string][]planner.Explain
+	if err := debugGet(*server, *cfgPath, "/debug/explain", url.Values{"service": {fs.Arg(0)}}, &ex); err != nil {
+		return fmt.Errorf("explain: %w", err)
+	}
+	if *out == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		return enc.Encode(ex)
+	}
+	renderExplain(stdout, ex)
+	return nil
+}
+
+// renderExplain prints, per service port and family, the built-in verdict
+// of every endpoint, the policy's word and the frontends programmed.
+func renderExplain(w io.Writer, ex map[string][]planner.Explain) {
+	ports := make([]string, 0, len(ex))
+	for p := range ex {
+		ports = append(ports, p)
+	}
+	sort.Strings(ports)
+	for _, p := range ports {
+		for _, e := range ex[p] {
+			fmt.Fprintf(w, "%s (IPv%d)\n", p, e.Family)
+			if e.Topology != "" {
+				fmt.Fprintf(w, "  topology: %s\n", e.Topology)
+			}
+			for _, n := range e.Notes {
+				fmt.Fprintf(w, "  note: %s\n", n)
+			}
+			tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+			fmt.Fprintln(tw, "  ENDPOINT\tNODE\tZONE\tTRAFFIC\tBUILT-IN\tWEIGHT")
+			row := func(d planner.Decision, traffic string, chosen bool) {
+				weight := "-"
+				if chosen {
+					weight = fmt.Sprint(e.Weights[d.Endpoint])
+				}
+				fmt.Fprintf(tw, "  %s\t%s\t%s\t%s\t%s\t%s\n", d.Endpoint, dash(d.Node), dash(d.Zone), traffic, d.Reason, weight)
+			}
+			for _, d := range e.Internal {
+				row(d, "internal", true)
+			}
+			for _, d := range e.External {
+				row(d, "external", true)
+			}
+			for _, d := range e.Skipped {
+				row(d, "skipped", false)
+			}
+			tw.Flush()
+			if e.Policy != nil {
+				b, _ := json.Marshal(e.Policy)
+				fmt.Fprintf(w, "  policy: %s\n", b)
+			}
+			fmt.Fprintln(w, "  programmed:")
+			for _, f := range e.Frontends {
+				fmt.Fprintf(w, "    %s\n", f)
+			}
+		}
+	}
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func runCleanup(args []string, stderr io.Writer) error {
+	f := newAgentFlags("cleanup")
+	if err := f.parse(args); err != nil {
+		return err
+	}
+	log := slog.New(slog.NewTextHandler(stderr, nil))
+	cfg, _, err := f.load(log)
+	if err != nil {
+		return err
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	return agent.Cleanup(ctx, cfg, log)
+}
+
+func runModule(args []string, stdout io.Writer) error {
+	if len(args) < 1 || args[0] != "check" {
+		return usageError("module: want `module check FILE`")
+	}
+	return moduleCheck(args[1:], stdout)
+}

@@ -1,0 +1,226 @@
+package agent
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+type server struct {
+	name  string
+	ln    net.Listener
+	serve func(ctx context.Context) error
+}
+
+// listen opens the configured listeners now, so that a taken address fails
+// Run at once instead of later in a goroutine.
+func (a *Agent) listen() ([]server, error) {
+	cfg := a.Config().Server
+	var out []server
+	add := func(name, addr string, mux *http.ServeMux) error {
+		if addr == "" {
+			return nil
+		}
+		ln, err := net.Listen("tcp", addr)
+		if err != nil {
+			return fmt.Errorf("agent: %s server: %w", name, err)
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		out = append(out, server{name: name, ln: ln, serve: func(ctx context.Context) error {
+			go func() {
+				<-ctx.Done()
+				sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(sctx)
+			}()
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}})
+		return nil
+	}
+	health := http.NewServeMux()
+	health.HandleFunc("/healthz", a.serveHealth)
+	health.HandleFunc("/livez", a.serveHealth)
+	metrics := http.NewServeMux()
+	metrics.Handle("/metrics", promhttp.HandlerFor(a.opts.Registry, promhttp.HandlerOpts{}))
+	metrics.HandleFunc("/debug/plan", a.servePlan)
+	metrics.HandleFunc("/debug/status", a.serveStatus)
+	metrics.HandleFunc("/debug/explain", a.serveExplain)
+	if cfg.Healthz == cfg.Metrics && cfg.Healthz != "" {
+		health.Handle("/", metrics)
+		return out, add("healthz+metrics", cfg.Healthz, health)
+	}
+	if err := add("healthz", cfg.Healthz, health); err != nil {
+		return nil, err
+	}
+	if err := add("metrics", cfg.Metrics, metrics); err != nil {
+		for _, s := range out {
+			s.ln.Close()
+		}
+		return nil, err
+	}
+	return out, nil
+}
+
+// Health is the /healthz answer.
+type Health struct {
+	Healthy      bool      `json:"healthy"`
+	LastUpdated  time.Time `json:"lastUpdated"`
+	CurrentTime  time.Time `json:"currentTime"`
+	NodeEligible bool      `json:"nodeEligible"`
+	// PendingSince is when the oldest change not yet programmed arrived.
+	PendingSince time.Time `json:"pendingSince,omitzero"`
+	LastError    string    `json:"lastError,omitempty"`
+	// APIServerLastContact is zero with a manifest source.
+	APIServerLastContact time.Time `json:"apiserverLastContact,omitzero"`
+}
+
+// HealthNow computes health with kube-proxy's meaning: unhealthy when a
+// change has been waiting for longer than the health timeout, or when the
+// first programming has not happened within it. An unreachable API server
+// alone does not make the proxy unhealthy: its rules are still in force.
+func (a *Agent) HealthNow(now time.Time) Health {
+	st := a.runner.Status()
+	h := Health{LastUpdated: st.LastSuccess, CurrentTime: now, NodeEligible: true, PendingSince: st.PendingSince}
+	if st.LastError != nil {
+		h.LastError = st.LastError.Error()
+	}
+	if a.api != nil {
+		h.APIServerLastContact = a.api.LastContact()
+	}
+	pending := st.PendingSince
+	if st.LastSuccess.IsZero() && (pending.IsZero() || a.startTime.Before(pending)) {
+		pending = a.startTime
+	}
+	h.Healthy = pending.IsZero() || now.Sub(pending) < a.Config().Sync.HealthTimeout
+	return h
+}
+
+func (a *Agent) serveHealth(w http.ResponseWriter, _ *http.Request) {
+	h := a.HealthNow(time.Now())
+	code := http.StatusOK
+	if !h.Healthy {
+		code = http.StatusServiceUnavailable
+	}
+	writeJSON(w, code, h)
+}
+
+// PlanView is the /debug/plan answer.
+type PlanView struct {
+	Mode       string                       `json:"mode"`
+	Generation uint64                       `json:"generation"`
+	Frontends  []datapath.Frontend          `json:"frontends"`
+	Explain    map[string][]planner.Explain `json:"explain"`
+	Text       string                       `json:"text"`
+}
+
+func (a *Agent) planView() (PlanView, bool) {
+	res := a.Last()
+	if res == nil {
+		return PlanView{}, false
+	}
+	return PlanView{
+		Mode: a.backend.Name(), Generation: res.Plan.Generation, Frontends: res.Plan.Frontends,
+		Explain: res.Explain, Text: res.Plan.String(),
+	}, true
+}
+
+func (a *Agent) servePlan(w http.ResponseWriter, _ *http.Request) {
+	v, ok := a.planView()
+	if !ok {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "no plan yet: the first sync has not finished"})
+		return
+	}
+	writeJSON(w, http.StatusOK, v)
+}
+
+// Status is the /debug/status answer, read by `edgeproxy status`.
+type Status struct {
+	Version    string        `json:"version"`
+	Mode       string        `json:"mode"`
+	Node       string        `json:"node"`
+	Source     string        `json:"source"`
+	Started    time.Time     `json:"started"`
+	Health     Health        `json:"health"`
+	Generation uint64        `json:"generation"`
+	Services   []ServiceView `json:"services"`
+}
+
+// ServiceView is one service port's frontends and weighted endpoints.
+type ServiceView struct {
+	Service   string              `json:"service"`
+	Frontends []datapath.Frontend `json:"frontends"`
+}
+
+func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
+	cfg := a.Config()
+	st := Status{
+		Version: a.opts.Version, Mode: a.backend.Name(), Node: cfg.NodeName, Started: a.startTime,
+		Health: a.HealthNow(time.Now()), Source: "api",
+	}
+	if cfg.Manifests != "" {
+		st.Source = "manifests " + cfg.Manifests
+	}
+	if res := a.Last(); res != nil {
+		st.Generation = res.Plan.Generation
+		byService := map[string]*ServiceView{}
+		for _, f := range res.Plan.Frontends {
+			v := byService[f.Service]
+			if v == nil {
+				v = &ServiceView{Service: f.Service}
+				byService[f.Service] = v
+			}
+			v.Frontends = append(v.Frontends, f)
+		}
+		for _, v := range byService {
+			st.Services = append(st.Services, *v)
+		}
+		sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Service < st.Services[j].Service })
+	}
+	writeJSON(w, http.StatusOK, st)
+}
+
+func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("service")
+	if strings.Count(name, "/") != 1 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "service=NAMESPACE/NAME is required"})
+		return
+	}
+	res := a.Last()
+	if res == nil {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "no plan yet: the first sync has not finished"})
+		return
+	}
+	out := map[string][]planner.Explain{}
+	for port, ex := range res.Explain {
+		if port == name || strings.HasPrefix(port, name+":") {
+			out[port] = ex
+		}
+	}
+	if len(out) == 0 {
+		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("service %s is not in the plan (unknown, not proxied, or without ports)", name)})
+		return
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func writeJSON(w http.ResponseWriter, code int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	_ = enc.Encode(v)
+}

@@ -1,0 +1,340 @@
+// Package planner turns a state snapshot into a datapath.Plan: for every
+// service port and IP family it runs the built-in selection, lets the policy
+// weigh the chosen endpoints, and lays out the frontends (ClusterIPs,
+// NodePorts, ExternalIPs, LoadBalancer IPs) with their weighted endpoints.
+//
+// It is pure apart from the policy call and keeps per-port results between
+// calls, so a sync after a one-service change recomputes one service port.
+package planner
+
+import (
+	"context"
+	"net/netip"
+	"reflect"
+	"slices"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/selection"
+	"github.com/edgeproxy/edgeproxy/agent/state"
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// Weighing is a policy's verdict for one service port and family: a weight
+// per endpoint given (0 drops it) and optionally an IPVS scheduler.
+type Weighing struct {
+	Weights        []uint32
+	Scheduler      string
+	SchedulerFlags []string
+	// Explain is shown as-is in /debug/plan and `edgeproxy explain`.
+	Explain any
+}
+
+// Policy weighs the endpoints that built-in selection chose. It must return
+// exactly one weight per endpoint; a nil Policy weighs every endpoint 1.
+type Policy interface {
+	Weigh(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) Weighing
+}
+
+// Options are the settings that shape frontends.
+type Options struct {
+	// ExternalIPs: program spec.externalIPs (off by default upstream-style).
+	ExternalIPs bool
+}
+
+// Explain records how one service port in one family was planned.
+type Explain struct {
+	Service   string            `json:"service"`
+	Family    datapath.Family   `json:"family"`
+	Topology  string            `json:"topology,omitempty"`
+	Internal  []Decision        `json:"internal"`
+	External  []Decision        `json:"external,omitempty"`
+	Skipped   []Decision        `json:"skipped,omitempty"`
+	Notes     []string          `json:"notes,omitempty"`
+	Policy    any               `json:"policy,omitempty"`
+	Frontends []string          `json:"frontends"`
+	Weights   map[string]uint32 `json:"weights"`
+}
+
+// Decision is one endpoint's built-in verdict.
+type Decision struct {
+	Endpoint string `json:"endpoint"`
+	Node     string `json:"node,omitempty"`
+	Zone     string `json:"zone,omitempty"`
+	Local    bool   `json:"local,omitempty"`
+	Reason   string `json:"reason"`
+}
+
+// HealthCheck is what a healthCheckNodePort reports for one Service.
+type HealthCheck struct {
+	Service        string
+	LocalEndpoints int
+}
+
+// Result is a plan with what goes beside it.
+type Result struct {
+	Plan         *datapath.Plan
+	Explain      map[string][]Explain // by service port name
+	HealthChecks map[uint16]HealthCheck
+	// Evaluated counts the service ports computed in this call (the rest
+	// were reused from the previous one).
+	Evaluated int
+}
+
+type portPlan struct {
+	frontends []datapath.Frontend
+	explain   []Explain
+	localV4   []model.PortEndpoint // for health checks
+	localV6   []model.PortEndpoint
+}
+
+// Planner keeps per-port results between calls. Not safe for concurrent use.
+type Planner struct {
+	opts   Options
+	policy Policy
+	ports  map[model.ServicePortName]*portPlan
+	gen    uint64
+}
+
+// New returns a planner; policy may be nil.
+func New(opts Options, policy Policy) *Planner {
+	return &Planner{opts: opts, policy: policy, ports: make(map[model.ServicePortName]*portPlan)}
+}
+
+// SetOptions changes the options and forgets cached results when they differ.
+func (p *Planner) SetOptions(opts Options) {
+	if opts != p.opts {
+		p.opts = opts
+		p.Invalidate()
+	}
+}
+
+// Invalidate forgets every cached port, e.g. after the policy changed, so
+// the next Build recomputes all of them.
+func (p *Planner) Invalidate() { clear(p.ports) }
+
+// Build computes the plan for snap. Ports not in snap.Changed are reused
+// unless the node changed or the cache was invalidated.
+func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
+	res := &Result{Explain: make(map[string][]Explain), HealthChecks: make(map[uint16]HealthCheck)}
+	changed := make(map[string]bool)
+	for name := range p.ports {
+		if _, ok := snap.Ports[name]; !ok {
+			changed[name.String()] = true
+			delete(p.ports, name)
+		}
+	}
+	for name, port := range snap.Ports {
+		old, cached := p.ports[name]
+		if cached && !snap.NodeChanged && !snap.Changed[name] {
+			continue
+		}
+		pp := p.planPort(ctx, port, snap.Node)
+		if !cached || !reflect.DeepEqual(old.frontends, pp.frontends) {
+			changed[name.String()] = true
+		}
+		p.ports[name] = pp
+		res.Evaluated++
+	}
+
+	p.gen++
+	plan := &datapath.Plan{Generation: p.gen, Changed: changed}
+	local := make(map[string][][]model.PortEndpoint)
+	for name, pp := range p.ports {
+		plan.Frontends = append(plan.Frontends, pp.frontends...)
+		res.Explain[name.String()] = pp.explain
+		svc := snap.Ports[name].Service
+		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
+			key := svc.Namespace + "/" + svc.Name
+			local[key] = append(local[key], pp.localV4, pp.localV6)
+			res.HealthChecks[svc.HealthCheckNodePort] = HealthCheck{Service: key}
+		}
+	}
+	nodeName := ""
+	if snap.Node != nil {
+		nodeName = snap.Node.Name
+	}
+	for port, hc := range res.HealthChecks {
+		hc.LocalEndpoints = selection.CountLocalReady(nodeName, local[hc.Service]...)
+		res.HealthChecks[port] = hc
+	}
+	plan.Sort()
+	res.Plan = plan
+	return res
+}
+
+func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.Node) *portPlan {
+	pp := &portPlan{}
+	svc := port.Service
+	name := port.Name.String()
+	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
+		vips := ofFamily(svc.ClusterIPs, fam)
+		if len(vips) == 0 {
+			// A Service serves only the families it has ClusterIPs for.
+			continue
+		}
+		eps := port.Endpoints(fam)
+		sel := selection.Select(svc, port.Port, eps, node)
+		union := unionOf(sel.Internal, sel.External)
+		w := Weighing{Weights: ones(len(union))}
+		if p.policy != nil && len(union) > 0 {
+			w = p.policy.Weigh(ctx, svc, port.Port, node, union)
+		}
+		weight := make(map[netip.AddrPort]uint32, len(union))
+		for i, e := range union {
+			if i < len(w.Weights) {
+				weight[e.AddrPort()] = min(w.Weights[i], datapath.MaxWeight)
+			}
+		}
+		dfam := datapath.Family(fam)
+		base := datapath.Frontend{
+			Service:        name,
+			Protocol:       datapath.Protocol(port.Port.Protocol),
+			Family:         dfam,
+			Affinity:       svc.Affinity,
+			Scheduler:      w.Scheduler,
+			SchedulerFlags: w.SchedulerFlags,
+		}
+		internal := endpoints(sel.Internal, weight)
+		external := endpoints(sel.External, weight)
+		for _, vip := range vips {
+			f := base
+			f.Kind, f.Addr, f.Port, f.Endpoints = datapath.ClusterIP, vip, port.Port.Port, internal
+			pp.frontends = append(pp.frontends, f)
+		}
+		ext := base
+		ext.LocalOnly = svc.ExternalLocal
+		ext.Endpoints = external
+		if port.Port.NodePort != 0 {
+			f := ext
+			f.Kind, f.Port = datapath.NodePort, port.Port.NodePort
+			pp.frontends = append(pp.frontends, f)
+		}
+		if p.opts.ExternalIPs {
+			for _, a := range ofFamily(svc.ExternalIPs, fam) {
+				f := ext
+				f.Kind, f.Addr, f.Port = datapath.ExternalIP, a, port.Port.Port
+				pp.frontends = append(pp.frontends, f)
+			}
+		}
+		for _, a := range ofFamily(svc.LoadBalancerIPs, fam) {
+			f := ext
+			f.Kind, f.Addr, f.Port = datapath.LoadBalancer, a, port.Port.Port
+			f.SourceRanges = prefixesOfFamily(svc.SourceRanges, fam)
+			pp.frontends = append(pp.frontends, f)
+		}
+		// Two VIPs of a Service can coincide (e.g. an ExternalIP equal to a
+		// LoadBalancer IP); keep the first frontend of each key.
+		pp.frontends = dedupe(pp.frontends)
+
+		ex := Explain{
+			Service: name, Family: dfam, Topology: sel.Topology, Notes: sel.Notes, Policy: w.Explain,
+			Internal: decisions(sel.Internal), External: decisions(sel.External),
+			Skipped: append(decisions(sel.InternalSkipped), decisions(sel.ExternalSkipped)...),
+			Weights: make(map[string]uint32, len(weight)),
+		}
+		for a, v := range weight {
+			ex.Weights[a.String()] = v
+		}
+		for i := range pp.frontends {
+			if pp.frontends[i].Family == dfam {
+				ex.Frontends = append(ex.Frontends, pp.frontends[i].String())
+			}
+		}
+		pp.explain = append(pp.explain, ex)
+		if fam == model.IPv4 {
+			pp.localV4 = eps
+		} else {
+			pp.localV6 = eps
+		}
+	}
+	return pp
+}
+
+// endpoints turns choices into plan endpoints, dropping weight 0.
+func endpoints(cs []selection.Choice, weight map[netip.AddrPort]uint32) []datapath.Endpoint {
+	var out []datapath.Endpoint
+	for _, c := range cs {
+		w := weight[c.AddrPort()]
+		if w == 0 {
+			continue
+		}
+		out = append(out, datapath.Endpoint{Addr: c.AddrPort(), Weight: w, Local: c.Local})
+	}
+	return out
+}
+
+// unionOf lists each endpoint of the given choice lists once, in order.
+func unionOf(lists ...[]selection.Choice) []model.PortEndpoint {
+	seen := make(map[netip.AddrPort]bool)
+	var out []model.PortEndpoint
+	for _, l := range lists {
+		for _, c := range l {
+			if !seen[c.AddrPort()] {
+				seen[c.AddrPort()] = true
+				out = append(out, c.PortEndpoint)
+			}
+		}
+	}
+	return out
+}
+
+func decisions(cs []selection.Choice) []Decision {
+	out := make([]Decision, 0, len(cs))
+	for _, c := range cs {
+		out = append(out, Decision{Endpoint: c.AddrPort().String(), Node: c.NodeName, Zone: c.Zone, Local: c.Local, Reason: c.Reason})
+	}
+	return out
+}
+
+func dedupe(fs []datapath.Frontend) []datapath.Frontend {
+	seen := make(map[datapath.Key]bool, len(fs))
+	return slices.DeleteFunc(fs, func(f datapath.Frontend) bool {
+		k := f.Key()
+		if seen[k] {
+			return true
+		}
+		seen[k] = true
+		return false
+	})
+}
+
+func ones(n int) []uint32 {
+	w := make([]uint32, n)
+	for i := range w {
+		w[i] = 1
+	}
+	return w
+}
+
+func ofFamily(as []netip.Addr, f model.Family) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range as {
+		if (f == model.IPv4) == a.Is4() {
+			out = append(out, a)
+		}
+	}
+	return out
+}
+
+func prefixesOfFamily(ps []netip.Prefix, f model.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if (f == model.IPv4) == p.Addr().Is4() {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// Latencies returns, for the network programming metric, how long ago each
+// trigger time in snap was, as of now.
+func Latencies(snap *state.Snapshot, now time.Time) []time.Duration {
+	out := make([]time.Duration, 0, len(snap.TriggerTimes))
+	for _, t := range snap.TriggerTimes {
+		if d := now.Sub(t); d >= 0 {
+			out = append(out, d)
+		}
+	}
+	return out
+}

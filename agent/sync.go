@@ -1,0 +1,83 @@
+package agent
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
+	"github.com/edgeproxy/edgeproxy/agent/planner"
+)
+
+// sync is the runner's work function: snapshot → plan → apply. A failed
+// apply makes the next sync a full one; trigger times of the changes it
+// carried stay queued so the latency metric counts them when they land.
+func (a *Agent) sync(ctx context.Context) error {
+	start := time.Now()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+
+	snap := a.state.Snapshot()
+	a.triggers = append(a.triggers, snap.TriggerTimes...)
+	if !snap.Oldest.IsZero() {
+		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
+	}
+	res := a.planner.Build(ctx, snap)
+	period := a.Config().Sync.Period
+	res.Plan.Full = a.needFull || (period > 0 && start.Sub(a.lastFull) >= period)
+	a.metrics.portsEvaluated.Add(float64(res.Evaluated))
+
+	if err := a.backend.Apply(ctx, res.Plan); err != nil {
+		a.needFull = true
+		a.lastErr = err
+		a.metrics.syncErrors.Inc()
+		return fmt.Errorf("apply plan generation %d: %w", res.Plan.Generation, err)
+	}
+	now := time.Now()
+	if res.Plan.Full {
+		a.lastFull = now
+	}
+	a.needFull = false
+	a.lastErr = nil
+	a.last = res
+	for _, t := range a.triggers {
+		if d := now.Sub(t); d >= 0 {
+			a.metrics.programming.Observe(d.Seconds())
+		}
+	}
+	a.triggers = a.triggers[:0]
+	a.metrics.syncDuration.Observe(now.Sub(start).Seconds())
+	a.metrics.lastSync.Set(float64(now.Unix()))
+	a.metrics.frontends.Set(float64(len(res.Plan.Frontends)))
+	a.metrics.generation.Set(float64(res.Plan.Generation))
+	if a.health != nil {
+		if err := a.health.Update(healthChecks(res)); err != nil {
+			a.log.Warn("health check servers", "error", err)
+		}
+	}
+	a.syncOnce.Do(func() {
+		a.log.Info("first sync done", "frontends", len(res.Plan.Frontends), "took", now.Sub(start).Round(time.Millisecond))
+		close(a.synced)
+	})
+	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
+		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start))
+	return nil
+}
+
+func healthChecks(res *planner.Result) map[uint16]healthcheck.Info {
+	out := make(map[uint16]healthcheck.Info, len(res.HealthChecks))
+	for port, hc := range res.HealthChecks {
+		out[port] = healthcheck.Info{Service: hc.Service, LocalEndpoints: hc.LocalEndpoints}
+	}
+	return out
+}
+
+// Last returns the last plan applied with its explanations, or nil.
+func (a *Agent) Last() *planner.Result {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.last
+}
+
+// SyncNow asks for a sync soon (used by tests and the CLI's one-shot plan).
+func (a *Agent) SyncNow() { a.runner.Run() }
