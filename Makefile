@@ -1,0 +1,56 @@
+# edgeproxy — see README.md.
+#   make build   static binary into bin/edgeproxy
+#   make demo    run edgeproxy on the bundled demo manifests and print the plan
+#   make test    every test tier (unit, kernel in network namespaces, real
+#                kube-apiserver, the IPVS VM) plus go vet
+SHELL   := /bin/bash
+GO      ?= go
+VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+BIN     := bin/edgeproxy
+CACHE   ?= $(HOME)/.cache/edgeproxy
+# As root every tier can run, so a skipped tier is a failure (see test/gate);
+# elsewhere tests that need root skip with their reason.
+REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
+TEST_FLAGS  ?= -race -timeout 40m
+DESTDIR ?=
+
+.PHONY: all build modules cluster-bins demo test test-unit vet bench install clean
+
+all: build
+
+build:
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./agent/cmd/edgeproxy
+	@file $(BIN) | grep -q "statically linked" || { echo "$(BIN) is not statically linked" >&2; exit 1; }
+
+# Example policy modules, built from source (never checked in).
+modules:
+	modules/build.sh bin/modules
+
+# etcd, kube-apiserver, kube-controller-manager and kube-proxy v1.36.3 from
+# source, cached under $(CACHE) (a few minutes the first time).
+cluster-bins:
+	EDGEPROXY_CACHE=$(CACHE) test/cluster/build.sh
+
+demo: build
+	./$(BIN) plan --config configs/demo.yaml --node-name demo-node
+
+vet:
+	$(GO) vet ./...
+	cd test/cluster/build && $(GO) vet ./...
+
+# Unit tests only: any machine, no root.
+test-unit:
+	EDGEPROXY_REQUIRE_ALL=0 CGO_ENABLED=1 $(GO) test -short ./...
+
+test: build modules cluster-bins vet
+	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
+		CGO_ENABLED=1 $(GO) test $(TEST_FLAGS) ./...
+
+bench: build
+	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 3x ./agent/... ./datapath/... ./policy/...
+
+install: build modules
+	DESTDIR=$(DESTDIR) deploy/install.sh $(BIN) bin/modules
+
+clean:
+	rm -rf bin
