@@ -502,6 +502,15 @@ func TestTamperedAndRepaired(t *testing.T) {
 			r, err := e.pods[1].TCP(ap(vip, 80), waitResp)
 			expect(t, "after repair", r, err, "a", netip.Addr{})
 		}
+		// A plan with Full set repairs a flush even when nobody asked
+		// Tampered first; one without Full leaves it to the monitor.
+		e.iptables("-t", "nat", "-F")
+		e.mustApply(plan)
+		if tampered() {
+			t.Fatal("a Full plan did not repair a flushed nat table")
+		}
+		r, err := e.pods[1].TCP(ap(vip, 80), waitResp)
+		expect(t, "after a Full plan", r, err, "a", netip.Addr{})
 	})
 }
 
@@ -715,4 +724,45 @@ func TestMetrics(t *testing.T) {
 			t.Errorf("metric %s not registered", name)
 		}
 	}
+}
+
+func TestIPv6(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		gate.Binaries(t, "ip6tables-"+string(v), "ip6tables-"+string(v)+"-restore")
+		e := newEnv(t, v, 3, func(o *iptables.Options) {
+			o.IPv6 = true
+			o.ClusterCIDRs = append(o.ClusterCIDRs, netip.MustParsePrefix("fd00:244::/64"))
+		})
+		a, c := e.pods[0], e.pods[2]
+		vip6, empty6 := netip.MustParseAddr("fd00:96::10"), netip.MustParseAddr("fd00:96::11")
+		ep6 := func(i int) datapath.Endpoint {
+			return datapath.Endpoint{Addr: e.pods[i].AddrPort6(podPort), Weight: 1, Local: true}
+		}
+		f6 := func(svc string, kind datapath.Kind, proto datapath.Protocol, addr netip.Addr, port uint16, eps ...datapath.Endpoint) datapath.Frontend {
+			f := fe(svc, kind, proto, addr, port, eps...)
+			f.Family = datapath.IPv6
+			return f
+		}
+		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+			f6("default/web:tcp", datapath.ClusterIP, datapath.TCP, vip6, 80, ep6(0)),
+			f6("default/web:udp", datapath.ClusterIP, datapath.UDP, vip6, 80, ep6(1)),
+			f6("default/web:tcp", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, ep6(0)),
+			f6("default/empty:", datapath.ClusterIP, datapath.TCP, empty6, 80),
+			// The IPv4 side of a dual-stack service, programmed alongside.
+			fe("default/web:tcp", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(1, 1)),
+		}})
+		r, err := c.TCP(ap(vip6, 80), waitResp)
+		expect(t, "pod c -> IPv6 ClusterIP tcp", r, err, "a", c.IP6)
+		r, err = c.UDP(ap(vip6, 80), 0, waitResp)
+		expect(t, "pod c -> IPv6 ClusterIP udp", r, err, "b", c.IP6)
+		r, err = c.TCP(ap(vip, 80), waitResp)
+		expect(t, "pod c -> IPv4 ClusterIP of the same service", r, err, "b", c.IP)
+		r, err = e.client.TCP(ap(e.node.LinkIP6, 30080), waitResp)
+		expect(t, "client -> IPv6 NodePort", r, err, "a", e.node.Gateway6)
+		r, err = a.TCP(ap(vip6, 80), waitResp)
+		expect(t, "pod a -> IPv6 ClusterIP -> pod a (hairpin)", r, err, "a", e.node.Gateway6)
+		if _, err := c.TCP(ap(empty6, 80), 10*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("IPv6 ClusterIP without endpoints: %v, want connection refused", err)
+		}
+	})
 }

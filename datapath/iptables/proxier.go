@@ -66,7 +66,13 @@ type Options struct {
 	NodePortAddresses []netip.Prefix
 	// LockWait bounds the wait for the xtables lock (default 5s).
 	LockWait time.Duration
-	Logger   *slog.Logger
+	// FullSyncPeriod is how often every rule is rewritten even when
+	// nothing changed (default 1h, as kube-proxy). Plans with Full set in
+	// between are compared in full but only differing chains rewritten;
+	// after a failed apply or Tampered() reporting true the next apply
+	// rewrites everything.
+	FullSyncPeriod time.Duration
+	Logger         *slog.Logger
 	// Registerer receives the metrics; nil registers none.
 	Registerer prometheus.Registerer
 
@@ -112,12 +118,13 @@ type family struct {
 	wait        time.Duration
 	log         *slog.Logger
 
-	applied    bool                // a plan was applied since start
-	needFull   bool                // the last apply failed
-	last       map[string][32]byte // unit id -> digest of its chains as written
-	lastChains map[tableChain]bool // per-unit chains as written
-	units      map[string]*unit    // the units as last written, for reuse
-	lastFixed  map[tableChain][32]byte
+	applied     bool                // a plan was applied since start
+	needFull    bool                // the last apply failed
+	last        map[string][32]byte // unit id -> digest of its chains as written
+	lastChains  map[tableChain]bool // per-unit chains as written
+	units       map[string]*unit    // the units as last written, for reuse
+	lastFixed   map[tableChain][32]byte
+	lastRewrite time.Time // of the last full rewrite
 }
 
 // New detects the iptables backend, checks that our chains are not held by
@@ -129,6 +136,9 @@ func New(opts Options) (*Proxier, error) {
 	}
 	if opts.LockWait <= 0 {
 		opts.LockWait = 5 * time.Second
+	}
+	if opts.FullSyncPeriod <= 0 {
+		opts.FullSyncPeriod = time.Hour
 	}
 	log := opts.Logger
 	if log == nil {
@@ -336,9 +346,19 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	var errs []error
 	ok := true
 	for _, f := range p.fams {
-		full := plan.Full || f.needFull || !f.applied
+		// A rewrite of everything on the first apply (adopting what a
+		// previous run left), after a failure or tampering, and once per
+		// FullSyncPeriod. plan.Full otherwise means "compare everything":
+		// all units are rendered again and those that differ from what was
+		// written are rewritten, with every fixed chain.
+		full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
+		if plan.Full && !full {
+			if t, err := f.tampered(ctx); err != nil || t {
+				full = true
+			}
+		}
 		start := time.Now()
-		st, err := f.apply(ctx, plan, full)
+		st, err := f.apply(ctx, plan, full, plan.Full)
 		if full {
 			p.m.fullDuration.Observe(time.Since(start).Seconds())
 		} else {
@@ -382,12 +402,12 @@ var emptyRestore = []byte("*filter\nCOMMIT\n*nat\nCOMMIT\n")
 
 var lineRE = regexp.MustCompile(`line:? (\d+)`)
 
-func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (applyStats, error) {
+func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAll bool) (applyStats, error) {
 	var st applyStats
 	// Units of service ports the plan says did not change are taken from
 	// the last apply instead of being rendered again.
 	var reuse func(id, service string) *unit
-	if !full && plan.Changed != nil {
+	if !full && !compareAll && plan.Changed != nil {
 		reuse = func(id, service string) *unit {
 			if plan.Changed[service] {
 				return nil
@@ -444,7 +464,7 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (app
 				}
 			}
 		}
-		if !full {
+		if !full && !compareAll {
 			ws.fixed = f.lastFixed
 		}
 		var text []byte
@@ -497,6 +517,9 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full bool) (app
 		f.lastChains[c] = true
 	}
 	f.lastFixed = fixedDigests
+	if full {
+		f.lastRewrite = time.Now()
+	}
 	f.applied = true
 	f.needFull = false
 	st.rules = rs.ruleCounts()
@@ -581,32 +604,39 @@ func (f *family) sentinels() []jump {
 }
 
 // Tampered implements datapath.Monitor: it reports whether any rule that
-// must be present after an apply is missing. Before the first apply it
-// reports false.
+// must be present after an apply is missing, and if so makes the next
+// Apply rewrite everything. Before the first apply it reports false.
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, f := range p.fams {
-		if !f.applied {
-			continue
+		if t, err := f.tampered(ctx); t || err != nil {
+			return t, err
 		}
-		for _, s := range f.sentinels() {
-			if err := ctx.Err(); err != nil {
-				return false, err
-			}
-			ok, err := f.ipt.Exists(s.table, s.chain, s.spec...)
-			if err != nil {
-				var e *goipt.Error
-				if errors.As(err, &e) && (e.IsNotExist() || e.ExitStatus() == 1) {
-					f.log.Warn("our rules were changed behind our back", "table", s.table, "chain", s.chain)
-					return true, nil
-				}
+	}
+	return false, nil
+}
+
+func (f *family) tampered(ctx context.Context) (bool, error) {
+	if !f.applied {
+		return false, nil
+	}
+	for _, s := range f.sentinels() {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		ok, err := f.ipt.Exists(s.table, s.chain, s.spec...)
+		if err != nil {
+			var e *goipt.Error
+			if !errors.As(err, &e) || !(e.IsNotExist() || e.ExitStatus() == 1) {
 				return false, fmt.Errorf("iptables: check %s/%s: %w", s.table, s.chain, err)
 			}
-			if !ok {
-				f.log.Warn("our rules were changed behind our back", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
-				return true, nil
-			}
+			ok = false // the chain itself is gone
+		}
+		if !ok {
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+			f.needFull = true
+			return true, nil
 		}
 	}
 	return false, nil

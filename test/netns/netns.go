@@ -27,6 +27,7 @@ import (
 
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
 )
 
 var seq atomic.Int64
@@ -77,6 +78,13 @@ func New(t testing.TB, name string) *NS {
 		t.Fatalf("netns: netlink handle in %s: %v", full, err)
 	}
 	n.nl = nl
+	// No duplicate address detection: addresses, link-local ones too, are
+	// usable at once instead of a second later.
+	for _, k := range []string{"net/ipv6/conf/default/accept_dad", "net/ipv6/conf/all/accept_dad", "net/ipv6/conf/default/dad_transmits"} {
+		if err := n.Sysctl(k, "0"); err != nil {
+			t.Fatalf("netns: %s: %v", k, err)
+		}
+	}
 	lo, err := nl.LinkByName("lo")
 	if err == nil {
 		err = nl.LinkSetUp(lo)
@@ -226,7 +234,11 @@ type Node struct {
 	Gateway netip.Addr   // the bridge's address, the pods' default gateway
 	PodNet  netip.Prefix // pod addresses come from here
 	LinkIP  netip.Addr   // the node's address on the client link, once a client exists
-	next    byte
+	// IPv6: the bridge has Gateway6 (fd00:244::1/64), pods fd00:244::<n>,
+	// the client link fd00:77::1 (node) and fd00:77::2 (client).
+	Gateway6 netip.Addr
+	LinkIP6  netip.Addr
+	next     byte
 }
 
 // NewNode creates a node namespace with bridge br0 at 10.244.0.1/24,
@@ -235,13 +247,17 @@ type Node struct {
 func NewNode(t testing.TB, name string) *Node {
 	t.Helper()
 	n := &Node{NS: New(t, name), t: t, Bridge: "br0",
-		Gateway: netip.MustParseAddr("10.244.0.1"), PodNet: netip.MustParsePrefix("10.244.0.0/24"), next: 2}
+		Gateway: netip.MustParseAddr("10.244.0.1"), PodNet: netip.MustParsePrefix("10.244.0.0/24"),
+		Gateway6: netip.MustParseAddr("fd00:244::1"), next: 2}
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}}
 	if err := n.nl.LinkAdd(br); err != nil {
 		t.Fatalf("netns: add bridge: %v", err)
 	}
 	if err := n.nl.AddrAdd(br, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(n.Gateway, 24))}); err != nil {
 		t.Fatalf("netns: bridge address: %v", err)
+	}
+	if err := n.nl.AddrAdd(br, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(n.Gateway6, 64)), Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatalf("netns: bridge IPv6 address: %v", err)
 	}
 	if err := n.nl.LinkSetUp(br); err != nil {
 		t.Fatalf("netns: bridge up: %v", err)
@@ -252,6 +268,7 @@ func NewNode(t testing.TB, name string) *Node {
 		"net/ipv4/conf/br0/send_redirects": "0",
 		"net/ipv4/conf/default/rp_filter":  "0",
 		"net/ipv4/conf/all/rp_filter":      "0",
+		"net/ipv6/conf/all/forwarding":     "1",
 	} {
 		if err := n.Sysctl(k, v); err != nil {
 			t.Fatalf("netns: sysctl %s: %v", k, err)
@@ -269,6 +286,7 @@ type Pod struct {
 	*NS
 	PodName string
 	IP      netip.Addr
+	IP6     netip.Addr
 
 	mu      sync.Mutex
 	closers []func()
@@ -283,7 +301,9 @@ func (n *Node) AddPod(name string) *Pod {
 	ip := n.PodNet.Addr().As4()
 	ip[3] = n.next
 	n.next++
-	p := &Pod{NS: New(t, name), PodName: name, IP: netip.AddrFrom4(ip)}
+	ip6 := n.Gateway6.As16()
+	ip6[15] = ip[3]
+	p := &Pod{NS: New(t, name), PodName: name, IP: netip.AddrFrom4(ip), IP6: netip.AddrFrom16(ip6)}
 	host := "v" + fmt.Sprint(ip[3]) + "-" + name
 	if len(host) > 15 {
 		host = host[:15]
@@ -329,7 +349,18 @@ func (n *Node) AddPod(name string) *Pod {
 	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw.IP}); err != nil {
 		t.Fatalf("netns: pod default route: %v", err)
 	}
+	if err := p.nl.AddrAdd(pl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(p.IP6, 128)), Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatalf("netns: pod IPv6 address: %v", err)
+	}
+	gw6 := ipnet(netip.PrefixFrom(n.Gateway6, 128))
+	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Dst: gw6, Scope: netlink.SCOPE_LINK}); err != nil {
+		t.Fatalf("netns: pod IPv6 gateway route: %v", err)
+	}
+	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw6.IP, Family: netlink.FAMILY_V6}); err != nil {
+		t.Fatalf("netns: pod IPv6 default route: %v", err)
+	}
 	_ = p.Sysctl("net/ipv4/conf/all/accept_redirects", "0")
+	_ = p.Sysctl("net/ipv6/conf/all/accept_redirects", "0")
 	t.Cleanup(p.Stop)
 	return p
 }
@@ -377,6 +408,20 @@ func (n *Node) AddClient(name string) *NS {
 		t.Fatalf("netns: node default route: %v", err)
 	}
 	n.LinkIP = nodeIP
+	nodeIP6, clientIP6 := netip.MustParseAddr("fd00:77::1"), netip.MustParseAddr("fd00:77::2")
+	if err := n.nl.AddrAdd(hl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(nodeIP6, 64)), Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := c.nl.AddrAdd(cl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(clientIP6, 64)), Flags: unix.IFA_F_NODAD}); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := c.nl.RouteAdd(&netlink.Route{LinkIndex: cl.Attrs().Index, Gw: nodeIP6.AsSlice(), Family: netlink.FAMILY_V6}); err != nil {
+		t.Fatalf("netns: client IPv6 default route: %v", err)
+	}
+	if err := n.nl.RouteAdd(&netlink.Route{LinkIndex: hl.Attrs().Index, Gw: clientIP6.AsSlice(), Family: netlink.FAMILY_V6}); err != nil {
+		t.Fatalf("netns: node IPv6 default route: %v", err)
+	}
+	n.LinkIP6 = nodeIP6
 	return c
 }
 
@@ -384,48 +429,65 @@ func (n *Node) AddClient(name string) *NS {
 // port). Each answers "<pod name> <client address>\n". They stop with the
 // pod (Stop, or the end of the test).
 func (p *Pod) Serve(port uint16) error {
-	var tl net.Listener
-	var ul net.PacketConn
+	var ls []net.Listener
+	var pcs []net.PacketConn
 	err := p.Do(func() error {
-		var err error
-		if tl, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); err != nil {
-			return err
+		for _, nw := range []string{"tcp4", "tcp6"} {
+			l, err := net.Listen(nw, fmt.Sprintf(":%d", port))
+			if err != nil {
+				return err
+			}
+			ls = append(ls, l)
 		}
-		if ul, err = net.ListenPacket("udp4", fmt.Sprintf(":%d", port)); err != nil {
-			tl.Close()
-			return err
+		for _, nw := range []string{"udp4", "udp6"} {
+			c, err := net.ListenPacket(nw, fmt.Sprintf(":%d", port))
+			if err != nil {
+				return err
+			}
+			pcs = append(pcs, c)
 		}
 		return nil
 	})
+	p.mu.Lock()
+	for _, l := range ls {
+		p.closers = append(p.closers, func() { l.Close() })
+	}
+	for _, c := range pcs {
+		p.closers = append(p.closers, func() { c.Close() })
+	}
+	p.mu.Unlock()
 	if err != nil {
+		p.Stop()
 		return fmt.Errorf("netns: serve %s:%d: %w", p.PodName, port, err)
 	}
-	p.mu.Lock()
-	p.closers = append(p.closers, func() { tl.Close() }, func() { ul.Close() })
-	p.mu.Unlock()
-	p.wg.Add(2)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := tl.Accept()
-			if err != nil {
-				return
+	for _, l := range ls {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			for {
+				c, err := l.Accept()
+				if err != nil {
+					return
+				}
+				fmt.Fprintf(c, "%s %s\n", p.PodName, c.RemoteAddr())
+				c.Close()
 			}
-			fmt.Fprintf(c, "%s %s\n", p.PodName, c.RemoteAddr())
-			c.Close()
-		}
-	}()
-	go func() {
-		defer p.wg.Done()
-		buf := make([]byte, 512)
-		for {
-			_, from, err := ul.ReadFrom(buf)
-			if err != nil {
-				return
+		}()
+	}
+	for _, c := range pcs {
+		p.wg.Add(1)
+		go func() {
+			defer p.wg.Done()
+			buf := make([]byte, 512)
+			for {
+				_, from, err := c.ReadFrom(buf)
+				if err != nil {
+					return
+				}
+				_, _ = c.WriteTo(fmt.Appendf(nil, "%s %s\n", p.PodName, from), from)
 			}
-			_, _ = ul.WriteTo(fmt.Appendf(nil, "%s %s\n", p.PodName, from), from)
-		}
-	}()
+		}()
+	}
 	return nil
 }
 
@@ -441,5 +503,8 @@ func (p *Pod) Stop() {
 	p.wg.Wait()
 }
 
-// AddrPort returns the pod's address with port.
+// AddrPort returns the pod's IPv4 address with port.
 func (p *Pod) AddrPort(port uint16) netip.AddrPort { return netip.AddrPortFrom(p.IP, port) }
+
+// AddrPort6 returns the pod's IPv6 address with port.
+func (p *Pod) AddrPort6(port uint16) netip.AddrPort { return netip.AddrPortFrom(p.IP6, port) }

@@ -33,6 +33,20 @@ func TestTopology(t *testing.T) {
 	if r.Name != "a" || r.Client.String() != "192.168.77.2:40000" {
 		t.Fatalf("client -> a: got %+v", r)
 	}
+	r, err = client.TCP(b.AddrPort6(8080), 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Name != "b" || r.Client.Addr().String() != "fd00:77::2" {
+		t.Fatalf("client -> b over IPv6: got %+v", r)
+	}
+	r, err = a.UDP(b.AddrPort6(8080), 0, 2*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Name != "b" || r.Client.Addr() != a.IP6 {
+		t.Fatalf("a -> b over IPv6: got %+v", r)
+	}
 	r, err = node.TCP(b.AddrPort(8080), 2*time.Second)
 	if err != nil {
 		t.Fatal(err)
