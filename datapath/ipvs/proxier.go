@@ -16,9 +16,11 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -84,7 +86,10 @@ type Proxier struct {
 	log  *slog.Logger
 
 	mu          sync.Mutex
-	applied     map[Key]string // virtual servers programmed, by service
+	applied     map[Key]*desiredServer // virtual servers as last programmed
+	synced      bool                   // the last Apply succeeded: applied, lastVIPs, lastEntries match the kernel
+	lastVIPs    map[netip.Addr]bool
+	lastEntries map[string][]ipset.Entry
 	terminating map[Key]map[netip.AddrPort]time.Time
 	logged      map[string]bool
 	rulesOK     bool
@@ -135,7 +140,7 @@ func New(opts Options) (*Proxier, error) {
 		opts: opts, link: dummy{opts.Interface},
 		ipt:         iptables{bin: opts.IPTables, restore: opts.IPTables + "-restore"},
 		log:         opts.Logger.With("datapath", "ipvs"),
-		applied:     map[Key]string{},
+		applied:     map[Key]*desiredServer{},
 		terminating: map[Key]map[netip.AddrPort]time.Time{},
 		logged:      map[string]bool{},
 	}
@@ -243,24 +248,34 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 				"why", "endpoint weights differ and the chosen scheduler ignores weights")
 		}
 	}
-	bound, err := p.link.addresses()
-	if err != nil {
-		return err
-	}
+	// After a failure, or when asked, compare everything with the kernel;
+	// otherwise trust what the last successful Apply left.
+	full := plan.Full || !p.synced
+	p.synced = false
 	var errs []error
-	n, err := p.link.sync(want.VIPs)
-	st.Addresses += n
-	if err != nil {
-		errs = append(errs, err)
+	var bound map[netip.Addr]bool
+	if full || !maps.Equal(want.VIPs, p.lastVIPs) {
+		var err error
+		if bound, err = p.link.addresses(); err != nil {
+			return err
+		}
+		n, err := p.link.sync(want.VIPs)
+		st.Addresses += n
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
 	for _, s := range sets() {
+		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
+			continue
+		}
 		ss, err := ipset.Sync(ipset.Netlink{}, s, want.Entries[s.Name])
 		st.SetEntries += ss.Added + ss.Deleted + ss.Created + ss.Replaced
 		if err != nil {
 			errs = append(errs, err)
 		}
 	}
-	if plan.Full || !p.rulesOK {
+	if full || !p.rulesOK {
 		p.rulesOK = false
 		if err := p.ipt.ensure(ctx, p.ruleText()); err != nil {
 			errs = append(errs, err)
@@ -268,13 +283,20 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			p.rulesOK = true
 		}
 	}
-	if err := p.syncServers(plan, want, bound, nodeAddrs, &st); err != nil {
+	var err error
+	if full {
+		err = p.fullSyncServers(want, bound, nodeAddrs, &st)
+	} else {
+		err = p.partialSyncServers(plan, want, &st)
+	}
+	if err != nil {
 		errs = append(errs, err)
 	}
 	if err := errors.Join(errs...); err != nil {
 		p.rulesOK = false
 		return err
 	}
+	p.synced, p.lastVIPs, p.lastEntries = true, want.VIPs, want.Entries
 	return nil
 }
 
@@ -291,10 +313,11 @@ func (p *Proxier) logOnce(msg string, args ...any) {
 	p.log.Info(msg, args...)
 }
 
-// syncServers diffs the virtual and real servers. A virtual server is
-// ours when its address is (or was) bound on the dummy link, is a node
-// address, or was programmed by this process.
-func (p *Proxier) syncServers(plan *datapath.Plan, want *desired, bound map[netip.Addr]bool, nodeAddrs []netip.Addr, st *Stats) error {
+// fullSyncServers diffs every virtual and real server with the kernel. A
+// virtual server is ours when its address is (or was) bound on the dummy
+// link, is a node address, or was programmed by this process; others are
+// left alone.
+func (p *Proxier) fullSyncServers(want *desired, bound map[netip.Addr]bool, nodeAddrs []netip.Addr, st *Stats) error {
 	have, err := p.k.VirtualServers()
 	st.Reads++
 	if err != nil {
@@ -313,30 +336,19 @@ func (p *Proxier) syncServers(plan *datapath.Plan, want *desired, bound map[neti
 		kernel[v.Key()] = v
 	}
 	var errs []error
-	applied := make(map[Key]string, len(want.Servers))
+	applied := make(map[Key]*desiredServer, len(want.Servers))
 	for key, ds := range want.Servers {
 		kv, exists := kernel[key]
 		if !exists {
-			if err := p.k.AddVirtualServer(ds.VS); err != nil {
+			if err := p.addServer(ds, st); err != nil {
 				errs = append(errs, err)
 				continue
 			}
-			st.VirtualServers.Added++
-			applied[key] = ds.Service
-			for _, r := range ds.Reals {
-				if err := p.k.AddRealServer(ds.VS, r); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				st.RealServers.Added++
-			}
+			applied[key] = ds
 			continue
 		}
-		applied[key] = ds.Service
-		if !plan.Full && !plan.Changed[ds.Service] && p.applied[key] == ds.Service && len(p.terminating[key]) == 0 {
-			continue
-		}
-		if kv.Scheduler != ds.VS.Scheduler || kv.Flags != ds.VS.Flags || kv.Timeout != ds.VS.Timeout {
+		applied[key] = ds
+		if kv != ds.VS {
 			if err := p.k.UpdateVirtualServer(ds.VS); err != nil {
 				errs = append(errs, err)
 			} else {
@@ -353,13 +365,75 @@ func (p *Proxier) syncServers(plan *datapath.Plan, want *desired, bound map[neti
 		}
 		if err := p.k.DeleteVirtualServer(kv); err != nil {
 			errs = append(errs, err)
-			applied[key] = p.applied[key]
 			continue
 		}
 		st.VirtualServers.Deleted++
 		delete(p.terminating, key)
 	}
 	p.applied = applied
+	return errors.Join(errs...)
+}
+
+// partialSyncServers trusts that the kernel holds what the last successful
+// Apply programmed and compares only the virtual servers of changed
+// services, new and vanished ones, and those with draining real servers:
+// a one-endpoint change costs one real-server dump and one update.
+func (p *Proxier) partialSyncServers(plan *datapath.Plan, want *desired, st *Stats) error {
+	var errs []error
+	for key, ds := range want.Servers {
+		prev, had := p.applied[key]
+		if had && prev.Service == ds.Service && !plan.Changed[ds.Service] && len(p.terminating[key]) == 0 {
+			continue
+		}
+		if !had {
+			if err := p.addServer(ds, st); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			p.applied[key] = ds
+			continue
+		}
+		if prev.VS != ds.VS {
+			if err := p.k.UpdateVirtualServer(ds.VS); err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			st.VirtualServers.Updated++
+		}
+		p.applied[key] = ds
+		if err := p.syncReals(ds.VS, ds.Reals, st); err != nil {
+			errs = append(errs, err)
+		}
+	}
+	for key, prev := range p.applied {
+		if _, keep := want.Servers[key]; keep {
+			continue
+		}
+		if err := p.k.DeleteVirtualServer(prev.VS); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		st.VirtualServers.Deleted++
+		delete(p.applied, key)
+		delete(p.terminating, key)
+	}
+	return errors.Join(errs...)
+}
+
+// addServer creates a virtual server with all its real servers.
+func (p *Proxier) addServer(ds *desiredServer, st *Stats) error {
+	if err := p.k.AddVirtualServer(ds.VS); err != nil {
+		return err
+	}
+	st.VirtualServers.Added++
+	var errs []error
+	for _, r := range ds.Reals {
+		if err := p.k.AddRealServer(ds.VS, r); err != nil {
+			errs = append(errs, err)
+			continue
+		}
+		st.RealServers.Added++
+	}
 	return errors.Join(errs...)
 }
 
@@ -508,7 +582,8 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 			}
 		}
 	}
-	p.applied = map[Key]string{}
+	p.applied = map[Key]*desiredServer{}
+	p.synced = false
 	p.terminating = map[Key]map[netip.AddrPort]time.Time{}
 	if err := p.link.remove(); err != nil {
 		errs = append(errs, err)

@@ -85,9 +85,15 @@ func TestSyncServersDrainsAndDeletes(t *testing.T) {
 			t.Fatal(err)
 		}
 		var st Stats
-		if err := p.syncServers(pl, d, map[netip.Addr]bool{}, nil, &st); err != nil {
+		if pl.Full || !p.synced {
+			err = p.fullSyncServers(d, map[netip.Addr]bool{}, nil, &st)
+		} else {
+			err = p.partialSyncServers(pl, d, &st)
+		}
+		if err != nil {
 			t.Fatal(err)
 		}
+		p.synced = true
 		return st
 	}
 	key := Key{vip, datapath.TCP, 80}
