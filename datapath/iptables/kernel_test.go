@@ -365,18 +365,23 @@ func TestUDPStaleConntrack(t *testing.T) {
 				plan := func(ep datapath.Endpoint) *datapath.Plan {
 					return &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 						fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, ep),
+						fe("default/dns:", datapath.NodePort, datapath.UDP, netip.Addr{}, 30053, ep),
 					}}
 				}
 				e.mustApply(plan(e.ep(0, 1)))
 				r, err := client.UDP(ap(vip, 53), 45000, waitResp)
 				expect(t, "before", r, err, "a", client.IP)
+				r, err = e.client.UDP(ap(e.node.LinkIP, 30053), 45000, waitResp)
+				expect(t, "NodePort before", r, err, "a", netip.Addr{})
 				e.mustApply(plan(e.ep(1, 1)))
-				r, err = client.UDP(ap(vip, 53), 45000, waitResp)
 				want := "b"
 				if !cleanup {
 					want = "a" // stuck on the old endpoint
 				}
+				r, err = client.UDP(ap(vip, 53), 45000, waitResp)
 				expect(t, "after the endpoint changed", r, err, want, client.IP)
+				r, err = e.client.UDP(ap(e.node.LinkIP, 30053), 45000, waitResp)
+				expect(t, "NodePort after the endpoint changed", r, err, want, netip.Addr{})
 			})
 		}
 	})
