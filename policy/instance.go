@@ -44,6 +44,9 @@ type Instance struct {
 
 	cache resultCache
 	buf   []byte
+	// inPtr/inCap: the guest buffer from the last ep_alloc, reused while
+	// inputs fit (ABI.md: valid until the next ep_alloc).
+	inPtr, inCap uint32
 }
 
 // Result is a successful evaluation.
@@ -116,6 +119,7 @@ func (i *Instance) discard(ctx context.Context) {
 		_ = i.mod.Close(ctx) // may already be closed by a deadline
 	}
 	i.mod, i.mem, i.alloc, i.eval = nil, nil, nil, nil
+	i.inPtr, i.inCap = 0, 0
 }
 
 // instantiate creates the wasm instance in an empty sandbox (no files,
@@ -165,17 +169,23 @@ func (i *Instance) instantiate(ctx context.Context) error {
 	return nil
 }
 
-// write copies b into guest memory obtained from ep_alloc.
+// write copies b into the guest buffer, asking ep_alloc for a bigger one
+// (with room to grow) only when b does not fit the current one.
 func (i *Instance) write(ctx context.Context, b []byte) (uint32, error) {
-	res, err := i.alloc.Call(ctx, uint64(len(b)))
-	if err != nil {
-		return 0, err
+	if i.inCap == 0 || uint32(len(b)) > i.inCap {
+		size := max(uint32(len(b)), 2*i.inCap, 4096)
+		res, err := i.alloc.Call(ctx, uint64(size))
+		if err != nil {
+			return 0, err
+		}
+		i.inPtr, i.inCap = uint32(res[0]), size
 	}
-	ptr := uint32(res[0])
-	if !i.mem.Write(ptr, b) {
+	if !i.mem.Write(i.inPtr, b) {
+		ptr := i.inPtr
+		i.inPtr, i.inCap = 0, 0
 		return 0, fmt.Errorf("%s returned %#x for %d bytes, outside memory of %d bytes", abi.AllocExport, ptr, len(b), i.mem.Size())
 	}
-	return ptr, nil
+	return i.inPtr, nil
 }
 
 // Evaluate runs the module on in. A cached output is returned when the

@@ -89,6 +89,7 @@ var (
 	in     abi.Input
 	out    abi.Output
 	outBuf []byte
+	dec    abi.Decoder
 )
 
 func doInit(config []byte) (err error) {
@@ -118,7 +119,7 @@ func call(b []byte) (res []byte, err error) {
 	if registered.Evaluate == nil {
 		return nil, fmt.Errorf("sdk: no module registered")
 	}
-	if err := abi.DecodeInput(b, &in); err != nil {
+	if err := dec.DecodeInput(b, &in); err != nil {
 		return nil, err
 	}
 	out.Weights = out.Weights[:0]

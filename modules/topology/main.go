@@ -13,6 +13,7 @@ package main
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 
 	"github.com/edgeproxy/edgeproxy/modules/sdk"
@@ -97,7 +98,7 @@ func evaluate(in *sdk.Input, out *sdk.Output) error {
 				out.Weights[i] = 0
 			}
 		}
-		out.Reason = fmt.Sprintf("%s: %d of %d endpoints", level, n, len(in.Endpoints))
+		out.Reason = level + ": " + strconv.Itoa(n) + " of " + strconv.Itoa(len(in.Endpoints)) + " endpoints"
 		return nil
 	}
 	out.Reason = "no level matched; all endpoints kept"

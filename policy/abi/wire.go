@@ -7,6 +7,7 @@ import (
 	"net/netip"
 	"slices"
 	"unicode/utf8"
+	"unsafe"
 )
 
 // KV is one label or annotation. Lists of KV are sorted by key.
@@ -145,7 +146,11 @@ func AppendInput(b []byte, in *Input) []byte {
 
 // DecodeInput decodes an Input encoded by AppendInput.
 func DecodeInput(b []byte, in *Input) error {
-	r := reader{b: b}
+	return decodeInput(&reader{b: b}, in)
+}
+
+func decodeInput(r *reader, in *Input) error {
+	b := r.b
 	if v := r.u32(); r.err == nil && v != Version {
 		return fmt.Errorf("abi: input version %d, want %d", v, Version)
 	}
@@ -330,6 +335,9 @@ type reader struct {
 	b   []byte
 	off int
 	err error
+	// alias: strings point into b instead of being copied; b must then
+	// never change (Decoder gives it a private copy).
+	alias bool
 }
 
 func (r *reader) bytes(n int) []byte {
@@ -388,9 +396,25 @@ func (r *reader) str() string {
 		r.err = ErrTruncated
 		return ""
 	}
-	s := string(r.b[r.off : r.off+n])
+	p := r.b[r.off : r.off+n]
 	r.off += n
-	return s
+	if r.alias {
+		return unsafe.String(&p[0], n)
+	}
+	return string(p)
+}
+
+// Decoder decodes inputs like DecodeInput, but copies the input once and
+// makes every string of the result point into that copy: one allocation
+// per input instead of one per string. This is what keeps decoding cheap
+// inside a wasm guest, where allocation and hashing are slow. The strings
+// stay valid and immutable for as long as they are referenced. The zero
+// value is ready; not safe for concurrent use.
+type Decoder struct{}
+
+// DecodeInput decodes b into in, reusing in's slices.
+func (d *Decoder) DecodeInput(b []byte, in *Input) error {
+	return decodeInput(&reader{b: slices.Clone(b), alias: true}, in)
 }
 
 func (r *reader) strs(dst []string) []string {

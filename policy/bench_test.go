@@ -1,0 +1,235 @@
+package policy_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/netip"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/imports/wasi_snapshot_preview1"
+
+	"github.com/edgeproxy/edgeproxy/policy"
+	"github.com/edgeproxy/edgeproxy/policy/abi"
+)
+
+// benchInput is a 10-endpoint service port over three zones.
+func benchInput(n int) *abi.Input {
+	in := &abi.Input{
+		Service: abi.Service{Namespace: "shop", Name: "web", PortName: "http", Protocol: "TCP", Port: 80,
+			Annotations: []abi.KV{{Key: "edgeproxy.io/weights", Value: "zone:zone-a=80"}}},
+		Node: abi.Node{Name: "edge-1", Zone: "zone-a", Region: "eu"},
+	}
+	for i := range n {
+		in.Endpoints = append(in.Endpoints, abi.Endpoint{
+			Addr: netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), Port: 8080,
+			NodeName: fmt.Sprintf("edge-%d", i), Zone: []string{"zone-a", "zone-b", "zone-c"}[i%3],
+			Ready: true, Serving: true, HintZones: []string{"zone-a"}, Weight: 1,
+		})
+	}
+	return in
+}
+
+// BenchmarkEvaluateTopology10 is one evaluation of the topology module on
+// a 10-endpoint service port: encode, copy in, call, copy out, decode,
+// validate. The input changes every iteration so the result cache never
+// answers. Reports the median as p50-ns.
+func BenchmarkEvaluateTopology10(b *testing.B) {
+	for _, engine := range engines {
+		b.Run(engine, func(b *testing.B) {
+			ctx := context.Background()
+			h, _ := newHost(b, engine, func(o *policy.Options) { o.Timeout = time.Second })
+			inst, _, err := h.Load(ctx, policy.Spec{Name: "topology", Wasm: build(b, "modules/topology")})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer inst.Close(ctx)
+			in := benchInput(10)
+			times := make([]time.Duration, 0, b.N)
+			cpu0 := cpuTime()
+			b.ResetTimer()
+			for i := 0; b.Loop(); i++ {
+				in.Service.Port = uint16(1 + i%60000) // defeat the cache
+				start := time.Now()
+				res, err := inst.Evaluate(ctx, in)
+				times = append(times, time.Since(start))
+				if err != nil || res.Cached {
+					b.Fatal(err, res.Cached)
+				}
+			}
+			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(len(times)), "cpu-ns/op")
+			slices.Sort(times)
+			b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns")
+		})
+	}
+}
+
+// cpuTime is the process's user+system CPU time: on a machine shared with
+// other work, wall-clock ns/op measures the contention as much as the code.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkEvaluateCached is the same call answered from the cache (an
+// unchanged service port on a resync).
+func BenchmarkEvaluateCached(b *testing.B) {
+	ctx := context.Background()
+	h, _ := newHost(b, policy.Compiler, nil)
+	inst, _, err := h.Load(ctx, policy.Spec{Name: "topology", Wasm: build(b, "modules/topology")})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	in := benchInput(10)
+	if _, err := inst.Evaluate(ctx, in); err != nil { // fills the cache
+		b.Fatal(err)
+	}
+	for b.Loop() {
+		if res, err := inst.Evaluate(ctx, in); err != nil || !res.Cached {
+			b.Fatal(err, res.Cached)
+		}
+	}
+}
+
+// BenchmarkCompile measures compiling the topology module: cold (empty
+// on-disk cache), warm (the on-disk cache from a previous process: a new
+// runtime over the same directory), and with the interpreter.
+func BenchmarkCompile(b *testing.B) {
+	ctx := context.Background()
+	wasm := build(b, "modules/topology")
+	compile := func(b *testing.B, cfg wazero.RuntimeConfig) {
+		rt := wazero.NewRuntimeWithConfig(ctx, cfg)
+		defer rt.Close(ctx)
+		if _, err := rt.CompileModule(ctx, wasm); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.Run("compiler-cold", func(b *testing.B) {
+		for b.Loop() {
+			b.StopTimer()
+			dir := b.TempDir()
+			cache, err := wazero.NewCompilationCacheWithDir(dir)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.StartTimer()
+			compile(b, wazero.NewRuntimeConfigCompiler().WithCompilationCache(cache))
+			cache.Close(ctx)
+		}
+	})
+	b.Run("compiler-warm", func(b *testing.B) {
+		dir := filepath.Join(b.TempDir(), "warm")
+		cache, _ := wazero.NewCompilationCacheWithDir(dir)
+		compile(b, wazero.NewRuntimeConfigCompiler().WithCompilationCache(cache))
+		cache.Close(ctx)
+		for b.Loop() {
+			cache, err := wazero.NewCompilationCacheWithDir(dir) // fresh in-memory level
+			if err != nil {
+				b.Fatal(err)
+			}
+			compile(b, wazero.NewRuntimeConfigCompiler().WithCompilationCache(cache))
+			cache.Close(ctx)
+		}
+	})
+	b.Run("interpreter", func(b *testing.B) {
+		for b.Loop() {
+			compile(b, wazero.NewRuntimeConfigInterpreter())
+		}
+	})
+}
+
+// BenchmarkInstanceMemory instantiates the topology module 20 times and
+// reports the guest's linear memory and the host heap per instance, after
+// one evaluation each.
+func BenchmarkInstanceMemory(b *testing.B) {
+	ctx := context.Background()
+	h, _ := newHost(b, policy.Compiler, func(o *policy.Options) { o.Timeout = time.Second })
+	wasm := build(b, "modules/topology")
+	const n = 20
+	for b.Loop() {
+		var insts []*policy.Instance
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		var linear uint64
+		for i := range n {
+			inst, _, err := h.Load(ctx, policy.Spec{Name: fmt.Sprint("t", i), Wasm: wasm})
+			if err != nil {
+				b.Fatal(err)
+			}
+			if _, err := inst.Evaluate(ctx, benchInput(10)); err != nil {
+				b.Fatal(err)
+			}
+			linear += uint64(inst.State().MemoryBytes)
+			insts = append(insts, inst)
+		}
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		b.ReportMetric(float64(linear)/n/(1<<20), "linear-MiB/instance")
+		b.ReportMetric(float64(after.Sys-before.Sys)/n/(1<<20), "host-sys-MiB/instance")
+		b.ReportMetric(float64(int64(after.HeapAlloc)-int64(before.HeapAlloc))/n/(1<<10), "host-heap-KiB/instance")
+		for _, inst := range insts {
+			inst.Close(ctx)
+		}
+	}
+}
+
+// BenchmarkGuestDecode decodes a 10-endpoint input inside the guest, in
+// the ABI's binary encoding and as JSON (RATIONALE.md).
+func BenchmarkGuestDecode(b *testing.B) {
+	ctx := context.Background()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigCompiler())
+	defer rt.Close(ctx)
+	wasi_snapshot_preview1.MustInstantiate(ctx, rt)
+	mod, err := rt.InstantiateWithConfig(ctx, build(b, "modules/testdata/bench/decode"), wazero.NewModuleConfig().WithStartFunctions())
+	if err != nil {
+		b.Fatal(err)
+	}
+	if _, err := mod.ExportedFunction("_initialize").Call(ctx); err != nil {
+		b.Fatal(err)
+	}
+	in := benchInput(10)
+	js, _ := json.Marshal(in)
+	for _, c := range []struct {
+		name string
+		data []byte
+		fn   string
+	}{
+		{"binary", abi.AppendInput(nil, in), "decode_binary"},
+		{"binary-interned", abi.AppendInput(nil, in), "decode_interned"},
+		{"json", js, "decode_json"},
+	} {
+		b.Run(c.name, func(b *testing.B) {
+			res, err := mod.ExportedFunction("alloc").Call(ctx, uint64(len(c.data)))
+			if err != nil || !mod.Memory().Write(uint32(res[0]), c.data) {
+				b.Fatal(err)
+			}
+			const batch = 100 // amortize the call itself
+			b.ReportMetric(float64(len(c.data)), "input-bytes")
+			for b.Loop() {
+				res, err := mod.ExportedFunction(c.fn).Call(ctx, batch)
+				if err != nil || int32(res[0]) != 10 {
+					b.Fatal(err, res)
+				}
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/batch, "ns/decode")
+		})
+	}
+	b.Run("call-overhead", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := mod.ExportedFunction("noop").Call(ctx, 1); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
