@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -157,6 +158,8 @@ type Status struct {
 	Health     Health        `json:"health"`
 	Generation uint64        `json:"generation"`
 	Services   []ServiceView `json:"services"`
+	// Config is the configuration in force (after reloads).
+	Config *config.Config `json:"config"`
 }
 
 // ServiceView is one service port's frontends and weighted endpoints.
@@ -169,7 +172,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	cfg := a.Config()
 	st := Status{
 		Version: a.opts.Version, Mode: a.backend.Name(), Node: cfg.NodeName, Started: a.startTime,
-		Health: a.HealthNow(time.Now()), Source: "api",
+		Health: a.HealthNow(time.Now()), Source: "api", Config: cfg,
 	}
 	if cfg.Manifests != "" {
 		st.Source = "manifests " + cfg.Manifests

@@ -1,0 +1,115 @@
+package planner_test
+
+import (
+	"context"
+	"flag"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/source"
+	"github.com/edgeproxy/edgeproxy/agent/state"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+// loadDemo feeds the bundled demo manifests through the real manifest
+// source into a state, so the golden plan also keeps configs/demo honest.
+func loadDemo(t *testing.T) *state.State {
+	t.Helper()
+	st := state.New(nil)
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	d, err := source.NewDir(filepath.Join("..", "..", "configs", "demo"), "demo-node", &source.Converter{ProxyName: "edgeproxy"}, st, quiet, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Load()
+	return st
+}
+
+func golden(t *testing.T, name, got string) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create it)", err)
+	}
+	if got != string(want) {
+		t.Errorf("plan differs from %s (run with -update if intended):\ngot:\n%s\nwant:\n%s", path, got, want)
+	}
+}
+
+func TestDemoPlanGolden(t *testing.T) {
+	st := loadDemo(t)
+	p := planner.New(planner.Options{}, nil)
+	res := p.Build(context.Background(), st.Snapshot())
+	if err := res.Plan.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "demo.golden", res.Plan.String())
+	// The LoadBalancer service with externalTrafficPolicy Local gets a
+	// health check port reporting its one local endpoint.
+	if hc := res.HealthChecks[32000]; hc.Service != "plant/scada-gw" || hc.LocalEndpoints != 1 {
+		t.Errorf("health check 32000 = %+v, want plant/scada-gw with 1 local endpoint", hc)
+	}
+	// ExternalIPs stay off unless enabled.
+	if strings.Contains(res.Plan.String(), "ExternalIP") {
+		t.Errorf("ExternalIP frontends without the setting")
+	}
+}
+
+// threeToOne weighs the first endpoint 3 and the rest 1, and names a scheduler.
+type threeToOne struct{ calls int }
+
+func (p *threeToOne) Weigh(_ context.Context, _ *model.Service, _ model.ServicePort, _ *model.Node, eps []model.PortEndpoint) planner.Weighing {
+	p.calls++
+	w := make([]uint32, len(eps))
+	for i := range w {
+		w[i] = 1
+	}
+	w[0] = 3
+	return planner.Weighing{Weights: w, Scheduler: "wrr", Explain: "first gets 3"}
+}
+
+func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
+	st := loadDemo(t)
+	pol := &threeToOne{}
+	p := planner.New(planner.Options{}, pol)
+	first := p.Build(context.Background(), st.Snapshot())
+	if !strings.Contains(first.Plan.String(), "TCP  10.96.0.20:80 ClusterIP shop/web:http sched=wrr -> 10.244.1.11:8080 w=3, 10.244.2.12:8080 w=1") {
+		t.Errorf("policy weights not in plan:\n%s", first.Plan)
+	}
+	if first.Evaluated != 5 || len(first.Plan.Changed) != 5 {
+		t.Errorf("first build evaluated %d ports, changed %d; want 5 and 5", first.Evaluated, len(first.Plan.Changed))
+	}
+
+	// One service changes: only its ports are evaluated again.
+	calls := pol.calls
+	st.SetService("kube-system/dns", nil)
+	second := p.Build(context.Background(), st.Snapshot())
+	if second.Evaluated != 0 || pol.calls != calls {
+		t.Errorf("deleting a service evaluated %d ports and called the policy %d times; want 0", second.Evaluated, pol.calls-calls)
+	}
+	if !second.Plan.Changed["kube-system/dns:dns"] || !second.Plan.Changed["kube-system/dns:dns-tcp"] || len(second.Plan.Changed) != 2 {
+		t.Errorf("changed = %v, want the two dns ports", second.Plan.Changed)
+	}
+	if strings.Contains(second.Plan.String(), "kube-system/dns") {
+		t.Errorf("deleted service still planned")
+	}
+	// A node change re-evaluates everything.
+	st.SetNode(&model.Node{Name: "demo-node", Zone: "office"})
+	third := p.Build(context.Background(), st.Snapshot())
+	if third.Evaluated != 3 {
+		t.Errorf("node change evaluated %d ports, want 3", third.Evaluated)
+	}
+}
