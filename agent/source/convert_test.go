@@ -100,8 +100,8 @@ func TestEndpointSliceConversion(t *testing.T) {
 		AddressType: discovery.AddressTypeIPv4,
 		Ports:       []discovery.EndpointPort{{Name: ptr("http"), Port: ptr(int32(8080))}, {Name: ptr("all")}},
 		Endpoints: []discovery.Endpoint{
-			{Addresses: []string{"10.0.0.1"}},                                                                     // nil conditions: ready
-			{Addresses: []string{"10.0.0.2"}, Conditions: discovery.EndpointConditions{Ready: ptr(false)}},        // serving follows ready
+			{Addresses: []string{"10.0.0.1"}}, // nil conditions: ready
+			{Addresses: []string{"10.0.0.2"}, Conditions: discovery.EndpointConditions{Ready: ptr(false)}}, // serving follows ready
 			{Addresses: []string{"10.0.0.3"}, Conditions: discovery.EndpointConditions{Ready: ptr(false), Serving: ptr(true), Terminating: ptr(true)}},
 			{Addresses: []string{"bogus"}},
 			{Addresses: []string{"fd00::1"}},

@@ -112,7 +112,9 @@ func TestPlanPoliciesTopologyTerminating(t *testing.T) {
 			s.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
 		}))
 	create(t, client, service(ns, "zonal", "10.96.2.12", []corev1.ServicePort{tcp("", 80, intstr.FromInt32(8080))},
-		func(s *corev1.Service) { s.Spec.TrafficDistribution = ptr(corev1.ServiceTrafficDistributionPreferSameZone) }))
+		func(s *corev1.Service) {
+			s.Spec.TrafficDistribution = ptr(corev1.ServiceTrafficDistributionPreferSameZone)
+		}))
 	for _, app := range []string{"itp", "etp", "zonal"} {
 		pod(t, c, ns, app+"-a", "topo-a1", "10.244.3."+map[string]string{"itp": "1", "etp": "2", "zonal": "3"}[app], app)
 		pod(t, c, ns, app+"-b", "topo-b1", "10.244.4."+map[string]string{"itp": "1", "etp": "2", "zonal": "3"}[app], app)
@@ -137,7 +139,7 @@ func TestPlanPoliciesTopologyTerminating(t *testing.T) {
 	})
 	ports := []discoveryv1.EndpointPort{epPort("http", 8080)}
 	s1 := slice(ns, "drain-1", "drain", ports,
-		endpoint("10.244.5.1", "topo-a1", false, true, true), // terminating, still serving
+		endpoint("10.244.5.1", "topo-a1", false, true, true),  // terminating, still serving
 		endpoint("10.244.5.2", "topo-b1", false, false, true)) // terminating, not serving
 	if _, err := client.DiscoveryV1().EndpointSlices(ns).Create(ctxFor(t), s1, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
