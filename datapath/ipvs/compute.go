@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strings"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
@@ -145,7 +144,7 @@ func compute(cfg Config, p *datapath.Plan) (*desired, error) {
 		}
 	}
 	for name, es := range d.Entries {
-		slices.SortFunc(es, func(a, b ipset.Entry) int { return strings.Compare(a.String(), b.String()) })
+		slices.SortFunc(es, ipset.Entry.Compare)
 		d.Entries[name] = slices.Compact(es)
 	}
 	return d, errors.Join(errs...)

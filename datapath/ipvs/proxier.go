@@ -525,9 +525,12 @@ func (p *Proxier) Draining() int {
 	return n
 }
 
-// Tampered reports whether our iptables chains or jumps have gone (e.g. a
-// table flushed by hand) or the dummy link vanished.
+// Tampered reports whether kernel objects this datapath programmed have
+// gone behind its back: our iptables rules or jumps (a flushed table), a
+// service address on the dummy link, or a virtual server.
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
 	n, err := p.ipt.countRules(ctx)
 	if err != nil {
 		return false, err
@@ -535,8 +538,27 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	if want := ruleCount(p.ruleText()) + len(jumps()); n != want {
 		return true, nil
 	}
-	if _, err := p.link.addresses(); err != nil {
+	bound, err := p.link.addresses()
+	if err != nil {
 		return false, err
+	}
+	for a := range p.lastVIPs {
+		if !bound[a] {
+			return true, nil
+		}
+	}
+	vss, err := p.k.VirtualServers()
+	if err != nil {
+		return false, err
+	}
+	have := make(map[Key]bool, len(vss))
+	for _, v := range vss {
+		have[v.Key()] = true
+	}
+	for k := range p.applied {
+		if !have[k] {
+			return true, nil
+		}
 	}
 	return false, nil
 }

@@ -528,12 +528,36 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 		t.Errorf("one-endpoint change: %+v, want exactly one real-server update", st)
 	}
 
-	// Tampering is seen; Cleanup removes everything.
-	w.node.Run("iptables", "-t", "nat", "-F", chainServices)
-	var tampered bool
-	w.node.Do(func() error { var err error; tampered, err = p2.Tampered(context.Background()); return err })
-	if !tampered {
-		t.Error("a flushed chain was not reported as tampering")
+	// Tampering is seen, and a full apply repairs it; Cleanup removes
+	// everything.
+	tampered := func() bool {
+		var yes bool
+		if err := w.node.Do(func() error { var err error; yes, err = p2.Tampered(context.Background()); return err }); err != nil {
+			t.Fatal(err)
+		}
+		return yes
+	}
+	if tampered() {
+		t.Error("an untouched kernel was reported as tampered with")
+	}
+	for what, cmd := range map[string][]string{
+		"a flushed chain":          {"iptables", "-t", "nat", "-F", chainServices},
+		"a removed VIP":            {"ip", "addr", "del", "10.97.0.9/32", "dev", "edgeproxy0"},
+		"a deleted virtual server": {"ipvsadm", "-D", "-t", "10.97.0.9:80"},
+	} {
+		if _, err := exec.LookPath(cmd[0]); err != nil {
+			continue
+		}
+		if out, err := w.node.Run(cmd[0], cmd[1:]...); err != nil {
+			t.Fatalf("%s: %v %s", what, err, out)
+		}
+		if !tampered() {
+			t.Errorf("%s was not reported as tampering", what)
+		}
+		w.apply(p2, manyServices(1000, w.ep("a", 1)))
+		if tampered() {
+			t.Errorf("a full apply did not repair %s", what)
+		}
 	}
 	if err := w.node.Do(func() error { return p2.Cleanup(context.Background()) }); err != nil {
 		t.Fatalf("cleanup: %v", err)
