@@ -131,8 +131,8 @@ func TestConfigReload(t *testing.T) {
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "web.yaml"), fmt.Sprintf(manifestWeb, "true"))
 	state := t.TempDir()
-	base := fmt.Sprintf("mode: plan\nmanifests: %q\nnodeName: m-node\nstateDir: %q\n", dir, state)
-	a := agenttest.Start(t, agenttest.Options{Config: base + "sync: {minPeriod: 100ms, period: 30s}\n"})
+	base := fmt.Sprintf("mode: plan\nmanifests: %q\nstateDir: %q\n", dir, state)
+	a := agenttest.Start(t, agenttest.Options{Config: base + "nodeName: m-node\nsync: {minPeriod: 100ms, period: 30s}\n"})
 	a.WaitPlanLines(converge, []string{"TCP  10.96.9.10:80 ClusterIP m/web:http -> 10.244.9.1:8080 w=1"})
 	server := fmt.Sprintf("server: {healthz: %q, metrics: %q}\n", a.Healthz, a.Metrics)
 	status := func() agent.Status {
@@ -147,7 +147,7 @@ func TestConfigReload(t *testing.T) {
 		return st
 	}
 
-	a.WriteConfig(base + server + "sync: {minPeriod: abc, period: 30s}\n")
+	a.WriteConfig(base + server + "nodeName: m-node\nsync: {minPeriod: abc, period: 30s}\n")
 	a.Eventually(converge, "reload error counted", func() error {
 		v, err := a.Metric(`edgeproxy_config_reload_total{result="error"}`)
 		if err != nil || v != 1 {
@@ -195,7 +195,7 @@ func TestCommands(t *testing.T) {
 	if err != nil {
 		t.Fatalf("edgeproxy plan: %v\n%s", err, out)
 	}
-	want := "TCP  10.96.9.10:80 ClusterIP m/web:http -> 10.244.9.1:8080 w=1\nUDP  10.96.9.10:53 ClusterIP m/web:dns -> 10.244.9.1:5353 w=1\n"
+	want := "UDP  10.96.9.10:53 ClusterIP m/web:dns -> 10.244.9.1:5353 w=1\nTCP  10.96.9.10:80 ClusterIP m/web:http -> 10.244.9.1:8080 w=1\n"
 	if !strings.HasSuffix(string(out), want) {
 		t.Errorf("edgeproxy plan printed:\n%s\nwant it to end with:\n%s", out, want)
 	}

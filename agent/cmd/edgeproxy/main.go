@@ -125,7 +125,11 @@ func (f *agentFlags) parse(args []string) error {
 // load reads the config with only the flags the user set.
 func (f *agentFlags) load(log *slog.Logger) (*config.Config, config.LoadOptions, error) {
 	flags := map[string]string{}
-	f.fs.Visit(func(fl *flag.Flag) { flags[fl.Name] = fl.Value.String() })
+	f.fs.Visit(func(fl *flag.Flag) {
+		if _, ok := f.set[fl.Name]; ok { // not -o, --timeout: those are the command's own
+			flags[fl.Name] = fl.Value.String()
+		}
+	})
 	opts := config.LoadOptions{Env: os.Environ(), Flags: flags, Logger: log}
 	cfg, err := config.Load(opts)
 	return cfg, opts, err
