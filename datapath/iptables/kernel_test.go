@@ -497,8 +497,16 @@ func TestTamperedAndRepaired(t *testing.T) {
 			{"-t", "nat", "-D", "PREROUTING", "-m", "comment", "--comment", "edgeproxy service portals", "-j", "EP-SERVICES"},
 		} {
 			e.iptables(flush...)
-			if !tampered() {
-				t.Fatalf("iptables %s not detected", strings.Join(flush, " "))
+			// The agent polls every few seconds; a check may be postponed
+			// when checks are slow (see Tampered), so poll, bounded.
+			detected := false
+			for deadline := time.Now().Add(15 * time.Second); !detected && time.Now().Before(deadline); {
+				if detected = tampered(); !detected {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			if !detected {
+				t.Fatalf("iptables %s not detected within 15s", strings.Join(flush, " "))
 			}
 			// The agent answers with a full sync.
 			e.mustApply(plan)

@@ -100,7 +100,9 @@ type Proxier struct {
 
 	sysctlErr error
 
-	mu sync.Mutex
+	mu        sync.Mutex
+	lastCheck time.Time     // of the last tamper check
+	checkCost time.Duration // how long it took
 }
 
 var (
@@ -115,6 +117,7 @@ type family struct {
 	ipt         *goipt.IPTables
 	restorePath string
 	iptPath     string
+	savePath    string
 	wait        time.Duration
 	log         *slog.Logger
 
@@ -228,6 +231,10 @@ func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
 	}
+	savePath, err := exec.LookPath(strings.TrimSuffix(restoreBin, "-restore") + "-save")
+	if err != nil {
+		return nil, fmt.Errorf("iptables: %w", err)
+	}
 	variant := v
 	if variant == Auto {
 		out, err := exec.Command(iptPath, "--version").CombinedOutput()
@@ -240,7 +247,7 @@ func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Lo
 		}
 	}
 	return &family{
-		cfg: Config{Family: fam}, variant: variant, ipt: ipt, restorePath: restorePath, iptPath: iptPath,
+		cfg: Config{Family: fam}, variant: variant, ipt: ipt, restorePath: restorePath, iptPath: iptPath, savePath: savePath,
 		wait: wait, log: log.With("family", fmt.Sprintf("IPv%d", fam)),
 	}, nil
 }
@@ -606,9 +613,22 @@ func (f *family) sentinels() []jump {
 // Tampered implements datapath.Monitor: it reports whether any rule that
 // must be present after an apply is missing, and if so makes the next
 // Apply rewrite everything. Before the first apply it reports false.
+//
+// On large rule sets a check is not free (iptables-legacy copies whole
+// tables), so once a check takes over 100ms, checks are spaced to at least
+// ten times the duration of the last one: the cost stays under a tenth of
+// a core however often the agent asks, and a flush is still seen within
+// seconds.
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.checkCost > 100*time.Millisecond && time.Since(p.lastCheck) < 10*p.checkCost {
+		return false, nil
+	}
+	start := time.Now()
+	defer func() {
+		p.lastCheck, p.checkCost = time.Now(), time.Since(start)
+	}()
 	for _, f := range p.fams {
 		if t, err := f.tampered(ctx); t || err != nil {
 			return t, err
@@ -621,6 +641,10 @@ func (f *family) tampered(ctx context.Context) (bool, error) {
 	if !f.applied {
 		return false, nil
 	}
+	if f.variant == Legacy {
+		return f.tamperedSave(ctx)
+	}
+	// iptables-nft reads only the chain a check names: one check per rule.
 	for _, s := range f.sentinels() {
 		if err := ctx.Err(); err != nil {
 			return false, err
@@ -634,6 +658,43 @@ func (f *family) tampered(ctx context.Context) (bool, error) {
 			ok = false // the chain itself is gone
 		}
 		if !ok {
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+			f.needFull = true
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// tamperedSave is tampered for iptables-legacy, where every command copies
+// the whole table out of the kernel: one iptables-save per table, searched
+// for each sentinel (a rule in its chain jumping to its target, with its
+// comment).
+func (f *family) tamperedSave(ctx context.Context) (bool, error) {
+	dumps := map[string]string{}
+	for _, t := range []string{tableNAT, tableFilter} {
+		out, err := exec.CommandContext(ctx, f.savePath, "-t", t).Output()
+		if err != nil {
+			return false, fmt.Errorf("iptables: %s -t %s: %w", f.savePath, t, err)
+		}
+		dumps[t] = string(out)
+	}
+	for _, s := range f.sentinels() {
+		target := s.spec[len(s.spec)-1]
+		comment := ""
+		for i := range s.spec {
+			if s.spec[i] == "--comment" && i+1 < len(s.spec) {
+				comment = s.spec[i+1]
+			}
+		}
+		found := false
+		for _, l := range strings.Split(dumps[s.table], "\n") {
+			if strings.HasPrefix(l, "-A "+s.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, comment) {
+				found = true
+				break
+			}
+		}
+		if !found {
 			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
 			f.needFull = true
 			return true, nil
