@@ -26,16 +26,25 @@ var cfg struct {
 
 func init() { sdk.Run(sdk.Module{Init: sdk.JSON(&cfg), Evaluate: evaluate}) }
 
+// set chooses the scheduler written as "name" or "name:flag,flag". A
+// spec the ABI would refuse is ignored with a reason, so that a typo in an
+// annotation leaves the service on the default scheduler instead of
+// failing the chain.
 func set(out *sdk.Output, spec, why string) {
 	name, flags, _ := strings.Cut(strings.TrimSpace(spec), ":")
-	out.Scheduler = strings.TrimSpace(name)
-	out.SchedulerFlags = nil
+	name = strings.TrimSpace(name)
+	var fl []string
 	for f := range strings.SplitSeq(flags, ",") {
 		if f = strings.TrimSpace(f); f != "" {
-			out.SchedulerFlags = append(out.SchedulerFlags, f)
+			fl = append(fl, f)
 		}
 	}
-	out.Reason = why
+	check := sdk.Output{Scheduler: name, SchedulerFlags: fl}
+	if err := check.Validate(0); err != nil {
+		out.Reason = "ignored " + why + ": " + err.Error()
+		return
+	}
+	out.Scheduler, out.SchedulerFlags, out.Reason = name, fl, why
 }
 
 func evaluate(in *sdk.Input, out *sdk.Output) error {

@@ -45,6 +45,10 @@ type (
 // MaxWeight is the largest weight a module may return.
 const MaxWeight = abi.MaxWeight
 
+// Schedulers lists the IPVS schedulers a module may choose, with the flags
+// each takes.
+var Schedulers = abi.Schedulers
+
 // Module is what a module registers.
 type Module struct {
 	// Init receives the chain step's config (a JSON object, "{}" when
