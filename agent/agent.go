@@ -67,6 +67,7 @@ type Agent struct {
 	health  *healthcheck.Servers
 	watcher *config.Watcher
 	metrics *metrics
+	chains  *chainPolicy // nil when the caller supplied its own policy
 
 	mu        sync.Mutex // guards the fields below; held by sync
 	needFull  bool
@@ -96,7 +97,16 @@ func New(opts Options) (*Agent, error) {
 	a.runner = runner.New("sync", a.sync, cfg.Sync.MinPeriod, cfg.Sync.MinPeriod, cfg.Sync.Period, nil)
 	a.runner.SetLogger(a.log)
 	a.state = state.New(a.runner.Run)
-	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, opts.Policy)
+	if opts.Policy == nil {
+		// The evaluator exists even without chains, so that a config
+		// reload can add some.
+		cp, err := newChainPolicy(context.Background(), cfg, a.log, opts.Registry)
+		if err != nil {
+			return nil, fmt.Errorf("agent: policy: %w", err)
+		}
+		a.chains, a.opts.Policy = cp, cp
+	}
+	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, a.opts.Policy)
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds)
 
 	conv := &source.Converter{ProxyName: cfg.ProxyName, KeepPrefix: cfg.ServiceKeyPrefix}
@@ -215,6 +225,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	cancel()
 	wg.Wait()
+	if a.chains != nil {
+		if cerr := a.chains.Close(context.Background()); cerr != nil {
+			a.log.Warn("closing the policy engine", "error", cerr)
+		}
+	}
 	return err
 }
 

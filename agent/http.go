@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -158,6 +159,8 @@ type Status struct {
 	Health     Health        `json:"health"`
 	Generation uint64        `json:"generation"`
 	Services   []ServiceView `json:"services"`
+	// Modules is the health of each loaded policy module.
+	Modules []chain.ModuleStatus `json:"modules,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -176,6 +179,9 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	}
 	if cfg.Manifests != "" {
 		st.Source = "manifests " + cfg.Manifests
+	}
+	if a.chains != nil {
+		st.Modules = a.chains.Modules()
 	}
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation

@@ -1,10 +1,58 @@
 package main
 
 import (
-	"errors"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
 	"io"
+	"log/slog"
+	"os"
+
+	"github.com/edgeproxy/edgeproxy/agent/chain"
+	"github.com/edgeproxy/edgeproxy/agent/config"
 )
 
+// moduleCheck runs every check a chain runs before it trusts a module and
+// prints each one; it exits 1 when the module is refused.
 func moduleCheck(args []string, stdout io.Writer) error {
-	return errors.New("module check: the policy engine is not part of this build yet")
+	fs := flag.NewFlagSet("module check", flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	out := fs.String("o", "text", "")
+	cfgPath := fs.String("config", "", "")
+	if err := fs.Parse(args); err != nil {
+		return usageError("%v", err)
+	}
+	if fs.NArg() != 1 {
+		return usageError("module check needs one FILE")
+	}
+	flags := map[string]string{}
+	if *cfgPath != "" {
+		flags["config"] = *cfgPath
+	}
+	quiet := slog.New(slog.DiscardHandler)
+	// The config supplies the engine, limits and sha256 pins; without one
+	// the defaults apply.
+	cfg, err := config.Load(config.LoadOptions{Env: os.Environ(), Flags: flags, Logger: quiet})
+	if err != nil {
+		return err
+	}
+	report, err := chain.CheckFile(context.Background(), cfg.Policy, fs.Arg(0), quiet)
+	if report == nil {
+		return err
+	}
+	if *out == "json" {
+		enc := json.NewEncoder(stdout)
+		enc.SetIndent("", "  ")
+		if jerr := enc.Encode(report); jerr != nil {
+			return jerr
+		}
+	} else {
+		fmt.Fprint(stdout, report.String())
+	}
+	if err != nil {
+		return fmt.Errorf("module %s refused: %w", fs.Arg(0), err)
+	}
+	fmt.Fprintf(stdout, "module %s passed every check\n", fs.Arg(0))
+	return nil
 }
