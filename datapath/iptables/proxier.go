@@ -356,8 +356,10 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		// A rewrite of everything on the first apply (adopting what a
 		// previous run left), after a failure or tampering, and once per
 		// FullSyncPeriod. plan.Full otherwise means "compare everything":
-		// all units are rendered again and those that differ from what was
-		// written are rewritten, with every fixed chain.
+		// the sentinel rules are checked (a flush found there turns this
+		// into a rewrite), all units are rendered again without trusting
+		// plan.Changed, and the chains that differ from what was written
+		// are rewritten.
 		full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
 		if plan.Full && !full {
 			if t, err := f.tampered(ctx); err != nil || t {
@@ -471,7 +473,7 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 				}
 			}
 		}
-		if !full && !compareAll {
+		if !full {
 			ws.fixed = f.lastFixed
 		}
 		var text []byte
