@@ -340,13 +340,14 @@ func filterFamily(ps []netip.Prefix, fam datapath.Family) []netip.Prefix {
 	return out
 }
 
-// Apply implements datapath.Backend. Only the chains of service ports
-// whose rendered rules differ from what was last written are rewritten,
-// unless p.Full is set, the previous apply failed, or this is the first
-// apply since start; then everything is rewritten in one atomic restore and
-// chains no longer wanted are removed. A service port whose rules the
-// kernel refuses is left out and named in the error; the others are
-// programmed.
+// Apply implements datapath.Backend. Normally only the chains whose
+// rendered rules differ from what was last written are written, and chains
+// no longer wanted are deleted, in one atomic iptables-restore. Everything
+// is rewritten on the first apply since New, after a failed apply, after
+// tampering was seen, and once per FullSyncPeriod (see the comment in the
+// loop for plan.Full). A service port whose rules the kernel refuses is
+// left out and named in the error; the others are programmed. After a
+// successful apply, stale UDP conntrack entries are deleted.
 func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
