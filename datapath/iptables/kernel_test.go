@@ -780,3 +780,39 @@ func TestIPv6(t *testing.T) {
 		}
 	})
 }
+
+// TestNoOpSync: applying the same plan again writes nothing, with or
+// without Full (Full compares everything but finds nothing to write).
+func TestNoOpSync(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore")
+	node := netns.NewNode(t, "node")
+	reg := prometheus.NewRegistry()
+	var p *iptables.Proxier
+	if err := node.Do(func() (err error) {
+		p, err = iptables.New(iptables.Options{MasqueradeBit: 14, NoConntrack: true, Registerer: reg, ClusterCIDRs: []netip.Prefix{clusterCIDR}})
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	plan := benchPlan(20, 0)
+	for i, full := range []bool{false, false, true} {
+		plan.Full = full
+		if err := node.Do(func() error { return p.Apply(context.Background(), plan) }); err != nil {
+			t.Fatal(err)
+		}
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != iptables.MetricRestoreBytes {
+				continue
+			}
+			n := mf.GetMetric()[0].GetGauge().GetValue()
+			if i == 0 && n < 1000 || i > 0 && n > 30 {
+				t.Errorf("apply %d (full=%v): restore input of %v bytes", i, full, n)
+			}
+		}
+	}
+}

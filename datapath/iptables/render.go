@@ -607,6 +607,11 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 		fixed[hp] = append(fixed[hp], fixedRule{"", "-s " + a.String() + m + " -d " + a.String() + m + " " + masq})
 	}
 	digests = map[tableChain][32]byte{}
+	for table, names := range fixedChains {
+		for _, name := range names {
+			fixed[tableChain{table, name}] = fixed[tableChain{table, name}] // empty chains get a digest too
+		}
+	}
 	for tc, rules := range fixed {
 		h := sha256.New()
 		for _, r := range rules {
