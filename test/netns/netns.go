@@ -39,10 +39,33 @@ type NS struct {
 	nl   *netlink.Handle
 }
 
+var sweepOnce sync.Once
+
+// sweep deletes namespaces this harness left behind in processes that no
+// longer exist (a test binary killed before its cleanup ran).
+func sweep() {
+	entries, err := os.ReadDir("/run/netns")
+	if err != nil {
+		return
+	}
+	for _, e := range entries {
+		var pid int
+		if _, err := fmt.Sscanf(e.Name(), "ep%d-", &pid); err != nil || pid <= 0 || pid == os.Getpid() {
+			continue
+		}
+		if _, err := os.Stat(fmt.Sprintf("/proc/%d", pid)); err == nil {
+			continue // still running
+		}
+		_ = netns.DeleteNamed(e.Name())
+	}
+}
+
 // New creates a named network namespace ("ep<pid>-<n>-<name>", visible to
-// `ip netns`) with lo up, removed when t ends.
+// `ip netns`) with lo up, removed when t ends. Namespaces left by killed
+// test processes are removed on first use.
 func New(t testing.TB, name string) *NS {
 	t.Helper()
+	sweepOnce.Do(sweep)
 	full := fmt.Sprintf("ep%d-%d-%s", os.Getpid(), seq.Add(1), name)
 	var h netns.NsHandle
 	err := onLockedThread(func() error {
