@@ -165,7 +165,7 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 		r.skip("not run: an earlier check failed", rest("compile")...)
 		return r, nil
 	}
-	cm, err := h.rt.CompileModule(ctx, spec.Wasm)
+	cm, err := h.compile(ctx, r.SHA256, spec.Wasm)
 	if !r.add("compile", err, "valid, compiled with the "+h.engine) {
 		r.skip("not run: an earlier check failed", rest("imports")...)
 		return r, nil
@@ -191,7 +191,7 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 	}
 	ok = r.add("memory", memErr, "exports its memory") && ok
 	if !ok {
-		cm.Close(ctx)
+		h.release(ctx, r.SHA256)
 		r.skip("not run: an earlier check failed", "instantiate")
 		r.skip("not run: an earlier check failed", probeCheckNames()...)
 		return r, nil

@@ -14,6 +14,7 @@ import (
 	"os"
 	"runtime"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tetratelabs/wazero"
@@ -49,7 +50,9 @@ type Options struct {
 	Timeout, InitTimeout, ProbeTimeout time.Duration
 	// MaxModuleSize refuses bigger files (default 8 MiB).
 	MaxModuleSize int64
-	// CacheEntries bounds the per-instance result cache (default 4096).
+	// CacheEntries bounds the per-instance result cache (default 16384: a
+	// resync of up to 8192 service ports through one chain step is answered
+	// from the cache entirely).
 	CacheEntries int
 	// Breaker tunes failure containment.
 	Breaker Breaker
@@ -97,7 +100,7 @@ func (o *Options) defaults() {
 		o.MaxModuleSize = 8 << 20
 	}
 	if o.CacheEntries <= 0 {
-		o.CacheEntries = 4096
+		o.CacheEntries = 16384
 	}
 	b := &o.Breaker
 	if b.Threshold <= 0 {
@@ -130,6 +133,52 @@ type Host struct {
 	engine string
 	rt     wazero.Runtime
 	cache  wazero.CompilationCache
+
+	mu       sync.Mutex
+	compiled map[string]*compiledModule // by sha256
+}
+
+// compiledModule is compiled code shared by every instance of one module
+// file: compiling again would duplicate megabytes of metadata per instance.
+type compiledModule struct {
+	cm   wazero.CompiledModule
+	refs int
+}
+
+// compile returns the compiled module for wasm (whose hex sha256 is sum),
+// compiling it only if no instance holds it. Pair with release.
+func (h *Host) compile(ctx context.Context, sum string, wasm []byte) (wazero.CompiledModule, error) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if c, ok := h.compiled[sum]; ok {
+		c.refs++
+		return c.cm, nil
+	}
+	cm, err := h.rt.CompileModule(ctx, wasm)
+	if err != nil {
+		return nil, err
+	}
+	if h.compiled == nil {
+		h.compiled = map[string]*compiledModule{}
+	}
+	h.compiled[sum] = &compiledModule{cm: cm, refs: 1}
+	return cm, nil
+}
+
+// release drops one reference taken by compile and frees the code with
+// the last one.
+func (h *Host) release(ctx context.Context, sum string) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	c, ok := h.compiled[sum]
+	if !ok {
+		return nil
+	}
+	if c.refs--; c.refs > 0 {
+		return nil
+	}
+	delete(h.compiled, sum)
+	return c.cm.Close(ctx)
 }
 
 // NewHost creates the runtime, with WASI preview 1 and the host's log

@@ -99,15 +99,14 @@ func (i *Instance) State() State {
 	return s
 }
 
-// Close releases the instance and its compiled code.
+// Close releases the instance and its share of the compiled code.
 func (i *Instance) Close(ctx context.Context) error {
 	i.mu.Lock()
 	defer i.mu.Unlock()
 	i.discard(ctx)
 	if i.compiled != nil {
-		err := i.compiled.Close(ctx)
 		i.compiled = nil
-		if err != nil {
+		if err := i.h.release(ctx, i.sha); err != nil {
 			return fmt.Errorf("policy: close module %s: %w", i.spec.Name, err)
 		}
 	}
