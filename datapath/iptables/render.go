@@ -552,29 +552,6 @@ func (rs *Ruleset) drop(id string) {
 // line can be traced to its service.
 func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain][32]byte) {
 	var b bytes.Buffer
-	size, lines := 0, 0
-	for _, u := range rs.units {
-		for _, c := range u.chains {
-			lines += 1 + len(c.rules)
-			size += 40 + len(c.rules)*(len(c.name)+4)
-			for _, r := range c.rules {
-				size += len(r)
-			}
-		}
-		for _, r := range u.top {
-			lines++
-			size += len(r.chain) + len(r.spec) + 4
-		}
-	}
-	b.Grow(size + 4096)
-	owner = make([]string, 0, lines+64)
-	line := func(own string, parts ...string) {
-		for _, p := range parts {
-			b.WriteString(p)
-		}
-		b.WriteByte('\n')
-		owner = append(owner, own)
-	}
 	head, tail := staticRules(&rs.cfg)
 	masq := "-j MASQUERADE"
 	if rs.cfg.RandomFully {
@@ -629,6 +606,39 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 		}
 		d, ok := ws.fixed[tc]
 		return !ok || d != digests[tc]
+	}
+
+	// Size the output for what is written only: a partial sync of one
+	// service must not allocate for the whole rule set.
+	size, lines := 4096, 64
+	for tc, rules := range fixed {
+		if writeFixed(tc) {
+			for _, r := range rules {
+				lines++
+				size += len(tc.name) + len(r.spec) + 5
+			}
+		}
+	}
+	for _, u := range rs.units {
+		if ws.write != nil && !ws.write[u.id] {
+			continue
+		}
+		for _, c := range u.chains {
+			lines += 1 + len(c.rules)
+			size += 40 + len(c.rules)*(len(c.name)+4)
+			for _, r := range c.rules {
+				size += len(r)
+			}
+		}
+	}
+	b.Grow(size)
+	owner = make([]string, 0, lines)
+	line := func(own string, parts ...string) {
+		for _, p := range parts {
+			b.WriteString(p)
+		}
+		b.WriteByte('\n')
+		owner = append(owner, own)
 	}
 
 	for _, table := range []string{tableFilter, tableNAT} {
