@@ -531,3 +531,72 @@ func (p *Pod) AddrPort(port uint16) netip.AddrPort { return netip.AddrPortFrom(p
 
 // AddrPort6 returns the pod's IPv6 address with port.
 func (p *Pod) AddrPort6(port uint16) netip.AddrPort { return netip.AddrPortFrom(p.IP6, port) }
+
+// LinkHost wires the node to the namespace the test runs in (the "host")
+// with a veth pair, so that a process in the node, such as the agent, can
+// reach a server the test runs, such as kube-apiserver. Each pair gets its
+// own 192.168.250.x/30; the link goes when the test ends.
+func (n *Node) LinkHost() (host, node netip.Addr) {
+	t := n.t
+	t.Helper()
+	k := (os.Getpid() + int(seq.Add(1))) % 63
+	host = netip.AddrFrom4([4]byte{192, 168, 250, byte(4*k + 1)})
+	node = netip.AddrFrom4([4]byte{192, 168, 250, byte(4*k + 2)})
+	hostNL, err := netlink.NewHandle()
+	if err != nil {
+		t.Fatalf("netns: netlink handle: %v", err)
+	}
+	defer hostNL.Close()
+	name := fmt.Sprintf("ephost%d", 4*k)
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "host0", PeerNamespace: netlink.NsFd(n.h)}
+	if err := hostNL.LinkAdd(veth); err != nil {
+		t.Fatalf("netns: add host veth: %v", err)
+	}
+	t.Cleanup(func() {
+		h, err := netlink.NewHandle()
+		if err != nil {
+			return
+		}
+		defer h.Close()
+		if l, err := h.LinkByName(name); err == nil {
+			_ = h.LinkDel(l)
+		}
+	})
+	hl, err := hostNL.LinkByName(name)
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := hostNL.AddrAdd(hl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(host, 30))}); err != nil {
+		t.Fatalf("netns: host veth address: %v", err)
+	}
+	if err := hostNL.LinkSetUp(hl); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	nl, err := n.nl.LinkByName("host0")
+	if err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	if err := n.nl.AddrAdd(nl, &netlink.Addr{IPNet: ipnet(netip.PrefixFrom(node, 30))}); err != nil {
+		t.Fatalf("netns: node host-link address: %v", err)
+	}
+	if err := n.nl.LinkSetUp(nl); err != nil {
+		t.Fatalf("netns: %v", err)
+	}
+	return host, node
+}
+
+// Start starts cmd inside the namespace. When t ends the process is
+// killed by its PID and waited for.
+func (n *NS) Start(t testing.TB, cmd *exec.Cmd) error {
+	t.Helper()
+	if err := n.Do(cmd.Start); err != nil {
+		return fmt.Errorf("netns: start %s in %s: %w", cmd.Path, n.Name, err)
+	}
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	})
+	return nil
+}
