@@ -1,0 +1,136 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// flaky is a datapath that fails while told to and records what it got.
+type flaky struct {
+	mu    sync.Mutex
+	fail  bool
+	plans []*datapath.Plan
+}
+
+func (f *flaky) Name() string { return "flaky" }
+func (f *flaky) Apply(_ context.Context, p *datapath.Plan) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.plans = append(f.plans, p)
+	if f.fail {
+		return errors.New("injected failure")
+	}
+	return nil
+}
+func (f *flaky) Cleanup(context.Context) error { return nil }
+func (f *flaky) setFail(v bool)                { f.mu.Lock(); f.fail = v; f.mu.Unlock() }
+func (f *flaky) got() []*datapath.Plan {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return append([]*datapath.Plan(nil), f.plans...)
+}
+
+const webManifest = `apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: t}
+spec: {clusterIP: 10.96.0.5, ports: [{port: 80}]}
+`
+
+func startAgent(t *testing.T, backend datapath.Backend, manifests string) *Agent {
+	t.Helper()
+	cfg := config.Default()
+	cfg.NodeName, cfg.Manifests, cfg.Mode = "n1", manifests, "plan"
+	cfg.StateDir = t.TempDir()
+	cfg.Server = config.Server{}
+	cfg.Sync = config.Sync{MinPeriod: 10 * time.Millisecond, Period: time.Hour, HealthTimeout: 300 * time.Millisecond}
+	a, err := New(Options{
+		Config: &cfg, Backend: backend, Registry: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	return a
+}
+
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(20 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%s: not within 20s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// A change that cannot be programmed makes /healthz fail once it has waited
+// longer than the health timeout; programming it makes it pass again. A
+// failed apply makes the next plan a full one.
+func TestHealthFollowsPendingChanges(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &flaky{}
+	a := startAgent(t, b, dir)
+	<-a.Synced()
+	if h := a.HealthNow(time.Now()); !h.Healthy {
+		t.Fatalf("unhealthy after the first sync: %+v", h)
+	}
+
+	b.setFail(true)
+	n := len(b.got())
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest+"  type: ClusterIP\n  externalIPs: [192.0.2.9]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "a failed apply", func() bool { return len(b.got()) > n })
+	eventually(t, "unhealthy", func() bool { return !a.HealthNow(time.Now()).Healthy })
+	if h := a.HealthNow(time.Now()); h.LastError == "" || h.PendingSince.IsZero() {
+		t.Errorf("unhealthy answer lacks the why: %+v", h)
+	}
+
+	b.setFail(false)
+	eventually(t, "healthy again", func() bool { return a.HealthNow(time.Now()).Healthy })
+	plans := b.got()
+	var sawFail, fullAfter bool
+	for _, p := range plans[n:] {
+		if !sawFail {
+			sawFail = true
+			continue
+		}
+		fullAfter = fullAfter || p.Full
+	}
+	if !fullAfter {
+		t.Errorf("no full plan after a failed apply")
+	}
+}
+
+// Nothing programmed yet: healthy at first, unhealthy once the first sync
+// is overdue (kube-proxy's meaning for a proxy that never got going).
+func TestHealthBeforeFirstSync(t *testing.T) {
+	b := &flaky{fail: true}
+	a := startAgent(t, b, t.TempDir())
+	eventually(t, "unhealthy without a first sync", func() bool { return !a.HealthNow(time.Now()).Healthy })
+}
