@@ -1,0 +1,263 @@
+package e2e_test
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/test/netns"
+)
+
+// writeFile replaces path atomically, as a config manager would.
+func writeFile(t *testing.T, path, content string) {
+	t.Helper()
+	tmp := path + ".tmp"
+	if err := os.WriteFile(tmp, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Rename(tmp, path); err != nil {
+		t.Fatal(err)
+	}
+}
+
+const nodeManifest = `apiVersion: v1
+kind: Node
+metadata:
+  name: node1
+  labels: {topology.kubernetes.io/zone: zone-a}
+status:
+  addresses: [{type: InternalIP, address: 192.168.77.1}]
+`
+
+// webManifest is a NodePort service (TCP and UDP on one port) and a
+// LoadBalancer service with externalTrafficPolicy Local, both backed by the
+// pod at ip on node epNode.
+func webManifest(ip netip.Addr, epNode string) string {
+	return fmt.Sprintf(`apiVersion: v1
+kind: Service
+metadata: {name: web, namespace: e2e}
+spec:
+  type: NodePort
+  clusterIP: 10.96.100.10
+  clusterIPs: [10.96.100.10]
+  ports:
+    - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
+    - {name: udp, port: 80, protocol: UDP, targetPort: 8080, nodePort: 30080}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-1
+  namespace: e2e
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv4
+ports:
+  - {name: tcp, port: 8080, protocol: TCP}
+  - {name: udp, port: 8080, protocol: UDP}
+endpoints:
+  - addresses: [%[1]s]
+    nodeName: node1
+    conditions: {ready: true}
+---
+apiVersion: v1
+kind: Service
+metadata: {name: lb, namespace: e2e}
+spec:
+  type: LoadBalancer
+  clusterIP: 10.96.100.20
+  clusterIPs: [10.96.100.20]
+  externalTrafficPolicy: Local
+  healthCheckNodePort: 32000
+  ports:
+    - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30090}
+status:
+  loadBalancer:
+    ingress: [{ip: 172.30.0.100}]
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: lb-1
+  namespace: e2e
+  labels: {kubernetes.io/service-name: lb}
+addressType: IPv4
+ports:
+  - {name: tcp, port: 8080, protocol: TCP}
+endpoints:
+  - addresses: [%[1]s]
+    nodeName: %[2]s
+    conditions: {ready: true}
+`, ip, epNode)
+}
+
+// healthCheck asks the healthCheckNodePort from the outside client.
+func healthCheck(client *netns.NS, addr netip.AddrPort) (int, int, error) {
+	hc := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{
+		DisableKeepAlives: true,
+		Dial: func(network, a string) (c net.Conn, err error) {
+			err = client.Do(func() error {
+				c, err = net.DialTimeout(network, a, time.Second)
+				return err
+			})
+			return c, err
+		},
+	}}
+	resp, err := hc.Get("http://" + addr.String() + "/")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	var body struct{ LocalEndpoints int }
+	err = json.NewDecoder(resp.Body).Decode(&body)
+	return resp.StatusCode, body.LocalEndpoints, err
+}
+
+// TestIPTablesAgentManifests runs bin/edgeproxy on a manifest directory
+// (no API server needed) and changes the manifests under it.
+func TestIPTablesAgentManifests(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore")
+	bin := agentBinary(t)
+
+	node := netns.NewNode(t, "node")
+	a, b := node.AddPod("a"), node.AddPod("b")
+	client := node.AddClient("client")
+	for _, p := range []*netns.Pod{a, b} {
+		if err := p.Serve(podPort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
+	web := filepath.Join(manifests, "web.yaml")
+	writeFile(t, web, webManifest(a.IP, nodeName))
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
+manifests: %s
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+stateDir: %s
+sync: {minPeriod: 200ms, period: 30s}
+`, nodeName, manifests, filepath.Join(dir, "state")))
+	logPath := filepath.Join(dir, "agent.log")
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			t.Logf("agent log:\n%s", out)
+			save, _ := node.Run("iptables-save")
+			t.Logf("iptables-save in the node:\n%s", save)
+		}
+	})
+	ag := startAgent(t, node, bin, cfg, logPath)
+
+	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
+	waitFor(t, 60*time.Second, "b -> ClusterIP tcp answered by a", func() error {
+		r, err := b.TCP(vip, time.Second)
+		if err == nil && (r.Name != "a" || r.Client.Addr() != b.IP) {
+			err = fmt.Errorf("got %+v", r)
+		}
+		return err
+	})
+	r, err := b.UDP(vip, 46000, 2*time.Second)
+	if err != nil || r.Name != "a" {
+		t.Fatalf("b -> ClusterIP udp from port 46000: %+v %v", r, err)
+	}
+	code, n, err := healthCheck(client, netip.AddrPortFrom(node.LinkIP, 32000))
+	if err != nil || code != 200 || n != 1 {
+		t.Fatalf("healthCheckNodePort with a local endpoint: %d, %d local, %v; want 200 and 1", code, n, err)
+	}
+	r, err = client.TCP(netip.AddrPortFrom(netip.MustParseAddr("172.30.0.100"), 80), 2*time.Second)
+	if err != nil || r.Name != "a" || r.Client.Addr() != netip.MustParseAddr("192.168.77.2") {
+		t.Fatalf("client -> Local LoadBalancer: %+v %v, want a seeing the client's address", r, err)
+	}
+
+	// The endpoint moves to pod b (and the LoadBalancer's to another node):
+	// the UDP client on its fixed port is answered by b after the sync
+	// (stale conntrack entry deleted), and the health check turns 503.
+	writeFile(t, web, webManifest(b.IP, "node2"))
+	waitFor(t, 30*time.Second, "UDP from the same port answered by the new pod", func() error {
+		r, err := b.UDP(vip, 46000, time.Second)
+		if err == nil && r.Name != "b" {
+			err = fmt.Errorf("answered by %s", r.Name)
+		}
+		return err
+	})
+	waitFor(t, 30*time.Second, "healthCheckNodePort 503 without local endpoints", func() error {
+		code, n, err := healthCheck(client, netip.AddrPortFrom(node.LinkIP, 32000))
+		if err == nil && (code != 503 || n != 0) {
+			err = fmt.Errorf("got %d with %d local endpoints", code, n)
+		}
+		return err
+	})
+
+	// SIGKILL and restart under a stream of connections: none fails.
+	var okN, failN atomic.Int64
+	var firstErr atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		deadline := time.Now().Add(3 * time.Minute)
+		for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := client.TCP(netip.AddrPortFrom(node.LinkIP, 30080), 2*time.Second); err != nil {
+				failN.Add(1)
+				firstErr.CompareAndSwap(nil, err)
+			} else {
+				okN.Add(1)
+			}
+		}
+	}()
+	for okN.Load() < 20 && failN.Load() == 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = ag.cmd.Wait()
+	mid := okN.Load()
+	ag = startAgent(t, node, bin, cfg, logPath)
+	waitFor(t, 60*time.Second, "restarted agent healthy", func() error { return healthz(node) })
+	for okN.Load() < mid+50 && failN.Load() == 0 {
+		time.Sleep(20 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	if failN.Load() != 0 {
+		t.Fatalf("%d of %d connections failed across SIGKILL and restart: %v", failN.Load(), okN.Load()+failN.Load(), firstErr.Load())
+	}
+	t.Logf("%d connections across SIGKILL and restart, none failed", okN.Load())
+
+	// The services go: the NodePort closes.
+	if err := os.Remove(web); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "NodePort closed after the service is gone", func() error {
+		_, err := client.TCP(netip.AddrPortFrom(node.LinkIP, 30080), time.Second)
+		if errors.Is(err, syscall.ECONNREFUSED) {
+			return nil
+		}
+		return fmt.Errorf("still %v", err)
+	})
+	_ = ag
+}
