@@ -206,7 +206,7 @@ func BenchmarkGuestDecode(b *testing.B) {
 		fn   string
 	}{
 		{"binary", abi.AppendInput(nil, in), "decode_binary"},
-		{"binary-interned", abi.AppendInput(nil, in), "decode_interned"},
+		{"binary-aliasing", abi.AppendInput(nil, in), "decode_aliasing"},
 		{"json", js, "decode_json"},
 	} {
 		b.Run(c.name, func(b *testing.B) {

@@ -392,37 +392,37 @@ func CheckFile(ctx context.Context, cfg config.Policy, path string, log *slog.Lo
 type Verdict struct {
 	// Weights holds one weight per input endpoint, in order; 0 drops the
 	// endpoint. All 1 when no chain matched or keep-builtin applied.
-	Weights []uint32
+	Weights []uint32 `json:"weights"`
 	// Scheduler and SchedulerFlags are the IPVS scheduler chosen by the
 	// chain (the last module that chose one); empty keeps the default.
-	Scheduler      string
-	SchedulerFlags []string
+	Scheduler      string   `json:"scheduler,omitempty"`
+	SchedulerFlags []string `json:"schedulerFlags,omitempty"`
 	// Chain names the chain that ran; empty when none matched.
-	Chain string
+	Chain string `json:"chain,omitempty"`
 	// Steps are the modules' verdicts, in chain order, up to the first
 	// failure.
-	Steps []Step
+	Steps []Step `json:"steps,omitempty"`
 	// Fallback is the failure policy applied (KeepBuiltin or LastGood)
 	// when a module failed; empty otherwise.
-	Fallback string
+	Fallback string `json:"fallback,omitempty"`
 }
 
 // Step is one module's verdict.
 type Step struct {
-	Module string
+	Module string `json:"module"`
 	// Weights maps the module's output back onto the Evaluate input:
 	// one per input endpoint, 0 for endpoints dropped here or earlier.
 	// Nil when the module failed.
-	Weights []uint32
+	Weights []uint32 `json:"weights,omitempty"`
 	// Failure is the failure reason (trap, timeout, invalid,
 	// circuit_open); empty on success. Error has the detail.
-	Failure policy.Reason
-	Error   string
+	Failure policy.Reason `json:"failure,omitempty"`
+	Error   string        `json:"error,omitempty"`
 	// Reason is the module's own explanation.
-	Reason    string
-	Scheduler string
-	Cached    bool
-	Duration  time.Duration
+	Reason    string        `json:"reason,omitempty"`
+	Scheduler string        `json:"scheduler,omitempty"`
+	Cached    bool          `json:"cached,omitempty"`
+	Duration  time.Duration `json:"durationNs,omitempty"`
 }
 
 // String renders a verdict on one line for logs and the explain view.

@@ -176,26 +176,36 @@ func decodeInput(r *reader, in *Input) error {
 	}
 	in.Endpoints = slices.Grow(in.Endpoints[:0], cnt)[:cnt]
 	for i := range in.Endpoints {
+		// The fixed part is read in place: calls are expensive in a wasm
+		// guest, and this loop is most of the decoding.
 		e := &in.Endpoints[i]
-		f := r.u8()
+		if len(b)-r.off < 2 {
+			return ErrTruncated
+		}
+		f, al := b[r.off], int(b[r.off+1])
+		if al != 0 && al != 4 && al != 16 {
+			return fmt.Errorf("abi: endpoint %d: address length %d", i, al)
+		}
+		p := r.off + 2
+		if len(b)-p < al+6 {
+			return ErrTruncated
+		}
 		e.Ready = f&FlagReady != 0
 		e.Serving = f&FlagServing != 0
 		e.Terminating = f&FlagTerminating != 0
 		e.Local = f&FlagLocal != 0
-		switch al := r.u8(); al {
+		switch al {
 		case 4:
-			e.Addr = netip.AddrFrom4([4]byte(r.bytes(4)))
+			e.Addr = netip.AddrFrom4([4]byte(b[p : p+4]))
 		case 16:
-			e.Addr = netip.AddrFrom16([16]byte(r.bytes(16)))
-		case 0:
-			e.Addr = netip.Addr{}
+			e.Addr = netip.AddrFrom16([16]byte(b[p : p+16]))
 		default:
-			if r.err == nil {
-				r.err = fmt.Errorf("abi: endpoint %d: address length %d", i, al)
-			}
+			e.Addr = netip.Addr{}
 		}
-		e.Port = r.u16()
-		e.Weight = r.u32()
+		p += al
+		e.Port = binary.LittleEndian.Uint16(b[p:])
+		e.Weight = binary.LittleEndian.Uint32(b[p+2:])
+		r.off = p + 6
 		e.NodeName = r.str()
 		e.Zone = r.str()
 		e.HintZones = r.strs(e.HintZones[:0])
@@ -418,6 +428,10 @@ func (d *Decoder) DecodeInput(b []byte, in *Input) error {
 }
 
 func (r *reader) strs(dst []string) []string {
+	if r.err == nil && len(r.b)-r.off >= 2 && r.b[r.off] == 0 && r.b[r.off+1] == 0 {
+		r.off += 2
+		return nil
+	}
 	n := int(r.u16())
 	if r.err != nil || n > len(r.b)-r.off {
 		if r.err == nil {

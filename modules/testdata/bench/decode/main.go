@@ -20,10 +20,10 @@ var (
 //go:wasmexport noop
 func noop(n int32) int32 { return n }
 
-// decodeInterned is decodeBinary with the SDK's string-interning decoder.
+// decodeAliasing is decodeBinary with the SDK's decoder (one copy, strings alias it).
 //
-//go:wasmexport decode_interned
-func decodeInterned(n int32) int32 {
+//go:wasmexport decode_aliasing
+func decodeAliasing(n int32) int32 {
 	for range n {
 		if err := dec.DecodeInput(buf, &in); err != nil {
 			return -1
