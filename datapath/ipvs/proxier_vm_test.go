@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"os/exec"
 	"slices"
 	"strings"
@@ -645,5 +646,34 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 		t.Errorf("hairpin: %v %v", r, err)
 	} else if r.Client.Addr() == w.pods["a"].IP {
 		t.Errorf("hairpin: a saw its own address %s; want the node's", r.Client)
+	}
+}
+
+func TestSysctlsAndTimeouts(t *testing.T) {
+	w := newWorld(t)
+	w.newProxier(Options{StrictARP: true, TCPTimeout: 900 * time.Second, TCPFinTimeout: 60 * time.Second, UDPTimeout: 120 * time.Second})
+	for name, want := range map[string]string{
+		"net/ipv4/vs/conntrack":                 "1",
+		"net/ipv4/vs/expire_nodest_conn":        "1",
+		"net/ipv4/vs/expire_quiescent_template": "1",
+		"net/ipv4/ip_forward":                   "1",
+		"net/ipv4/conf/all/arp_ignore":          "1",
+		"net/ipv4/conf/all/arp_announce":        "2",
+	} {
+		var got string
+		w.node.Do(func() error {
+			b, err := os.ReadFile("/proc/sys/" + name)
+			got = strings.TrimSpace(string(b))
+			return err
+		})
+		if got != want {
+			t.Errorf("%s = %q, want %q", name, got, want)
+		}
+	}
+	if _, err := exec.LookPath("ipvsadm"); err == nil {
+		out, err := w.node.Run("ipvsadm", "-L", "--timeout")
+		if err != nil || !strings.Contains(out, "Timeout (tcp tcpfin udp): 900 60 120") {
+			t.Errorf("IPVS timeouts: %q %v", out, err)
+		}
 	}
 }

@@ -2,6 +2,8 @@ package vm
 
 import (
 	"context"
+	"fmt"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,8 +25,28 @@ func needVM(t *testing.T) {
 // script's exit status comes back.
 func TestBoot(t *testing.T) {
 	needVM(t)
+	// The guest reaches the host's loopback through qemu's user network at
+	// 10.0.2.2, as the agent will reach a test API server.
+	l, err := net.Listen("tcp4", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan struct{})
+	defer func() { l.Close(); <-done }()
+	go func() {
+		defer close(done)
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintln(c, "hello from the host")
+			c.Close()
+		}
+	}()
+	port := l.Addr().(*net.TCPAddr).Port
 	dir := t.TempDir()
-	script := `
+	script := fmt.Sprintf(`
 set -x
 test "$EDGEPROXY_IN_VM" = 1 || exit 10
 test "$GREETING" = "it's here" || exit 11
@@ -37,8 +59,9 @@ ip link add vb0 type vrf table 10 && echo autoload-ok >autoload.txt
 touch /usr/cannot-write 2>/dev/null && exit 15
 ip -o addr show dev eth0 | grep -q 10.0.2.15/24 || exit 16
 echo hello >hello.txt
+busybox nc -w 10 10.0.2.2 %d </dev/null >host.txt
 exit 7
-`
+`, port)
 	res, err := Run(context.Background(), Options{Dir: dir, Script: script, Env: []string{"GREETING=it's here"}})
 	if err != nil {
 		t.Fatal(err)
@@ -65,6 +88,9 @@ exit 7
 	}
 	if got := read("autoload.txt"); got != "autoload-ok\n" {
 		t.Errorf("autoload = %q", got)
+	}
+	if got := read("host.txt"); got != "hello from the host\n" {
+		t.Errorf("guest -> host 10.0.2.2: got %q", got)
 	}
 	if strings.Contains(string(res.Output), "failed") {
 		t.Errorf("guest preparation reported failures:\n%s", res.Output)
