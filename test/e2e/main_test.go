@@ -7,6 +7,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -38,12 +39,14 @@ func planAgent(t *testing.T, c *cluster.Cluster, nodeName, extra string) *agentt
 	if err := c.WriteKubeconfig(kc, c.URL); err != nil {
 		t.Fatal(err)
 	}
+	if !strings.Contains(extra, "sync:") {
+		extra += "\nsync: {minPeriod: 100ms, period: 30s}\n"
+	}
 	return agenttest.Start(t, agenttest.Options{Config: fmt.Sprintf(`
 mode: plan
 kubeconfig: %q
 nodeName: %q
 stateDir: %q
-sync: {minPeriod: 100ms, period: 30s}
 %s`, kc, nodeName, t.TempDir(), extra)})
 }
 
