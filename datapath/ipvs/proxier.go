@@ -25,6 +25,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
@@ -41,8 +43,10 @@ type Options struct {
 	GracePeriod time.Duration
 	// NodeAddresses are where NodePorts are served; nil means every IPv4
 	// global unicast address on the node's links (but the dummy), looked
-	// up at each Apply.
+	// up at each Apply, kept only if inside one of NodePortCIDRs (when
+	// any are given; config nodePortAddresses).
 	NodeAddresses []netip.Addr
+	NodePortCIDRs []netip.Prefix
 	ClusterCIDRs  []netip.Prefix
 	MasqueradeAll bool
 	MasqueradeBit int // 0..31; 14
@@ -52,9 +56,10 @@ type Options struct {
 	// -save siblings are used too.
 	IPTables string
 	// Kernel, if set, replaces the netlink IPVS handle (unit tests).
-	Kernel Kernel
-	Logger *slog.Logger
-	Now    func() time.Time
+	Kernel     Kernel
+	Registerer prometheus.Registerer // nil: metrics are kept but not registered
+	Logger     *slog.Logger
+	Now        func() time.Time
 }
 
 // Stats count what one Apply changed, by kind of kernel object.
@@ -84,6 +89,7 @@ type Proxier struct {
 	link dummy
 	ipt  iptables
 	log  *slog.Logger
+	m    *metrics
 
 	mu          sync.Mutex
 	applied     map[Key]*desiredServer // virtual servers as last programmed
@@ -144,6 +150,11 @@ func New(opts Options) (*Proxier, error) {
 		terminating: map[Key]map[netip.AddrPort]time.Time{},
 		logged:      map[string]bool{},
 	}
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, err
+	}
+	p.m = m
 	p.k = opts.Kernel
 	if p.k == nil {
 		if err := LoadModules("ip_vs", "nf_conntrack", "dummy"); err != nil {
@@ -227,14 +238,34 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	defer p.mu.Unlock()
 	start := time.Now() // real time for the measurement; opts.Now drives grace periods
 	var st Stats
-	defer func() { st.Duration = time.Since(start); p.last = st }()
-
-	nodeAddrs := p.opts.NodeAddresses
-	if nodeAddrs == nil {
-		var err error
-		if nodeAddrs, err = nodeAddresses(p.opts.Interface); err != nil {
-			return err
+	// After a failure, or when asked, compare everything with the kernel;
+	// otherwise trust what the last successful Apply left. Until this
+	// Apply succeeds, the next one is full.
+	full := plan.Full || !p.synced
+	p.synced = false
+	defer func() {
+		st.Duration = time.Since(start)
+		p.last = st
+		if full {
+			p.m.fullDuration.Observe(st.Duration.Seconds())
+		} else {
+			p.m.partialDuration.Observe(st.Duration.Seconds())
 		}
+		if !p.synced {
+			p.m.failures.Inc()
+		}
+		p.m.ops.Set(float64(st.Ops()))
+		p.m.virtualServers.Set(float64(len(p.applied)))
+		n := 0
+		for _, t := range p.terminating {
+			n += len(t)
+		}
+		p.m.draining.Set(float64(n))
+	}()
+
+	nodeAddrs, err := p.nodeAddrs()
+	if err != nil {
+		return err
 	}
 	want, cerr := compute(Config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
 	if cerr != nil {
@@ -248,10 +279,6 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 				"why", "endpoint weights differ and the chosen scheduler ignores weights")
 		}
 	}
-	// After a failure, or when asked, compare everything with the kernel;
-	// otherwise trust what the last successful Apply left.
-	full := plan.Full || !p.synced
-	p.synced = false
 	var errs []error
 	var bound map[netip.Addr]bool
 	if full || !maps.Equal(want.VIPs, p.lastVIPs) {
@@ -283,7 +310,6 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			p.rulesOK = true
 		}
 	}
-	var err error
 	if full {
 		err = p.fullSyncServers(want, bound, nodeAddrs, &st)
 	} else {
@@ -298,6 +324,27 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	p.synced, p.lastVIPs, p.lastEntries = true, want.VIPs, want.Entries
 	return nil
+}
+
+// nodeAddrs returns where NodePorts are served (Options.NodeAddresses).
+func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
+	if p.opts.NodeAddresses != nil {
+		return p.opts.NodeAddresses, nil
+	}
+	all, err := nodeAddresses(p.opts.Interface)
+	if err != nil || len(p.opts.NodePortCIDRs) == 0 {
+		return all, err
+	}
+	var out []netip.Addr
+	for _, a := range all {
+		for _, c := range p.opts.NodePortCIDRs {
+			if c.Contains(a) {
+				out = append(out, a)
+				break
+			}
+		}
+	}
+	return out, nil
 }
 
 func (p *Proxier) ruleText() string {
@@ -584,10 +631,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	nodeAddrs := p.opts.NodeAddresses
-	if nodeAddrs == nil {
-		nodeAddrs, _ = nodeAddresses(p.opts.Interface)
-	}
+	nodeAddrs, _ := p.nodeAddrs()
 	node := map[netip.Addr]bool{}
 	for _, a := range nodeAddrs {
 		node[a] = true

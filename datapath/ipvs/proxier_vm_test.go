@@ -14,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 	"github.com/edgeproxy/edgeproxy/test/gate"
@@ -203,6 +205,11 @@ func TestClusterIPAndNodePortTraffic(t *testing.T) {
 		if v, ok := k[Key{a, datapath.TCP, 30080}]; !ok || len(v.Reals) != 1 {
 			t.Errorf("NodePort virtual server on %s: %v", a, v)
 		}
+	}
+
+	// Metrics follow the kernel.
+	if got := testutil.ToFloat64(w.p.m.virtualServers); got != 5 {
+		t.Errorf("%s = %v, want 5 (3 frontends with an address, a NodePort on 2 node addresses)", MetricVirtualServers, got)
 	}
 
 	// Applying the same plan again changes nothing.
