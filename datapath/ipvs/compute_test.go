@@ -1,16 +1,19 @@
 package ipvs
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"net/netip"
 	"os"
+	"os/exec"
 	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -140,5 +143,39 @@ func BenchmarkCompute(b *testing.B) {
 		if _, err := compute(Config{}, plan); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+func TestKernelNamesFit(t *testing.T) {
+	for _, s := range sets() {
+		if len(s.Name) > ipset.MaxNameLen {
+			t.Errorf("set %s: %d characters, the kernel takes %d", s.Name, len(s.Name), ipset.MaxNameLen)
+		}
+	}
+	for _, c := range append(append([]string{}, natChains...), filterChains...) {
+		if len(c) > 28 {
+			t.Errorf("chain %s: %d characters, iptables takes 28", c, len(c))
+		}
+	}
+}
+
+// On a kernel without IPVS (the development host), New says so in a way
+// the agent can test for.
+func TestNewWithoutIPVS(t *testing.T) {
+	if _, err := os.Stat("/proc/net/ip_vs"); err == nil {
+		t.Skip("this kernel has IPVS")
+	}
+	if os.Geteuid() == 0 {
+		if _, err := os.Stat("/lib/modules"); err == nil {
+			// modprobe may load ip_vs from a matching module tree; only
+			// assert when it cannot.
+			if out, err := exec.Command("modprobe", "-n", "ip_vs").CombinedOutput(); err == nil {
+				t.Skipf("ip_vs is loadable here: %s", out)
+			}
+		}
+	}
+	_, err := New(Options{})
+	if !errors.Is(err, ErrNoIPVS) {
+		t.Errorf("New on a kernel without IPVS: %v, want ErrNoIPVS", err)
 	}
 }

@@ -158,7 +158,7 @@ func New(opts Options) (*Proxier, error) {
 	p.k = opts.Kernel
 	if p.k == nil {
 		if err := LoadModules("ip_vs", "nf_conntrack", "dummy"); err != nil {
-			return nil, err
+			return nil, fmt.Errorf("%w: %w", ErrNoIPVS, err)
 		}
 		k, err := Open()
 		if err != nil {
