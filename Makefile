@@ -50,7 +50,7 @@ bench: build
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 3x ./agent/... ./datapath/... ./policy/...
 
 install: build modules
-	DESTDIR=$(DESTDIR) deploy/install.sh $(BIN) bin/modules
+	deploy/install.sh DESTDIR=$(DESTDIR) BINARY=$(BIN) MODULES=bin/modules
 
 clean:
 	rm -rf bin

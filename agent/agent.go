@@ -21,6 +21,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
+	"github.com/edgeproxy/edgeproxy/agent/notify"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/agent/runner"
 	"github.com/edgeproxy/edgeproxy/agent/source"
@@ -78,6 +79,12 @@ type Agent struct {
 	synced    chan struct{} // closed after the first successful apply
 	syncOnce  sync.Once
 	startTime time.Time
+
+	notifier     *notify.Notifier
+	snapWritten  time.Time // under mu
+	snapDirty    bool      // under mu
+	snapAge      atomic.Int64
+	fromSnapshot atomic.Bool
 }
 
 // New builds an agent; nothing runs until Run.
@@ -107,11 +114,14 @@ func New(opts Options) (*Agent, error) {
 		a.chains, a.opts.Policy = cp, cp
 	}
 	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, a.opts.Policy)
-	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds)
+	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
+	var err error
+	if a.notifier, err = notify.New(notify.Options{Logger: a.log.With("component", "systemd")}); err != nil {
+		return nil, fmt.Errorf("agent: %w", err)
+	}
 
 	conv := &source.Converter{ProxyName: cfg.ProxyName, KeepPrefix: cfg.ServiceKeyPrefix}
 	srcMetrics := source.NewMetrics(opts.Registry)
-	var err error
 	if cfg.Manifests != "" {
 		a.source, err = source.NewDir(cfg.Manifests, cfg.NodeName, conv, a.state, a.log.With("source", "manifests"), srcMetrics)
 	} else {
@@ -211,11 +221,33 @@ func (a *Agent) Run(ctx context.Context) error {
 		goRun("tamper monitor", func(ctx context.Context) error { a.monitor(ctx, m); return nil })
 	}
 
+	goRun("systemd notify", a.notifier.Run)
+
 	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
-	if a.source.WaitForSync(ctx) {
-		a.log.Info("source synced; starting the sync loop")
+	_ = a.notifier.Status("waiting for the API server")
+	startLoop := func() {
 		goRun("sync", func(ctx context.Context) error { a.runner.Loop(ctx); return nil })
 		a.runner.Run()
+	}
+	if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
+		wctx, wcancel := context.WithTimeout(ctx, wait)
+		synced := a.source.WaitForSync(wctx)
+		wcancel()
+		switch {
+		case synced:
+			a.log.Info("source synced; starting the sync loop")
+			startLoop()
+		case ctx.Err() == nil && a.startFromSnapshot():
+			_ = a.notifier.Status("API server unreachable: serving the last known state")
+			startLoop()
+			goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })
+		case a.source.WaitForSync(ctx):
+			a.log.Info("source synced; starting the sync loop")
+			startLoop()
+		}
+	} else if a.source.WaitForSync(ctx) {
+		a.log.Info("source synced; starting the sync loop")
+		startLoop()
 	}
 
 	select {
@@ -223,6 +255,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	case err = <-errc:
 		a.log.Error("stopping", "error", err)
 	}
+	_ = a.notifier.Stopping()
 	cancel()
 	wg.Wait()
 	if a.chains != nil {

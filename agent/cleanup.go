@@ -6,20 +6,17 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 )
 
 // Cleanup removes every kernel object any edgeproxy mode created, whatever
 // mode cfg names: switching modes or uninstalling must leave nothing behind.
+// It works without a Proxier, so it also clears the state a Proxier refuses
+// to start on (our chains under both iptables backends).
 func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var errs []error
-	ipt, err := iptables.New(iptablesOptions(cfg, log, prometheus.NewRegistry()))
-	if err != nil {
-		errs = append(errs, fmt.Errorf("iptables: %w", err))
-	} else if err := ipt.Cleanup(ctx); err != nil {
+	if err := iptables.CleanupAll(ctx, log); err != nil {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))
 	} else {
 		log.Info("removed edgeproxy's iptables chains and rules")

@@ -21,7 +21,7 @@ type metrics struct {
 	tamperedRepairs  prometheus.Counter
 }
 
-func newMetrics(reg prometheus.Registerer, st *state.State, lastContact func() float64) *metrics {
+func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapshotAge func() float64) *metrics {
 	m := &metrics{
 		syncDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "kubeproxy_sync_proxy_rules_duration_seconds",
@@ -68,6 +68,10 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact func() f
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
 		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact,
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "edgeproxy_snapshot_age_seconds",
+			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",
+		}, snapshotAge),
 		prometheus.NewCounterFunc(prometheus.CounterOpts{
 			Name: "kubeproxy_sync_proxy_rules_service_changes_total",
 			Help: "Service changes that reached the proxy (no-op updates excluded).",

@@ -33,7 +33,9 @@ func (p *chainPolicy) Weigh(ctx context.Context, svc *model.Service, port model.
 	return w
 }
 
-func (p *chainPolicy) Reload(ctx context.Context, cfg config.Policy) error { return p.ev.Reload(ctx, cfg) }
+func (p *chainPolicy) Reload(ctx context.Context, cfg config.Policy) error {
+	return p.ev.Reload(ctx, cfg)
+}
 
 func (p *chainPolicy) Close(ctx context.Context) error { return p.ev.Close(ctx) }
 

@@ -16,6 +16,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	start := time.Now()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	// The watchdog wants to know the loop turns, not that it succeeds: a
+	// node that cannot reach its cloud is stale, not hung.
+	defer a.notifier.Progress()
 
 	snap := a.state.Snapshot()
 	a.triggers = append(a.triggers, snap.TriggerTimes...)
@@ -55,10 +58,19 @@ func (a *Agent) sync(ctx context.Context) error {
 			a.log.Warn("health check servers", "error", err)
 		}
 	}
+	a.saveSnapshot(res, now)
 	a.syncOnce.Do(func() {
 		a.log.Info("first sync done", "frontends", len(res.Plan.Frontends), "took", now.Sub(start).Round(time.Millisecond))
 		close(a.synced)
+		if err := a.notifier.MarkReady(fmt.Sprintf("programmed %d frontends", len(res.Plan.Frontends))); err != nil {
+			a.log.Warn("systemd notify", "error", err)
+		}
 	})
+	status := fmt.Sprintf("generation %d: %d frontends", res.Plan.Generation, len(res.Plan.Frontends))
+	if a.fromSnapshot.Load() {
+		status += " (from the last known state; API server unreachable)"
+	}
+	_ = a.notifier.Status(status)
 	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
 		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start))
 	return nil

@@ -25,6 +25,7 @@ type Config struct {
 	IPVS     IPVS     `koanf:"ipvs"`
 	Policy   Policy   `koanf:"policy"`
 	StateDir string   `koanf:"stateDir"`
+	Offline  Offline  `koanf:"offline"`
 	Server   Server   `koanf:"server"`
 	Log      Log      `koanf:"log"`
 	// Labels lists the node labels, and ServiceKeyPrefix the service label
@@ -104,6 +105,18 @@ type ChainStep struct {
 	Config map[string]any `koanf:"config"`
 }
 
+// Offline governs running without the API server: the last known state is
+// written to stateDir and programmed from at start when the API server
+// cannot be reached.
+type Offline struct {
+	// StartTimeout is how long the agent waits at start for the API server
+	// before it programs the last snapshot; 0 never uses the snapshot.
+	StartTimeout time.Duration `koanf:"startTimeout"`
+	// SnapshotInterval is the least time between two snapshot writes (each
+	// write is the whole state: spare the flash of small edge nodes).
+	SnapshotInterval time.Duration `koanf:"snapshotInterval"`
+}
+
 // Server sets the HTTP listen addresses; empty disables a server.
 type Server struct {
 	Healthz string `koanf:"healthz"`
@@ -134,6 +147,7 @@ func Default() Config {
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
 		},
 		StateDir:         "/var/lib/edgeproxy",
+		Offline:          Offline{StartTimeout: 10 * time.Second, SnapshotInterval: 10 * time.Second},
 		Server:           Server{Healthz: "127.0.0.1:10256", Metrics: "127.0.0.1:10249"},
 		Log:              Log{Level: "info", Format: "text"},
 		ServiceKeyPrefix: "edgeproxy.io/",

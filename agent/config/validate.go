@@ -94,6 +94,8 @@ func (c *Config) Validate() error {
 
 	s := c.Sync
 	nonNegative("sync.minPeriod", s.MinPeriod, s.MinPeriod < 0)
+	nonNegative("offline.startTimeout", c.Offline.StartTimeout, c.Offline.StartTimeout < 0)
+	nonNegative("offline.snapshotInterval", c.Offline.SnapshotInterval, c.Offline.SnapshotInterval < 0)
 	if s.Period <= 0 {
 		bad("sync.period", "%s must be positive", s.Period)
 	} else if s.MinPeriod > s.Period {

@@ -25,6 +25,8 @@ type API struct {
 	factory  informers.SharedInformerFactory
 	nodes    informers.SharedInformerFactory
 	synced   []cache.InformerSynced
+	svcInf   cache.SharedIndexInformer
+	epsInf   cache.SharedIndexInformer
 	contact  atomic.Int64 // unix nanoseconds of the last event or successful list
 	nodeName string
 }
@@ -42,6 +44,7 @@ func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink 
 	svc := a.factory.Core().V1().Services().Informer()
 	eps := a.factory.Discovery().V1().EndpointSlices().Informer()
 	node := a.nodes.Core().V1().Nodes().Informer()
+	a.svcInf, a.epsInf = svc, eps
 	for _, h := range []struct {
 		inf cache.SharedIndexInformer
 		fn  func(key string, obj any)
@@ -88,6 +91,20 @@ func (a *API) WaitForSync(ctx context.Context) bool {
 		a.touch()
 	}
 	return ok
+}
+
+// Keys lists the Services and EndpointSlices the API server has, as
+// "namespace/name", once WaitForSync returned true. After a start from the
+// on-disk snapshot, everything else the state holds is gone from the API.
+func (a *API) Keys() (services, slices map[string]bool) {
+	services, slices = make(map[string]bool), make(map[string]bool)
+	for _, k := range a.svcInf.GetStore().ListKeys() {
+		services[k] = true
+	}
+	for _, k := range a.epsInf.GetStore().ListKeys() {
+		slices[k] = true
+	}
+	return services, slices
 }
 
 // LastContact is when the API last delivered anything.

@@ -175,6 +175,33 @@ func (s *State) poke() {
 	}
 }
 
+// Retain deletes every Service and EndpointSlice whose key is not in the
+// given sets. After a start from the on-disk snapshot, the API source calls
+// it once it has listed everything: objects deleted while the agent was
+// offline never produce a delete event.
+func (s *State) Retain(services, slices map[string]bool) (removed int) {
+	s.mu.Lock()
+	var drop, dropSlices []string
+	for k := range s.services {
+		if !services[k] {
+			drop = append(drop, k)
+		}
+	}
+	for k := range s.slices {
+		if !slices[k] {
+			dropSlices = append(dropSlices, k)
+		}
+	}
+	s.mu.Unlock()
+	for _, k := range drop {
+		s.SetService(k, nil)
+	}
+	for _, k := range dropSlices {
+		s.SetSlice(k, nil)
+	}
+	return len(drop) + len(dropSlices)
+}
+
 // Pending reports when the oldest change not yet in a snapshot arrived (zero
 // when there is none).
 func (s *State) Pending() time.Time {

@@ -1,0 +1,98 @@
+package agent
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/snapshot"
+)
+
+// saveSnapshot writes the last known state after a sync that changed
+// something, at most once per offline.snapshotInterval. A skipped write is
+// remembered and done by a later sync (the periodic resync at the latest).
+// Called with a.mu held.
+func (a *Agent) saveSnapshot(res *planner.Result, now time.Time) {
+	if a.api == nil || a.Config().StateDir == "" {
+		return // a manifest directory is its own last known state
+	}
+	if len(res.Plan.Changed) > 0 || res.Plan.Full && a.snapWritten.IsZero() {
+		a.snapDirty = true
+	}
+	if !a.snapDirty || now.Sub(a.snapWritten) < a.Config().Offline.SnapshotInterval {
+		return
+	}
+	node, services, slices := a.state.Objects()
+	s := &snapshot.Snapshot{Written: now, Services: services, Slices: slices, Plan: *res.Plan}
+	if node != nil {
+		s.Node = *node
+	}
+	if a.chains != nil {
+		s.Modules = map[string]string{}
+		for _, m := range a.chains.Modules() {
+			s.Modules[m.Module] = m.SHA256
+		}
+	}
+	if err := snapshot.Save(a.Config().StateDir, s); err != nil {
+		a.log.Warn("cannot write the snapshot; the previous one stays", "dir", a.Config().StateDir, "error", err)
+		return
+	}
+	a.snapWritten, a.snapDirty = now, false
+	a.snapAge.Store(now.UnixNano())
+}
+
+// startFromSnapshot loads the on-disk snapshot into the state, so the sync
+// loop programs the last known state while the API server is unreachable.
+// A missing, corrupt or incompatible snapshot is refused whole.
+func (a *Agent) startFromSnapshot() bool {
+	dir := a.Config().StateDir
+	s, err := snapshot.Load(dir)
+	switch {
+	case errors.Is(err, snapshot.ErrNotFound):
+		a.log.Warn("the API server is unreachable and there is no snapshot yet; waiting for the API server", "dir", dir)
+		return false
+	case err != nil:
+		a.log.Error("the API server is unreachable and the snapshot is refused; waiting for the API server", "dir", dir, "error", err)
+		return false
+	}
+	a.log.Warn("the API server is unreachable; programming the last known state",
+		"written", s.Written.Format(time.RFC3339), "services", len(s.Services), "slices", len(s.Slices), "frontends", len(s.Plan.Frontends))
+	for i := range s.Services {
+		svc := &s.Services[i]
+		a.state.SetService(svc.Namespace+"/"+svc.Name, svc)
+	}
+	for i := range s.Slices {
+		sl := &s.Slices[i]
+		a.state.SetSlice(sl.Namespace+"/"+sl.Name, sl)
+	}
+	if s.Node.Name != "" {
+		n := s.Node
+		a.state.SetNode(&n)
+	}
+	a.snapAge.Store(s.Written.UnixNano())
+	a.fromSnapshot.Store(true)
+	return true
+}
+
+// reconcileAfterOffline runs once the API source has listed everything
+// after a start from the snapshot: objects the API no longer has are
+// removed, and the runner makes one coalesced sync of the differences.
+func (a *Agent) reconcileAfterOffline(ctx context.Context) {
+	if !a.source.WaitForSync(ctx) {
+		return
+	}
+	services, slices := a.api.Keys()
+	removed := a.state.Retain(services, slices)
+	a.fromSnapshot.Store(false)
+	a.log.Info("the API server is back; converging from the snapshot", "removed", removed)
+	a.runner.Run()
+}
+
+func (a *Agent) snapshotAgeSeconds() float64 {
+	n := a.snapAge.Load()
+	if n == 0 {
+		return -1
+	}
+	return time.Since(time.Unix(0, n)).Seconds()
+}
