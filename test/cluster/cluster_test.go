@@ -153,9 +153,11 @@ func TestAPIServerRestart(t *testing.T) {
 	}
 	createWebService(ctx, t, client, ns)
 
+	begin := time.Now()
 	if err := c.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("kube-apiserver stopped in %s", time.Since(begin).Round(time.Millisecond))
 	short, cancel := context.WithTimeout(ctx, 5*time.Second)
 	_, err := client.CoreV1().Namespaces().Get(short, ns, metav1.GetOptions{})
 	cancel()
@@ -163,9 +165,11 @@ func TestAPIServerRestart(t *testing.T) {
 		t.Fatal("get namespace with kube-apiserver stopped: no error")
 	}
 
+	begin = time.Now()
 	if err := c.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
+	t.Logf("kube-apiserver ready again in %s", time.Since(begin).Round(time.Millisecond))
 	if _, err := client.CoreV1().Services(ns).Get(ctx, "web", metav1.GetOptions{}); err != nil {
 		t.Fatalf("service created before the restart: %v", err)
 	}
