@@ -10,6 +10,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/recorder"
 )
 
@@ -20,21 +21,50 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 		return recorder.New(), nil
 	case "iptables":
 		return iptables.New(iptablesOptions(cfg, log, reg))
+	case "ipvs":
+		return ipvs.New(ipvsOptions(cfg, log, reg))
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
 	}
 }
 
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
+	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
+	ipv6 := false
+	for _, p := range cidrs {
+		ipv6 = ipv6 || p.Addr().Is6()
+	}
 	return iptables.Options{
+		// IPv6 frontends are programmed (with ip6tables) when the cluster
+		// has an IPv6 pod range, i.e. is dual-stack or IPv6-only.
+		IPv6:               ipv6,
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
-		ClusterCIDRs:       parsePrefixes(splitList(cfg.ClusterCIDR)...),
+		ClusterCIDRs:       cidrs,
 		MasqueradeAll:      cfg.MasqueradeAll,
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
 		LockWait:           cfg.IPTables.LockWait,
 		Logger:             log.With("datapath", "iptables"),
 		Registerer:         reg,
+	}
+}
+
+func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
+	return ipvs.Options{
+		Interface:      cfg.IPVS.Interface,
+		Scheduler:      cfg.IPVS.Scheduler,
+		SchedulerFlags: cfg.IPVS.SchedulerFlags,
+		StrictARP:      cfg.IPVS.StrictARP,
+		GracePeriod:    cfg.IPVS.GracePeriod,
+		NodePortCIDRs:  parsePrefixes(cfg.NodePortAddresses...),
+		ClusterCIDRs:   parsePrefixes(splitList(cfg.ClusterCIDR)...),
+		MasqueradeAll:  cfg.MasqueradeAll,
+		MasqueradeBit:  cfg.IPTables.MasqueradeBit,
+		TCPTimeout:     cfg.IPVS.TCPTimeout,
+		TCPFinTimeout:  cfg.IPVS.TCPFinTimeout,
+		UDPTimeout:     cfg.IPVS.UDPTimeout,
+		Registerer:     reg,
+		Logger:         log.With("datapath", "ipvs"),
 	}
 }
 

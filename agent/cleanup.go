@@ -6,8 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 )
 
 // Cleanup removes every kernel object any edgeproxy mode created, whatever
@@ -20,6 +23,15 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))
 	} else {
 		log.Info("removed edgeproxy's iptables chains and rules")
+	}
+	// IPVS mode's objects: virtual servers, the dummy link, its ipsets and
+	// iptables rules. A kernel without IPVS has none of them.
+	if p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry())); err != nil {
+		log.Info("IPVS is not usable here; no IPVS objects to remove", "reason", err)
+	} else if err := p.Cleanup(ctx); err != nil {
+		errs = append(errs, fmt.Errorf("ipvs: %w", err))
+	} else {
+		log.Info("removed edgeproxy's IPVS virtual servers, addresses and sets")
 	}
 	return errors.Join(errs...)
 }
