@@ -101,7 +101,7 @@ type Cluster struct {
 // Start starts etcd, kube-apiserver and kube-controller-manager on free ports
 // and returns once the API server reports ready. On error nothing is left
 // running. ctx bounds the start only; the cluster runs until Stop.
-func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
+func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	opts.setDefaults()
 	bind, err := netip.ParseAddr(opts.BindAddress)
 	if err != nil {
@@ -116,7 +116,7 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 		return nil, err
 	}
 
-	c = &Cluster{opts: opts, binDir: binDir, Dir: opts.Dir}
+	c := &Cluster{opts: opts, binDir: binDir, Dir: opts.Dir}
 	if c.Dir == "" {
 		if c.Dir, err = os.MkdirTemp("", "edgeproxy-cluster-"); err != nil {
 			return nil, fmt.Errorf("cluster: temp dir: %w", err)
@@ -131,7 +131,6 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 				err = fmt.Errorf("%w\n%s", err, tails)
 			}
 			err = errors.Join(err, c.Stop())
-			c = nil
 		}
 	}()
 
@@ -175,13 +174,13 @@ func Start(ctx context.Context, opts Options) (c *Cluster, err error) {
 	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
 	etcdArgs := []string{
-		"--name=default",
+		"--name=edgeproxy-test",
 		"--data-dir=" + filepath.Join(c.Dir, "etcd"),
 		"--listen-client-urls=" + etcdURL,
 		"--advertise-client-urls=" + etcdURL,
 		"--listen-peer-urls=" + peerURL,
 		"--initial-advertise-peer-urls=" + peerURL,
-		"--initial-cluster=default=" + peerURL,
+		"--initial-cluster=edgeproxy-test=" + peerURL,
 		"--unsafe-no-fsync=true",
 		"--log-level=warn",
 	}

@@ -139,9 +139,12 @@ func TestEndpointSliceFromReadyPod(t *testing.T) {
 // TestAPIServerRestart stops and restarts only kube-apiserver: clients fail
 // while it is down, then work again on the same URL; what was stored before
 // survives (etcd kept running), and the controller manager reconnects and
-// keeps writing EndpointSlices.
+// keeps writing EndpointSlices. The API server binds a non-default address.
 func TestAPIServerRestart(t *testing.T) {
-	c := cluster.New(t, cluster.Options{})
+	c := cluster.New(t, cluster.Options{BindAddress: "127.0.0.2"})
+	if want := "https://127.0.0.2:" + strconv.Itoa(c.Port()); c.URL != want {
+		t.Fatalf("URL = %s, want %s", c.URL, want)
+	}
 	ctx := t.Context()
 	client := c.Client()
 	const ns = "restart"
