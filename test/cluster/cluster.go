@@ -101,6 +101,16 @@ type Cluster struct {
 // Start starts etcd, kube-apiserver and kube-controller-manager on free ports
 // and returns once the API server reports ready. On error nothing is left
 // running. ctx bounds the start only; the cluster runs until Stop.
+//
+// The processes run in the caller's network namespace and are killed when
+// the OS thread that started them exits (Pdeathsig): do not call Start or
+// StartAPIServer from a goroutine locked to a thread that will end (as
+// network-namespace helpers do).
+//
+// The API server creates Service default/kubernetes (the first address of
+// ServiceCIDR) as usual, but gives it no endpoints
+// (--endpoint-reconciler-type=none): a loopback address is not a valid
+// endpoint, and nothing serves there.
 func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	opts.setDefaults()
 	bind, err := netip.ParseAddr(opts.BindAddress)
