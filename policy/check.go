@@ -122,7 +122,7 @@ func (h *Host) Load(ctx context.Context, spec Spec) (*Instance, *Report, error) 
 		return nil, r, r.Err()
 	}
 	probed.discard(ctx)
-	if err := probed.instantiate(ctx); err != nil {
+	if err := probed.instantiate(ctx, true); err != nil {
 		probed.Close(ctx)
 		return nil, r, fmt.Errorf("policy: module %s: %w", spec.Name, err)
 	}
@@ -197,7 +197,7 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 		return r, nil
 	}
 	inst := h.newInstance(spec, cm)
-	if !r.add("instantiate", inst.instantiate(ctx), "instantiated, _initialize and ep_init succeeded") {
+	if !r.add("instantiate", inst.instantiate(ctx, false), "instantiated, _initialize and ep_init succeeded") {
 		inst.Close(ctx)
 		r.skip("not run: an earlier check failed", probeCheckNames()...)
 		return r, nil

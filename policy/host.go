@@ -63,8 +63,9 @@ type Options struct {
 }
 
 // Breaker tunes how failing modules are contained. After a trap or timeout
-// the instance is discarded and re-created no sooner than RetryBase,
-// doubling per consecutive failure up to RetryMax. After Threshold
+// the instance is discarded; it is re-created at the next call after a
+// first failure, and after a further consecutive failure no sooner than
+// RetryBase, doubling up to RetryMax. After Threshold
 // consecutive failures of any kind the circuit opens for OpenFor (doubling
 // up to OpenMax while it keeps failing); one call is let through when it
 // ends, and a success closes it.

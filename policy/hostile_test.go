@@ -150,8 +150,13 @@ func TestHostileContainedAtRunTime(t *testing.T) {
 					if inst.State().Instantiated {
 						t.Fatal("instance kept after a trap or timeout")
 					}
+					// A second failure in a row: the instance is re-created
+					// at once, fails again, and now backs off.
+					if _, err := inst.Evaluate(ctx, input("hostile", 5)); policy.ReasonOf(err) == "" {
+						t.Fatal("second hostile call succeeded")
+					}
 					if _, err := inst.Evaluate(ctx, other); policy.ReasonOf(err) != policy.ReasonCircuitOpen || !errors.Is(err, policy.ErrCircuitOpen) {
-						t.Fatalf("call during backoff: %v, want circuit_open", err)
+						t.Fatalf("call during backoff: %v, want circuit_open (state %+v)", err, inst.State())
 					}
 					clk.Add(time.Second)
 				}

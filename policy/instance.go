@@ -124,7 +124,7 @@ func (i *Instance) discard(ctx context.Context) {
 // instantiate creates the wasm instance in an empty sandbox (no files,
 // environment, arguments or real clock; start functions off), runs the
 // reactor initializer and hands the module its config.
-func (i *Instance) instantiate(ctx context.Context) error {
+func (i *Instance) instantiate(ctx context.Context, warm bool) error {
 	if i.compiled == nil {
 		return errors.New("instance closed")
 	}
@@ -165,8 +165,25 @@ func (i *Instance) instantiate(ctx context.Context) error {
 		i.discard(ctx)
 		return fmt.Errorf("%s returned %d: the module refused its config (%s)", abi.InitExport, st, i.lastLog)
 	}
+	// Warm up: a language runtime's first call is slow (Go sizes its heap
+	// and stacks), and it must not count against the per-call deadline.
+	// Its output is not looked at; only losing the instance fails it.
+	if !warm {
+		return nil
+	}
+	if _, err := i.invokeEncoded(ctx, i.h.opts.InitTimeout, warmUpInput, len(warmUp.Endpoints), false); err != nil &&
+		(err.Reason == ReasonTrap || err.Reason == ReasonTimeout || err.Reason == ReasonCanceled) {
+		i.discard(ctx)
+		return fmt.Errorf("warm-up call: %w", err)
+	}
 	return nil
 }
+
+// warmUp is the input of the call made right after instantiation.
+var (
+	warmUp      = ProbeInputs()[1].Input
+	warmUpInput = abi.AppendInput(nil, &warmUp)
+)
 
 // write copies b into the guest buffer, asking ep_alloc for a bigger one
 // (with room to grow) only when b does not fit the current one.
@@ -210,12 +227,12 @@ func (i *Instance) Evaluate(ctx context.Context, in *abi.Input) (Result, error) 
 		if now.Before(i.retryAt) {
 			return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance discarded, re-created after %s", ErrCircuitOpen, i.retryAt.Format(time.RFC3339Nano)))
 		}
-		if err := i.instantiate(ctx); err != nil {
+		if err := i.instantiate(ctx, true); err != nil {
 			return Result{}, i.fail(ctx, now, i.classify(ctx, nil, err))
 		}
 	}
 	start := time.Now()
-	out, err := i.invokeEncoded(ctx, i.h.opts.Timeout, len(in.Endpoints), !i.spec.AllowEmpty)
+	out, err := i.invokeEncoded(ctx, i.h.opts.Timeout, i.buf, len(in.Endpoints), !i.spec.AllowEmpty)
 	d := time.Since(start)
 	if err != nil {
 		return Result{Duration: d}, i.fail(ctx, now, err)
@@ -240,8 +257,14 @@ func (i *Instance) fail(ctx context.Context, now time.Time, err *CallError) erro
 	i.failures++
 	if err.Reason == ReasonTrap || err.Reason == ReasonTimeout {
 		i.discard(ctx)
-		backoff := i.h.opts.Breaker.RetryBase << min(i.failures-1, 20)
-		i.retryAt = now.Add(min(backoff, i.h.opts.Breaker.RetryMax))
+		// The first failure re-creates the instance at the next call: a
+		// one-off (a guest GC pause on a busy node) must not fail every
+		// service port evaluated during a backoff. Repeats back off.
+		i.retryAt = now
+		if i.failures > 1 {
+			backoff := i.h.opts.Breaker.RetryBase << min(i.failures-2, 20)
+			i.retryAt = now.Add(min(backoff, i.h.opts.Breaker.RetryMax))
+		}
 	}
 	if i.failures >= i.h.opts.Breaker.Threshold {
 		if i.openFor == 0 {
@@ -257,33 +280,33 @@ func (i *Instance) fail(ctx context.Context, now time.Time, err *CallError) erro
 // invoke encodes in and calls the module (probes use it directly).
 func (i *Instance) invoke(ctx context.Context, timeout time.Duration, in *abi.Input, rejectEmpty bool) (abi.Output, time.Duration, *CallError) {
 	if i.mod == nil {
-		if err := i.instantiate(ctx); err != nil {
+		if err := i.instantiate(ctx, false); err != nil {
 			return abi.Output{}, 0, i.classify(ctx, nil, err)
 		}
 	}
 	i.buf = abi.AppendInput(i.buf[:0], in)
 	start := time.Now()
-	out, err := i.invokeEncoded(ctx, timeout, len(in.Endpoints), rejectEmpty)
+	out, err := i.invokeEncoded(ctx, timeout, i.buf, len(in.Endpoints), rejectEmpty)
 	if err != nil && (err.Reason == ReasonTrap || err.Reason == ReasonTimeout) {
 		i.discard(ctx)
 	}
 	return out, time.Since(start), err
 }
 
-// invokeEncoded calls ep_evaluate on i.buf under a deadline, copies the
-// output out of guest memory and validates the copy.
-func (i *Instance) invokeEncoded(ctx context.Context, timeout time.Duration, endpoints int, rejectEmpty bool) (abi.Output, *CallError) {
+// invokeEncoded calls ep_evaluate on the encoded input under a deadline,
+// copies the output out of guest memory and validates the copy.
+func (i *Instance) invokeEncoded(ctx context.Context, timeout time.Duration, input []byte, endpoints int, rejectEmpty bool) (abi.Output, *CallError) {
 	var out abi.Output
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cctx = context.WithValue(cctx, callKey{}, i)
 	i.logs = 0
 	i.lastLog = ""
-	ptr, err := i.write(cctx, i.buf)
+	ptr, err := i.write(cctx, input)
 	if err != nil {
 		return out, i.classify(ctx, cctx, err)
 	}
-	res, err := i.eval.Call(cctx, uint64(ptr), uint64(len(i.buf)))
+	res, err := i.eval.Call(cctx, uint64(ptr), uint64(len(input)))
 	if err != nil {
 		return out, i.classify(ctx, cctx, err)
 	}

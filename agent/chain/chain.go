@@ -101,7 +101,8 @@ type step struct {
 }
 
 type lastGood struct {
-	weights   map[netip.AddrPort]uint32
+	addrs     []netip.AddrPort
+	weights   []uint32 // by addrs
 	scheduler string
 	flags     []string
 }
@@ -491,8 +492,10 @@ func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model
 	spn := model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: port.Name}
 	v := Verdict{Chain: ch.cfg.Name}
 	in := e.input(svc, port, node)
+	in.Endpoints = make([]abi.Endpoint, 0, len(eps))
 	weights := ones(len(eps))
 	idx := make([]int, 0, len(eps))
+	allCached := true
 	for _, st := range ch.steps {
 		idx = idx[:0]
 		in.Endpoints = in.Endpoints[:0]
@@ -505,6 +508,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model
 		e.metrics.calls.WithLabelValues(st.module).Inc()
 		res, err := st.inst.Evaluate(ctx, &in)
 		s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
+		allCached = allCached && res.Cached
 		if res.Cached {
 			e.metrics.cacheHits.WithLabelValues(st.module).Inc()
 		} else if res.Duration > 0 {
@@ -530,13 +534,16 @@ func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model
 		v.Steps = append(v.Steps, s)
 	}
 	v.Weights = weights
-	lg := lastGood{weights: make(map[netip.AddrPort]uint32, len(eps)), scheduler: v.Scheduler, flags: v.SchedulerFlags}
-	for i := range eps {
-		lg.weights[eps[i].AddrPort()] = weights[i]
+	if !allCached {
+		// A fully cached answer is the one already remembered.
+		lg := lastGood{addrs: make([]netip.AddrPort, len(eps)), weights: weights, scheduler: v.Scheduler, flags: v.SchedulerFlags}
+		for i := range eps {
+			lg.addrs[i] = eps[i].AddrPort()
+		}
+		e.lgMu.Lock()
+		e.lastGood[ch.cfg.Name+"\x00"+spn.String()] = lg
+		e.lgMu.Unlock()
 	}
-	e.lgMu.Lock()
-	e.lastGood[ch.cfg.Name+"\x00"+spn.String()] = lg
-	e.lgMu.Unlock()
 	return v
 }
 
@@ -550,10 +557,14 @@ func (e *Evaluator) fallback(ch *chain, spn model.ServicePortName, v Verdict, ep
 		lg, ok := e.lastGood[ch.cfg.Name+"\x00"+spn.String()]
 		e.lgMu.Unlock()
 		if ok {
+			byAddr := make(map[netip.AddrPort]uint32, len(lg.addrs))
+			for i, a := range lg.addrs {
+				byAddr[a] = lg.weights[i]
+			}
 			w := make([]uint32, len(eps))
 			any := false
 			for i := range eps {
-				w[i] = lg.weights[eps[i].AddrPort()]
+				w[i] = byAddr[eps[i].AddrPort()]
 				any = any || w[i] > 0
 			}
 			// The last good answer may not know today's endpoints; it is
