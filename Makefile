@@ -31,8 +31,14 @@ modules:
 cluster-bins:
 	EDGEPROXY_CACHE=$(CACHE) test/cluster/build.sh
 
+# First the plan for the bundled manifests (no root needed); then, as root,
+# edgeproxy programs a throwaway network namespace (iptables mode) and a
+# request through a ClusterIP is answered by a pod; everything is removed after.
 demo: build
 	./$(BIN) plan --config configs/demo.yaml --node-name demo-node
+	@if [ "$$(id -u)" = 0 ]; then \
+		EDGEPROXY_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run TestDemo ./test/demo | grep -v '^\(=== \|--- \|PASS\|ok \)'; \
+	else echo "(run make demo as root to see it program a network namespace)"; fi
 
 vet:
 	$(GO) vet ./...
