@@ -1,0 +1,272 @@
+package e2e_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
+
+	"github.com/edgeproxy/edgeproxy/test/cluster"
+	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/test/netns"
+)
+
+// A node reboots while its uplink is down. The agent (mode iptables, in the
+// node namespace, against the real API server) dies by SIGKILL, the
+// cluster changes (a second pod), the API server goes away, and the node's
+// rules are flushed as a reboot would. Started again, the agent programs
+// the last known state from its snapshot and the service answers from the
+// old pod within seconds; when the API server returns it converges to the
+// second pod without a moment in which the service stops answering.
+func TestIPTablesOfflineRestart(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
+	bin := agentBinary(t)
+
+	node := netns.NewNode(t, "node")
+	a, b, client := node.AddPod("a"), node.AddPod("b"), node.AddPod("c")
+	for _, p := range []*netns.Pod{a, b} {
+		if err := p.Serve(podPort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	hostIP, nodeIP := node.LinkHost()
+	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+
+	const ns = "offline"
+	if err := c.CreateNamespace(ctx, ns); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
+		t.Fatal(err)
+	}
+	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP}}
+	labels := map[string]string{"app": "web"}
+	if _, err := c.CreateReadyPod(ctx, ns, "a", nodeName, a.IP.String(), labels, ports); err != nil {
+		t.Fatal(err)
+	}
+	vip := netip.MustParseAddr("10.96.101.10")
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
+		Spec: corev1.ServiceSpec{
+			ClusterIP: vip.String(),
+			Selector:  labels,
+			Ports:     []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)}},
+		},
+	}
+	if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
+		t.Fatal(err)
+	}
+	stateDir := filepath.Join(dir, "state")
+	cfg := filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `nodeName: %s
+kubeconfig: %s
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+stateDir: %s
+sync: {minPeriod: 200ms, period: 30s}
+offline: {startTimeout: 2s, snapshotInterval: 0s}
+`, nodeName, kubeconfig, stateDir), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	logPath := filepath.Join(dir, "agent.log")
+	t.Cleanup(func() {
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			t.Logf("agent log:\n%s", out)
+			save, _ := node.Run("iptables-save")
+			t.Logf("iptables-save in the node:\n%s", save)
+		}
+	})
+	ag := startAgent(t, node, bin, cfg, logPath)
+
+	dst := netip.AddrPortFrom(vip, 80)
+	answeredBy := func(want string) func() error {
+		return func() error {
+			r, err := client.TCP(dst, time.Second)
+			if err == nil && r.Name != want {
+				err = fmt.Errorf("answered by %q, want %q", r.Name, want)
+			}
+			return err
+		}
+	}
+	waitFor(t, 90*time.Second, "ClusterIP answered by a", answeredBy("a"))
+	waitFor(t, 30*time.Second, "snapshot written", func() error {
+		raw, err := os.ReadFile(filepath.Join(stateDir, "snapshot.json"))
+		if err != nil {
+			return err
+		}
+		if !strings.Contains(string(raw), a.IP.String()) {
+			return errors.New("snapshot lacks pod a")
+		}
+		return nil
+	})
+
+	// The node dies (SIGKILL: no clean shutdown). The cluster changes
+	// while it is down: pod b becomes ready behind the service. Then the
+	// uplink is gone too (the API server stops).
+	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = ag.cmd.Wait()
+	if _, err := c.CreateReadyPod(ctx, ns, "b", nodeName, b.IP.String(), labels, ports); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "EndpointSlice lists pod b", func() error {
+		return sliceHas(ctx, c.Client(), ns, "web", b.IP.String())
+	})
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+
+	// The reboot: every rule the agent made is gone, and the service with
+	// it.
+	if out, err := runIn(node, bin, "cleanup", "--config", cfg); err != nil {
+		t.Fatalf("edgeproxy cleanup: %v\n%s", err, out)
+	}
+	if save, err := node.Run("iptables-save"); err != nil {
+		t.Fatal(err)
+	} else if strings.Contains(save, vip.String()) {
+		t.Fatalf("rules for %s survived the flush:\n%s", vip, save)
+	}
+	if r, err := client.TCP(dst, time.Second); err == nil {
+		t.Fatalf("ClusterIP answered (%+v) with the rules flushed", r)
+	}
+
+	// Started without its API server: the last known state answers, within
+	// seconds of the offline start timeout (2s) — a bound, not a
+	// performance assertion — and only pod a is in it.
+	ag = startAgent(t, node, bin, cfg, logPath)
+	waitFor(t, 15*time.Second, "ClusterIP answered by a from the snapshot", answeredBy("a"))
+	for i := range 20 {
+		if err := answeredBy("a")(); err != nil {
+			t.Fatalf("connection %d from the snapshot: %v", i, err)
+		}
+	}
+	if out, _ := os.ReadFile(logPath); !strings.Contains(string(out), "programming the last known state") {
+		t.Errorf("the agent log does not say it serves the snapshot")
+	}
+
+	// The API server returns: the agent converges to pod b; every
+	// connection meanwhile is answered (no moment without rules).
+	if err := c.StartAPIServer(ctx); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(90 * time.Second)
+	served := map[string]int{}
+	for served["b"] == 0 {
+		if time.Now().After(deadline) {
+			t.Fatalf("pod b never answered within 90s of the API server's return (answers: %v)", served)
+		}
+		r, err := client.TCP(dst, 2*time.Second)
+		if err != nil {
+			t.Fatalf("connection failed while converging after the API server returned (answers so far %v): %v", served, err)
+		}
+		served[r.Name]++
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Logf("answers while converging: %v", served)
+	if out, _ := os.ReadFile(logPath); !strings.Contains(string(out), "the API server is back; converging from the snapshot") {
+		t.Errorf("the agent log does not say it converged after the API server returned")
+	}
+	if err := healthz(node); err != nil {
+		t.Errorf("agent after converging: %v", err)
+	}
+
+	// Another reboot while offline, this time with a corrupt snapshot: it
+	// is refused whole, with a log line, and nothing of it is programmed.
+	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	_ = ag.cmd.Wait()
+	if err := c.StopAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := runIn(node, bin, "cleanup", "--config", cfg); err != nil {
+		t.Fatalf("edgeproxy cleanup: %v\n%s", err, out)
+	}
+	snap := filepath.Join(stateDir, "snapshot.json")
+	raw, err := os.ReadFile(snap)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := strings.Index(string(raw), b.IP.String()) // flip a bit inside pod b's address
+	if i < 0 {
+		t.Fatalf("the snapshot after converging lacks pod b")
+	}
+	raw[i] ^= 0x01
+	if err := os.WriteFile(snap, raw, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	before, _ := os.ReadFile(logPath)
+	ag = startAgent(t, node, bin, cfg, logPath)
+	waitFor(t, 30*time.Second, "corrupt snapshot refused in the log", func() error {
+		out, _ := os.ReadFile(logPath)
+		if !strings.Contains(string(out[len(before):]), "snapshot is refused") {
+			return errors.New("no refusal logged yet")
+		}
+		return nil
+	})
+	time.Sleep(time.Second) // a sync that wrongly followed the refusal would land by now
+	if save, err := node.Run("iptables-save"); err != nil {
+		t.Fatal(err)
+	} else if strings.Contains(save, vip.String()) {
+		t.Errorf("rules for %s programmed from a corrupt snapshot:\n%s", vip, save)
+	}
+	if r, err := client.TCP(dst, time.Second); err == nil {
+		t.Errorf("ClusterIP answered (%+v) from a corrupt snapshot", r)
+	}
+}
+
+// sliceHas reports nil when an EndpointSlice of service svc lists ip.
+func sliceHas(ctx context.Context, client kubernetes.Interface, ns, svc, ip string) error {
+	list, err := client.DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + svc})
+	if err != nil {
+		return err
+	}
+	for _, s := range list.Items {
+		for _, e := range s.Endpoints {
+			for _, a := range e.Addresses {
+				if a == ip {
+					return nil
+				}
+			}
+		}
+	}
+	return fmt.Errorf("no EndpointSlice of %s/%s lists %s", ns, svc, ip)
+}
+
+// runIn runs the agent binary with args inside the node namespace and
+// waits for it (bounded: cleanup has nothing to wait for).
+func runIn(node *netns.Node, bin string, args ...string) (string, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	var out []byte
+	err := node.Do(func() error {
+		var err error
+		out, err = exec.CommandContext(ctx, bin, args...).CombinedOutput()
+		return err
+	})
+	return string(out), err
+}
