@@ -42,7 +42,6 @@ demo: build
 
 vet:
 	$(GO) vet ./...
-	cd test/cluster/build && $(GO) vet ./...
 
 # Unit tests only: any machine, no root.
 test-unit:
