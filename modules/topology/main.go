@@ -13,6 +13,7 @@ package main
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -29,6 +30,20 @@ func init() {
 	sdk.Run(sdk.Module{Init: initConfig, Evaluate: evaluate})
 }
 
+// Levels, narrowest first.
+const (
+	levelNode = iota
+	levelZone
+	levelRegion
+	levelAny
+)
+
+var levelNames = [...]string{"node", "zone", "region", "any"}
+
+// levels is cfg.Levels resolved at init, so that a call compares no
+// strings to find a level.
+var levels []int
+
 func initConfig(b []byte) error {
 	if err := sdk.JSON(&cfg)(b); err != nil {
 		return err
@@ -37,14 +52,15 @@ func initConfig(b []byte) error {
 		cfg.MinEndpoints = 1
 	}
 	if len(cfg.Levels) == 0 {
-		cfg.Levels = []string{"node", "zone", "region", "any"}
+		cfg.Levels = slices.Clone(levelNames[:])
 	}
+	levels = levels[:0]
 	for _, l := range cfg.Levels {
-		switch l {
-		case "node", "zone", "region", "any":
-		default:
+		i := slices.Index(levelNames[:], l)
+		if i < 0 {
 			return fmt.Errorf("topology: unknown level %q", l)
 		}
+		levels = append(levels, i)
 	}
 	return nil
 }
@@ -59,46 +75,54 @@ func region(in *sdk.Input, zone string) string {
 	return ""
 }
 
-func inLevel(in *sdk.Input, e *sdk.Endpoint, level string) bool {
-	switch level {
-	case "node":
-		return e.Local || (e.NodeName != "" && e.NodeName == in.Node.Name)
-	case "zone":
-		return e.Zone != "" && e.Zone == in.Node.Zone
-	case "region":
-		r := in.Node.Region
-		if r == "" {
-			r = region(in, in.Node.Zone)
-		}
-		return r != "" && e.Zone != "" && region(in, e.Zone) == r
+// closest returns the narrowest level an endpoint shares with this node.
+func closest(in *sdk.Input, e *sdk.Endpoint, nodeRegion string) int {
+	switch {
+	case e.Local || (e.NodeName != "" && e.NodeName == in.Node.Name):
+		return levelNode
+	case e.Zone == "":
+		return levelAny
+	case e.Zone == in.Node.Zone:
+		return levelZone
+	case nodeRegion != "" && region(in, e.Zone) == nodeRegion:
+		return levelRegion
 	}
-	return true
+	return levelAny
 }
+
+var ranks []int // per endpoint, reused
 
 func evaluate(in *sdk.Input, out *sdk.Output) error {
 	if len(in.Endpoints) == 0 {
 		out.Reason = "no endpoints"
 		return nil
 	}
-	for _, level := range cfg.Levels {
-		n := 0
-		for i := range in.Endpoints {
-			if inLevel(in, &in.Endpoints[i], level) {
-				n++
-			}
+	nodeRegion := in.Node.Region
+	if nodeRegion == "" {
+		nodeRegion = region(in, in.Node.Zone)
+	}
+	// One pass: each endpoint's closest level, and how many endpoints are
+	// within each level (an endpoint in this zone is also in this region).
+	ranks = ranks[:0]
+	var within [levelAny + 1]int
+	for i := range in.Endpoints {
+		r := closest(in, &in.Endpoints[i], nodeRegion)
+		ranks = append(ranks, r)
+		for l := r; l <= levelAny; l++ {
+			within[l]++
 		}
-		if n < cfg.MinEndpoints && level != "any" {
+	}
+	for _, l := range levels {
+		n := within[l]
+		if n == 0 || (n < cfg.MinEndpoints && l != levelAny) {
 			continue
 		}
-		if n == 0 {
-			continue
-		}
-		for i := range in.Endpoints {
-			if !inLevel(in, &in.Endpoints[i], level) {
+		for i, r := range ranks {
+			if r > l {
 				out.Weights[i] = 0
 			}
 		}
-		out.Reason = level + ": " + strconv.Itoa(n) + " of " + strconv.Itoa(len(in.Endpoints)) + " endpoints"
+		out.Reason = levelNames[l] + ": " + strconv.Itoa(n) + " of " + strconv.Itoa(len(in.Endpoints)) + " endpoints"
 		return nil
 	}
 	out.Reason = "no level matched; all endpoints kept"

@@ -29,7 +29,8 @@ func TestLevels(t *testing.T) {
 		{"region by map", `{"regions":{"far":"eu-1"}}`, input(sdk.Endpoint{Zone: "us-1a"}, sdk.Endpoint{Zone: "far"}), []uint32{0, 1}},
 		{"anything", `{}`, input(sdk.Endpoint{Zone: "us-1a"}, sdk.Endpoint{Zone: "ap-1a"}), []uint32{1, 1}},
 		{"minEndpoints widens", `{"minEndpoints":2}`, input(sdk.Endpoint{NodeName: "n1", Zone: "eu-1a"}, sdk.Endpoint{NodeName: "n2", Zone: "eu-1a"}, sdk.Endpoint{Zone: "us-1a"}), []uint32{1, 1, 0}},
-		{"levels", `{"levels":["zone","any"]}`, input(sdk.Endpoint{NodeName: "n1", Zone: "eu-1b"}, sdk.Endpoint{Zone: "eu-1a"}), []uint32{0, 1}},
+		{"levels", `{"levels":["zone","any"]}`, input(sdk.Endpoint{NodeName: "n1", Zone: "eu-1a"}, sdk.Endpoint{NodeName: "n2", Zone: "eu-1a"}, sdk.Endpoint{NodeName: "n3", Zone: "eu-1b"}), []uint32{1, 1, 0}},
+		{"no zone is anywhere", `{}`, input(sdk.Endpoint{NodeName: "n2"}, sdk.Endpoint{NodeName: "n3", Zone: "us-1a"}), []uint32{1, 1}},
 	}
 	for _, c := range cases {
 		cfg.MinEndpoints, cfg.Levels, cfg.Regions = 0, nil, nil
