@@ -69,7 +69,10 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 			t.Fatalf("vm: %s has no tests to build: %v", g.Package, err)
 		}
 		// Each binary runs in its package directory, as `go test` would.
-		args := []string{"-test.v", "-test.timeout=" + (timeout - time.Minute).String()}
+		// The binary's own timeout fires first, so that a hung test
+		// prints its goroutines instead of the VM being killed silently.
+		inner := max(timeout-time.Minute, timeout*3/4)
+		args := []string{"-test.v", "-test.timeout=" + inner.String()}
 		args = append(args, g.Args...)
 		quoted := make([]string, len(args))
 		for i, a := range args {
