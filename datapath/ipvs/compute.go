@@ -46,8 +46,8 @@ func sets() []ipset.Set {
 	return out
 }
 
-// Config is what the computation needs besides the plan.
-type Config struct {
+// config is what the computation needs besides the plan.
+type config struct {
 	Scheduler      string   // default scheduler; "rr" when empty
 	SchedulerFlags []string // flags for the default scheduler
 	NodeAddresses  []netip.Addr
@@ -74,7 +74,7 @@ type desired struct {
 // compute turns a plan into the kernel state it asks for. It is pure.
 // Frontends it cannot program (IPv6, for now; unknown scheduler flags)
 // are reported in the error and left out; the rest is returned.
-func compute(cfg Config, p *datapath.Plan) (*desired, error) {
+func compute(cfg config, p *datapath.Plan) (*desired, error) {
 	d := &desired{Servers: map[Key]*desiredServer{}, VIPs: map[netip.Addr]bool{}, Entries: map[string][]ipset.Entry{}}
 	for _, s := range sets() {
 		d.Entries[s.Name] = nil
@@ -151,7 +151,7 @@ func compute(cfg Config, p *datapath.Plan) (*desired, error) {
 }
 
 // virtualServer derives the scheduler, flags and persistence of f.
-func virtualServer(cfg Config, f *datapath.Frontend) (VirtualServer, bool, error) {
+func virtualServer(cfg config, f *datapath.Frontend) (VirtualServer, bool, error) {
 	v := VirtualServer{Addr: f.Addr, Protocol: f.Protocol, Port: f.Port, Scheduler: f.Scheduler}
 	flags := f.SchedulerFlags
 	if v.Scheduler == "" {

@@ -57,7 +57,7 @@ func (d *desired) String() string {
 }
 
 func TestCompute(t *testing.T) {
-	cfg := Config{Scheduler: "lc", NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
+	cfg := config{Scheduler: "lc", NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
 	plan := &datapath.Plan{Frontends: []datapath.Frontend{
 		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1)}},
@@ -86,7 +86,7 @@ func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 		{Service: "a/bad:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.7"), Family: datapath.IPv4, Port: 80, Scheduler: "sh", SchedulerFlags: []string{"sh-bogus"}},
 		{Service: "a/ok:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.8"), Family: datapath.IPv4, Port: 80},
 	}}
-	d, err := compute(Config{}, plan)
+	d, err := compute(config{}, plan)
 	if err == nil || !strings.Contains(err.Error(), "IPv6") || !strings.Contains(err.Error(), "sh-bogus") {
 		t.Errorf("err = %v, want both problems named", err)
 	}
@@ -140,7 +140,7 @@ func BenchmarkCompute(b *testing.B) {
 		plan.Frontends = append(plan.Frontends, f)
 	}
 	for b.Loop() {
-		if _, err := compute(Config{}, plan); err != nil {
+		if _, err := compute(config{}, plan); err != nil {
 			b.Fatal(err)
 		}
 	}

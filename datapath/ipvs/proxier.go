@@ -267,7 +267,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if err != nil {
 		return err
 	}
-	want, cerr := compute(Config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
+	want, cerr := compute(config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
 	if cerr != nil {
 		// Frontends that cannot be programmed are left out; retrying
 		// does not help, so they are logged, not returned.

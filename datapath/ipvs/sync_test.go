@@ -80,7 +80,7 @@ func TestSyncServersDrainsAndDeletes(t *testing.T) {
 	}
 	sync := func(pl *datapath.Plan) Stats {
 		t.Helper()
-		d, err := compute(Config{}, pl)
+		d, err := compute(config{}, pl)
 		if err != nil {
 			t.Fatal(err)
 		}
