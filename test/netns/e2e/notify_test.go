@@ -1,0 +1,220 @@
+package e2e_test
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/test/netns"
+)
+
+// datagrams records what a process sends to a unixgram NOTIFY_SOCKET.
+type datagrams struct {
+	mu   sync.Mutex
+	msgs []string
+}
+
+func (d *datagrams) all() []string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return append([]string(nil), d.msgs...)
+}
+
+// lines counts the datagrams from index from on with a line equal to line.
+func (d *datagrams) lines(from int, line string) int {
+	n := 0
+	for _, m := range d.all()[from:] {
+		for _, l := range strings.Split(m, "\n") {
+			if l == line {
+				n++
+			}
+		}
+	}
+	return n
+}
+
+func listenNotify(t *testing.T) (string, *datagrams) {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "notify.sock")
+	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d := &datagrams{}
+	done := make(chan struct{})
+	go func() { // ends when conn is closed at cleanup
+		defer close(done)
+		buf := make([]byte, 64<<10)
+		for {
+			n, err := conn.Read(buf)
+			if err != nil {
+				return
+			}
+			d.mu.Lock()
+			d.msgs = append(d.msgs, string(buf[:n]))
+			d.mu.Unlock()
+		}
+	}()
+	t.Cleanup(func() {
+		conn.Close()
+		<-done
+		if t.Failed() {
+			t.Logf("notify datagrams:\n%s", strings.Join(d.all(), "\n--\n"))
+		}
+	})
+	return path, d
+}
+
+// wedgeableRestore puts iptables-restore and ip6tables-restore wrappers in
+// a directory for the front of the agent's PATH: they run the real tools,
+// except while the file wedge exists, when they hang (at most 5 minutes)
+// the way iptables-restore does behind a stuck xtables lock holder.
+func wedgeableRestore(t *testing.T) (binDir, wedge string) {
+	t.Helper()
+	binDir, wedge = t.TempDir(), filepath.Join(t.TempDir(), "wedge")
+	for _, name := range []string{"iptables-restore", "ip6tables-restore"} {
+		real, err := exec.LookPath(name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		script := fmt.Sprintf("#!/bin/sh\ni=0\nwhile [ -e %q ] && [ $i -lt 3000 ]; do sleep 0.1; i=$((i+1)); done\nexec %q \"$@\"\n", wedge, real)
+		if err := os.WriteFile(filepath.Join(binDir, name), []byte(script), 0o755); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return binDir, wedge
+}
+
+// The notify protocol with the iptables datapath in a node namespace:
+// READY=1 arrives when the kernel is programmed (the ClusterIP answers at
+// the first try), watchdog pings flow while the sync loop turns, stop while
+// it is wedged in iptables-restore, and resume once it is unwedged.
+func TestIPTablesNotifyWatchdog(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore", "ip6tables-restore", "sh")
+	bin := agentBinary(t)
+	sock, got := listenNotify(t)
+	binDir, wedge := wedgeableRestore(t)
+
+	node := netns.NewNode(t, "node")
+	a, b := node.AddPod("a"), node.AddPod("b")
+	for _, p := range []*netns.Pod{a, b} {
+		if err := p.Serve(podPort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
+	web := filepath.Join(manifests, "web.yaml")
+	writeFile(t, web, webManifest(a.IP, nodeName))
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
+manifests: %s
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+stateDir: %s
+sync: {minPeriod: 100ms, period: 300ms}
+`, nodeName, manifests, filepath.Join(dir, "state")))
+	logPath := filepath.Join(dir, "agent.log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		_ = os.Remove(wedge) // let a hung wrapper finish
+		logf.Close()
+		if t.Failed() {
+			out, _ := os.ReadFile(logPath)
+			t.Logf("agent log:\n%s", out)
+		}
+	})
+	agentLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
+
+	cmd := exec.Command(bin, "run", "--config", cfg)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=1000000")
+	if err := node.Start(t, cmd); err != nil {
+		t.Fatal(err)
+	}
+
+	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
+	waitFor(t, 60*time.Second, "READY=1", func() error {
+		if got.lines(0, "READY=1") == 0 {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	// READY=1 promises programmed rules: the first connection is answered.
+	if r, err := b.TCP(vip, 2*time.Second); err != nil || r.Name != "a" {
+		t.Fatalf("first connection after READY=1: %+v %v", r, err)
+	}
+	mark := len(got.all())
+	waitFor(t, 15*time.Second, "watchdog pings while syncing", func() error {
+		if n := got.lines(mark, "WATCHDOG=1"); n < 4 {
+			return fmt.Errorf("%d pings", n)
+		}
+		return nil
+	})
+
+	// Wedge the sync loop inside iptables-restore (a periodic sync with
+	// nothing to change does not run it; moving the endpoint to pod b
+	// does): the pings stop, and the agent says why.
+	if err := os.WriteFile(wedge, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, web, webManifest(b.IP, nodeName))
+	waitFor(t, 15*time.Second, "agent withholds pings", func() error {
+		if !strings.Contains(agentLog(), "withholding watchdog pings") {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+	stopped := len(got.all())
+	time.Sleep(2500 * time.Millisecond) // five ping intervals
+	if n := got.lines(stopped, "WATCHDOG=1"); n != 0 {
+		t.Fatalf("%d watchdog pings while the sync loop was wedged", n)
+	}
+
+	// The old rules stay in force while the loop hangs.
+	if r, err := b.TCP(vip, 2*time.Second); err != nil || r.Name != "a" {
+		t.Errorf("ClusterIP while wedged: %+v %v, want the old endpoint a", r, err)
+	}
+
+	// Unwedged, the loop turns again, the pings resume and the change
+	// lands.
+	if err := os.Remove(wedge); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 15*time.Second, "pings resume", func() error {
+		if n := got.lines(stopped, "WATCHDOG=1"); n < 3 {
+			return fmt.Errorf("%d pings", n)
+		}
+		return nil
+	})
+	if !strings.Contains(agentLog(), "resuming watchdog pings") {
+		t.Errorf("the agent log does not say the pings resumed")
+	}
+	waitFor(t, 15*time.Second, "ClusterIP answered by b after the wedge", func() error {
+		r, err := a.TCP(vip, time.Second)
+		if err == nil && r.Name != "b" {
+			err = fmt.Errorf("answered by %s", r.Name)
+		}
+		return err
+	})
+	if n := got.lines(0, "READY=1"); n != 1 {
+		t.Errorf("READY=1 sent %d times, want once", n)
+	}
+}
