@@ -22,7 +22,7 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 	case "iptables":
 		return iptables.New(iptablesOptions(cfg, log, reg))
 	case "ipvs":
-		return ipvs.New(ipvsOptions(cfg, log, reg))
+		return newIPVSBackend(cfg, log, reg)
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
 	}

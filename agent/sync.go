@@ -59,6 +59,11 @@ func (a *Agent) sync(ctx context.Context) error {
 		}
 	}
 	a.saveSnapshot(res, now)
+	// IPVS real servers that left the plan drain at weight 0; keep syncing
+	// until they are gone, so they are removed when their connections end.
+	if d, ok := a.backend.(interface{ Draining() int }); ok && d.Draining() > 0 {
+		a.runner.Run()
+	}
 	a.syncOnce.Do(func() {
 		a.log.Info("first sync done", "frontends", len(res.Plan.Frontends), "took", now.Sub(start).Round(time.Millisecond))
 		close(a.synced)
