@@ -143,7 +143,7 @@ func Default() Config {
 			Scheduler: "rr", Interface: "edgeproxy0", GracePeriod: 30 * time.Second,
 		},
 		Policy: Policy{
-			Engine: "compiler", Timeout: 5 * time.Millisecond,
+			Engine: "compiler", Timeout: 50 * time.Millisecond,
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
 		},
 		StateDir:         "/var/lib/edgeproxy",
