@@ -168,25 +168,39 @@ offline: {startTimeout: 2s, snapshotInterval: 0s}
 		t.Errorf("the agent log does not say it serves the snapshot")
 	}
 
-	// The API server returns: the agent converges to pod b; every
-	// connection meanwhile is answered (no moment without rules).
+	// The API server returns: the agent converges to pod b. A client
+	// probes from before the return until b has answered a few times;
+	// every connection must be answered (no moment without rules).
+	type probe struct {
+		served map[string]int
+		err    error
+	}
+	probed := make(chan probe, 1)
+	go func() { // ends after b answered 5 times, a failure, or 120 s
+		p := probe{served: map[string]int{}}
+		defer func() { probed <- p }()
+		for deadline := time.Now().Add(120 * time.Second); p.served["b"] < 5; time.Sleep(20 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				p.err = errors.New("pod b never answered within 120s")
+				return
+			}
+			r, err := client.TCP(dst, 2*time.Second)
+			if err != nil {
+				p.err = fmt.Errorf("connection failed while converging: %w", err)
+				return
+			}
+			p.served[r.Name]++
+		}
+	}()
+	time.Sleep(500 * time.Millisecond) // some probes before the return
 	if err := c.StartAPIServer(ctx); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(90 * time.Second)
-	served := map[string]int{}
-	for served["b"] == 0 {
-		if time.Now().After(deadline) {
-			t.Fatalf("pod b never answered within 90s of the API server's return (answers: %v)", served)
-		}
-		r, err := client.TCP(dst, 2*time.Second)
-		if err != nil {
-			t.Fatalf("connection failed while converging after the API server returned (answers so far %v): %v", served, err)
-		}
-		served[r.Name]++
-		time.Sleep(50 * time.Millisecond)
+	p := <-probed
+	if p.err != nil {
+		t.Fatalf("answers %v: %v", p.served, p.err)
 	}
-	t.Logf("answers while converging: %v", served)
+	t.Logf("answers while converging: %v", p.served)
 	if out, _ := os.ReadFile(logPath); !strings.Contains(string(out), "the API server is back; converging from the snapshot") {
 		t.Errorf("the agent log does not say it converged after the API server returned")
 	}
