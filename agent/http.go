@@ -159,6 +159,15 @@ type Status struct {
 	Health     Health        `json:"health"`
 	Generation uint64        `json:"generation"`
 	Services   []ServiceView `json:"services"`
+	// SnapshotWritten is when the last known state on disk was written (or
+	// loaded at an offline start); zero when there is none.
+	SnapshotWritten time.Time `json:"snapshotWritten,omitzero"`
+	// FromSnapshot: the agent started without the API server and serves
+	// the snapshot until the API server has been listed.
+	FromSnapshot bool `json:"fromSnapshot,omitempty"`
+	// APIReachable is false when the API server did not answer the last
+	// heartbeat.
+	APIReachable bool `json:"apiReachable"`
 	// Modules is the health of each loaded policy module.
 	Modules []chain.ModuleStatus `json:"modules,omitempty"`
 	// Config is the configuration in force (after reloads).
@@ -183,6 +192,11 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	if a.chains != nil {
 		st.Modules = a.chains.Modules()
 	}
+	if n := a.snapAge.Load(); n != 0 {
+		st.SnapshotWritten = time.Unix(0, n)
+	}
+	st.FromSnapshot = a.fromSnapshot.Load()
+	st.APIReachable = a.api == nil || a.api.Reachable()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		byService := map[string]*ServiceView{}

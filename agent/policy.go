@@ -26,7 +26,7 @@ func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, r
 
 func (p *chainPolicy) Weigh(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) planner.Weighing {
 	v := p.ev.Evaluate(ctx, svc, port, node, eps)
-	w := planner.Weighing{Weights: v.Weights, Scheduler: v.Scheduler, SchedulerFlags: v.SchedulerFlags}
+	w := planner.Weighing{Weights: v.Weights, Scheduler: v.Scheduler, SchedulerFlags: v.SchedulerFlags, Retry: v.Fallback != ""}
 	if v.Chain != "" {
 		w.Explain = v
 	}

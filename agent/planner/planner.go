@@ -28,6 +28,10 @@ type Weighing struct {
 	SchedulerFlags []string
 	// Explain is shown as-is in /debug/plan and `edgeproxy explain`.
 	Explain any
+	// Retry asks for the port to be weighed again at the next Build even
+	// if nothing changed, e.g. because a module failed and its chain's
+	// failure policy stood in for it.
+	Retry bool
 }
 
 // Policy weighs the endpoints that built-in selection chose. It must return
@@ -59,10 +63,13 @@ type Explain struct {
 // Decision is one endpoint's built-in verdict.
 type Decision struct {
 	Endpoint string `json:"endpoint"`
-	Node     string `json:"node,omitempty"`
-	Zone     string `json:"zone,omitempty"`
-	Local    bool   `json:"local,omitempty"`
-	Reason   string `json:"reason"`
+	// Traffic is set on skipped endpoints: which traffic skipped it
+	// (internal, external, or both).
+	Traffic string `json:"traffic,omitempty"`
+	Node    string `json:"node,omitempty"`
+	Zone    string `json:"zone,omitempty"`
+	Local   bool   `json:"local,omitempty"`
+	Reason  string `json:"reason"`
 }
 
 // HealthCheck is what a healthCheckNodePort reports for one Service.
@@ -82,6 +89,7 @@ type Result struct {
 }
 
 type portPlan struct {
+	retry     bool // weigh again next time: the policy fell back
 	frontends []datapath.Frontend
 	explain   []Explain
 	localV4   []model.PortEndpoint // for health checks
@@ -126,7 +134,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	}
 	for name, port := range snap.Ports {
 		old, cached := p.ports[name]
-		if cached && !snap.NodeChanged && !snap.Changed[name] {
+		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
 		}
 		pp := p.planPort(ctx, port, snap.Node)
@@ -179,6 +187,7 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 		w := Weighing{Weights: ones(len(union))}
 		if p.policy != nil && len(union) > 0 {
 			w = p.policy.Weigh(ctx, svc, port.Port, node, union)
+			pp.retry = pp.retry || w.Retry
 		}
 		weight := make(map[netip.AddrPort]uint32, len(union))
 		for i, e := range union {
@@ -230,7 +239,7 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 		ex := Explain{
 			Service: name, Family: dfam, Topology: sel.Topology, Notes: sel.Notes, Policy: w.Explain,
 			Internal: decisions(sel.Internal), External: decisions(sel.External),
-			Skipped: append(decisions(sel.InternalSkipped), decisions(sel.ExternalSkipped)...),
+			Skipped: skipped(sel.InternalSkipped, sel.ExternalSkipped),
 			Weights: make(map[string]uint32, len(weight)),
 		}
 		for a, v := range weight {
@@ -283,6 +292,29 @@ func decisions(cs []selection.Choice) []Decision {
 	out := make([]Decision, 0, len(cs))
 	for _, c := range cs {
 		out = append(out, Decision{Endpoint: c.AddrPort().String(), Node: c.NodeName, Zone: c.Zone, Local: c.Local, Reason: c.Reason})
+	}
+	return out
+}
+
+// skipped lists the endpoints left out, once each: one skipped for the same
+// reason by internal and external traffic is listed once, as "both".
+func skipped(internal, external []selection.Choice) []Decision {
+	out := decisions(internal)
+	for i := range out {
+		out[i].Traffic = "internal"
+	}
+	for _, d := range decisions(external) {
+		merged := false
+		for i := range out {
+			if out[i].Endpoint == d.Endpoint && out[i].Reason == d.Reason {
+				out[i].Traffic, merged = "both", true
+				break
+			}
+		}
+		if !merged {
+			d.Traffic = "external"
+			out = append(out, d)
+		}
 	}
 	return out
 }

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"io"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
@@ -111,5 +112,46 @@ func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
 	third := p.Build(context.Background(), st.Snapshot())
 	if third.Evaluated != 3 {
 		t.Errorf("node change evaluated %d ports, want 3", third.Evaluated)
+	}
+}
+
+// failingOnce stands in for a chain whose module failed: its first answer
+// is the fallback and asks for a retry.
+type failingOnce struct{ calls int }
+
+func (p *failingOnce) Weigh(_ context.Context, _ *model.Service, _ model.ServicePort, _ *model.Node, eps []model.PortEndpoint) planner.Weighing {
+	p.calls++
+	w := make([]uint32, len(eps))
+	for i := range w {
+		w[i] = 1
+	}
+	if p.calls == 1 {
+		return planner.Weighing{Weights: w, Retry: true}
+	}
+	w[0] = 7
+	return planner.Weighing{Weights: w}
+}
+
+func TestFallbackIsRetriedNextSync(t *testing.T) {
+	st := state.New(nil)
+	st.SetService("ns/a", &model.Service{Namespace: "ns", Name: "a", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		Ports: []model.ServicePort{{Protocol: "TCP", Port: 80}}})
+	st.SetSlice("ns/a-1", &model.EndpointSlice{Namespace: "ns", Name: "a-1", Service: "a", Family: model.IPv4,
+		Ports:     []model.EndpointPort{{Protocol: "TCP", Port: 80}},
+		Endpoints: []model.Endpoint{{Addr: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true}}})
+	pol := &failingOnce{}
+	p := planner.New(planner.Options{}, pol)
+	first := p.Build(context.Background(), st.Snapshot())
+	if !strings.Contains(first.Plan.String(), "10.0.0.1:80 w=1") {
+		t.Fatalf("first plan:\n%s", first.Plan)
+	}
+	// Nothing changed, but the port fell back: it is weighed again.
+	second := p.Build(context.Background(), st.Snapshot())
+	if second.Evaluated != 1 || !strings.Contains(second.Plan.String(), "10.0.0.1:80 w=7") {
+		t.Fatalf("retry: evaluated %d\n%s", second.Evaluated, second.Plan)
+	}
+	// Now it succeeded: no more re-evaluation.
+	if third := p.Build(context.Background(), st.Snapshot()); third.Evaluated != 0 {
+		t.Fatalf("evaluated %d ports after a success, want 0", third.Evaluated)
 	}
 }

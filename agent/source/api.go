@@ -27,13 +27,24 @@ type API struct {
 	synced   []cache.InformerSynced
 	svcInf   cache.SharedIndexInformer
 	epsInf   cache.SharedIndexInformer
-	contact  atomic.Int64 // unix nanoseconds of the last event or successful list
+	contact  atomic.Int64 // unix nanoseconds of the last event, list or heartbeat
 	nodeName string
+	client   kubernetes.Interface
+	down     atomic.Bool // the last heartbeat failed
 }
+
+// Heartbeat timing: when nothing arrived for quietAfter, the API source asks
+// the API server's /readyz (readable by every authenticated user), so that
+// last contact tells a quiet cluster from an unreachable one. At most one
+// small request per quietAfter per node.
+const (
+	quietAfter     = 10 * time.Second
+	heartbeatCheck = 3 * time.Second
+)
 
 // NewAPI prepares informers; nothing is started until Run.
 func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
-	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName}
+	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client}
 	// No periodic informer resync: the sync runner owns timing.
 	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip))
 	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip),
@@ -78,11 +89,45 @@ func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink 
 func (a *API) Run(ctx context.Context) error {
 	a.factory.Start(ctx.Done())
 	a.nodes.Start(ctx.Done())
-	<-ctx.Done()
+	a.heartbeat(ctx)
 	a.factory.Shutdown()
 	a.nodes.Shutdown()
 	return nil
 }
+
+// heartbeat asks the API server whether it is there when the watches have
+// been quiet, until ctx is done, and logs when it goes away and comes back.
+func (a *API) heartbeat(ctx context.Context) {
+	t := time.NewTicker(heartbeatCheck)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if last := a.LastContact(); !last.IsZero() && time.Since(last) < quietAfter {
+			continue
+		}
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err := a.client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(rctx).Error()
+		cancel()
+		switch {
+		case err == nil:
+			a.touch()
+			if a.down.Swap(false) {
+				a.log.Info("the API server answers again")
+			}
+		case ctx.Err() != nil:
+			return
+		case !a.down.Swap(true):
+			a.log.Warn("the API server does not answer; keeping the rules in place", "error", err)
+		}
+	}
+}
+
+// Reachable reports whether the last heartbeat (if any) got an answer.
+func (a *API) Reachable() bool { return !a.down.Load() }
 
 // WaitForSync blocks until every informer has listed once, or ctx ends.
 func (a *API) WaitForSync(ctx context.Context) bool {
@@ -116,7 +161,10 @@ func (a *API) LastContact() time.Time {
 	return time.Unix(0, n)
 }
 
-func (a *API) touch() { a.contact.Store(time.Now().UnixNano()) }
+func (a *API) touch() {
+	a.contact.Store(time.Now().UnixNano())
+	a.down.Store(false)
+}
 
 func (a *API) onService(key string, obj any) {
 	s, _ := obj.(*v1.Service)

@@ -124,7 +124,35 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 	fmt.Fprintf(w, "edgeproxy %s  mode %s  node %s  source %s\n", st.Version, st.Mode, st.Node, st.Source)
 	fmt.Fprintf(w, "health: %s  last sync: %s  plan generation: %d\n", health, age(st.Health.LastUpdated), st.Generation)
 	if strings.HasPrefix(st.Source, "api") {
-		fmt.Fprintf(w, "API server last contact: %s\n", age(st.Health.APIServerLastContact))
+		reach := ""
+		if !st.APIReachable {
+			reach = " (not answering: rules kept as they are)"
+		}
+		fmt.Fprintf(w, "API server last contact: %s%s\n", age(st.Health.APIServerLastContact), reach)
+		fmt.Fprintf(w, "snapshot: written %s\n", age(st.SnapshotWritten))
+	}
+	if st.FromSnapshot {
+		fmt.Fprintln(w, "serving the last known state from the snapshot until the API server is back")
+	}
+	if len(st.Modules) > 0 {
+		fmt.Fprintln(w, "policy modules:")
+		mw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(mw, "  CHAIN\tMODULE\tSTATE\tSHA256")
+		for _, m := range st.Modules {
+			state := "ok"
+			switch {
+			case m.State.OpenUntil.After(now):
+				state = fmt.Sprintf("circuit open (%d failures), retry in %s", m.State.Failures, m.State.OpenUntil.Sub(now).Round(time.Second))
+			case m.State.Failures > 0:
+				state = fmt.Sprintf("failing (%d in a row)", m.State.Failures)
+			}
+			sum := m.SHA256
+			if len(sum) > 12 {
+				sum = sum[:12]
+			}
+			fmt.Fprintf(mw, "  %s\t%s\t%s\t%s\n", m.Chain, m.Module, state, sum)
+		}
+		mw.Flush()
 	}
 	if st.Health.LastError != "" {
 		fmt.Fprintf(w, "last error: %s\n", st.Health.LastError)
@@ -201,7 +229,7 @@ func renderExplain(w io.Writer, ex map[string][]planner.Explain) {
 				row(d, "external", true)
 			}
 			for _, d := range e.Skipped {
-				row(d, "skipped", false)
+				row(d, "skipped ("+d.Traffic+")", false)
 			}
 			tw.Flush()
 			if e.Policy != nil {
