@@ -31,6 +31,7 @@ var masks = []struct {
 	{regexp.MustCompile(`plan generation: [0-9]+`), "plan generation: <n>"},
 	{regexp.MustCompile(`127\.0\.0\.1:[0-9]+`), "127.0.0.1:<port>"},
 	{regexp.MustCompile(`"durationNs":[0-9]+`), `"durationNs":<ns>`},
+	{regexp.MustCompile(`(?m)^(  \S+ +\S+ +ok +)[0-9a-f]{12}$`), "${1}<sha256>"},
 }
 
 func mask(s string) string {
