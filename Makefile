@@ -14,7 +14,7 @@ REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 TEST_FLAGS  ?= -race -timeout 40m
 DESTDIR ?=
 
-.PHONY: all build modules cluster-bins demo test test-unit vet bench install clean
+.PHONY: all build modules cluster-bins demo test vet bench install clean
 
 all: build
 
@@ -42,10 +42,7 @@ demo: build
 
 vet:
 	$(GO) vet ./...
-
-# Unit tests only: any machine, no root.
-test-unit:
-	EDGEPROXY_REQUIRE_ALL=0 CGO_ENABLED=1 $(GO) test -short ./...
+	$(GO) mod tidy -diff
 
 test: build modules cluster-bins vet
 	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
