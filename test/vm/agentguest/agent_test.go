@@ -97,7 +97,7 @@ func newWorld(t *testing.T) *world {
 	if err := os.Mkdir(filepath.Join(w.dir, "manifests"), 0o755); err != nil {
 		t.Fatal(err)
 	}
-	w.write("manifests/objects.yaml", w.manifests())
+	w.write(t, "manifests/objects.yaml", w.manifests())
 	w.logPath = filepath.Join(w.dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {
@@ -106,21 +106,21 @@ func newWorld(t *testing.T) *world {
 			if out, err := w.node.Run("iptables-save"); err == nil {
 				t.Logf("iptables-save in the node:\n%s", out)
 			}
-			w.ipvsadm()
+			w.ipvsadm(t)
 		}
 	})
 	return w
 }
 
 // write replaces a file under the world's directory atomically.
-func (w *world) write(name, content string) {
-	w.t.Helper()
+func (w *world) write(t testing.TB, name, content string) {
+	t.Helper()
 	path := filepath.Join(w.dir, name)
 	if err := os.WriteFile(path+".tmp", []byte(content), 0o644); err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	if err := os.Rename(path+".tmp", path); err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 }
 
@@ -199,8 +199,8 @@ spec:
 // config is the agent's configuration in mode: a manifest directory, the
 // weighted module on namespace canary and the scheduler module on sched,
 // with the interpreter engine (the VM emulates the CPU: slow).
-func (w *world) config(mode string) string {
-	w.write("config.yaml", fmt.Sprintf(`nodeName: %s
+func (w *world) config(t testing.TB, mode string) string {
+	w.write(t, "config.yaml", fmt.Sprintf(`nodeName: %s
 manifests: %s
 mode: %s
 clusterCIDR: 10.244.0.0/16
@@ -225,29 +225,38 @@ policy:
 
 // start runs bin/edgeproxy in the node namespace in mode and waits until
 // it reports healthy (its first sync is in the kernel).
-func (w *world) start(mode string) *exec.Cmd {
-	w.t.Helper()
-	cfg := w.config(mode)
+func (w *world) start(t testing.TB, mode string) *exec.Cmd {
+	t.Helper()
+	cfg := w.config(t, mode)
 	f, err := os.OpenFile(w.logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	w.t.Cleanup(func() { f.Close() })
 	fmt.Fprintf(f, "===== start mode %s\n", mode)
 	from, err := f.Seek(0, io.SeekEnd)
 	if err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	cmd := exec.Command(w.bin, "run", "--config", cfg)
 	cmd.Env = agentEnv()
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := w.node.Start(w.t, cmd); err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
+	// An agent that does not come up is not left running (a t.Fatal in
+	// a subtest must not leave it to fight the steps after).
+	up := false
+	defer func() {
+		if !up {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		}
+	}()
 	// /healthz answers 200 before the first sync (kube-proxy's meaning:
 	// no update waits too long), so the log says when the kernel holds
 	// the first plan.
-	w.waitFor(2*time.Minute, "agent in mode "+mode+": first sync done and healthy", func() error {
+	w.waitFor(t, 2*time.Minute, "agent in mode "+mode+": first sync done and healthy", func() error {
 		b, err := os.ReadFile(w.logPath)
 		if err != nil {
 			return err
@@ -257,6 +266,7 @@ func (w *world) start(mode string) *exec.Cmd {
 		}
 		return w.healthz()
 	})
+	up = true
 	return cmd
 }
 
@@ -273,10 +283,10 @@ func agentEnv() []string {
 }
 
 // stop signals the agent (its PID) and waits for it to end.
-func (w *world) stop(cmd *exec.Cmd, sig syscall.Signal) {
-	w.t.Helper()
+func (w *world) stop(t testing.TB, cmd *exec.Cmd, sig syscall.Signal) {
+	t.Helper()
 	if err := cmd.Process.Signal(sig); err != nil {
-		w.t.Fatal(err)
+		t.Fatal(err)
 	}
 	done := make(chan struct{})
 	go func() { _ = cmd.Wait(); close(done) }()
@@ -285,7 +295,7 @@ func (w *world) stop(cmd *exec.Cmd, sig syscall.Signal) {
 	case <-time.After(30 * time.Second):
 		_ = cmd.Process.Kill()
 		<-done
-		w.t.Fatalf("agent did not end within 30s of %v", sig)
+		t.Fatalf("agent did not end within 30s of %v", sig)
 	}
 }
 
@@ -314,15 +324,15 @@ func (w *world) healthz() error {
 }
 
 // waitFor polls fn every 200ms until it returns nil, for at most d.
-func (w *world) waitFor(d time.Duration, what string, fn func() error) {
-	w.t.Helper()
+func (w *world) waitFor(t testing.TB, d time.Duration, what string, fn func() error) {
+	t.Helper()
 	var err error
 	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
 		if err = fn(); err == nil {
 			return
 		}
 	}
-	w.t.Fatalf("%s: not within %s: %v", what, d, err)
+	t.Fatalf("%s: not within %s: %v", what, d, err)
 }
 
 // vs is one virtual server as the kernel holds it, without counters.
@@ -351,8 +361,8 @@ type kernel struct {
 	Sets    []string
 }
 
-func (w *world) kernel() kernel {
-	w.t.Helper()
+func (w *world) kernel(t testing.TB) kernel {
+	t.Helper()
 	k := kernel{Servers: map[ipvs.Key]vs{}}
 	err := w.node.Do(func() error {
 		h, err := ipvs.Open()
@@ -388,19 +398,19 @@ func (w *world) kernel() kernel {
 		return nil
 	})
 	if err != nil {
-		w.t.Fatalf("reading the node's kernel state: %v", err)
+		t.Fatalf("reading the node's kernel state: %v", err)
 	}
 	l, err := w.node.Netlink().LinkByName(dummy)
 	var nf netlink.LinkNotFoundError
 	switch {
 	case errors.As(err, &nf):
 	case err != nil:
-		w.t.Fatalf("link %s: %v", dummy, err)
+		t.Fatalf("link %s: %v", dummy, err)
 	default:
 		k.HasLink = true
 		addrs, err := w.node.Netlink().AddrList(l, netlink.FAMILY_V4)
 		if err != nil {
-			w.t.Fatal(err)
+			t.Fatal(err)
 		}
 		for _, a := range addrs {
 			ip, _ := netip.AddrFromSlice(a.IP)
@@ -413,15 +423,15 @@ func (w *world) kernel() kernel {
 
 // ipvsadm logs `ipvsadm -Ln` from the node and returns it ("" without
 // ipvsadm).
-func (w *world) ipvsadm() string {
+func (w *world) ipvsadm(t testing.TB) string {
 	if _, err := exec.LookPath("ipvsadm"); err != nil {
 		return ""
 	}
 	out, err := w.node.Run("ipvsadm", "-Ln")
 	if err != nil {
-		w.t.Errorf("ipvsadm -Ln: %v", err)
+		t.Errorf("ipvsadm -Ln: %v", err)
 	}
-	w.t.Logf("ipvsadm -Ln in the node:\n%s", out)
+	t.Logf("ipvsadm -Ln in the node:\n%s", out)
 	return out
 }
 
@@ -438,11 +448,11 @@ func (w *world) pod(r netns.Reply) bool { return r.Name == "a" || r.Name == "b" 
 // iptables mode.
 func TestIPVSAgent(t *testing.T) {
 	w := newWorld(t)
-	ag := w.start("ipvs")
+	ag := w.start(t, "ipvs")
 	webTCP := netip.AddrPortFrom(webVIP, 80)
 
 	t.Run("traffic", func(t *testing.T) {
-		w.waitFor(30*time.Second, "client -> ClusterIP tcp", func() error {
+		w.waitFor(t, 30*time.Second, "client -> ClusterIP tcp", func() error {
 			r, err := w.client.TCP(webTCP, timeout)
 			if err == nil && !w.pod(r) {
 				err = fmt.Errorf("answered by %+v", r)
@@ -483,7 +493,7 @@ func TestIPVSAgent(t *testing.T) {
 	})
 
 	t.Run("policy", func(t *testing.T) {
-		k := w.kernel()
+		k := w.kernel(t)
 		for _, p := range []datapath.Protocol{datapath.TCP, datapath.UDP} {
 			for _, fk := range []ipvs.Key{key(webVIP, p, 80), key(w.node.LinkIP, p, 30080)} {
 				v, ok := k.Servers[fk]
@@ -496,7 +506,7 @@ func TestIPVSAgent(t *testing.T) {
 		if v := k.Servers[key(stickyVIP, datapath.TCP, 80)]; v.Scheduler != "sh" {
 			t.Errorf("sched/sticky: kernel scheduler %q, want sh from the scheduler module", v.Scheduler)
 		}
-		if out := w.ipvsadm(); out != "" {
+		if out := w.ipvsadm(t); out != "" {
 			for _, re := range []string{
 				`TCP\s+10\.96\.100\.10:80 wrr\s*\n(\s+->.*\n)*\s+-> ` + regexp.QuoteMeta(w.a.AddrPort(podPort).String()) + `\s+Masq\s+3\s`,
 				`TCP\s+10\.96\.100\.10:80 wrr\s*\n(\s+->.*\n)*\s+-> ` + regexp.QuoteMeta(w.b.AddrPort(podPort).String()) + `\s+Masq\s+1\s`,
@@ -540,7 +550,7 @@ func TestIPVSAgent(t *testing.T) {
 	})
 
 	t.Run("sigkill-restart", func(t *testing.T) {
-		before := w.kernel()
+		before := w.kernel(t)
 		w.before = before
 		if len(before.Servers) == 0 || !before.HasLink || len(before.Sets) == 0 {
 			t.Fatalf("nothing programmed before the kill: %+v", before)
@@ -574,7 +584,7 @@ func TestIPVSAgent(t *testing.T) {
 		halt := sync.OnceFunc(func() { close(stop); wg.Wait() })
 		defer halt()
 		until := func(n int64, what string) {
-			w.waitFor(2*time.Minute, what, func() error {
+			w.waitFor(t, 2*time.Minute, what, func() error {
 				if failN.Load() != 0 {
 					return nil
 				}
@@ -585,13 +595,13 @@ func TestIPVSAgent(t *testing.T) {
 			})
 		}
 		until(20, "stream started")
-		w.stop(ag, syscall.SIGKILL)
+		w.stop(t, ag, syscall.SIGKILL)
 		dead := okN.Load()
 		until(dead+30, "connections answered while the agent is dead")
-		if during := w.kernel(); !sameKernel(during, before) {
+		if during := w.kernel(t); !sameKernel(during, before) {
 			t.Errorf("kernel state changed while the agent was dead:\nbefore %+v\nduring %+v", before, during)
 		}
-		ag = w.start("ipvs")
+		ag = w.start(t, "ipvs")
 		restarted := okN.Load()
 		until(restarted+50, "connections after the restart")
 		halt()
@@ -600,14 +610,14 @@ func TestIPVSAgent(t *testing.T) {
 		}
 		t.Logf("%d connections across SIGKILL and restart (%d while the agent was dead), %d failed",
 			okN.Load()+failN.Load(), restarted-dead, failN.Load())
-		if after := w.kernel(); !sameKernel(after, before) {
+		if after := w.kernel(t); !sameKernel(after, before) {
 			t.Errorf("kernel state after the restart differs:\nbefore %+v\nafter  %+v", before, after)
 		}
 	})
 
 	t.Run("switch-to-iptables", func(t *testing.T) {
-		w.stop(ag, syscall.SIGTERM)
-		left := w.kernel()
+		w.stop(t, ag, syscall.SIGTERM)
+		left := w.kernel(t)
 		t.Logf("after SIGTERM of the ipvs agent: %d virtual servers, link %v %v, sets %v", len(left.Servers), left.HasLink, left.Link, left.Sets)
 		if !sameKernel(left, w.before) {
 			t.Errorf("a stopped agent changed the kernel (its rules should stay in place):\nbefore %+v\nafter  %+v", w.before, left)
@@ -623,9 +633,9 @@ func TestIPVSAgent(t *testing.T) {
 					"its full rewrite deletes every EP- chain, EP-IPVS-FILTER and EP-IPVS-FORWARD are still referenced by IPVS mode's " +
 					"jumps in INPUT/FORWARD (CHAIN_DEL: Device or resource busy), and nothing removes IPVS mode's virtual servers, dummy link or ipsets")
 			}
-			ipt := w.start("iptables")
-			defer w.stop(ipt, syscall.SIGTERM)
-			if k := w.kernel(); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
+			ipt := w.start(t, "iptables")
+			defer w.stop(t, ipt, syscall.SIGTERM)
+			if k := w.kernel(t); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
 				t.Errorf("iptables-mode agent left IPVS mode's objects: %d virtual servers, dummy link %v %v, EP- ipsets %v",
 					len(k.Servers), k.HasLink, k.Link, k.Sets)
 			}
@@ -655,7 +665,7 @@ func TestIPVSAgent(t *testing.T) {
 			}
 			t.Logf("BUG: edgeproxy cleanup after IPVS mode exits with %v: iptables.CleanupAll cannot delete EP-IPVS-FILTER/EP-IPVS-FORWARD (still referenced by IPVS mode's jumps); the IPVS cleanup that follows removes them", err)
 		}
-		if k := w.kernel(); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
+		if k := w.kernel(t); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
 			t.Errorf("after edgeproxy cleanup: %d virtual servers %v, dummy link %v, EP- sets %v; want none",
 				len(k.Servers), k.Servers, k.HasLink, k.Sets)
 		}
@@ -663,8 +673,8 @@ func TestIPVSAgent(t *testing.T) {
 			t.Errorf("after edgeproxy cleanup, iptables still holds EP- chains or rules (%v):\n%s", err, save)
 		}
 
-		ipt := w.start("iptables")
-		w.waitFor(30*time.Second, "client -> ClusterIP through iptables mode", func() error {
+		ipt := w.start(t, "iptables")
+		w.waitFor(t, 30*time.Second, "client -> ClusterIP through iptables mode", func() error {
 			r, err := w.client.TCP(webTCP, timeout)
 			if err == nil && !w.pod(r) {
 				err = fmt.Errorf("answered by %+v", r)
@@ -675,13 +685,13 @@ func TestIPVSAgent(t *testing.T) {
 		if err != nil || !w.pod(r) {
 			t.Errorf("client -> NodePort in iptables mode: %+v %v", r, err)
 		}
-		if k := w.kernel(); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
+		if k := w.kernel(t); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
 			t.Errorf("iptables mode after cleanup holds IPVS objects: %+v", k)
 		}
 		if save, err := w.node.Run("iptables-save"); err != nil || strings.Contains(save, "EP-IPVS") {
 			t.Errorf("iptables mode after cleanup holds EP-IPVS rules (%v)", err)
 		}
-		w.stop(ipt, syscall.SIGTERM)
+		w.stop(t, ipt, syscall.SIGTERM)
 	})
 }
 
