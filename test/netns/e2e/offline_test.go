@@ -201,9 +201,14 @@ offline: {startTimeout: 2s, snapshotInterval: 0s}
 		t.Fatalf("answers %v: %v", p.served, p.err)
 	}
 	t.Logf("answers while converging: %v", p.served)
-	if out, _ := os.ReadFile(logPath); !strings.Contains(string(out), "the API server is back; converging from the snapshot") {
-		t.Errorf("the agent log does not say it converged after the API server returned")
-	}
+	// The reconcile is logged once the informers report synced, which can
+	// trail the first events by a poll interval.
+	waitFor(t, 10*time.Second, "the agent logs that it converged after the API server returned", func() error {
+		if out, _ := os.ReadFile(logPath); !strings.Contains(string(out), "the API server is back; converging from the snapshot") {
+			return fmt.Errorf("not logged yet")
+		}
+		return nil
+	})
 	if err := healthz(node); err != nil {
 		t.Errorf("agent after converging: %v", err)
 	}
