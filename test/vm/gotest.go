@@ -86,7 +86,7 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	if gate.RequireAll() {
 		env = append(env, "EDGEPROXY_REQUIRE_ALL=1")
 	}
-	res, err := Run(context.Background(), Options{Dir: dir, Script: script.String(), Env: env, Timeout: timeout})
+	res, err := Run(context.Background(), Options{Dir: dir, Script: script.String(), Env: env, Timeout: timeout, HostPaths: []string{root}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -35,8 +35,17 @@ fail() { echo "edgeproxy-vm: $*"; echo b > /proc/sysrq-trigger; sleep 5; }
 [ -n "$epshare" ] || fail "no epshare= on the kernel command line"
 mkdir -p /newroot
 mount -t 9p -o trans=virtio,version=9p2000.L,ro,msize=512000,cache=loose hostroot /newroot || fail "mount hostroot"
+# Host paths the guest must keep seeing under the tmpfs mounts below (a
+# checkout under /tmp): bind them aside first, move them back after.
+keep=$(echo "$epkeep" | tr ',' ' ')
+for p in $keep; do
+	mkdir -p /keep$p && mount --bind /newroot$p /keep$p || fail "keep $p"
+done
 for d in /tmp /run /var; do
 	mount -t tmpfs -o mode=1777 tmpfs /newroot$d || fail "tmpfs $d"
+done
+for p in $keep; do
+	mkdir -p /newroot$p && mount --move /keep$p /newroot$p || fail "keep $p"
 done
 mkdir -p /newroot/var/tmp /newroot/var/lib /newroot/var/log /newroot/run/lock
 ln -s /run /newroot/var/run

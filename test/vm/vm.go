@@ -53,6 +53,10 @@ type Options struct {
 	Script string
 	// Env adds KEY=value pairs to the script's environment.
 	Env []string
+	// HostPaths are host directories the guest must see even where it
+	// mounts a tmpfs (/tmp, /run, /var): e.g. a checkout under /tmp. They
+	// stay read-only. Paths must not contain commas or spaces.
+	HostPaths []string
 	// Modules to modprobe before the script; nil means DefaultModules.
 	Modules []string
 	// Timeout bounds the whole run, boot included; 0 means 10 minutes.
@@ -219,7 +223,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		"-accel", "tcg", "-m", strconv.Itoa(o.MemoryMB), "-smp", "1",
 		"-nographic", "-no-reboot",
 		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off edd=off epshare="+o.Dir,
+		"-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off edd=off epshare="+o.Dir+keepArg(o.HostPaths),
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path="+o.Dir+",mount_tag=share,security_model=none,multidevs=remap",
 		"-nic", "user,model=virtio-net-pci",
@@ -288,4 +292,12 @@ func (c *console) snapshot() ([]byte, time.Duration) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return bytes.Clone(c.buf.Bytes()), c.boot
+}
+
+// keepArg passes HostPaths to the guest's init on the kernel command line.
+func keepArg(paths []string) string {
+	if len(paths) == 0 {
+		return ""
+	}
+	return " epkeep=" + strings.Join(paths, ",")
 }
