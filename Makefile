@@ -14,7 +14,7 @@ REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 TEST_FLAGS  ?= -race -timeout 40m
 DESTDIR ?=
 
-.PHONY: all build modules cluster-bins demo test vet bench install clean
+.PHONY: all build modules cluster-bins deps demo test vet bench install clean
 
 all: build
 
@@ -44,7 +44,11 @@ vet:
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
 
-test: build modules cluster-bins vet
+# Debian packages the tiers need (installed when missing and root).
+deps:
+	test/deps.sh
+
+test: deps build modules cluster-bins vet
 	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
 		CGO_ENABLED=1 $(GO) test $(TEST_FLAGS) ./...
 

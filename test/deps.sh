@@ -1,0 +1,23 @@
+#!/bin/sh
+# deps.sh installs the Debian packages the test tiers need, when any is
+# missing: iptables (nft and legacy), ipset, conntrack, iproute2 and kmod
+# for the kernel tiers; qemu, Debian's kernel and busybox for the IPVS VM;
+# systemd for unit verification; gcc for -race. As another user than root
+# it only says what is missing (those tiers then skip and say why).
+set -eu
+pkgs="iptables ipset conntrack iproute2 kmod procps file make gcc libc6-dev
+qemu-system-x86 linux-image-amd64 busybox-static systemd ca-certificates"
+missing=""
+for p in $pkgs; do
+	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+[ -z "$missing" ] && exit 0
+if [ "$(id -u)" != 0 ]; then
+	echo "deps.sh: missing Debian packages:$missing (install them as root; the tests that need them will skip)" >&2
+	exit 0
+fi
+echo "deps.sh: installing$missing" >&2
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# shellcheck disable=SC2086
+apt-get install -y -qq --no-install-recommends $missing >/dev/null
