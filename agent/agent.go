@@ -222,6 +222,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 
 	goRun("systemd notify", a.notifier.Run)
+	if a.opts.Backend == nil {
+		cleanupOtherMode(ctx, a.Config(), a.log)
+	}
 
 	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
 	_ = a.notifier.Status("waiting for the API server")

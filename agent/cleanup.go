@@ -19,19 +19,21 @@ import (
 // to start on (our chains under both iptables backends).
 func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var errs []error
+	// IPVS mode first: its cleanup removes its own jumps and chains.
+	if p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry())); err != nil {
+		log.Info("IPVS is not usable here; no IPVS objects to remove", "reason", err)
+	} else {
+		if err := p.Cleanup(ctx); err != nil {
+			errs = append(errs, fmt.Errorf("ipvs: %w", err))
+		} else {
+			log.Info("removed edgeproxy's IPVS virtual servers, addresses and sets")
+		}
+		p.Close()
+	}
 	if err := iptables.CleanupAll(ctx, log); err != nil {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))
 	} else {
 		log.Info("removed edgeproxy's iptables chains and rules")
-	}
-	// IPVS mode's objects: virtual servers, the dummy link, its ipsets and
-	// iptables rules. A kernel without IPVS has none of them.
-	if p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry())); err != nil {
-		log.Info("IPVS is not usable here; no IPVS objects to remove", "reason", err)
-	} else if err := p.Cleanup(ctx); err != nil {
-		errs = append(errs, fmt.Errorf("ipvs: %w", err))
-	} else {
-		log.Info("removed edgeproxy's IPVS virtual servers, addresses and sets")
 	}
 	return errors.Join(errs...)
 }

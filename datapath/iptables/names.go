@@ -49,5 +49,13 @@ func ChainName(kind, id string) string {
 	return Prefix + kind + "-" + enc[:16]
 }
 
-// ours reports whether a chain name was made by edgeproxy.
-func ours(chain string) bool { return strings.HasPrefix(chain, Prefix) }
+// IPVSPrefix starts the chains of IPVS mode (datapath/ipvs). They carry
+// Prefix too, but belong to the other mode: iptables mode neither sweeps
+// nor cleans them (IPVS mode's cleanup does, with its jumps, which would
+// otherwise keep them busy).
+const IPVSPrefix = Prefix + "IPVS-"
+
+// ours reports whether a chain name was made by iptables mode.
+func ours(chain string) bool {
+	return strings.HasPrefix(chain, Prefix) && !strings.HasPrefix(chain, IPVSPrefix)
+}

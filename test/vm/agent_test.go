@@ -13,8 +13,6 @@ import (
 // binary (bin/edgeproxy, `make build`) in mode ipvs with the example policy
 // modules (bin/modules, `modules/build.sh bin/modules`), real traffic,
 // SIGKILL and restart, and the switch to iptables mode.
-// EDGEPROXY_VM_KNOWN_BUGS=1 also runs the subtests that fail on known agent
-// bugs (today: starting iptables mode over IPVS mode's objects).
 func TestAgentIPVS(t *testing.T) {
 	root, err := moduleRoot()
 	if err != nil {
@@ -27,10 +25,5 @@ func TestAgentIPVS(t *testing.T) {
 			gate.Skip(t, "needs "+f+" (make build; modules/build.sh bin/modules)")
 		}
 	}
-	g := GoTest{Package: "./test/vm/agentguest"}
-	// Subtests that fail on known agent bugs are skipped unless asked for.
-	if os.Getenv("EDGEPROXY_VM_KNOWN_BUGS") == "1" {
-		g.Args = append(g.Args, "-knownbugs")
-	}
-	RunGoTests(t, 7*time.Minute, g)
+	RunGoTests(t, 7*time.Minute, GoTest{Package: "./test/vm/agentguest"})
 }

@@ -3,7 +3,6 @@ package agentguest
 import (
 	"bufio"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"maps"
@@ -69,10 +68,6 @@ type world struct {
 	logPath        string
 	before         kernel // IPVS mode's objects once programmed
 }
-
-// -knownbugs runs the subtests that fail on known agent bugs (test/vm's
-// TestAgentIPVS passes it when EDGEPROXY_VM_KNOWN_BUGS=1).
-var knownBugs = flag.Bool("knownbugs", false, "run the subtests that fail on known agent bugs")
 
 // newWorld: a node namespace with pods a and b serving TCP and UDP echo on
 // 8080, pod c (a client inside the cluster), an outside client, and the
@@ -623,16 +618,10 @@ func TestIPVSAgent(t *testing.T) {
 			t.Errorf("a stopped agent changed the kernel (its rules should stay in place):\nbefore %+v\nafter  %+v", w.before, left)
 		}
 
-		// The same node in iptables mode straight away should converge
-		// and remove IPVS mode's objects (issue 5: "switching a node
-		// between modes cleans up the other mode's objects"). It does
-		// not today; see knownBugs.
+		// The same node in iptables mode straight away converges and
+		// removes IPVS mode's objects (issue 5: "switching a node between
+		// modes cleans up the other mode's objects").
 		t.Run("without-cleanup", func(t *testing.T) {
-			if !*knownBugs {
-				t.Skip("known agent bug (EDGEPROXY_VM_KNOWN_BUGS=1 runs it): in mode iptables the first sync fails for ever: " +
-					"its full rewrite deletes every EP- chain, EP-IPVS-FILTER and EP-IPVS-FORWARD are still referenced by IPVS mode's " +
-					"jumps in INPUT/FORWARD (CHAIN_DEL: Device or resource busy), and nothing removes IPVS mode's virtual servers, dummy link or ipsets")
-			}
 			ipt := w.start(t, "iptables")
 			defer w.stop(t, ipt, syscall.SIGTERM)
 			if k := w.kernel(t); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
@@ -654,16 +643,7 @@ func TestIPVSAgent(t *testing.T) {
 			t.Errorf("edgeproxy cleanup did not report removing IPVS mode's objects")
 		}
 		if err != nil {
-			// Known agent bug: agent.Cleanup runs iptables.CleanupAll
-			// first, which removes only iptables mode's jumps and then
-			// deletes every EP- chain, so the chains IPVS mode jumps to
-			// from INPUT and FORWARD are busy; the IPVS part that runs
-			// next removes them. Everything goes, but the exit status
-			// is 1. Any other failure fails the test.
-			if !knownCleanupBug.Match(out) {
-				t.Fatalf("edgeproxy cleanup: %v", err)
-			}
-			t.Logf("BUG: edgeproxy cleanup after IPVS mode exits with %v: iptables.CleanupAll cannot delete EP-IPVS-FILTER/EP-IPVS-FORWARD (still referenced by IPVS mode's jumps); the IPVS cleanup that follows removes them", err)
+			t.Fatalf("edgeproxy cleanup: %v", err)
 		}
 		if k := w.kernel(t); len(k.Servers) != 0 || k.HasLink || len(k.Sets) != 0 {
 			t.Errorf("after edgeproxy cleanup: %d virtual servers %v, dummy link %v, EP- sets %v; want none",
@@ -694,10 +674,6 @@ func TestIPVSAgent(t *testing.T) {
 		w.stop(t, ipt, syscall.SIGTERM)
 	})
 }
-
-// knownCleanupBug is the only failure of `edgeproxy cleanup` this test
-// tolerates (see its use).
-var knownCleanupBug = regexp.MustCompile(`(?s)^(.*\n)?[^\n]*CHAIN_DEL failed \(Device or resource busy\): chain EP-IPVS-[A-Z]+\n(line \d+: CHAIN_DEL failed \(Device or resource busy\): chain EP-IPVS-[A-Z]+\n?)*$`)
 
 // sameKernel compares virtual servers (scheduler, flags, real servers and
 // weights), the dummy link's addresses and the set names.

@@ -1,0 +1,45 @@
+package agent
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/vishvananda/netlink"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
+)
+
+// cleanupOtherMode removes what the other kernel mode left on this node, so
+// a node switched between iptables and IPVS mode does not keep serving (or
+// blocking) with stale objects. It runs before the first sync; errors are
+// logged, not fatal: the mode in force must still start.
+func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger) {
+	switch cfg.Mode {
+	case "ipvs":
+		// iptables mode's chains; IPVS mode's own EP-IPVS- chains are not
+		// iptables mode's and stay.
+		if err := iptables.CleanupAll(ctx, log); err != nil {
+			log.Warn("could not remove iptables mode's rules left from an earlier run", "error", err)
+		}
+	case "iptables":
+		// IPVS mode always creates its dummy link: without it there is
+		// nothing to remove, and ip_vs is not loaded just to look.
+		if _, err := netlink.LinkByName(cfg.IPVS.Interface); err != nil {
+			return
+		}
+		p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry()))
+		if err != nil {
+			log.Warn("IPVS mode's objects are left from an earlier run but IPVS is not usable to remove them", "error", err)
+			return
+		}
+		defer p.Close()
+		if err := p.Cleanup(ctx); err != nil {
+			log.Warn("could not remove all of IPVS mode's objects left from an earlier run", "error", err)
+			return
+		}
+		log.Info("removed IPVS mode's virtual servers, addresses, sets and rules left from an earlier run")
+	}
+}
