@@ -1,0 +1,102 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"strings"
+	"time"
+
+	goipt "github.com/coreos/go-iptables/iptables"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// CleanupAll removes every chain and jump edgeproxy created, under both
+// iptables backends and both IP families, wherever the binaries exist. It
+// needs no Proxier, so it also works when New refuses to start (for
+// example with ErrBothBackends); `edgeproxy cleanup` should call it.
+func CleanupAll(ctx context.Context, log *slog.Logger) error {
+	if log == nil {
+		log = slog.Default()
+	}
+	var errs []error
+	for _, v := range []Variant{Legacy, NFT} {
+		for _, fam := range []datapath.Family{datapath.IPv4, datapath.IPv6} {
+			f, err := openFamily(v, fam, 5*time.Second, log)
+			if err != nil {
+				var ee *exec.Error
+				if errors.As(err, &ee) {
+					continue // this variant is not installed
+				}
+				errs = append(errs, err)
+				continue
+			}
+			if err := f.cleanup(ctx); err != nil {
+				errs = append(errs, fmt.Errorf("%s IPv%d: %w", v, fam, err))
+			}
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Cleanup implements datapath.Backend: it removes the jumps and every chain
+// whose name starts with Prefix, in both tables, both families and both
+// backends (see CleanupAll), and nothing else. The next Apply starts from
+// scratch.
+func (p *Proxier) Cleanup(ctx context.Context) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var errs []error
+	for _, f := range p.fams {
+		if err := f.cleanup(ctx); err != nil {
+			errs = append(errs, err)
+		}
+		f.applied, f.last, f.lastChains, f.units, f.lastFixed = false, nil, nil, nil, nil
+	}
+	// Chains a previous run left under the other backend or family.
+	if err := CleanupAll(ctx, p.log); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+func (f *family) cleanup(ctx context.Context) error {
+	var errs []error
+	for _, j := range jumps() {
+		if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
+			var e *goipt.Error
+			if !errors.As(err, &e) || !e.IsNotExist() {
+				errs = append(errs, fmt.Errorf("iptables: delete jump %s/%s: %w", j.table, j.chain, err))
+			}
+		}
+	}
+	chains, err := f.ourChains()
+	if err != nil {
+		return errors.Join(append(errs, err)...)
+	}
+	if len(chains) == 0 {
+		return errors.Join(errs...)
+	}
+	var b strings.Builder
+	for _, t := range []string{tableFilter, tableNAT} {
+		fmt.Fprintf(&b, "*%s\n", t)
+		for _, c := range chains {
+			if c.table == t {
+				fmt.Fprintf(&b, ":%s - [0:0]\n", c.name)
+			}
+		}
+		for _, c := range chains {
+			if c.table == t {
+				fmt.Fprintf(&b, "-X %s\n", c.name)
+			}
+		}
+		b.WriteString("COMMIT\n")
+	}
+	if err := f.restore(ctx, []byte(b.String())); err != nil {
+		errs = append(errs, fmt.Errorf("iptables: cleanup: %w", err))
+	}
+	return errors.Join(errs...)
+}

@@ -1,0 +1,119 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os/exec"
+	"strings"
+	"time"
+
+	goipt "github.com/coreos/go-iptables/iptables"
+)
+
+// sentinels are rules whose absence means someone changed our rules: the
+// canaries (gone after a flush of a table), the last rule of nat
+// EP-SERVICES (gone after a flush of that chain) and the jumps.
+func (f *family) sentinels() []jump {
+	out := jumps()
+	canary := splitSpec(canaryRule)
+	out = append(out, jump{tableNAT, chainCanary, canary}, jump{tableFilter, chainCanary, canary})
+	_, tail := staticRules(&f.cfg)
+	for _, r := range tail {
+		out = append(out, jump{r.table, r.chain, splitSpec(r.spec)})
+	}
+	return out
+}
+
+// Tampered implements datapath.Monitor: it reports whether any rule that
+// must be present after an apply is missing, and if so makes the next
+// Apply rewrite everything. Before the first apply it reports false.
+//
+// On large rule sets a check is not free (iptables-legacy copies whole
+// tables), so once a check takes over 100ms, checks are spaced to at least
+// ten times the duration of the last one: the cost stays under a tenth of
+// a core however often the agent asks, and a flush is still seen within
+// seconds.
+func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.checkCost > 100*time.Millisecond && time.Since(p.lastCheck) < 10*p.checkCost {
+		return false, nil
+	}
+	start := time.Now()
+	defer func() {
+		p.lastCheck, p.checkCost = time.Now(), time.Since(start)
+	}()
+	for _, f := range p.fams {
+		if t, err := f.tampered(ctx); t || err != nil {
+			return t, err
+		}
+	}
+	return false, nil
+}
+
+func (f *family) tampered(ctx context.Context) (bool, error) {
+	if !f.applied {
+		return false, nil
+	}
+	if f.variant == Legacy {
+		return f.tamperedSave(ctx)
+	}
+	// iptables-nft reads only the chain a check names: one check per rule.
+	for _, s := range f.sentinels() {
+		if err := ctx.Err(); err != nil {
+			return false, err
+		}
+		ok, err := f.ipt.Exists(s.table, s.chain, s.spec...)
+		if err != nil {
+			var e *goipt.Error
+			if !errors.As(err, &e) || !(e.IsNotExist() || e.ExitStatus() == 1) {
+				return false, fmt.Errorf("iptables: check %s/%s: %w", s.table, s.chain, err)
+			}
+			ok = false // the chain itself is gone
+		}
+		if !ok {
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+			f.needFull = true
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// tamperedSave is tampered for iptables-legacy, where every command copies
+// the whole table out of the kernel: one iptables-save per table, searched
+// for each sentinel (a rule in its chain jumping to its target, with its
+// comment).
+func (f *family) tamperedSave(ctx context.Context) (bool, error) {
+	dumps := map[string]string{}
+	for _, t := range []string{tableNAT, tableFilter} {
+		out, err := exec.CommandContext(ctx, f.savePath, "-t", t).Output()
+		if err != nil {
+			return false, fmt.Errorf("iptables: %s -t %s: %w", f.savePath, t, err)
+		}
+		dumps[t] = string(out)
+	}
+	for _, s := range f.sentinels() {
+		target := s.spec[len(s.spec)-1]
+		comment := ""
+		for i := range s.spec {
+			if s.spec[i] == "--comment" && i+1 < len(s.spec) {
+				comment = s.spec[i+1]
+			}
+		}
+		found := false
+		for _, l := range strings.Split(dumps[s.table], "\n") {
+			if strings.HasPrefix(l, "-A "+s.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, comment) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+			f.needFull = true
+			return true, nil
+		}
+	}
+	return false, nil
+}
