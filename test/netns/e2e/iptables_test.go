@@ -14,9 +14,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
-	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
@@ -190,62 +187,14 @@ sync: {minPeriod: 200ms, period: 30s}
 
 	// SIGKILL the agent while a client keeps connecting, start it again:
 	// no connection fails (the rules stay; the new agent adopts them).
-	var okN, failN atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		deadline := time.Now().Add(3 * time.Minute)
-		for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := client.TCP(netip.AddrPortFrom(node.LinkIP, 30080), 2*time.Second); err != nil {
-				failN.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-			} else {
-				okN.Add(1)
-			}
-		}
-	}()
-	for okN.Load() < 20 && failN.Load() == 0 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = ag.cmd.Wait()
-	mid := okN.Load()
-	ag = startAgent(t, node, bin, cfg, logPath)
-	waitFor(t, 60*time.Second, "restarted agent synced (healthz 200)", func() error {
-		return healthz(node)
-	})
-	for okN.Load() < mid+50 && failN.Load() == 0 {
-		time.Sleep(20 * time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
-	if failN.Load() != 0 {
-		t.Fatalf("%d of %d connections failed across SIGKILL and restart: %v", failN.Load(), okN.Load()+failN.Load(), firstErr.Load())
-	}
-	t.Logf("%d connections across SIGKILL and restart, none failed", okN.Load())
+	killRestartUnderStream(t, node, client, netip.AddrPortFrom(node.LinkIP, 30080), ag, bin, cfg, logPath)
 
 	// The service is deleted: its ClusterIP stops answering and its
 	// NodePort closes.
 	if err := c.Client().CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 30*time.Second, "NodePort closed after delete", func() error {
-		_, err := client.TCP(netip.AddrPortFrom(node.LinkIP, 30080), time.Second)
-		if errors.Is(err, syscall.ECONNREFUSED) {
-			return nil
-		}
-		return fmt.Errorf("still %v", err)
-	})
+	waitRefused(t, client, netip.AddrPortFrom(node.LinkIP, 30080), "NodePort closed after delete")
 }
 
 // healthz asks the agent's health server inside the node.
