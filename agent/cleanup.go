@@ -6,8 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
@@ -20,15 +18,13 @@ import (
 func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	var errs []error
 	// IPVS mode first: its cleanup removes its own jumps and chains.
-	if p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry())); err != nil {
+	switch err := cleanupIPVS(ctx, cfg, log); {
+	case errors.Is(err, ipvs.ErrNoIPVS):
 		log.Info("IPVS is not usable here; no IPVS objects to remove", "reason", err)
-	} else {
-		if err := p.Cleanup(ctx); err != nil {
-			errs = append(errs, fmt.Errorf("ipvs: %w", err))
-		} else {
-			log.Info("removed edgeproxy's IPVS virtual servers, addresses and sets")
-		}
-		p.Close()
+	case err != nil:
+		errs = append(errs, fmt.Errorf("ipvs: %w", err))
+	default:
+		log.Info("removed edgeproxy's IPVS virtual servers, addresses and sets")
 	}
 	if err := iptables.CleanupAll(ctx, log); err != nil {
 		errs = append(errs, fmt.Errorf("iptables: %w", err))

@@ -30,16 +30,21 @@ func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger)
 		if _, err := netlink.LinkByName(cfg.IPVS.Interface); err != nil {
 			return
 		}
-		p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry()))
-		if err != nil {
-			log.Warn("IPVS mode's objects are left from an earlier run but IPVS is not usable to remove them", "error", err)
-			return
-		}
-		defer p.Close()
-		if err := p.Cleanup(ctx); err != nil {
-			log.Warn("could not remove all of IPVS mode's objects left from an earlier run", "error", err)
+		if err := cleanupIPVS(ctx, cfg, log); err != nil {
+			log.Warn("could not remove IPVS mode's objects left from an earlier run", "error", err)
 			return
 		}
 		log.Info("removed IPVS mode's virtual servers, addresses, sets and rules left from an earlier run")
 	}
+}
+
+// cleanupIPVS removes IPVS mode's virtual servers, dummy-link addresses,
+// sets and rules. It fails with ipvs.ErrNoIPVS when the kernel has no IPVS.
+func cleanupIPVS(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
+	p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry()))
+	if err != nil {
+		return err
+	}
+	defer p.Close()
+	return p.Cleanup(ctx)
 }

@@ -12,7 +12,6 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
-	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/selection"
@@ -354,18 +353,6 @@ func prefixesOfFamily(ps []netip.Prefix, f model.Family) []netip.Prefix {
 	for _, p := range ps {
 		if (f == model.IPv4) == p.Addr().Is4() {
 			out = append(out, p)
-		}
-	}
-	return out
-}
-
-// Latencies returns, for the network programming metric, how long ago each
-// trigger time in snap was, as of now.
-func Latencies(snap *state.Snapshot, now time.Time) []time.Duration {
-	out := make([]time.Duration, 0, len(snap.TriggerTimes))
-	for _, t := range snap.TriggerTimes {
-		if d := now.Sub(t); d >= 0 {
-			out = append(out, d)
 		}
 	}
 	return out

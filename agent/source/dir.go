@@ -38,7 +38,6 @@ type Dir struct {
 
 	services map[string]*model.Service
 	slices   map[string]*model.EndpointSlice
-	node     *model.Node
 	loaded   chan struct{}
 }
 
@@ -185,7 +184,7 @@ func (d *Dir) apply(services map[string]*model.Service, sl map[string]*model.End
 		node = &model.Node{Name: d.nodeName}
 	}
 	d.sink.SetNode(node)
-	d.services, d.slices, d.node = services, sl, node
+	d.services, d.slices = services, sl
 }
 
 // located is a decoded object with where it came from, for error messages.
