@@ -14,6 +14,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
 	"k8s.io/klog/v2"
 
 	"github.com/edgeproxy/edgeproxy/agent"
@@ -168,7 +170,11 @@ func runAgent(args []string, stderr io.Writer) error {
 	level := new(slog.LevelVar)
 	log := newLogger(stderr, cfg, level)
 	lopts.Logger = log
-	a, err := agent.New(agent.Options{Config: cfg, Load: lopts, Logger: log, LogLevel: level, Version: version})
+	// The Go runtime's and the process's own metrics (heap, goroutines,
+	// RSS, CPU), as kube-proxy exposes them.
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	a, err := agent.New(agent.Options{Config: cfg, Load: lopts, Logger: log, LogLevel: level, Version: version, Registry: reg})
 	if err != nil {
 		return err
 	}

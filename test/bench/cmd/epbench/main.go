@@ -1,0 +1,210 @@
+// Command epbench runs edgeproxy and upstream kube-proxy, one at a time,
+// against a real kube-apiserver and writes a side-by-side report: cold
+// start, one-change latency, churn, quiet resync, footprint and the cost of
+// a Wasm policy chain (see test/bench/README.md).
+//
+//	epbench -size quick -out bench-out      # about ten minutes
+//	epbench -size full -out bench-out       # the committed RESULTS.md
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"log/slog"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"runtime"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/bench"
+	"github.com/edgeproxy/edgeproxy/test/cluster"
+)
+
+func main() {
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "epbench:", err)
+		os.Exit(1)
+	}
+}
+
+func run() error {
+	size := flag.String("size", "quick", "quick (1k services, about 10 minutes), full (1k, 5k and 10k), or a list of service counts such as 1000,5000")
+	backends := flag.String("backends", "legacy,nft", "iptables backends to run, in order")
+	proxies := flag.String("proxies", "kube-proxy,edgeproxy,edgeproxy+wasm", "proxies to run, in order")
+	flips := flag.Int("flips", 0, "S2 single-endpoint flips per run (default: 40 quick, 200 full)")
+	endpoints := flag.Int("endpoints", 10, "endpoints per service")
+	churnRates := flag.String("churn-rates", "20,50", "S3 slice updates per second")
+	churnFor := flag.Duration("churn-for", 0, "S3 length at each rate (default: 20s quick, 60s full)")
+	churnSize := flag.Int("churn-size", 0, "S3 runs at this service count only (default: 5000 when run, else the largest)")
+	minSync := flag.Duration("min-sync", time.Second, "minimum sync period of both proxies")
+	syncPeriod := flag.Duration("sync", 10*time.Second, "sync period of both proxies")
+	out := flag.String("out", "bench-out", "directory for report.md, results.json, the charts and the logs")
+	edge := flag.String("edgeproxy", "bin/edgeproxy", "edgeproxy binary")
+	kp := flag.String("kube-proxy", "", "kube-proxy binary (default: the one test/cluster/build.sh built)")
+	module := flag.String("module", "bin/modules/topology.wasm", "Wasm module of the edgeproxy+wasm chain")
+	flag.Parse()
+
+	if os.Geteuid() != 0 {
+		return errors.New("must run as root (network namespaces and iptables)")
+	}
+	plan := bench.Plan{Endpoints: *endpoints, ChurnSize: *churnSize, ChurnFor: *churnFor, Flips: *flips,
+		Settings: bench.Settings{MinSync: *minSync, Sync: *syncPeriod, ClusterCIDR: "10.244.0.0/16"},
+		Timeout:  15 * time.Minute}
+	switch *size {
+	case "quick":
+		plan.Sizes = []int{1000}
+		plan.Flips = or(plan.Flips, 40)
+		plan.ChurnFor = orD(plan.ChurnFor, 20*time.Second)
+	case "full":
+		plan.Sizes = []int{1000, 5000, 10000}
+		plan.Flips = or(plan.Flips, 200)
+		plan.ChurnFor = orD(plan.ChurnFor, 60*time.Second)
+		plan.ChurnSize = or(plan.ChurnSize, 5000)
+	default:
+		for _, s := range strings.Split(*size, ",") {
+			n, err := strconv.Atoi(strings.TrimSpace(s))
+			if err != nil || n < 1 {
+				return fmt.Errorf("-size %q: want quick, full or service counts like 1000,5000", *size)
+			}
+			plan.Sizes = append(plan.Sizes, n)
+		}
+		plan.Flips = or(plan.Flips, 40)
+		plan.ChurnFor = orD(plan.ChurnFor, 20*time.Second)
+	}
+	for _, s := range strings.Split(*churnRates, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(s))
+		if err != nil || n < 1 {
+			return fmt.Errorf("-churn-rates %q: want numbers like 20,50", *churnRates)
+		}
+		plan.ChurnRates = append(plan.ChurnRates, n)
+	}
+	plan.Backends = strings.Split(*backends, ",")
+	for _, p := range strings.Split(*proxies, ",") {
+		plan.Proxies = append(plan.Proxies, bench.ProxyKind(p))
+	}
+
+	bins := bench.Binaries{EdgeProxy: abs(*edge), KubeProxy: *kp, Module: abs(*module)}
+	if bins.KubeProxy == "" {
+		p, err := cluster.BinPath("kube-proxy")
+		if err != nil {
+			return err
+		}
+		bins.KubeProxy = p
+	}
+	for _, b := range []string{bins.EdgeProxy, bins.KubeProxy, bins.Module} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%w (make build modules cluster-bins)", err)
+		}
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
+	dir, err := filepath.Abs(*out)
+	if err != nil {
+		return err
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	start := time.Now()
+	w, err := bench.NewWorld(ctx, dir)
+	if err != nil {
+		return err
+	}
+	defer w.Close()
+	r := &bench.Runner{World: w, Bins: bins, Plan: plan, Dir: dir, Log: log}
+	results, runErr := r.Run(ctx)
+	rep := &bench.Report{Date: start, Machine: machine(), Plan: plan, Results: results,
+		Took: time.Since(start).Seconds(), Command: "epbench " + strings.Join(os.Args[1:], " "),
+		Binaries: []bench.Binary{binary("edgeproxy", bins.EdgeProxy, "version"), binary("kube-proxy", bins.KubeProxy, "--version")}}
+	if err := rep.WriteFiles(dir); err != nil {
+		return err
+	}
+	log.Info("report written", "path", filepath.Join(dir, "report.md"), "took", time.Since(start).Round(time.Second))
+	return runErr
+}
+
+func or(v, d int) int {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func orD(v, d time.Duration) time.Duration {
+	if v == 0 {
+		return d
+	}
+	return v
+}
+
+func abs(p string) string {
+	a, err := filepath.Abs(p)
+	if err != nil {
+		return p
+	}
+	return a
+}
+
+func machine() bench.Machine {
+	m := bench.Machine{Cores: runtime.NumCPU()}
+	if b, err := os.ReadFile("/proc/cpuinfo"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(l, ":"); ok && strings.TrimSpace(k) == "model name" {
+				m.CPU = strings.TrimSpace(v)
+				break
+			}
+		}
+	}
+	if b, err := os.ReadFile("/proc/meminfo"); err == nil {
+		var kb float64
+		fmt.Sscanf(strings.SplitN(string(b), "\n", 2)[0], "MemTotal: %f kB", &kb)
+		m.MemoryGB = kb / (1 << 20)
+	}
+	if b, err := os.ReadFile("/proc/sys/kernel/osrelease"); err == nil {
+		m.Kernel = strings.TrimSpace(string(b))
+	}
+	if b, err := os.ReadFile("/etc/os-release"); err == nil {
+		for _, l := range strings.Split(string(b), "\n") {
+			if v, ok := strings.CutPrefix(l, "PRETTY_NAME="); ok {
+				m.OS = strings.Trim(v, `"`)
+			}
+		}
+	}
+	if o, err := exec.Command("iptables-legacy", "--version").Output(); err == nil {
+		m.IPTables = strings.TrimSpace(strings.TrimSuffix(string(o), "(legacy)\n"))
+	}
+	return m
+}
+
+// binary reports a program's version and size, and its size stripped of
+// symbols and debug information (a copy is stripped, not the original).
+func binary(name, path, versionArg string) bench.Binary {
+	b := bench.Binary{Name: name}
+	if o, err := exec.Command(path, versionArg).Output(); err == nil {
+		b.Version = strings.TrimSpace(strings.SplitN(string(o), "\n", 2)[0])
+	}
+	if fi, err := os.Stat(path); err == nil {
+		b.Size = fi.Size()
+	}
+	tmp, err := os.CreateTemp("", "epbench-strip-*")
+	if err != nil {
+		return b
+	}
+	tmp.Close()
+	defer os.Remove(tmp.Name())
+	if err := exec.Command("strip", "-o", tmp.Name(), path).Run(); err == nil {
+		if fi, err := os.Stat(tmp.Name()); err == nil {
+			b.Stripped = fi.Size()
+		}
+	}
+	return b
+}

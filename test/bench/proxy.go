@@ -1,0 +1,431 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Settings are what both proxies are given, the same for both.
+type Settings struct {
+	Backend     string        // legacy | nft
+	MinSync     time.Duration // kube-proxy --iptables-min-sync-period, edgeproxy sync.minPeriod
+	Sync        time.Duration // kube-proxy --iptables-sync-period, edgeproxy sync.period
+	ClusterCIDR string        // masquerade traffic to ClusterIPs from outside it
+}
+
+// ProxyKind names a proxy under test.
+type ProxyKind string
+
+const (
+	KubeProxy     ProxyKind = "kube-proxy"
+	EdgeProxy     ProxyKind = "edgeproxy"
+	EdgeProxyWasm ProxyKind = "edgeproxy+wasm" // a one-module chain on every service
+)
+
+// Binaries are the programs under test.
+type Binaries struct {
+	EdgeProxy string
+	KubeProxy string
+	Module    string // the Wasm module of the EdgeProxyWasm chain (topology)
+}
+
+// Proxy is a running proxy in the node namespace.
+type Proxy struct {
+	Kind    ProxyKind
+	cmd     *exec.Cmd
+	done    chan struct{}
+	waitErr error
+	Metrics string // the /metrics URL, reachable from the host
+	Log     string
+	Started time.Time
+}
+
+// Start starts a proxy of the given kind, alone, in the node namespace.
+func (w *World) Start(kind ProxyKind, bins Binaries, s Settings, dir string) (*Proxy, error) {
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	path, err := BackendPath(w.Dir, s.Backend)
+	if err != nil {
+		return nil, err
+	}
+	metricsAddr := w.NodeIP.String() + ":10249"
+	healthAddr := w.NodeIP.String() + ":10256"
+	var cmd *exec.Cmd
+	switch kind {
+	case KubeProxy:
+		cmd = w.Node.Command(bins.KubeProxy,
+			"--proxy-mode=iptables",
+			"--kubeconfig="+w.Kubeconfig,
+			"--hostname-override="+NodeName,
+			"--cluster-cidr="+s.ClusterCIDR,
+			"--conntrack-max-per-core=0",
+			"--iptables-min-sync-period="+s.MinSync.String(),
+			"--iptables-sync-period="+s.Sync.String(),
+			"--metrics-bind-address="+metricsAddr,
+			"--healthz-bind-address="+healthAddr,
+			"--v=2")
+	case EdgeProxy, EdgeProxyWasm:
+		cfg := fmt.Sprintf(`nodeName: %s
+kubeconfig: %s
+mode: iptables
+clusterCIDR: %s
+stateDir: %s
+sync:
+  minPeriod: %s
+  period: %s
+server:
+  healthz: %s
+  metrics: %s
+log:
+  level: info
+`, NodeName, w.Kubeconfig, s.ClusterCIDR, filepath.Join(dir, "state"), s.MinSync, s.Sync, healthAddr, metricsAddr)
+		if kind == EdgeProxyWasm {
+			cfg += fmt.Sprintf(`policy:
+  modules:
+    - name: topology
+      path: %s
+  chains:
+    - name: every-service
+      modules:
+        - module: topology
+`, bins.Module)
+		}
+		conf := filepath.Join(dir, "edgeproxy.yaml")
+		if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+			return nil, err
+		}
+		if kind == EdgeProxyWasm {
+			if err := warmCompileCache(bins.EdgeProxy, strings.Replace(cfg, "kubeconfig: "+w.Kubeconfig+"\n", "", 1), dir); err != nil {
+				return nil, err
+			}
+		}
+		cmd = w.Node.Command(bins.EdgeProxy, "run", "--config", conf)
+	default:
+		return nil, fmt.Errorf("bench: unknown proxy %q", kind)
+	}
+	logPath := filepath.Join(dir, string(kind)+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = append(os.Environ(), "PATH="+path+":"+os.Getenv("PATH"))
+	p := &Proxy{Kind: kind, cmd: cmd, done: make(chan struct{}), Log: logPath,
+		Metrics: "http://" + metricsAddr + "/metrics"}
+	p.Started = time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("bench: start %s: %w", kind, err)
+	}
+	go func() { p.waitErr = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// PID is the proxy's process id.
+func (p *Proxy) PID() int { return p.cmd.Process.Pid }
+
+// Exited reports whether the proxy has ended (it must not, during a run).
+func (p *Proxy) Exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("bench: %s exited: %v (log %s)", p.Kind, p.waitErr, p.Log)
+	default:
+		return nil
+	}
+}
+
+// Stop ends the proxy with SIGTERM, then SIGKILL after 10s.
+func (p *Proxy) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}
+
+// Usage is a process's resource use read from /proc.
+type Usage struct {
+	CPU   time.Duration // user+system of the process and its waited-for children
+	RSS   int64         // bytes, the process plus its live children
+	Peak  int64         // VmHWM of the process, bytes
+	Count int           // live children
+}
+
+const clockTick = 100 // USER_HZ on Linux
+
+// ReadUsage reads /proc for pid and its live children.
+func ReadUsage(pid int) (Usage, error) {
+	var u Usage
+	st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return u, err
+	}
+	f := statFields(string(st))
+	if len(f) < 17 {
+		return u, fmt.Errorf("bench: short /proc/%d/stat", pid)
+	}
+	ticks := atoi(f[13]) + atoi(f[14]) + atoi(f[15]) + atoi(f[16])
+	u.CPU = time.Duration(ticks) * time.Second / clockTick
+	u.RSS, u.Peak = statusMem(pid)
+	// Live children (an iptables-restore in flight): their RSS and CPU so far.
+	ents, _ := os.ReadDir("/proc")
+	for _, e := range ents {
+		c, err := strconv.Atoi(e.Name())
+		if err != nil || c == pid {
+			continue
+		}
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", c))
+		if err != nil {
+			continue
+		}
+		cf := statFields(string(b))
+		if len(cf) < 17 || atoi(cf[3]) != int64(pid) {
+			continue
+		}
+		u.Count++
+		u.CPU += time.Duration(atoi(cf[13])+atoi(cf[14])) * time.Second / clockTick
+		rss, _ := statusMem(c)
+		u.RSS += rss
+	}
+	return u, nil
+}
+
+// statFields splits /proc/pid/stat after the command name (which may hold
+// spaces); index 0 is the pid, as in proc(5) numbering minus one.
+func statFields(s string) []string {
+	i := strings.LastIndexByte(s, ')')
+	if i < 0 {
+		return nil
+	}
+	head := strings.Fields(s[:strings.IndexByte(s, '(')])
+	return append(append(head, "comm"), strings.Fields(s[i+1:])...)
+}
+
+func atoi(s string) int64 { v, _ := strconv.ParseInt(s, 10, 64); return v }
+
+func statusMem(pid int) (rss, hwm int64) {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", pid))
+	if err != nil {
+		return 0, 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, ok := strings.Cut(sc.Text(), ":")
+		if !ok {
+			continue
+		}
+		kb := atoi(strings.TrimSuffix(strings.TrimSpace(v), " kB")) * 1024
+		switch k {
+		case "VmRSS":
+			rss = kb
+		case "VmHWM":
+			hwm = kb
+		}
+	}
+	return rss, hwm
+}
+
+// Sampler samples a process's usage every interval until stopped, keeping
+// the peak RSS (process plus children).
+type Sampler struct {
+	stop chan struct{}
+	done chan struct{}
+	Peak int64
+	Last Usage
+}
+
+// Sample starts sampling pid.
+func Sample(pid int, every time.Duration) *Sampler {
+	s := &Sampler{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(s.done)
+		t := time.NewTicker(every)
+		defer t.Stop()
+		for {
+			if u, err := ReadUsage(pid); err == nil {
+				s.Last = u
+				s.Peak = max(s.Peak, u.RSS, u.Peak)
+			}
+			select {
+			case <-s.stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return s
+}
+
+// Stop ends sampling and returns the peak RSS in bytes.
+func (s *Sampler) Stop() int64 {
+	close(s.stop)
+	<-s.done
+	return s.Peak
+}
+
+// Metrics is a scrape of a proxy's /metrics: sample name with labels (as
+// written) to value.
+type Metrics map[string]float64
+
+// Scrape reads the proxy's metrics.
+func (p *Proxy) Scrape(ctx context.Context) (Metrics, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.Metrics, nil)
+	if err != nil {
+		return nil, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return nil, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("bench: %s: %s", p.Metrics, resp.Status)
+	}
+	m := Metrics{}
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		line := sc.Text()
+		if line == "" || line[0] == '#' {
+			continue
+		}
+		i := strings.LastIndexByte(line, ' ')
+		if i < 0 {
+			continue
+		}
+		v, err := strconv.ParseFloat(line[i+1:], 64)
+		if err != nil {
+			continue
+		}
+		m[line[:i]] = v
+	}
+	return m, sc.Err()
+}
+
+// Sum adds every sample whose name (before any label) is name and whose
+// labels contain all of the given label pairs (e.g. `ip_family="IPv4"`).
+func (m Metrics) Sum(name string, labels ...string) float64 {
+	var s float64
+	for k, v := range m {
+		n, rest, _ := strings.Cut(k, "{")
+		if n != name {
+			continue
+		}
+		ok := true
+		for _, l := range labels {
+			if !strings.Contains(rest, l) {
+				ok = false
+			}
+		}
+		if ok {
+			s += v
+		}
+	}
+	return s
+}
+
+// HistQuantile estimates quantile q of a histogram from its buckets (the
+// difference between two scrapes when before is given), by linear
+// interpolation inside the bucket as Prometheus does. NaN without samples.
+func HistQuantile(after, before Metrics, name string, q float64) float64 {
+	type bucket struct{ le, n float64 }
+	var bs []bucket
+	for k, v := range after {
+		n, rest, _ := strings.Cut(k, "{")
+		if n != name+"_bucket" {
+			continue
+		}
+		i := strings.Index(rest, `le="`)
+		if i < 0 {
+			continue
+		}
+		leS := rest[i+4:]
+		leS = leS[:strings.IndexByte(leS, '"')]
+		le, err := strconv.ParseFloat(leS, 64)
+		if err != nil {
+			continue
+		}
+		if before != nil {
+			v -= before[k]
+		}
+		bs = append(bs, bucket{le, v})
+	}
+	if len(bs) == 0 {
+		return math.NaN()
+	}
+	sortBuckets := func() {
+		for i := 1; i < len(bs); i++ {
+			for j := i; j > 0 && bs[j].le < bs[j-1].le; j-- {
+				bs[j], bs[j-1] = bs[j-1], bs[j]
+			}
+		}
+	}
+	sortBuckets()
+	// Buckets of several label sets (IPv4 and IPv6) with the same bound add up.
+	merged := bs[:0]
+	for _, b := range bs {
+		if len(merged) > 0 && merged[len(merged)-1].le == b.le {
+			merged[len(merged)-1].n += b.n
+			continue
+		}
+		merged = append(merged, b)
+	}
+	total := merged[len(merged)-1].n
+	if total <= 0 {
+		return math.NaN()
+	}
+	rank := q * total
+	prevLe, prevN := 0.0, 0.0
+	for _, b := range merged {
+		if b.n >= rank {
+			if math.IsInf(b.le, 1) {
+				return prevLe
+			}
+			if b.n == prevN {
+				return b.le
+			}
+			return prevLe + (b.le-prevLe)*(rank-prevN)/(b.n-prevN)
+		}
+		prevLe, prevN = b.le, b.n
+	}
+	return prevLe
+}
+
+// warmCompileCache compiles the chain's module into the state directory's
+// cache with `edgeproxy plan` on no services, as any earlier start on the
+// node would have: the measured start is a restart, not the one-off first
+// compile (which the policy benchmarks measure). No snapshot is written.
+func warmCompileCache(bin, cfg, dir string) error {
+	empty := filepath.Join(dir, "no-manifests")
+	if err := os.MkdirAll(empty, 0o700); err != nil {
+		return err
+	}
+	conf := filepath.Join(dir, "warm.yaml")
+	if err := os.WriteFile(conf, []byte(cfg), 0o600); err != nil {
+		return err
+	}
+	cmd := exec.Command(bin, "plan", "--config", conf, "--manifests", empty)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("bench: warm the compile cache: %v: %s", err, out)
+	}
+	return nil
+}

@@ -1,0 +1,261 @@
+package bench
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"time"
+)
+
+// Report is a whole run: what ran where, and every result.
+type Report struct {
+	Date       time.Time `json:"date"`
+	Machine    Machine   `json:"machine"`
+	Plan       Plan      `json:"plan"`
+	Binaries   []Binary  `json:"binaries"`
+	Results    []Result  `json:"results"`
+	Took       float64   `json:"tookSeconds"`
+	Command    string    `json:"command"`
+	Resolution string    `json:"-"`
+}
+
+// Machine describes where the numbers come from.
+type Machine struct {
+	CPU      string  `json:"cpu"`
+	Cores    int     `json:"cores"`
+	MemoryGB float64 `json:"memoryGiB"`
+	Kernel   string  `json:"kernel"`
+	OS       string  `json:"os"`
+	IPTables string  `json:"iptables"`
+}
+
+// Binary is a program under test and its size.
+type Binary struct {
+	Name     string `json:"name"`
+	Version  string `json:"version"`
+	Size     int64  `json:"sizeBytes"`
+	Stripped int64  `json:"strippedBytes"`
+}
+
+// WriteFiles writes report.md, results.json and the charts into dir.
+func (rep *Report) WriteFiles(dir string) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return err
+	}
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "results.json"), js, 0o644); err != nil {
+		return err
+	}
+	charts, err := rep.Charts(dir)
+	if err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "report.md"))
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	rep.Markdown(f, charts)
+	return f.Close()
+}
+
+func find(rs []Result, kind ProxyKind, backend string, n int) *Result {
+	for i := range rs {
+		if rs[i].Proxy == kind && rs[i].Backend == backend && rs[i].Services == n {
+			return &rs[i]
+		}
+	}
+	return nil
+}
+
+func secs(v float64) string {
+	switch {
+	case math.IsNaN(v) || v < 0:
+		return "–"
+	case v < 1:
+		return fmt.Sprintf("%.1f ms", v*1000)
+	default:
+		return fmt.Sprintf("%.2f s", v)
+	}
+}
+
+func mib(v float64) string {
+	if v <= 0 || math.IsNaN(v) {
+		return "–"
+	}
+	return fmt.Sprintf("%.1f MiB", v/(1<<20))
+}
+
+func ratio(a, b float64) string {
+	if a <= 0 || b <= 0 || math.IsNaN(a) || math.IsNaN(b) {
+		return "–"
+	}
+	return fmt.Sprintf("%.2f×", a/b)
+}
+
+// verdict says whether value met target (value <= target), and by how much not.
+func verdict(value, target float64) string {
+	if math.IsNaN(value) || math.IsNaN(target) || target <= 0 || value <= 0 {
+		return "–"
+	}
+	if value <= target {
+		return "met"
+	}
+	return fmt.Sprintf("missed by %.0f%%", 100*(value/target-1))
+}
+
+// Markdown writes the report.
+func (rep *Report) Markdown(w io.Writer, charts []string) {
+	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
+	p("# edgeproxy vs kube-proxy — benchmark report")
+	p("")
+	p("- Date: %s; the run took %s.", rep.Date.UTC().Format("2006-01-02 15:04 MST"), (time.Duration(rep.Took) * time.Second).String())
+	p("- Machine: %s, %d cores, %.0f GiB; %s; kernel %s; %s.", rep.Machine.CPU, rep.Machine.Cores, rep.Machine.MemoryGB, rep.Machine.OS, rep.Machine.Kernel, rep.Machine.IPTables)
+	for _, b := range rep.Binaries {
+		p("- %s %s: %s (%s stripped).", b.Name, b.Version, mib(float64(b.Size)), mib(float64(b.Stripped)))
+	}
+	s := rep.Plan.Settings
+	p("- Settings, the same for both proxies: iptables mode; minimum sync period %s; sync period %s; cluster CIDR %s (masquerade of ClusterIP traffic from outside it); %d endpoints per service; services %v; backends %v.",
+		s.MinSync, s.Sync, s.ClusterCIDR, rep.Plan.Endpoints, rep.Plan.Sizes, rep.Plan.Backends)
+	p("- Command: `%s`", rep.Command)
+	p("")
+	p("How it is measured: a real kube-apiserver with etcd; Services without selectors and one EndpointSlice each, written by the driver with `%s` stamped; one proxy at a time in an emptied node network namespace; \"visible\" means the kernel's nat table holds the DNAT destination (read with IPT_SO_GET_ENTRIES for x_tables and an nf_tables rule dump, triggered by the ruleset generation, for iptables-nft). The floor is one `iptables-restore` of the rule set that proxy wrote, into an empty namespace (S1), and one single-chain `iptables-restore --noflush` on top of it (S2). CPU includes children (iptables-restore). Watch resolution is the median cost of one kernel read.", triggerAnnotation)
+	p("")
+	for _, backend := range rep.Plan.Backends {
+		p("## Backend: iptables-%s", backend)
+		p("")
+		p("### S1 cold start (process start → every endpoint in the kernel)")
+		p("")
+		p("| services | kube-proxy | edgeproxy | ratio | floor (edgeproxy's rules) | edgeproxy / floor | kube-proxy peak RSS | edgeproxy peak RSS | CPU kube-proxy | CPU edgeproxy | target ≤0.5× kube-proxy | target ≤1.2× floor |")
+		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+		for _, n := range rep.Plan.Sizes {
+			k, e := find(rep.Results, KubeProxy, backend, n), find(rep.Results, EdgeProxy, backend, n)
+			if k == nil || e == nil {
+				continue
+			}
+			p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", n, secs(k.ColdStart), secs(e.ColdStart), ratio(e.ColdStart, k.ColdStart),
+				secs(e.FloorRestore), ratio(e.ColdStart, e.FloorRestore), mib(float64(k.ColdPeakRSS)), mib(float64(e.ColdPeakRSS)),
+				secs(k.ColdCPU), secs(e.ColdCPU), verdict(e.ColdStart, 0.5*k.ColdStart), verdict(e.ColdStart, 1.2*e.FloorRestore))
+		}
+		p("")
+		p("### S2 one change (API write → kernel-visible), %d flips", rep.Plan.Flips)
+		p("")
+		p("| services | proxy | p50 | p99 | proxy's own metric p50 / p99 | floor (one chain) | watch resolution | target p50 ≤ floor+10ms | target p99 ≤ 2×p50 |")
+		p("|---:|---|---:|---:|---:|---:|---:|---|---|")
+		for _, n := range rep.Plan.Sizes {
+			for _, kind := range rep.Plan.Proxies {
+				r := find(rep.Results, kind, backend, n)
+				if r == nil || len(r.Flips) == 0 {
+					continue
+				}
+				p50, p99 := quantile(r.Flips, 0.5), quantile(r.Flips, 0.99)
+				tgt1, tgt2 := "", ""
+				if kind != KubeProxy {
+					tgt1, tgt2 = verdict(p50, r.FloorOneChange+0.010), verdict(p99, 2*p50)
+				}
+				p("| %d | %s | %s | %s | %s / %s | %s | %s | %s | %s |", n, kind, secs(p50), secs(p99), secs(r.FlipMetricP50), secs(r.FlipMetricP99),
+					secs(r.FloorOneChange), secs(r.WatchResolution), tgt1, tgt2)
+			}
+		}
+		p("")
+		p("### S3 churn (rolling update)")
+		p("")
+		p("| services | proxy | updates/s | updates | p50 | p99 | syncs | CPU per change | backlog drained after the last write |")
+		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
+		for _, r := range rep.Results {
+			if r.Backend != backend {
+				continue
+			}
+			for _, c := range r.Churn {
+				p("| %d | %s | %d | %d | %s | %s | %.0f | %s | %s |", r.Services, r.Proxy, c.Rate, c.Updates, secs(c.P50), secs(c.P99), c.Syncs, secs(c.CPUPerChange), secs(c.Drain))
+			}
+		}
+		p("")
+		p("### S4 quiet resync and S5 footprint")
+		p("")
+		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target RSS ≤0.5× kube-proxy |")
+		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+		for _, n := range rep.Plan.Sizes {
+			k := find(rep.Results, KubeProxy, backend, n)
+			for _, kind := range rep.Plan.Proxies {
+				r := find(rep.Results, kind, backend, n)
+				if r == nil || r.QuietWindow == 0 {
+					continue
+				}
+				writes := fmt.Sprint(r.KernelWrites)
+				if r.KernelWrites < 0 {
+					writes = "n/a"
+				}
+				t1, t2 := "", ""
+				if kind != KubeProxy {
+					switch {
+					case r.KernelWrites == 0:
+						t1 = "met"
+					case r.KernelWrites > 0:
+						t1 = fmt.Sprintf("missed (%d)", r.KernelWrites)
+					}
+					if k != nil {
+						t2 = verdict(float64(r.SteadyRSS), 0.5*float64(k.SteadyRSS))
+					}
+				}
+				p("| %d | %s | %s | %s | %.0f | %s | %s | %s | %.0f | %s | %s |", n, kind, secs(r.QuietWindow), secs(r.QuietCPU), r.QuietSyncs, writes,
+					mib(float64(r.SteadyRSS)), mib(r.HeapAlloc), r.Goroutines, t1, t2)
+			}
+		}
+		p("")
+		if slices.Contains(rep.Plan.Proxies, EdgeProxyWasm) {
+			p("### S6 policy cost (a one-module Wasm chain, `topology`, on every service)")
+			p("")
+			p("| services | S1 without | S1 with | S1 over | S2 p50 without | S2 p50 with | S2 over | target ≤10%% |")
+			p("|---:|---:|---:|---:|---:|---:|---:|---|")
+			for _, n := range rep.Plan.Sizes {
+				e, x := find(rep.Results, EdgeProxy, backend, n), find(rep.Results, EdgeProxyWasm, backend, n)
+				if e == nil || x == nil {
+					continue
+				}
+				a, b := quantile(e.Flips, 0.5), quantile(x.Flips, 0.5)
+				t := "met"
+				if x.ColdStart > 1.1*e.ColdStart || b > 1.1*a {
+					t = "missed"
+				}
+				p("| %d | %s | %s | %s | %s | %s | %s | %s |", n, secs(e.ColdStart), secs(x.ColdStart), over(x.ColdStart, e.ColdStart), secs(a), secs(b), over(b, a), t)
+			}
+			p("")
+		}
+	}
+	var failed []string
+	for _, r := range rep.Results {
+		if r.Error != "" {
+			failed = append(failed, fmt.Sprintf("- %s, %s, %d services: %s", r.Proxy, r.Backend, r.Services, r.Error))
+		}
+	}
+	if len(failed) > 0 {
+		p("## Runs that failed")
+		p("")
+		p("%s", strings.Join(failed, "\n"))
+		p("")
+	}
+	if len(charts) > 0 {
+		p("## Charts")
+		p("")
+		for _, c := range charts {
+			p("![%s](%s)", strings.TrimSuffix(c, ".png"), c)
+			p("")
+		}
+	}
+}
+
+func over(with, without float64) string {
+	if with <= 0 || without <= 0 || math.IsNaN(with) || math.IsNaN(without) {
+		return "–"
+	}
+	return fmt.Sprintf("%+.0f%%", 100*(with/without-1))
+}
