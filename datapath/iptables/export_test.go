@@ -14,3 +14,13 @@ func BreakService(t testing.TB, service string) {
 	}
 	t.Cleanup(func() { renderHook = nil })
 }
+
+// FullTamperChecks is how many tamper checks ran iptables (instead of being
+// answered by an unchanged fingerprint).
+func FullTamperChecks(p *Proxier) int {
+	n := 0
+	for _, f := range p.fams {
+		n += f.fullChecks
+	}
+	return n
+}

@@ -490,6 +490,25 @@ func TestTamperedAndRepaired(t *testing.T) {
 		if tampered() {
 			t.Fatal("Tampered right after apply")
 		}
+		// Nothing written since: the fingerprint answers, no iptables runs.
+		checks := iptables.FullTamperChecks(e.p)
+		if tampered() || iptables.FullTamperChecks(e.p) != checks {
+			t.Fatalf("a quiet check ran iptables (%d full checks, was %d)", iptables.FullTamperChecks(e.p), checks)
+		}
+		// Someone else's write changes the fingerprint: a full check, which
+		// finds our rules intact.
+		// (Slow checks are spaced out, so poll, bounded.)
+		e.iptables("-t", "nat", "-N", "SOMEONE-ELSE")
+		for deadline := time.Now().Add(15 * time.Second); iptables.FullTamperChecks(e.p) == checks && time.Now().Before(deadline); {
+			if tampered() {
+				t.Fatal("a foreign chain was taken for tampering")
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+		if iptables.FullTamperChecks(e.p) != checks+1 {
+			t.Fatalf("a foreign write: want one full check (%d full checks, was %d)", iptables.FullTamperChecks(e.p), checks)
+		}
+		e.iptables("-t", "nat", "-X", "SOMEONE-ELSE")
 		for _, flush := range [][]string{
 			{"-t", "nat", "-F"},
 			{"-t", "nat", "-F", "EP-SERVICES"},

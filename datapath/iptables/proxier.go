@@ -128,6 +128,14 @@ type family struct {
 	units       map[string]*unit    // the units as last written, for reuse
 	lastFixed   map[tableChain][32]byte
 	lastRewrite time.Time // of the last full rewrite
+
+	// The tables' fingerprint when a full tamper check last passed.
+	verified   bool
+	verifiedFP uint64
+	verifiedAt time.Time
+	readFP     uint64 // read before the running full check
+	readOK     bool
+	fullChecks int // how many ran, for tests
 }
 
 // New detects the iptables backend, checks that our chains are not held by

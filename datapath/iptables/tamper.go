@@ -29,6 +29,10 @@ func (f *family) sentinels() []jump {
 // must be present after an apply is missing, and if so makes the next
 // Apply rewrite everything. Before the first apply it reports false.
 //
+// While the tables' fingerprint (see fingerprint.go) is what it was at the
+// last full check that passed, nothing was written and the answer is no,
+// for up to recheckEvery.
+//
 // On large rule sets a check is not free (iptables-legacy copies whole
 // tables), so once a check takes over 100ms, checks are spaced to at least
 // ten times the duration of the last one: the cost stays under a tenth of
@@ -37,6 +41,15 @@ func (f *family) sentinels() []jump {
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	var written []*family
+	for _, f := range p.fams {
+		if f.applied && !f.unchanged() {
+			written = append(written, f)
+		}
+	}
+	if len(written) == 0 {
+		return false, nil
+	}
 	if p.checkCost > 100*time.Millisecond && time.Since(p.lastCheck) < 10*p.checkCost {
 		return false, nil
 	}
@@ -44,7 +57,7 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	defer func() {
 		p.lastCheck, p.checkCost = time.Now(), time.Since(start)
 	}()
-	for _, f := range p.fams {
+	for _, f := range written {
 		if t, err := f.tampered(ctx); t || err != nil {
 			return t, err
 		}
@@ -52,13 +65,42 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	return false, nil
 }
 
+// recheckEvery bounds how long the fingerprint alone vouches for the
+// rules: a full check runs at least this often.
+const recheckEvery = 5 * time.Minute
+
+// unchanged reports whether the tables' fingerprint is the one of the last
+// full check that passed (and that check is recent enough). It keeps the
+// fingerprint it read for the full check that follows when it is not.
+func (f *family) unchanged() bool {
+	fp, ok := f.fingerprint()
+	if ok && f.verified && fp == f.verifiedFP && time.Since(f.verifiedAt) < recheckEvery {
+		return true
+	}
+	f.verified = false
+	f.readFP, f.readOK = fp, ok
+	return false
+}
+
+// tampered runs the full check with iptables. The fingerprint read before
+// it (by unchanged) is kept when it passes: a write during the check
+// changes the fingerprint, so the next call checks again.
 func (f *family) tampered(ctx context.Context) (bool, error) {
-	if !f.applied {
-		return false, nil
-	}
+	f.fullChecks++
+	var bad bool
+	var err error
 	if f.variant == Legacy {
-		return f.tamperedSave(ctx)
+		bad, err = f.tamperedSave(ctx)
+	} else {
+		bad, err = f.tamperedCheck(ctx)
 	}
+	if err == nil && !bad && f.readOK {
+		f.verified, f.verifiedFP, f.verifiedAt = true, f.readFP, time.Now()
+	}
+	return bad, err
+}
+
+func (f *family) tamperedCheck(ctx context.Context) (bool, error) {
 	// iptables-nft reads only the chain a check names: one check per rule.
 	for _, s := range f.sentinels() {
 		if err := ctx.Err(); err != nil {

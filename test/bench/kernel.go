@@ -9,6 +9,8 @@ import (
 
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 )
 
 // Dest is a DNAT destination (an endpoint) packed as ip<<16 | port, so that
@@ -170,7 +172,6 @@ type nftKernel struct{ c *netlink.Conn }
 const (
 	nfnlSubsysNFTables = 10
 	nftMsgGetRule      = 7
-	nftMsgGetGen       = 16
 	nftaRuleTable      = 1
 	nftaRuleExprs      = 4
 	nftaListElem       = 1
@@ -179,7 +180,6 @@ const (
 	nftaTargetName     = 1
 	nftaTargetRev      = 2
 	nftaTargetInfo     = 3
-	nftaGenID          = 1
 )
 
 // OpenNFT opens an nf_tables reader in the calling thread's namespace.
@@ -194,29 +194,8 @@ func OpenNFT() (Kernel, error) {
 func nfgen(family uint8) []byte { return []byte{family, 0, 0, 0} }
 
 func (k *nftKernel) Generation() (uint64, error) {
-	msgs, err := k.c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetGen), Flags: netlink.Request},
-		Data:   nfgen(unix.AF_UNSPEC),
-	})
-	if err != nil {
-		return 0, fmt.Errorf("bench: NFT_MSG_GETGEN: %w", err)
-	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
-			return 0, err
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			if ad.Type() == nftaGenID {
-				return uint64(ad.Uint32()), nil
-			}
-		}
-	}
-	return 0, errors.New("bench: NFT_MSG_GETGEN: no generation in the answer")
+	g, err := iptables.NFTGenerationOn(k.c)
+	return uint64(g), err
 }
 
 func (k *nftKernel) Scan(fn func(Dest)) error {
