@@ -337,12 +337,13 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		// A rewrite of everything on the first apply (adopting what a
 		// previous run left), after a failure or tampering, and once per
 		// FullSyncPeriod. plan.Full otherwise means "compare everything":
-		// the sentinel rules are checked (a flush found there turns this
-		// into a rewrite), all units are rendered again without trusting
+		// the sentinel rules are checked unless the tables' fingerprint
+		// shows no write since they last passed (a flush found there turns
+		// this into a rewrite), all units are rendered again without trusting
 		// plan.Changed, and the chains that differ from what was written
 		// are rewritten.
 		full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
-		if plan.Full && !full {
+		if plan.Full && !full && !f.unchanged() {
 			if t, err := f.tampered(ctx); err != nil || t {
 				full = true
 			}

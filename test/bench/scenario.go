@@ -29,6 +29,7 @@ type Plan struct {
 	ChurnFor   time.Duration
 	Settings   Settings
 	Timeout    time.Duration // for one cold start
+	Settle     time.Duration // after a cold start, before the steady measurements (default 5s)
 }
 
 // Result is one proxy on one backend at one size.
@@ -162,7 +163,11 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	log.Info("S1 cold start", "seconds", res.ColdStart, "cpu", res.ColdCPU, "peakRSS", peak)
 
 	// Let the start settle (a first resync, the snapshot) before the steady measurements.
-	if err := sleep(ctx, 5*time.Second); err != nil {
+	settle := r.Plan.Settle
+	if settle == 0 {
+		settle = 5 * time.Second
+	}
+	if err := sleep(ctx, settle); err != nil {
 		return err
 	}
 
