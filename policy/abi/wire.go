@@ -414,19 +414,6 @@ func (r *reader) str() string {
 	return string(p)
 }
 
-// Decoder decodes inputs like DecodeInput, but copies the input once and
-// makes every string of the result point into that copy: one allocation
-// per input instead of one per string. This is what keeps decoding cheap
-// inside a wasm guest, where allocation and hashing are slow. The strings
-// stay valid and immutable for as long as they are referenced. The zero
-// value is ready; not safe for concurrent use.
-type Decoder struct{}
-
-// DecodeInput decodes b into in, reusing in's slices.
-func (d *Decoder) DecodeInput(b []byte, in *Input) error {
-	return decodeInput(&reader{b: slices.Clone(b), alias: true}, in)
-}
-
 func (r *reader) strs(dst []string) []string {
 	if r.err == nil && len(r.b)-r.off >= 2 && r.b[r.off] == 0 && r.b[r.off+1] == 0 {
 		r.off += 2

@@ -125,6 +125,17 @@ func FuzzDecode(f *testing.F) {
 				t.Fatalf("input does not round-trip: %v", err)
 			}
 		}
+		// The guest's fast decoder accepts exactly what DecodeInput
+		// accepts, with the same values, also into a used Input.
+		var d abi.Decoder
+		fast, slow := sample(), sample()
+		err := d.DecodeInput(b, fast)
+		if (err == nil) != (abi.DecodeInput(b, slow) == nil) {
+			t.Fatalf("Decoder and DecodeInput disagree: %v", err)
+		}
+		if err == nil && !reflect.DeepEqual(fast, slow) {
+			t.Fatalf("Decoder:\n got %+v\nwant %+v", *fast, *slow)
+		}
 		var out abi.Output
 		_ = abi.DecodeOutput(b, &out)
 	})
