@@ -15,7 +15,6 @@ import (
 	"fmt"
 	"slices"
 	"strconv"
-	"strings"
 
 	"github.com/edgeproxy/edgeproxy/modules/sdk"
 )
@@ -65,11 +64,15 @@ func initConfig(b []byte) error {
 	return nil
 }
 
+// region returns the region of zone. Comparisons use sdk.Equal: this runs
+// per endpoint, where == costs a byte loop inside the guest.
 func region(in *sdk.Input, zone string) string {
-	if r, ok := cfg.Regions[zone]; ok {
-		return r
+	if len(cfg.Regions) > 0 {
+		if r, ok := cfg.Regions[zone]; ok {
+			return r
+		}
 	}
-	if in.Node.Region != "" && strings.HasPrefix(zone, in.Node.Region) {
+	if in.Node.Region != "" && sdk.HasPrefix(zone, in.Node.Region) {
 		return in.Node.Region
 	}
 	return ""
@@ -78,13 +81,13 @@ func region(in *sdk.Input, zone string) string {
 // closest returns the narrowest level an endpoint shares with this node.
 func closest(in *sdk.Input, e *sdk.Endpoint, nodeRegion string) int {
 	switch {
-	case e.Local || (e.NodeName != "" && e.NodeName == in.Node.Name):
+	case e.Local || (e.NodeName != "" && sdk.Equal(e.NodeName, in.Node.Name)):
 		return levelNode
 	case e.Zone == "":
 		return levelAny
-	case e.Zone == in.Node.Zone:
+	case sdk.Equal(e.Zone, in.Node.Zone):
 		return levelZone
-	case nodeRegion != "" && region(in, e.Zone) == nodeRegion:
+	case nodeRegion != "" && sdk.Equal(region(in, e.Zone), nodeRegion):
 		return levelRegion
 	}
 	return levelAny
@@ -104,13 +107,15 @@ func evaluate(in *sdk.Input, out *sdk.Output) error {
 	// One pass: each endpoint's closest level, and how many endpoints are
 	// within each level (an endpoint in this zone is also in this region).
 	ranks = ranks[:0]
-	var within [levelAny + 1]int
+	var at [levelAny + 1]int
 	for i := range in.Endpoints {
 		r := closest(in, &in.Endpoints[i], nodeRegion)
 		ranks = append(ranks, r)
-		for l := r; l <= levelAny; l++ {
-			within[l]++
-		}
+		at[r]++
+	}
+	within := at
+	for l := levelZone; l <= levelAny; l++ {
+		within[l] += within[l-1]
 	}
 	for _, l := range levels {
 		n := within[l]
@@ -122,11 +127,37 @@ func evaluate(in *sdk.Input, out *sdk.Output) error {
 				out.Weights[i] = 0
 			}
 		}
-		out.Reason = levelNames[l] + ": " + strconv.Itoa(n) + " of " + strconv.Itoa(len(in.Endpoints)) + " endpoints"
+		out.Reason = reason(l, n, len(in.Endpoints))
 		return nil
 	}
 	out.Reason = "no level matched; all endpoints kept"
 	return nil
+}
+
+// reasons caches reason strings for services of up to maxCached
+// endpoints, so that a call does not build (and allocate) the same string
+// again: allocating is slow in a guest, and garbage makes the guest's
+// collector run.
+const maxCached = 32
+
+var reasons [levelAny + 1][]string // [level][total*(maxCached+1)+n]
+
+func reason(l, n, total int) string {
+	if total > maxCached {
+		return makeReason(l, n, total)
+	}
+	if reasons[l] == nil {
+		reasons[l] = make([]string, (maxCached+1)*(maxCached+1))
+	}
+	r := &reasons[l][total*(maxCached+1)+n]
+	if *r == "" {
+		*r = makeReason(l, n, total)
+	}
+	return *r
+}
+
+func makeReason(l, n, total int) string {
+	return levelNames[l] + ": " + strconv.Itoa(n) + " of " + strconv.Itoa(total) + " endpoints"
 }
 
 func main() {}
