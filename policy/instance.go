@@ -44,6 +44,9 @@ type Instance struct {
 
 	cache resultCache
 	buf   []byte
+	// out holds the copy of the module's last output; decoding copies
+	// what it keeps, so it is reused.
+	out []byte
 	// inPtr/inCap: the guest buffer from the last ep_alloc, reused while
 	// inputs fit (ABI.md: valid until the next ep_alloc).
 	inPtr, inCap uint32
@@ -326,8 +329,8 @@ func (i *Instance) invokeEncoded(ctx context.Context, timeout time.Duration, inp
 		return out, i.callErr(ReasonInvalid, fmt.Errorf("output at %#x+%d is outside memory", optr, olen))
 	}
 	// Copy first: the checks must not look at memory the guest still owns.
-	b := slices.Clone(view)
-	if err := abi.DecodeOutput(b, &out); err != nil {
+	i.out = append(i.out[:0], view...)
+	if err := abi.DecodeOutput(i.out, &out); err != nil {
 		return out, i.callErr(ReasonInvalid, err)
 	}
 	if err := out.Validate(endpoints); err != nil {

@@ -98,6 +98,10 @@ type chain struct {
 type step struct {
 	module string
 	inst   *policy.Instance
+	// The module's series, looked up once: WithLabelValues hashes its
+	// labels on every call, and Evaluate runs once per service port.
+	calls, cacheHits prometheus.Counter
+	duration         prometheus.Observer
 }
 
 type lastGood struct {
@@ -235,7 +239,10 @@ func (e *Evaluator) load(ctx context.Context, cfg config.Policy, old *loaded, o 
 				continue
 			}
 			e.log.Info("policy: module checked", "chain", c.Name, "module", m.Name, "sha256", rep.SHA256, "engine", rep.Engine)
-			ch.steps = append(ch.steps, step{module: m.Name, inst: inst})
+			ch.steps = append(ch.steps, step{module: m.Name, inst: inst,
+				calls:     e.metrics.calls.WithLabelValues(m.Name),
+				cacheHits: e.metrics.cacheHits.WithLabelValues(m.Name),
+				duration:  e.metrics.duration.WithLabelValues(m.Name)})
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -505,14 +512,14 @@ func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model
 				in.Endpoints = append(in.Endpoints, endpoint(&eps[i], node, weights[i]))
 			}
 		}
-		e.metrics.calls.WithLabelValues(st.module).Inc()
+		st.calls.Inc()
 		res, err := st.inst.Evaluate(ctx, &in)
 		s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
 		allCached = allCached && res.Cached
 		if res.Cached {
-			e.metrics.cacheHits.WithLabelValues(st.module).Inc()
+			st.cacheHits.Inc()
 		} else if res.Duration > 0 {
-			e.metrics.duration.WithLabelValues(st.module).Observe(res.Duration.Seconds())
+			st.duration.Observe(res.Duration.Seconds())
 		}
 		if err != nil {
 			s.Failure, s.Error = policy.ReasonOf(err), err.Error()
