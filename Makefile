@@ -3,6 +3,7 @@
 #   make demo    run edgeproxy on the bundled demo manifests and print the plan
 #   make test    every test tier (unit, kernel in network namespaces, real
 #                kube-apiserver, the IPVS VM) plus go vet
+#   make bench   edgeproxy vs kube-proxy side by side (test/bench)
 SHELL   := /bin/bash
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
@@ -14,7 +15,7 @@ REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 TEST_FLAGS  ?= -race -timeout 40m
 DESTDIR ?=
 
-.PHONY: all build modules cluster-bins deps demo test vet bench install clean
+.PHONY: all build modules cluster-bins deps demo test vet bench bench-micro install clean
 
 all: build
 
@@ -52,7 +53,19 @@ test: deps build modules cluster-bins vet
 	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
 		CGO_ENABLED=1 $(GO) test $(TEST_FLAGS) ./...
 
-bench: build
+# edgeproxy against upstream kube-proxy v1.36.3, one at a time, on a real
+# API server (test/bench/README.md). BENCH_SIZE=quick (1k services, about
+# 15 minutes), full (1k/5k/10k, the committed test/bench/RESULTS.md), or
+# service counts like 1000,5000. Needs root. Report in $(BENCH_OUT)/report.md.
+BENCH_SIZE  ?= quick
+BENCH_OUT   ?= bench-out
+BENCH_FLAGS ?=
+bench: deps build modules cluster-bins
+	EDGEPROXY_CACHE=$(CACHE) $(GO) run ./test/bench/cmd/epbench -size $(BENCH_SIZE) -out $(BENCH_OUT) \
+		-edgeproxy $(BIN) -module bin/modules/topology.wasm $(BENCH_FLAGS)
+
+# The Go micro-benchmarks (render, sync, policy calls, snapshot).
+bench-micro: build
 	CGO_ENABLED=1 $(GO) test -run '^$$' -bench . -benchtime 3x ./agent/... ./datapath/... ./policy/...
 
 install: build modules

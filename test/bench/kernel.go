@@ -165,9 +165,13 @@ func cstring(b []byte) string {
 
 func (k *legacyKernel) Close() error { return unix.Close(k.fd) }
 
-// nftKernel reads nf_tables over netlink: the ruleset generation (cheap)
-// and a dump of the rules of table ip nat.
-type nftKernel struct{ c *netlink.Conn }
+// nftKernel reads nf_tables over netlink: the ruleset generation (cheap),
+// a dump of the rules of table ip nat, and the events the kernel sends for
+// every committed transaction (see Watcher).
+type nftKernel struct {
+	c   *netlink.Conn
+	mon *netlink.Conn // subscribed to NFNLGRP_NFTABLES
+}
 
 const (
 	nfnlSubsysNFTables = 10
@@ -188,7 +192,20 @@ func OpenNFT() (Kernel, error) {
 	if err != nil {
 		return nil, fmt.Errorf("bench: nf_tables netlink: %w", err)
 	}
-	return &nftKernel{c: c}, nil
+	const nfnlgrpNFTables = 7
+	mon, err := netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{Groups: 1 << (nfnlgrpNFTables - 1)})
+	if err != nil {
+		c.Close()
+		return nil, fmt.Errorf("bench: nf_tables event socket: %w", err)
+	}
+	// A cold start commits hundreds of thousands of rules at once: a
+	// large buffer (an overflow only costs a dump, see Watcher).
+	if rc, err := mon.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) {
+			_ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 256<<20)
+		})
+	}
+	return &nftKernel{c: c, mon: mon}, nil
 }
 
 func nfgen(family uint8) []byte { return []byte{family, 0, 0, 0} }
@@ -290,4 +307,59 @@ func target(b []byte, fn func(Dest)) {
 	}
 }
 
-func (k *nftKernel) Close() error { return k.c.Close() }
+func (k *nftKernel) Close() error { k.mon.Close(); return k.c.Close() }
+
+const (
+	nftMsgNewRule = 6
+	nftMsgDelRule = 8
+	nftMsgNewGen  = 15
+)
+
+// event is what a message from the event socket says: rule added or
+// deleted (with its DNAT destinations), or the end of a transaction with
+// its generation.
+type event struct {
+	kind  int // nftMsgNewRule, nftMsgDelRule, nftMsgNewGen
+	dests []Dest
+	gen   uint64
+}
+
+// receive blocks for the next messages from the event socket.
+func (k *nftKernel) receive() ([]event, error) {
+	msgs, err := k.mon.Receive()
+	if err != nil {
+		return nil, err
+	}
+	var out []event
+	for _, m := range msgs {
+		if m.Header.Type>>8 != nfnlSubsysNFTables || len(m.Data) < 4 {
+			continue
+		}
+		kind := int(m.Header.Type & 0xff)
+		switch kind {
+		case nftMsgNewRule, nftMsgDelRule:
+			if m.Data[0] != unix.AF_INET {
+				continue
+			}
+			e := event{kind: kind}
+			if err := scanRule(m.Data[4:], func(d Dest) { e.dests = append(e.dests, d) }); err != nil {
+				return nil, err
+			}
+			out = append(out, e)
+		case nftMsgNewGen:
+			ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+			if err != nil {
+				return nil, err
+			}
+			ad.ByteOrder = binary.BigEndian
+			e := event{kind: kind}
+			for ad.Next() {
+				if ad.Type() == 1 { // NFTA_GEN_ID
+					e.gen = uint64(ad.Uint32())
+				}
+			}
+			out = append(out, e)
+		}
+	}
+	return out, nil
+}

@@ -1,11 +1,13 @@
 package bench
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/edgeproxy/edgeproxy/test/gate"
 )
@@ -40,10 +42,24 @@ func TestKernelReaders(t *testing.T) {
 			}
 			b.WriteString("-A B -p udp -j DNAT --to-destination 10.128.1.1:53\n-A B -j MASQUERADE\nCOMMIT\n")
 			want = append(want, "10.128.1.1:53")
+			w := NewWatcher(k)
+			defer w.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+			defer cancel()
+			if _, err := w.Poll(ctx); err != nil {
+				t.Fatal(err)
+			}
+			first := DestOf(netip.MustParseAddrPort("10.128.0.1:8080"))
+			if w.Has(first) {
+				t.Fatal("the watcher sees a rule before it is written")
+			}
 			cmd := ns.Command("iptables-" + backend + "-restore")
 			cmd.Stdin = strings.NewReader(b.String())
 			if out, err := cmd.CombinedOutput(); err != nil {
 				t.Fatalf("restore: %v: %s", err, out)
+			}
+			if _, err := w.WaitFlip(ctx, first, 10*time.Second); err != nil {
+				t.Fatal(err)
 			}
 			got := scanAll(t, k)
 			slices.Sort(want)
@@ -63,6 +79,16 @@ func TestKernelReaders(t *testing.T) {
 			}
 			if got := scanAll(t, k); len(got) != 3 {
 				t.Fatalf("after flushing B: %v", got)
+			}
+			// The watcher follows deletions too.
+			udp := DestOf(netip.MustParseAddrPort("10.128.1.1:53"))
+			for w.Has(udp) {
+				if _, err := w.Poll(ctx); err != nil {
+					t.Fatalf("the flushed rule stays in the watcher's view: %v", err)
+				}
+			}
+			if !w.Has(first) {
+				t.Fatal("a rule that stayed left the watcher's view")
 			}
 		})
 	}

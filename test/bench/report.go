@@ -161,8 +161,12 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 				if kind != KubeProxy {
 					tgt1, tgt2 = verdict(p50, r.FloorOneChange+0.010), verdict(p99, 2*p50)
 				}
+				res := secs(r.WatchResolution)
+				if backend == "nft" {
+					res = "events"
+				}
 				p("| %d | %s | %s | %s | %s / %s | %s | %s | %s | %s |", n, kind, secs(p50), secs(p99), secs(r.FlipMetricP50), secs(r.FlipMetricP99),
-					secs(r.FloorOneChange), secs(r.WatchResolution), tgt1, tgt2)
+					secs(r.FloorOneChange), res, tgt1, tgt2)
 			}
 		}
 		p("")

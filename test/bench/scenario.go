@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -139,6 +140,7 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	}
 	defer k.Close()
 	watch := NewWatcher(k)
+	defer watch.Close()
 	s := r.Plan.Settings
 	s.Backend = res.Backend
 	dir := filepath.Join(r.Dir, "runs", fmt.Sprintf("%d-%s-%s", res.Services, res.Backend, strings.ReplaceAll(string(res.Proxy), "+", "-")))
@@ -190,11 +192,11 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	rng := rand.New(rand.NewPCG(uint64(res.Services), 7))
 	for f := range r.Plan.Flips {
 		i, j := rng.IntN(res.Services), f%r.Plan.Endpoints
-		added, removed, wrote, err := drv.Flip(ctx, i, j)
+		added, _, wrote, err := drv.Flip(ctx, i, j)
 		if err != nil {
 			return err
 		}
-		seen, err := watch.WaitFlip(ctx, added, removed, 60*time.Second)
+		seen, err := watch.WaitFlip(ctx, added, 60*time.Second)
 		if err != nil {
 			return fmt.Errorf("flip %d: %w", f, err)
 		}
@@ -294,21 +296,18 @@ func (r *Runner) churn(ctx context.Context, drv *Driver, p *Proxy, watch *Watche
 		if time.Now().After(deadline) {
 			return c, fmt.Errorf("backlog of %d updates not drained 2m after the last write", len(pending))
 		}
-		var got []Dest
-		seen, err := watch.Poll(ctx, func(d Dest) {
-			mu.Lock()
-			if _, ok := pending[d]; ok {
-				got = append(got, d)
-			}
-			mu.Unlock()
-		})
-		if err != nil {
+		seen, err := watch.PollFor(ctx, time.Second)
+		if err != nil && !errors.Is(err, errQuiet) {
 			return c, err
 		}
 		mu.Lock()
-		for _, d := range got {
-			lat = append(lat, max(0, seen.Sub(pending[d]).Seconds()))
-			delete(pending, d)
+		if err == nil {
+			for d, w := range pending {
+				if watch.Has(d) {
+					lat = append(lat, max(0, seen.Sub(w).Seconds()))
+					delete(pending, d)
+				}
+			}
 		}
 		mu.Unlock()
 		if writing {

@@ -2,64 +2,195 @@ package bench
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
-// Watcher polls the kernel for DNAT destinations. With nf_tables it reads
-// the ruleset generation every millisecond and dumps the rules only when it
-// changed, stamping what it finds with the moment the new generation was
-// first seen. x_tables has no generation: it reads the whole table each
-// time, pausing as long as a read takes, so that it never uses more than
-// half a core; what it finds is stamped with the read's start.
+// Watcher keeps the set of DNAT destinations in the kernel's nat table up
+// to date and says when each state was first seen.
+//
+// With nf_tables it is told: the kernel sends every committed transaction's
+// rules to the event socket, and a transaction's rules are stamped with the
+// moment they arrived. A full dump is taken only at the start and after the
+// event socket overflowed (events of transactions the dump already holds
+// are skipped by generation). x_tables tells nothing, so the watcher reads
+// the whole table in a loop, pausing as long as a read took (never more than
+// half a core), and stamps what it finds with the read's start; Resolution
+// reports the cost of one read.
 type Watcher struct {
-	k       Kernel
-	gen     uint64
-	scanned bool
-	costs   []time.Duration // of each scan, to report the resolution
+	k     Kernel
+	have  map[Dest]int // destination -> rules DNATing to it
+	costs []time.Duration
+
+	nft     *nftKernel
+	batches chan batch
+	done    chan struct{}
+	dumped  bool
+	dumpGen uint64
+	txn     []event // rule events of the transaction in progress
+	txnAt   time.Time
 }
 
-// NewWatcher wraps a kernel reader.
-func NewWatcher(k Kernel) *Watcher { return &Watcher{k: k} }
+type batch struct {
+	at  time.Time
+	evs []event
+	err error
+}
 
-// Poll waits for the next kernel state worth reading and calls fn with
-// every destination in it; seen is when that state was first observed.
-func (w *Watcher) Poll(ctx context.Context, fn func(Dest)) (seen time.Time, err error) {
+// NewWatcher wraps a kernel reader; Close stops it (before the reader).
+func NewWatcher(k Kernel) *Watcher {
+	w := &Watcher{k: k, have: map[Dest]int{}, done: make(chan struct{})}
+	if n, ok := k.(*nftKernel); ok {
+		w.nft = n
+		w.batches = make(chan batch, 1024)
+		go w.receive()
+	}
+	return w
+}
+
+func (w *Watcher) receive() {
 	for {
-		seen = time.Now()
-		g, err := w.k.Generation()
+		evs, err := w.nft.receive()
+		select {
+		case w.batches <- batch{at: time.Now(), evs: evs, err: err}:
+		case <-w.done:
+			return
+		}
+		if err != nil && !errors.Is(err, unix.ENOBUFS) {
+			return
+		}
+	}
+}
+
+// Close stops the event reader.
+func (w *Watcher) Close() { close(w.done) }
+
+// Has reports whether d is in the state last polled.
+func (w *Watcher) Has(d Dest) bool { return w.have[d] > 0 }
+
+// Count is how many of want are in the state last polled.
+func (w *Watcher) Count(want map[Dest]struct{}) int {
+	n := 0
+	for d := range want {
+		if w.have[d] > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// Poll waits for the next kernel state and returns when it was first seen.
+func (w *Watcher) Poll(ctx context.Context) (time.Time, error) {
+	if w.nft == nil {
+		return w.pollTable(ctx)
+	}
+	if !w.dumped {
+		return w.dump(ctx)
+	}
+	for {
+		var b batch
+		select {
+		case <-ctx.Done():
+			return time.Time{}, ctx.Err()
+		case b = <-w.batches:
+		}
+		if b.err != nil {
+			if errors.Is(b.err, unix.ENOBUFS) {
+				w.dumped, w.txn = false, nil
+				return w.dump(ctx)
+			}
+			return time.Time{}, fmt.Errorf("bench: nf_tables events: %w", b.err)
+		}
+		var seen time.Time
+		for _, e := range b.evs {
+			if e.kind != nftMsgNewGen {
+				if len(w.txn) == 0 {
+					w.txnAt = b.at
+				}
+				w.txn = append(w.txn, e)
+				continue
+			}
+			if e.gen > w.dumpGen {
+				for _, r := range w.txn {
+					for _, d := range r.dests {
+						if r.kind == nftMsgNewRule {
+							w.have[d]++
+						} else if w.have[d]--; w.have[d] <= 0 {
+							delete(w.have, d)
+						}
+					}
+				}
+				seen = w.txnAt
+				if seen.IsZero() {
+					seen = b.at
+				}
+			}
+			w.txn = w.txn[:0]
+		}
+		if !seen.IsZero() {
+			return seen, nil
+		}
+	}
+}
+
+// dump reads the whole nat table at a generation that did not move while
+// it was read.
+func (w *Watcher) dump(ctx context.Context) (time.Time, error) {
+	for attempt := 0; ; attempt++ {
+		// Events queued so far are in what the dump will read.
+	drain:
+		for {
+			select {
+			case <-w.batches:
+			default:
+				break drain
+			}
+		}
+		w.txn = w.txn[:0]
+		seen := time.Now()
+		g0, err := w.k.Generation()
 		if err != nil {
 			return seen, err
 		}
-		if !w.scanned || g != w.gen {
-			w.gen, w.scanned = g, true
-			break
+		clear(w.have)
+		start := time.Now()
+		if err := w.k.Scan(func(d Dest) { w.have[d]++ }); err != nil {
+			return seen, err
 		}
-		select {
-		case <-ctx.Done():
+		w.costs = append(w.costs, time.Since(start))
+		g1, err := w.k.Generation()
+		if err != nil {
+			return seen, err
+		}
+		if g0 == g1 || attempt >= 10 {
+			w.dumped, w.dumpGen = true, g1
 			return seen, ctx.Err()
-		case <-time.After(time.Millisecond):
 		}
 	}
+}
+
+func (w *Watcher) pollTable(ctx context.Context) (time.Time, error) {
 	start := time.Now()
-	if err := w.k.Scan(fn); err != nil {
-		return seen, err
+	clear(w.have)
+	if err := w.k.Scan(func(d Dest) { w.have[d]++ }); err != nil {
+		return start, err
 	}
 	cost := time.Since(start)
 	w.costs = append(w.costs, cost)
-	if _, ok := w.k.(*legacyKernel); ok {
-		select {
-		case <-ctx.Done():
-			return seen, ctx.Err()
-		case <-time.After(max(2*time.Millisecond, cost)):
-		}
-		seen = start
+	select {
+	case <-ctx.Done():
+		return start, ctx.Err()
+	case <-time.After(max(2*time.Millisecond, cost)):
 	}
-	return seen, nil
+	return start, nil
 }
 
-// Resolution is the median cost of one kernel read so far.
+// Resolution is the median cost of one read of the whole table so far
+// (for nf_tables, of the dumps; changes arrive as events).
 func (w *Watcher) Resolution() time.Duration {
 	if len(w.costs) == 0 {
 		return 0
@@ -76,45 +207,54 @@ func (w *Watcher) WaitAll(ctx context.Context, want map[Dest]struct{}, timeout t
 	defer cancel()
 	found := 0
 	for {
-		n := 0
-		seen, err := w.Poll(ctx, func(d Dest) {
-			if _, ok := want[d]; ok {
-				n++
-			}
-		})
-		if err != nil {
-			return seen, found, fmt.Errorf("bench: %d of %d endpoints programmed: %w", found, len(want), err)
-		}
-		found = n
-		if found >= len(want) {
-			return seen, found, nil
-		}
-		if alive != nil {
+		seen, err := w.PollFor(ctx, 2*time.Second)
+		if errors.Is(err, errQuiet) {
 			if err := alive(); err != nil {
 				return seen, found, err
 			}
+			continue
+		}
+		if err != nil {
+			return seen, found, fmt.Errorf("bench: %d of %d endpoints programmed: %w", found, len(want), err)
+		}
+		if found = w.Count(want); found >= len(want) {
+			return seen, found, nil
+		}
+		if err := alive(); err != nil {
+			return seen, found, err
 		}
 	}
 }
 
-// WaitFlip waits until added is in the kernel and removed is not.
-func (w *Watcher) WaitFlip(ctx context.Context, added, removed Dest, timeout time.Duration) (time.Time, error) {
+// errQuiet: nothing changed within PollFor's wait.
+var errQuiet = errors.New("bench: no kernel change")
+
+// PollFor is Poll that gives up with errQuiet after d without a change.
+func (w *Watcher) PollFor(ctx context.Context, d time.Duration) (time.Time, error) {
+	pctx, cancel := context.WithTimeout(ctx, d)
+	defer cancel()
+	seen, err := w.Poll(pctx)
+	if err != nil && ctx.Err() == nil && pctx.Err() != nil {
+		return seen, errQuiet
+	}
+	return seen, err
+}
+
+// WaitFlip waits until the new endpoint added is in the kernel. That the
+// replaced one is gone is not required: kube-proxy leaves the chains of
+// removed endpoints in place, unreferenced, until its next cleanup (every
+// sync period in large clusters), and both proxies write the new endpoint's
+// DNAT in the same iptables-restore transaction that points the service at
+// it, so its presence means the change is live.
+func (w *Watcher) WaitFlip(ctx context.Context, added Dest, timeout time.Duration) (time.Time, error) {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	for {
-		var in, out bool
-		seen, err := w.Poll(ctx, func(d Dest) {
-			switch d {
-			case added:
-				in = true
-			case removed:
-				out = true
-			}
-		})
+		seen, err := w.Poll(ctx)
 		if err != nil {
-			return seen, fmt.Errorf("bench: waiting for %s to replace %s: %w", added, removed, err)
+			return seen, fmt.Errorf("bench: waiting for %s: %w", added, err)
 		}
-		if in && !out {
+		if w.Has(added) {
 			return seen, nil
 		}
 	}
