@@ -80,7 +80,7 @@ type Evaluator struct {
 	opts options
 
 	lgMu     sync.Mutex
-	lastGood map[string]lastGood // by chain name + service port
+	lastGood map[lastGoodKey]lastGood
 }
 
 // loaded is one checked module set.
@@ -104,6 +104,14 @@ type step struct {
 	duration         prometheus.Observer
 }
 
+// lastGoodKey is a chain and a service port: a struct, not a joined
+// string, so that recording an answer (once per evaluated port) builds no
+// string.
+type lastGoodKey struct {
+	chain string
+	port  model.ServicePortName
+}
+
 type lastGood struct {
 	addrs     []netip.AddrPort
 	weights   []uint32 // by addrs
@@ -124,7 +132,7 @@ func New(ctx context.Context, cfg config.Policy, stateDir string, log *slog.Logg
 	}
 	e := &Evaluator{
 		log: log.With("component", "policy"), metrics: m, stateDir: stateDir,
-		opts: options{prefix: DefaultServiceKeyPrefix, now: time.Now}, lastGood: map[string]lastGood{},
+		opts: options{prefix: DefaultServiceKeyPrefix, now: time.Now}, lastGood: map[lastGoodKey]lastGood{},
 	}
 	for _, o := range opts {
 		o(&e.opts)
@@ -548,7 +556,7 @@ func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model
 			lg.addrs[i] = eps[i].AddrPort()
 		}
 		e.lgMu.Lock()
-		e.lastGood[ch.cfg.Name+"\x00"+spn.String()] = lg
+		e.lastGood[lastGoodKey{ch.cfg.Name, spn}] = lg
 		e.lgMu.Unlock()
 	}
 	return v
@@ -561,7 +569,7 @@ func (e *Evaluator) fallback(ch *chain, spn model.ServicePortName, v Verdict, ep
 	v.Scheduler, v.SchedulerFlags = "", nil
 	if ch.cfg.Failure == LastGood {
 		e.lgMu.Lock()
-		lg, ok := e.lastGood[ch.cfg.Name+"\x00"+spn.String()]
+		lg, ok := e.lastGood[lastGoodKey{ch.cfg.Name, spn}]
 		e.lgMu.Unlock()
 		if ok {
 			byAddr := make(map[netip.AddrPort]uint32, len(lg.addrs))

@@ -127,7 +127,7 @@ func evaluate(in *sdk.Input, out *sdk.Output) error {
 		def = min(*cfg.Default, sdk.MaxWeight)
 	}
 	val, _ := sdk.Lookup(in.Service.Annotations, key)
-	rules, err := parse(val)
+	rules, err := parsed(val)
 	if err != nil {
 		// A typo in an annotation must not break the service: keep the
 		// input weights and say why.
@@ -142,8 +142,50 @@ func evaluate(in *sdk.Input, out *sdk.Output) error {
 		}
 		out.Weights[i] = w
 	}
-	out.Reason = fmt.Sprintf("%d of %d endpoints matched a rule", matched, len(in.Endpoints))
+	out.Reason = reason(matched, len(in.Endpoints))
 	return nil
+}
+
+// The last annotation parsed, and what it gave: a sync calls the module
+// for many service ports with the same annotation, and parsing allocates,
+// which is slow in the guest. Input strings stay valid while referenced,
+// so keeping val is safe.
+var (
+	lastVal   string
+	lastRules []rule
+	lastErr   error
+	parsedAny bool
+)
+
+func parsed(val string) ([]rule, error) {
+	if !parsedAny || !sdk.Equal(val, lastVal) {
+		lastRules, lastErr = parse(val)
+		lastVal, parsedAny = val, true
+	}
+	return lastRules, lastErr
+}
+
+// reasons caches reason strings for services of up to maxCached endpoints.
+const maxCached = 32
+
+var reasons []string // [total*(maxCached+1)+matched]
+
+func reason(matched, total int) string {
+	if total > maxCached {
+		return makeReason(matched, total)
+	}
+	if reasons == nil {
+		reasons = make([]string, (maxCached+1)*(maxCached+1))
+	}
+	r := &reasons[total*(maxCached+1)+matched]
+	if *r == "" {
+		*r = makeReason(matched, total)
+	}
+	return *r
+}
+
+func makeReason(matched, total int) string {
+	return strconv.Itoa(matched) + " of " + strconv.Itoa(total) + " endpoints matched a rule"
 }
 
 func main() {}
