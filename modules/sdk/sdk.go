@@ -33,6 +33,7 @@ package sdk
 import (
 	"encoding/json"
 	"fmt"
+	"runtime"
 
 	"github.com/edgeproxy/edgeproxy/policy/abi"
 )
@@ -140,8 +141,19 @@ func call(b []byte) (res []byte, err error) {
 		return nil, err
 	}
 	outBuf = abi.AppendOutput(outBuf[:0], &out)
+	// The guest's garbage collector runs its background workers only when
+	// this goroutine yields, which an exported function otherwise never
+	// does; a cycle then advances only through allocation assists and
+	// keeps write barriers on across many calls. Yielding now and then
+	// lets a started cycle finish: the mean call time of
+	// EvaluateTopology10 fell from ~30 to ~24 µs (the median is unchanged).
+	if calls++; calls%64 == 0 {
+		runtime.Gosched()
+	}
 	return outBuf, nil
 }
+
+var calls int // evaluations so far, for the periodic yield above
 
 func recoverInto(err *error) {
 	if r := recover(); r != nil {
