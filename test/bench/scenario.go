@@ -31,6 +31,7 @@ type Plan struct {
 	Settings   Settings
 	Timeout    time.Duration // for one cold start
 	Settle     time.Duration // after a cold start, before the steady measurements (default 5s)
+	NFTMax     int           // largest size run on the nft backend; 0: all
 }
 
 // Result is one proxy on one backend at one size.
@@ -111,6 +112,10 @@ func (r *Runner) Run(ctx context.Context) ([]Result, error) {
 		}
 		r.Log.Info("scenario written", "services", n, "endpoints", n*r.Plan.Endpoints, "took", time.Since(t0).Round(time.Millisecond))
 		for _, backend := range r.Plan.Backends {
+			if backend == "nft" && r.Plan.NFTMax > 0 && n > r.Plan.NFTMax {
+				r.Log.Info("not run: larger than -nft-max", "backend", backend, "services", n)
+				continue
+			}
 			for _, kind := range r.Plan.Proxies {
 				res := Result{Proxy: kind, Backend: backend, Services: n, Endpoints: r.Plan.Endpoints}
 				err := r.one(ctx, drv, &res, n == churnSize)
@@ -141,6 +146,10 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	defer k.Close()
 	watch := NewWatcher(k)
 	defer watch.Close()
+	var started time.Time
+	watch.Progress = func(seen time.Time, found, want int) {
+		log.Info("S1 partial", "after", seen.Sub(started).Round(time.Millisecond), "found", found, "of", want)
+	}
 	s := r.Plan.Settings
 	s.Backend = res.Backend
 	dir := filepath.Join(r.Dir, "runs", fmt.Sprintf("%d-%s-%s", res.Services, res.Backend, strings.ReplaceAll(string(res.Proxy), "+", "-")))
@@ -153,6 +162,7 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 		return err
 	}
 	defer p.Stop()
+	started = p.Started
 	sampler := Sample(p.PID(), 100*time.Millisecond)
 	seen, found, err := watch.WaitAll(ctx, want, r.Plan.Timeout, p.Exited)
 	peak := sampler.Stop()

@@ -22,6 +22,9 @@ import (
 // half a core), and stamps what it finds with the read's start; Resolution
 // reports the cost of one read.
 type Watcher struct {
+	// Progress, when set, hears of each partial state WaitAll sees.
+	Progress func(seen time.Time, found, want int)
+
 	k     Kernel
 	have  map[Dest]int // destination -> rules DNATing to it
 	costs []time.Duration
@@ -217,8 +220,12 @@ func (w *Watcher) WaitAll(ctx context.Context, want map[Dest]struct{}, timeout t
 		if err != nil {
 			return seen, found, fmt.Errorf("bench: %d of %d endpoints programmed: %w", found, len(want), err)
 		}
+		prev := found
 		if found = w.Count(want); found >= len(want) {
 			return seen, found, nil
+		}
+		if found != prev && w.Progress != nil {
+			w.Progress(seen, found, len(want))
 		}
 		if err := alive(); err != nil {
 			return seen, found, err

@@ -38,13 +38,14 @@ func run() error {
 	size := flag.String("size", "quick", "quick (1k services, about 10 minutes), full (1k, 5k and 10k), or a list of service counts such as 1000,5000")
 	backends := flag.String("backends", "legacy,nft", "iptables backends to run, in order")
 	proxies := flag.String("proxies", "kube-proxy,edgeproxy,edgeproxy+wasm", "proxies to run, in order")
-	flips := flag.Int("flips", 0, "S2 single-endpoint flips per run (default: 40 quick, 200 full)")
+	flips := flag.Int("flips", 0, "S2 single-endpoint flips per run (default: 30 quick, 100 full)")
 	endpoints := flag.Int("endpoints", 10, "endpoints per service")
 	churnRates := flag.String("churn-rates", "20,50", "S3 slice updates per second")
-	churnFor := flag.Duration("churn-for", 0, "S3 length at each rate (default: 20s quick, 60s full)")
+	churnFor := flag.Duration("churn-for", 0, "S3 length at each rate (default: 15s quick, 60s full)")
 	churnSize := flag.Int("churn-size", 0, "S3 runs at this service count only (default: 5000 when run, else the largest)")
 	minSync := flag.Duration("min-sync", time.Second, "minimum sync period of both proxies")
 	syncPeriod := flag.Duration("sync", 10*time.Second, "sync period of both proxies")
+	nftMax := flag.Int("nft-max", 0, "largest service count run on the nft backend (default: 5000 for full, else no limit); iptables-nft 1.8.9 takes minutes per rewrite beyond")
 	out := flag.String("out", "bench-out", "directory for report.md, results.json, the charts and the logs")
 	edge := flag.String("edgeproxy", "bin/edgeproxy", "edgeproxy binary")
 	kp := flag.String("kube-proxy", "", "kube-proxy binary (default: the one test/cluster/build.sh built)")
@@ -54,19 +55,20 @@ func run() error {
 	if os.Geteuid() != 0 {
 		return errors.New("must run as root (network namespaces and iptables)")
 	}
-	plan := bench.Plan{Endpoints: *endpoints, ChurnSize: *churnSize, ChurnFor: *churnFor, Flips: *flips,
+	plan := bench.Plan{NFTMax: *nftMax, Endpoints: *endpoints, ChurnSize: *churnSize, ChurnFor: *churnFor, Flips: *flips,
 		Settings: bench.Settings{MinSync: *minSync, Sync: *syncPeriod, ClusterCIDR: "10.244.0.0/16"},
 		Timeout:  15 * time.Minute}
 	switch *size {
 	case "quick":
 		plan.Sizes = []int{1000}
-		plan.Flips = or(plan.Flips, 40)
-		plan.ChurnFor = orD(plan.ChurnFor, 20*time.Second)
+		plan.Flips = or(plan.Flips, 30)
+		plan.ChurnFor = orD(plan.ChurnFor, 15*time.Second)
 	case "full":
 		plan.Sizes = []int{1000, 5000, 10000}
-		plan.Flips = or(plan.Flips, 200)
+		plan.Flips = or(plan.Flips, 100)
 		plan.ChurnFor = orD(plan.ChurnFor, 60*time.Second)
 		plan.ChurnSize = or(plan.ChurnSize, 5000)
+		plan.NFTMax = or(*nftMax, 5000)
 	default:
 		for _, s := range strings.Split(*size, ",") {
 			n, err := strconv.Atoi(strings.TrimSpace(s))
