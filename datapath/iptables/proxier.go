@@ -413,10 +413,16 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	// previous run's chains) and after a failure; otherwise what we wrote
 	// last is known, and listing a large table is costly.
 	var existing []tableChain
+	// Jumps from built-in chains that are missing, when known: they are
+	// written in the same restore as the chains they lead to, so that
+	// rules are live the moment they are in the kernel.
+	var missing []jump
+	listed := false
 	switch {
 	case full && (!f.applied || f.needFull):
 		var err error
-		if existing, err = f.ourChains(); err != nil {
+		listed = true
+		if existing, missing, err = f.listOurs(); err != nil {
 			f.needFull = true
 			st.fatal = true
 			return st, errors.Join(append(errs, err)...)
@@ -435,7 +441,7 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	var restoreErr error
 	for round := 0; ; round++ {
 		desired = rs.chains()
-		ws = writeSpec{}
+		ws = writeSpec{jumps: missing}
 		if full {
 			for _, c := range existing {
 				if _, ok := desired[c]; !ok && !isFixed(c) {
@@ -484,7 +490,8 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 		errs = append(errs, fmt.Errorf("iptables: service port %s left out: %w", id, restoreErr))
 		rs.drop(id)
 	}
-	if full {
+	if full && !listed {
+		// A periodic rewrite: the jumps are checked one by one.
 		if err := f.ensureJumps(); err != nil {
 			f.needFull = true
 			st.fatal = true
@@ -528,19 +535,51 @@ func isFixed(c tableChain) bool {
 
 // ourChains lists the chains with our prefix in the tables we use.
 func (f *family) ourChains() ([]tableChain, error) {
-	var out []tableChain
+	chains, _, err := f.listOurs()
+	return chains, err
+}
+
+// listOurs lists, with one `iptables -S` per table, the chains with our
+// prefix and the jumps from built-in chains (jumps()) that are missing.
+func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
+	secs := int((f.wait + time.Second - 1) / time.Second)
+	rules := map[string]string{}
 	for _, t := range []string{tableNAT, tableFilter} {
-		names, err := f.ipt.ListChains(t)
+		out, err := exec.Command(f.iptPath, "-t", t, "-S", "--wait", strconv.Itoa(secs)).Output()
 		if err != nil {
-			return nil, fmt.Errorf("iptables: list chains of %s: %w", t, err)
+			return nil, nil, fmt.Errorf("iptables: list the chains of %s: %w", t, err)
 		}
-		for _, n := range names {
-			if ours(n) {
-				out = append(out, tableChain{t, n})
+		rules[t] = string(out)
+		for _, l := range strings.Split(string(out), "\n") {
+			if name, ok := strings.CutPrefix(l, "-N "); ok && ours(name) {
+				chains = append(chains, tableChain{t, name})
 			}
 		}
 	}
-	return out, nil
+	for _, j := range jumps() {
+		if !hasRule(rules[j.table], j) {
+			missing = append(missing, j)
+		}
+	}
+	return chains, missing, nil
+}
+
+// hasRule reports whether a listing (iptables -S or iptables-save) holds
+// rule j: a rule in its chain that jumps to its target with its comment.
+func hasRule(listing string, j jump) bool {
+	target := j.spec[len(j.spec)-1]
+	comment := ""
+	for i := range j.spec {
+		if j.spec[i] == "--comment" && i+1 < len(j.spec) {
+			comment = j.spec[i+1]
+		}
+	}
+	for _, l := range strings.Split(listing, "\n") {
+		if strings.HasPrefix(l, "-A "+j.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, comment) {
+			return true
+		}
+	}
+	return false
 }
 
 func (f *family) restore(ctx context.Context, text []byte) error {

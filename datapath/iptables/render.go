@@ -518,6 +518,19 @@ func jumps() []jump {
 	}
 }
 
+// joinSpec renders split rule arguments back into restore syntax, quoting
+// the ones with spaces (comments).
+func joinSpec(spec []string) string {
+	parts := make([]string, len(spec))
+	for i, a := range spec {
+		if strings.ContainsAny(a, " \t") {
+			a = `"` + a + `"`
+		}
+		parts[i] = a
+	}
+	return strings.Join(parts, " ")
+}
+
 // tableChain names a chain in a table.
 type tableChain struct{ table, name string }
 
@@ -529,6 +542,8 @@ type writeSpec struct {
 	// fixed holds the digests of the fixed chains as last written; with
 	// write set, fixed chains whose digest is unchanged are left out.
 	fixed map[tableChain][32]byte
+	// jumps from built-in chains to insert (at the top, in jumps() order).
+	jumps []jump
 }
 
 // chains returns the set of chains the ruleset owns beyond the fixed ones.
@@ -688,6 +703,12 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 		for _, s := range stale {
 			if s.table == table {
 				line("", "-X ", s.name)
+			}
+		}
+		// Inserted at the top in reverse, so that they end up in order.
+		for i := len(ws.jumps) - 1; i >= 0; i-- {
+			if j := ws.jumps[i]; j.table == table {
+				line("", "-I ", j.chain, " 1 ", joinSpec(j.spec))
 			}
 		}
 		line("", "COMMIT")

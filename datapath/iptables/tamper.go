@@ -137,20 +137,7 @@ func (f *family) tamperedSave(ctx context.Context) (bool, error) {
 		dumps[t] = string(out)
 	}
 	for _, s := range f.sentinels() {
-		target := s.spec[len(s.spec)-1]
-		comment := ""
-		for i := range s.spec {
-			if s.spec[i] == "--comment" && i+1 < len(s.spec) {
-				comment = s.spec[i+1]
-			}
-		}
-		found := false
-		for _, l := range strings.Split(dumps[s.table], "\n") {
-			if strings.HasPrefix(l, "-A "+s.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, comment) {
-				found = true
-				break
-			}
-		}
+		found := hasRule(dumps[s.table], s)
 		if !found {
 			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
 			f.needFull = true
