@@ -495,6 +495,15 @@ func TestTamperedAndRepaired(t *testing.T) {
 		if tampered() || iptables.FullTamperChecks(e.p) != checks {
 			t.Fatalf("a quiet check ran iptables (%d full checks, was %d)", iptables.FullTamperChecks(e.p), checks)
 		}
+		// Our own writes do not call for a full check either.
+		changed := &datapath.Plan{Changed: map[string]bool{"default/x:": true}, Frontends: []datapath.Frontend{
+			fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(1, 1)),
+		}}
+		e.mustApply(changed)
+		e.mustApply(plan)
+		if tampered() || iptables.FullTamperChecks(e.p) != checks {
+			t.Fatalf("our own applies led to a full check (%d full checks, was %d)", iptables.FullTamperChecks(e.p), checks)
+		}
 		// Someone else's write changes the fingerprint: a full check, which
 		// finds our rules intact.
 		// (Slow checks are spaced out, so poll, bounded.)

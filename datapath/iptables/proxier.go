@@ -349,7 +349,11 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			}
 		}
 		start := time.Now()
+		pre, trusted := f.verifiedNow()
 		st, err := f.apply(ctx, plan, full, plan.Full)
+		if err == nil && trusted {
+			f.trustOwnWrite(pre)
+		}
 		if full {
 			p.m.fullDuration.Observe(time.Since(start).Seconds())
 		} else {

@@ -82,6 +82,29 @@ func (f *family) unchanged() bool {
 	return false
 }
 
+// verifiedNow reads the fingerprint before an apply and reports whether
+// the tables are still as the last passing check saw them.
+func (f *family) verifiedNow() (uint64, bool) {
+	fp, ok := f.fingerprint()
+	return fp, ok && f.verified && fp == f.verifiedFP
+}
+
+// trustOwnWrite keeps the tables verified across a successful apply that
+// started from verified tables, so that our own writes do not send the
+// monitor into a full check (which holds the lock the next apply needs).
+// With nf_tables the generation must have moved by at most our
+// transactions (one per table in the restore); anything more was someone
+// else, and is checked in full.
+// x_tables cannot tell our write from another made in the same instant.
+func (f *family) trustOwnWrite(pre uint64) {
+	post, ok := f.fingerprint()
+	if !ok || (f.variant == NFT && (post < pre || post > pre+2)) {
+		f.verified = false
+		return
+	}
+	f.verifiedFP = post // verifiedAt stays: the periodic full check still comes
+}
+
 // tampered runs the full check with iptables. The fingerprint read before
 // it (by unchanged) is kept when it passes: a write during the check
 // changes the fingerprint, so the next call checks again.
