@@ -19,7 +19,7 @@ import (
 // that each measurement is taken (not how fast anything is).
 func TestHarness(t *testing.T) {
 	gate.Root(t)
-	gate.Binaries(t, "iptables-nft-restore", "iptables-legacy", "nft", "ip", "strip")
+	gate.Binaries(t, "iptables-nft-restore", "iptables-legacy", "nft", "ip")
 	kp, err := cluster.BinPath("kube-proxy")
 	if err != nil {
 		gate.Skip(t, err.Error())
