@@ -61,7 +61,7 @@ func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink 
 		fn  func(key string, obj any)
 	}{{svc, a.onService}, {eps, a.onSlice}, {node, a.onNode}} {
 		fn := h.fn
-		if _, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { a.touch(); fn(keyOf(obj), obj) },
 			UpdateFunc: func(_, obj any) { a.touch(); fn(keyOf(obj), obj) },
 			DeleteFunc: func(obj any) {
@@ -72,10 +72,15 @@ func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink 
 				}
 				fn(keyOf(obj), nil)
 			},
-		}); err != nil {
+		})
+		if err != nil {
 			return nil, fmt.Errorf("source: add event handler: %w", err)
 		}
-		a.synced = append(a.synced, h.inf.HasSynced)
+		// Synced when our handler has been given every listed object, not
+		// merely when the informer's store holds them: the first sync must
+		// see the whole list, or it programs a part of it (services
+		// without their endpoints) until the next.
+		a.synced = append(a.synced, reg.HasSynced)
 		if err := h.inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 			log.Warn("watch failed; retrying", "error", err)
 		}); err != nil {
