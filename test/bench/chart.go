@@ -78,9 +78,9 @@ func (c *Chart) WritePNG(path string) error {
 	}
 	line(img, left, bottom, right, bottom, black)
 	line(img, left, top, left, bottom, black)
-	text(img, left, 22, c.Title, black)
+	text(img, left, 14, c.Title, black)
 	text(img, (left+right)/2-len(c.XLabel)*3, chartH-18, c.XLabel, black)
-	text(img, 8, top-10, c.YLabel, black)
+	text(img, 8, top-6, c.YLabel, black)
 	for si, s := range c.Series {
 		col := colorOf(s.Name, si)
 		var prevX, prevY int

@@ -127,7 +127,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		s.MinSync, s.Sync, s.ClusterCIDR, rep.Plan.Endpoints, rep.Plan.Sizes, rep.Plan.Backends)
 	p("- Command: `%s`", rep.Command)
 	p("")
-	p("How it is measured: a real kube-apiserver with etcd; Services without selectors and one EndpointSlice each, written by the driver with `%s` stamped; one proxy at a time in an emptied node network namespace; \"visible\" means the kernel's nat table holds the DNAT destination (read with IPT_SO_GET_ENTRIES for x_tables and an nf_tables rule dump, triggered by the ruleset generation, for iptables-nft). The floor is one `iptables-restore` of the rule set that proxy wrote, into an empty namespace (S1), and one single-chain `iptables-restore --noflush` on top of it (S2). CPU includes children (iptables-restore). Watch resolution is the median cost of one kernel read.", triggerAnnotation)
+	p("How it is measured: a real kube-apiserver with etcd; Services without selectors and one EndpointSlice each, written by the driver with `%s` stamped; one proxy at a time in an emptied node network namespace; \"visible\" means the kernel's nat table holds the DNAT destination (read with IPT_SO_GET_ENTRIES for x_tables; for iptables-nft, from the rules nf_tables announces on its event group for every committed transaction). The floor is one `iptables-restore` of the rule set that proxy wrote, into an empty namespace (S1), and one single-chain `iptables-restore --noflush` on top of it (S2). CPU includes children (iptables-restore). Watch resolution is the median cost of one read of the x_tables table. Details: test/bench/README.md.", triggerAnnotation)
 	p("")
 	for _, backend := range rep.Plan.Backends {
 		p("## Backend: iptables-%s", backend)
