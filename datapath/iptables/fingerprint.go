@@ -36,7 +36,7 @@ func NFTGeneration() (uint32, error) {
 // NFTGenerationOn asks over an open NETLINK_NETFILTER connection, in
 // whatever namespace it was opened.
 func NFTGenerationOn(c *netlink.Conn) (uint32, error) {
-	const nfnlSubsysNFTables, nftMsgGetGen, nftaGenID = 10, 16, 1
+	const nfnlSubsysNFTables, nftMsgGetGen = 10, 16
 	msgs, err := c.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetGen), Flags: netlink.Request},
 		Data:   []byte{unix.AF_UNSPEC, 0, 0, 0}, // nfgenmsg
@@ -45,21 +45,33 @@ func NFTGenerationOn(c *netlink.Conn) (uint32, error) {
 		return 0, fmt.Errorf("iptables: NFT_MSG_GETGEN: %w", err)
 	}
 	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		ad, err := netlink.NewAttributeDecoder(m.Data[4:])
-		if err != nil {
+		if g, ok, err := GenerationOf(m.Data); err != nil {
 			return 0, fmt.Errorf("iptables: NFT_MSG_GETGEN answer: %w", err)
-		}
-		ad.ByteOrder = binary.BigEndian
-		for ad.Next() {
-			if ad.Type() == nftaGenID {
-				return ad.Uint32(), nil
-			}
+		} else if ok {
+			return g, nil
 		}
 	}
 	return 0, errors.New("iptables: NFT_MSG_GETGEN: no generation in the answer")
+}
+
+// GenerationOf reads the ruleset generation from an nf_tables generation
+// message (the answer to NFT_MSG_GETGEN, or the NFT_MSG_NEWGEN event that
+// ends each transaction): its nfgenmsg header, then NFTA_GEN_ID.
+func GenerationOf(data []byte) (gen uint32, ok bool, err error) {
+	if len(data) < 4 {
+		return 0, false, nil
+	}
+	ad, err := netlink.NewAttributeDecoder(data[4:])
+	if err != nil {
+		return 0, false, err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		if ad.Type() == 1 { // NFTA_GEN_ID
+			return ad.Uint32(), true, nil
+		}
+	}
+	return 0, false, ad.Err()
 }
 
 // xtablesInfo returns the size and rule count of each named x_tables

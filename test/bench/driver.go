@@ -151,9 +151,9 @@ func (d *Driver) Grow(ctx context.Context, n int) error {
 }
 
 // Flip replaces endpoint j of service i with a fresh address, as when a pod
-// is rescheduled, and returns the new and the old destination. The write
-// time is taken just before the API call.
-func (d *Driver) Flip(ctx context.Context, i, j int) (added, removed Dest, wrote time.Time, err error) {
+// is rescheduled, and returns the new destination. The write time is taken
+// just before the API call.
+func (d *Driver) Flip(ctx context.Context, i, j int) (added Dest, wrote time.Time, err error) {
 	d.mu.Lock()
 	cur := d.slices[i]
 	fresh := addr4(d.next)
@@ -163,19 +163,18 @@ func (d *Driver) Flip(ctx context.Context, i, j int) (added, removed Dest, wrote
 	for k, e := range cur.Endpoints {
 		addrs[k] = netip.MustParseAddr(e.Addresses[0])
 	}
-	old := addrs[j]
 	addrs[j] = fresh
 	wrote = time.Now()
 	s := d.slice(i, addrs, wrote)
 	s.ResourceVersion = cur.ResourceVersion
 	got, err := d.client.DiscoveryV1().EndpointSlices(d.Namespace).Update(ctx, s, metav1.UpdateOptions{})
 	if err != nil {
-		return 0, 0, wrote, fmt.Errorf("bench: update endpointslice of %s: %w", serviceName(i), err)
+		return 0, wrote, fmt.Errorf("bench: update endpointslice of %s: %w", serviceName(i), err)
 	}
 	d.mu.Lock()
 	d.slices[i] = got
 	d.mu.Unlock()
-	return DestOf(netip.AddrPortFrom(fresh, endpointPort)), DestOf(netip.AddrPortFrom(old, endpointPort)), wrote, nil
+	return DestOf(netip.AddrPortFrom(fresh, endpointPort)), wrote, nil
 }
 
 // parallel runs fn(0..n-1) on workers goroutines; the first error stops it.

@@ -347,18 +347,11 @@ func (k *nftKernel) receive() ([]event, error) {
 			}
 			out = append(out, e)
 		case nftMsgNewGen:
-			ad, err := netlink.NewAttributeDecoder(m.Data[4:])
+			g, _, err := iptables.GenerationOf(m.Data)
 			if err != nil {
 				return nil, err
 			}
-			ad.ByteOrder = binary.BigEndian
-			e := event{kind: kind}
-			for ad.Next() {
-				if ad.Type() == 1 { // NFTA_GEN_ID
-					e.gen = uint64(ad.Uint32())
-				}
-			}
-			out = append(out, e)
+			out = append(out, event{kind: kind, gen: uint64(g)})
 		}
 	}
 	return out, nil

@@ -2,6 +2,7 @@ package bench
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"fmt"
 	"math"
@@ -9,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -372,14 +374,7 @@ func HistQuantile(after, before Metrics, name string, q float64) float64 {
 	if len(bs) == 0 {
 		return math.NaN()
 	}
-	sortBuckets := func() {
-		for i := 1; i < len(bs); i++ {
-			for j := i; j > 0 && bs[j].le < bs[j-1].le; j-- {
-				bs[j], bs[j-1] = bs[j-1], bs[j]
-			}
-		}
-	}
-	sortBuckets()
+	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
 	// Buckets of several label sets (IPv4 and IPv6) with the same bound add up.
 	merged := bs[:0]
 	for _, b := range bs {

@@ -202,7 +202,7 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	rng := rand.New(rand.NewPCG(uint64(res.Services), 7))
 	for f := range r.Plan.Flips {
 		i, j := rng.IntN(res.Services), f%r.Plan.Endpoints
-		added, _, wrote, err := drv.Flip(ctx, i, j)
+		added, wrote, err := drv.Flip(ctx, i, j)
 		if err != nil {
 			return err
 		}
@@ -288,7 +288,7 @@ func (r *Runner) churn(ctx context.Context, drv *Driver, p *Proxy, watch *Watche
 			case <-t.C:
 			}
 			// A rolling update: services in turn, a different endpoint each round.
-			added, _, wrote, err := drv.Flip(wctx, k%services, (k/services)%drv.Endpoints)
+			added, wrote, err := drv.Flip(wctx, k%services, (k/services)%drv.Endpoints)
 			if err != nil {
 				werr <- err
 				return
