@@ -3,8 +3,8 @@ package config
 import "time"
 
 // Config is the agent's whole configuration. Field tags are the YAML/koanf
-// keys users write; keep them stable (see DESIGN.md, "Config and command
-// line"), add new ones freely.
+// keys users write; keep them stable (see ARCHITECTURE.md, "Stable
+// contracts"), add new ones freely.
 type Config struct {
 	NodeName   string `koanf:"nodeName"`
 	Kubeconfig string `koanf:"kubeconfig"`

@@ -1,5 +1,5 @@
 // Command edgeproxy is a kube-proxy replacement for edge nodes. See
-// README.md for the commands and DESIGN.md for how it works.
+// README.md for the commands and ARCHITECTURE.md for how it works.
 package main
 
 import (
