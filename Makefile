@@ -1,6 +1,7 @@
 # edgeproxy — see README.md.
 #   make build   static binary into bin/edgeproxy
-#   make demo    run edgeproxy on the bundled demo manifests and print the plan
+#   make demo    print the plan for the bundled demo manifests, then (root)
+#                answer a request through a ClusterIP in a throwaway namespace
 #   make test    every test tier (unit, kernel in network namespaces, real
 #                kube-apiserver, the IPVS VM) plus go vet
 #   make bench   edgeproxy vs kube-proxy side by side (test/bench)
@@ -32,14 +33,19 @@ modules:
 cluster-bins:
 	EDGEPROXY_CACHE=$(CACHE) test/cluster/build.sh
 
-# First the plan for the bundled manifests (no root needed); then, as root,
-# edgeproxy programs a throwaway network namespace (iptables mode) and a
-# request through a ClusterIP is answered by a pod; everything is removed after.
+# First the plan for the bundled manifests; then edgeproxy programs a
+# throwaway network namespace (iptables mode) and a request through a
+# ClusterIP is answered by a pod; everything is removed after. The second half
+# needs root and the kernel tools (installed by test/deps.sh when missing); it
+# never reports success for a part it did not run.
 demo: build
 	./$(BIN) plan --config configs/demo.yaml --node-name demo-node
-	@if [ "$$(id -u)" = 0 ]; then \
-		EDGEPROXY_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run TestDemo ./test/demo | grep -v '^\(=== \|--- \|PASS\|ok \)'; \
-	else echo "(run make demo as root to see it program a network namespace)"; fi
+	@if [ "$$(id -u)" != 0 ]; then \
+		echo "make demo: the namespace half needs root (network namespaces and iptables); run it as root" >&2; exit 1; fi
+	@test/deps.sh
+	@set -o pipefail; EDGEPROXY_REQUIRE_ALL=1 EDGEPROXY_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run TestDemo ./test/demo \
+		| grep -v '^\(=== \|--- PASS\|PASS\|ok \)' \
+		|| { echo "make demo: the namespace demo failed (see above)" >&2; exit 1; }
 
 vet:
 	$(GO) vet ./...
