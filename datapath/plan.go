@@ -69,11 +69,15 @@ type Frontend struct {
 
 	// Endpoints, already filtered by traffic policy and weighted. Empty
 	// means the frontend has no endpoints: new connections are refused,
-	// or dropped when LocalOnly is set.
+	// or dropped when Drop is set.
 	Endpoints []Endpoint
+	// Drop is set on a frontend without Endpoints whose service does have
+	// usable endpoints, only none this frontend may use (traffic policy
+	// Local and none on this node): its traffic is dropped, as kube-proxy
+	// does, instead of refused.
+	Drop bool
 	// LocalOnly is set when the external traffic policy is Local: endpoints
-	// are all on this node, the client's source address is kept, and traffic
-	// is dropped rather than refused when there are none.
+	// are all on this node and the client's source address is kept.
 	LocalOnly bool
 	// Affinity is the ClientIP session affinity timeout; zero means none.
 	Affinity time.Duration
@@ -135,6 +139,9 @@ func (f *Frontend) String() string {
 	fmt.Fprintf(&b, "%-4s %s %s %s", f.Protocol, f.AddrString(), f.Kind, f.Service)
 	if f.LocalOnly {
 		b.WriteString(" local")
+	}
+	if f.Drop {
+		b.WriteString(" drop")
 	}
 	if f.Affinity > 0 {
 		fmt.Fprintf(&b, " affinity=%s", f.Affinity)
@@ -240,6 +247,9 @@ func (p *Plan) Validate() error {
 			errs = append(errs, fmt.Sprintf("%s: duplicates a frontend of %s", where, prev))
 		}
 		seen[f.Key()] = f.Service
+		if f.Drop && len(f.Endpoints) > 0 {
+			errs = append(errs, where+": drop set on a frontend with endpoints")
+		}
 		for _, e := range f.Endpoints {
 			if e.Weight == 0 || e.Weight > MaxWeight {
 				errs = append(errs, fmt.Sprintf("%s: endpoint %s: weight %d out of range 1..%d", where, e.Addr, e.Weight, MaxWeight))

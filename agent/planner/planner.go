@@ -208,11 +208,13 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 		for _, vip := range vips {
 			f := base
 			f.Kind, f.Addr, f.Port, f.Endpoints = datapath.ClusterIP, vip, port.Port.Port, internal
+			f.Drop = svc.InternalLocal && sel.Usable && len(internal) == 0
 			pp.frontends = append(pp.frontends, f)
 		}
 		ext := base
 		ext.LocalOnly = svc.ExternalLocal
 		ext.Endpoints = external
+		ext.Drop = svc.ExternalLocal && sel.Usable && len(external) == 0
 		if port.Port.NodePort != 0 {
 			f := ext
 			f.Kind, f.Port = datapath.NodePort, port.Port.NodePort

@@ -217,13 +217,18 @@ func TestFrontends(t *testing.T) {
 func TestNoEndpoints(t *testing.T) {
 	eachVariant(t, func(t *testing.T, v iptables.Variant) {
 		e := newEnv(t, v, 2, nil)
+		// Local policies: endpoints exist elsewhere (Drop) for
+		// default/local, nowhere for default/gone.
 		local := fe("default/local:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30099)
-		local.LocalOnly = true
+		local.LocalOnly, local.Drop = true, true
+		localVIP := fe("default/local:", datapath.ClusterIP, datapath.TCP, vip2, 80)
+		localVIP.Drop = true
+		gone := fe("default/gone:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30098)
+		gone.LocalOnly = true
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 			fe("default/empty:", datapath.ClusterIP, datapath.TCP, vip, 80),
 			fe("default/empty:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080),
-			fe("default/local:", datapath.ClusterIP, datapath.TCP, vip2, 80),
-			local,
+			localVIP, local, gone,
 		}})
 		refused := func(what string, err error) {
 			t.Helper()
@@ -238,11 +243,19 @@ func TestNoEndpoints(t *testing.T) {
 		refused("node -> ClusterIP without endpoints", err)
 		_, err = e.client.TCP(ap(e.node.LinkIP, 30080), 10*time.Second)
 		refused("client -> NodePort without endpoints", err)
-		// Local policy without local endpoints: dropped.
-		_, err = e.client.TCP(ap(e.node.LinkIP, 30099), waitDrop)
-		if err == nil || errors.Is(err, syscall.ECONNREFUSED) {
-			t.Fatalf("client -> Local NodePort without endpoints: got %v, want a drop (timeout)", err)
+		_, err = e.client.TCP(ap(e.node.LinkIP, 30098), 10*time.Second)
+		refused("client -> Local NodePort without any endpoint", err)
+		// Local policy with endpoints on other nodes only: dropped.
+		dropped := func(what string, err error) {
+			t.Helper()
+			if err == nil || errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("%s: got %v, want a drop (timeout)", what, err)
+			}
 		}
+		_, err = e.client.TCP(ap(e.node.LinkIP, 30099), waitDrop)
+		dropped("client -> Local NodePort without local endpoints", err)
+		_, err = e.pods[0].TCP(ap(vip2, 80), waitDrop)
+		dropped("pod -> internal-Local ClusterIP without local endpoints", err)
 	})
 }
 

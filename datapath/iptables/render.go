@@ -259,14 +259,16 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		if f.Addr.IsValid() {
 			dst = "-d " + f.Addr.String() + cfg.hostMask() + " "
 		}
-		noEndpoints := "REJECT"
-		if f.LocalOnly && f.Kind.External() {
-			noEndpoints = "DROP"
+		// No endpoints at all: refused. Endpoints elsewhere that a Local
+		// traffic policy keeps from this frontend: dropped (kube-proxy).
+		noEndpoints, noWhat := "REJECT", " has no endpoints"
+		if f.Drop {
+			noEndpoints, noWhat = "DROP", " has no local endpoints"
 		}
 		if f.Kind == datapath.ClusterIP {
 			if len(f.Endpoints) == 0 {
 				u.top = append(u.top, topRule{tableFilter, chainServices,
-					fmt.Sprintf("%s%s %s -j REJECT", dst, match, comment(f, "cluster IP has no endpoints"))})
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"+noWhat), noEndpoints)})
 				continue
 			}
 			if cfg.MasqueradeAll {
@@ -323,11 +325,11 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 			if f.Kind == datapath.NodePort {
 				for _, d := range nodePortDst(cfg) {
 					u.top = append(u.top, topRule{tableFilter, chainExternal,
-						fmt.Sprintf("%s%s %s -j %s", d, match, comment(f, what+" has no endpoints"), noEndpoints)})
+						fmt.Sprintf("%s%s %s -j %s", d, match, comment(f, what+noWhat), noEndpoints)})
 				}
 			} else {
 				u.top = append(u.top, topRule{tableFilter, chainServices,
-					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+" has no endpoints"), noEndpoints)})
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), noEndpoints)})
 			}
 		}
 		if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {

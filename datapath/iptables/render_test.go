@@ -48,7 +48,12 @@ func samplePlan() []datapath.Frontend {
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)}},
 		{Service: "edge/remote:", Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Addr: a("10.96.1.2"), Family: datapath.IPv4, Port: 9000,
 			Endpoints: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
-		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true},
+		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true, Drop: true},
+		// internalTrafficPolicy Local without local endpoints: dropped;
+		// externalTrafficPolicy Local without any endpoint: refused.
+		{Service: "edge/itp:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.3"), Family: datapath.IPv4, Port: 80, Drop: true},
+		{Service: "edge/gone:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.4"), Family: datapath.IPv4, Port: 80},
+		{Service: "edge/gone:", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.104"), Family: datapath.IPv4, Port: 80, LocalOnly: true},
 		// Another family: ignored by an IPv4 ruleset.
 		{Service: "default/v6:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("fd00::10"), Family: datapath.IPv6, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1, true)}},
