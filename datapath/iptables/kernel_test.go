@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -856,4 +857,66 @@ func TestNoOpSync(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestLocalnetMartians: with localhost NodePorts the proxier turns on
+// route_localnet, which lets packets to 127.0.0.0/8 arrive from outside
+// (CVE-2020-8558). A client that routes 127.0.0.0/8 to the node must not
+// reach a loopback-only listener there; the rule's packet counter shows
+// it is what stopped them.
+func TestLocalnetMartians(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 1, nil)
+		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+			fe("default/web:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1)),
+		}})
+		var ln net.Listener
+		if err := e.node.Do(func() error {
+			var err error
+			ln, err = net.Listen("tcp4", "127.0.0.1:9999")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		// The client sends 127.0.0.0/8 to the node instead of its own lo.
+		for _, args := range [][]string{
+			{"route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"},
+			{"route", "del", "local", "127.0.0.1", "dev", "lo", "table", "local"},
+			{"route", "add", "127.0.0.0/8", "via", e.node.LinkIP.String()},
+		} {
+			if out, err := e.client.Run("ip", args...); err != nil {
+				t.Fatalf("ip %v: %v: %s", args, err, out)
+			}
+		}
+		if err := e.client.Sysctl("net/ipv4/conf/all/route_localnet", "1"); err != nil {
+			t.Fatal(err)
+		}
+		dial := func(timeout time.Duration) error {
+			return e.client.Do(func() error {
+				c, err := net.DialTimeout("tcp", "127.0.0.1:9999", timeout)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			})
+		}
+		if err := dial(waitDrop); err == nil {
+			t.Fatal("client -> node 127.0.0.1:9999 connected: martian to localnet not dropped")
+		}
+		// The node itself still reaches its localhost NodePort.
+		r, err := e.node.TCP(ap(netip.MustParseAddr("127.0.0.1"), 30080), waitResp)
+		expect(t, "node -> localhost NodePort", r, err, "a", netip.Addr{})
+		// The martians did reach the node and were dropped by the rule,
+		// not lost on the way: its packet counter moved.
+		var dropped int
+		for _, l := range strings.Split(e.iptables("-t", "filter", "-L", "EP-LOCALNET", "-v", "-x", "-n"), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == "DROP" {
+				dropped, _ = strconv.Atoi(f[0])
+			}
+		}
+		if dropped == 0 {
+			t.Fatal("the localnet rule dropped no packet: the martians never reached the node")
+		}
+	})
 }

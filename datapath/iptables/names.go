@@ -27,6 +27,7 @@ const (
 	chainForward     = "EP-FORWARD"      // filter: drop INVALID, accept marked and established
 	chainCanary      = "EP-CANARY"       // nat+filter: holds one rule; its loss means a flush
 	chainHairpin     = "EP-HAIRPIN"      // nat: masquerade endpoints reaching themselves
+	chainLocalnet    = "EP-LOCALNET"     // filter: drop martians to 127.0.0.0/8 (route_localnet)
 )
 
 // Kinds of per-service chains.

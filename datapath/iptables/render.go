@@ -454,7 +454,7 @@ func sanitize(s string) string {
 // fixedChains lists the chains that exist regardless of the plan, per table.
 var fixedChains = map[string][]string{
 	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
-	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainCanary},
+	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainCanary},
 }
 
 // canaryRule is the single rule of the canary chains. A flush of the table
@@ -480,6 +480,13 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 		{tableFilter, chainForward, fmt.Sprintf(`-m mark --mark %s/%s -m comment --comment "edgeproxy forwarding rules" -j ACCEPT`, mark, mark)},
 		{tableFilter, chainForward, `-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "edgeproxy forwarding conntrack rule" -j ACCEPT`},
 		{tableFilter, chainCanary, canaryRule},
+	}
+	if cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
+		// route_localnet lets packets to 127.0.0.0/8 arrive from outside
+		// (CVE-2020-8558); only those DNATed to a NodePort may pass, like
+		// kube-proxy's (and kubelet's) KUBE-FIREWALL rule.
+		head = append(head, topRule{tableFilter, chainLocalnet,
+			`-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -m comment --comment "edgeproxy: block incoming localnet connections" -j DROP`})
 	}
 	for _, c := range cfg.ClusterCIDRs {
 		head = append(head, topRule{tableNAT, chainClusterMasq, "-s " + c.Masked().String() + " -j RETURN"})
@@ -517,6 +524,8 @@ func jumps() []jump {
 		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
 		j(tableFilter, "OUTPUT", newOnly, chainExternal, "node ports"),
 		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
+		j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
+		j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"),
 	}
 }
 
