@@ -3,6 +3,7 @@ package agent
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -43,6 +44,7 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 		ClusterCIDRs:       cidrs,
 		MasqueradeAll:      cfg.MasqueradeAll,
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
+		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
 		LockWait:           cfg.IPTables.LockWait,
 		Logger:             log.With("datapath", "iptables"),
 		Registerer:         reg,

@@ -184,6 +184,9 @@ type Plan struct {
 	// the first plan, after a failed apply, or on a periodic resync.
 	Changed map[string]bool
 	Full    bool
+	// NodeIPs are the node's primary addresses, at most one per family
+	// (from its Node object), for node ports restricted to them.
+	NodeIPs []netip.Addr
 }
 
 // Compare orders frontends by service, then kind, address, port and protocol.

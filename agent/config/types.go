@@ -15,7 +15,7 @@ type Config struct {
 	ProxyName         string   `koanf:"proxyName"`
 	ClusterCIDR       string   `koanf:"clusterCIDR"`
 	MasqueradeAll     bool     `koanf:"masqueradeAll"`
-	NodePortAddresses []string `koanf:"nodePortAddresses"`
+	NodePortAddresses []string `koanf:"nodePortAddresses"` // CIDRs, and NodePortPrimary
 	// ExternalIPs enables programming spec.externalIPs (upstream deprecated
 	// them; off by default).
 	ExternalIPs bool `koanf:"externalIPs"`
@@ -128,6 +128,11 @@ type Log struct {
 	Level  string `koanf:"level"`  // debug | info | warn | error
 	Format string `koanf:"format"` // text | json
 }
+
+// NodePortPrimary in NodePortAddresses stands for the node's primary
+// addresses (its Node object's first InternalIP of each family), as
+// kube-proxy's --nodeport-addresses=primary.
+const NodePortPrimary = "primary"
 
 // Size is a byte count written as 16Mi, 512Ki, 1G or a plain number.
 type Size int64

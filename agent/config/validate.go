@@ -87,8 +87,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	for i, a := range c.NodePortAddresses {
+		if strings.TrimSpace(a) == NodePortPrimary {
+			continue
+		}
 		if _, err := netip.ParsePrefix(strings.TrimSpace(a)); err != nil {
-			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is not a CIDR", a)
+			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is neither a CIDR nor %q", a, NodePortPrimary)
 		}
 	}
 

@@ -127,5 +127,5 @@ type Node struct {
 	Zone      string // topology.kubernetes.io/zone
 	Region    string // topology.kubernetes.io/region
 	Labels    map[string]string
-	Addresses []netip.Addr // InternalIP and ExternalIP addresses
+	Addresses []netip.Addr // InternalIP, then ExternalIP addresses
 }

@@ -165,6 +165,9 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		hc.LocalEndpoints = selection.CountLocalReady(nodeName, local[hc.Service]...)
 		res.HealthChecks[port] = hc
 	}
+	if snap.Node != nil {
+		plan.NodeIPs = primaryIPs(snap.Node.Addresses)
+	}
 	plan.Sort()
 	res.Plan = plan
 	return res
@@ -355,6 +358,18 @@ func prefixesOfFamily(ps []netip.Prefix, f model.Family) []netip.Prefix {
 	for _, p := range ps {
 		if (f == model.IPv4) == p.Addr().Is4() {
 			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// primaryIPs returns the first address of each family: the node's primary
+// addresses, as the Node object lists its InternalIPs first.
+func primaryIPs(addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if !slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Is4() }) {
+			out = append(out, a)
 		}
 	}
 	return out

@@ -920,3 +920,40 @@ func TestLocalnetMartians(t *testing.T) {
 		}
 	})
 }
+
+// TestNodePortAddresses: node ports answer on the node's own addresses
+// inside nodePortAddresses, not on every address of the range (a pod
+// sending to another host of the range through the node must not be
+// DNATed), and "primary" adds the node's primary address.
+func TestNodePortAddresses(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 2, func(o *iptables.Options) {
+			o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+		})
+		np := []datapath.Frontend{fe("default/web:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1))}
+		e.mustApply(&datapath.Plan{Full: true, Frontends: np})
+		r, err := e.client.TCP(ap(e.node.LinkIP, 30080), waitResp)
+		expect(t, "client -> NodePort on the node's address in the range", r, err, "a", netip.Addr{})
+		other := netip.MustParseAddr("192.168.77.9") // in the range, not the node's
+		if r, err := e.pods[1].TCP(ap(other, 30080), waitDrop); err == nil {
+			t.Fatalf("pod -> %s:30080 (another host of nodePortAddresses) was DNATed to %s", other, r.Name)
+		}
+		if r, err := e.pods[1].TCP(ap(e.node.Gateway, 30080), waitDrop); err == nil {
+			t.Fatalf("pod -> NodePort on the bridge address (outside nodePortAddresses) answered by %s", r.Name)
+		}
+
+		// primary: a range without node addresses, plus the primary IP.
+		p := e.newProxier(func(o *iptables.Options) {
+			o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")}
+			o.NodePortPrimary = true
+		})
+		if err := e.apply(p, &datapath.Plan{Full: true, Frontends: np, NodeIPs: []netip.Addr{e.node.Gateway}}); err != nil {
+			t.Fatal(err)
+		}
+		r, err = e.pods[1].TCP(ap(e.node.Gateway, 30080), waitResp)
+		expect(t, "pod -> NodePort on the primary address", r, err, "a", netip.Addr{})
+		if r, err := e.client.TCP(ap(e.node.LinkIP, 30080), waitDrop); err == nil {
+			t.Fatalf("client -> NodePort on a non-primary address answered by %s", r.Name)
+		}
+	})
+}

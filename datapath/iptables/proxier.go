@@ -61,9 +61,14 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
-	// NodePortAddresses restricts NodePorts to local addresses in these
-	// prefixes; empty means all local addresses.
+	// NodePortAddresses restricts NodePorts to the node's own addresses
+	// inside these prefixes, looked up at every apply. An IP family with
+	// no prefix here (and no primary address, see NodePortPrimary) keeps
+	// every local address of that family.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary adds the plan's NodeIPs (the node's primary
+	// addresses) to NodePortAddresses: kube-proxy's "primary" keyword.
+	NodePortPrimary bool
 	// LockWait bounds the wait for the xtables lock (default 5s).
 	LockWait time.Duration
 	// FullSyncPeriod is how often every rule is rewritten even when
@@ -128,6 +133,9 @@ type family struct {
 	units       map[string]*unit    // the units as last written, for reuse
 	lastFixed   map[tableChain][32]byte
 	lastRewrite time.Time // of the last full rewrite
+
+	npa     []netip.Prefix // nodePortAddresses of this family
+	primary bool           // plus the node's primary address
 
 	// The tables' fingerprint when a full tamper check last passed.
 	verified   bool
@@ -285,17 +293,12 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 			}
 		}
 	}
-	npa := filterFamily(opts.NodePortAddresses, fam)
-	if len(opts.NodePortAddresses) > 0 && len(npa) == 0 {
-		// Node ports restricted to addresses of the other family: none here.
-		npa = []netip.Prefix{}
-	}
+	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
 	f.cfg = Config{
 		Family:             fam,
 		MasqueradeBit:      opts.MasqueradeBit,
 		MasqueradeAll:      opts.MasqueradeAll,
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
-		NodePortAddresses:  npa,
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
 		RandomFully:        ipt.HasRandomFully(),
 	}
@@ -347,6 +350,11 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			if t, err := f.tampered(ctx); err != nil || t {
 				full = true
 			}
+		}
+		if ips, err := nodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
+			f.log.Warn("cannot list the node's addresses; node ports keep the addresses they had", "err", err)
+		} else {
+			f.cfg.NodePortIPs = ips
 		}
 		start := time.Now()
 		pre, trusted := f.verifiedNow()

@@ -36,10 +36,11 @@ type Config struct {
 	// ClusterCIDRs are the pod ranges; traffic to a ClusterIP from outside
 	// them is masqueraded. Empty: only MasqueradeAll decides.
 	ClusterCIDRs []netip.Prefix
-	// NodePortAddresses restricts NodePorts to destination addresses in
-	// these prefixes. Nil: every local address (addrtype LOCAL); empty but
-	// not nil: no node ports in this family.
-	NodePortAddresses []netip.Prefix
+	// NodePortIPs restricts NodePorts to these destination addresses: the
+	// node's own addresses inside nodePortAddresses, as kube-proxy matches
+	// them. Nil: every local address (addrtype LOCAL); empty but not nil:
+	// no address matched, no node ports in this family.
+	NodePortIPs []netip.Addr
 	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (IPv4 only).
 	LocalhostNodePorts bool
 	// RandomFully adds --random-fully to the MASQUERADE rule.
@@ -323,10 +324,10 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		}
 		if len(f.Endpoints) == 0 {
 			if f.Kind == datapath.NodePort {
-				for _, d := range nodePortDst(cfg) {
-					u.top = append(u.top, topRule{tableFilter, chainExternal,
-						fmt.Sprintf("%s%s %s -j %s", d, match, comment(f, what+noWhat), noEndpoints)})
-				}
+				// Any local destination, whatever nodePortAddresses says,
+				// as kube-proxy: unit rules must not depend on addresses.
+				u.top = append(u.top, topRule{tableFilter, chainExternal,
+					fmt.Sprintf("-m addrtype --dst-type LOCAL %s %s -j %s", match, comment(f, what+noWhat), noEndpoints)})
 			} else {
 				u.top = append(u.top, topRule{tableFilter, chainServices,
 					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), noEndpoints)})
@@ -427,17 +428,21 @@ func formatProbability(p float64) string {
 // nodePortDst returns the destination matches that select node-port
 // addresses, one rule each.
 func nodePortDst(cfg *Config) []string {
-	if cfg.NodePortAddresses == nil {
-		if cfg.Family == datapath.IPv4 && !cfg.LocalhostNodePorts {
+	if cfg.NodePortIPs == nil {
+		switch {
+		case cfg.Family == datapath.IPv6:
+			return []string{"-m addrtype --dst-type LOCAL ! -d ::1/128 "}
+		case !cfg.LocalhostNodePorts:
 			return []string{"-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 "}
 		}
 		return []string{"-m addrtype --dst-type LOCAL "}
 	}
 	var out []string
-	for _, p := range cfg.NodePortAddresses {
-		if datapath.FamilyOf(p.Addr()) == cfg.Family {
-			out = append(out, "-d "+p.Masked().String()+" ")
+	for _, a := range cfg.NodePortIPs {
+		if datapath.FamilyOf(a) != cfg.Family || a.IsLoopback() && (cfg.Family == datapath.IPv6 || !cfg.LocalhostNodePorts) {
+			continue
 		}
+		out = append(out, "-d "+a.Unmap().String()+cfg.hostMask()+" ")
 	}
 	return out
 }
