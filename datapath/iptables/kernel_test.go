@@ -788,6 +788,8 @@ func TestIPv6(t *testing.T) {
 		e := newEnv(t, v, 3, func(o *iptables.Options) {
 			o.IPv6 = true
 			o.ClusterCIDRs = append(o.ClusterCIDRs, netip.MustParsePrefix("fd00:244::/64"))
+			// IPv4 CIDRs only: IPv6 node ports stay on every address.
+			o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
 		})
 		a, c := e.pods[0], e.pods[2]
 		vip6, empty6 := netip.MustParseAddr("fd00:96::10"), netip.MustParseAddr("fd00:96::11")
