@@ -79,6 +79,12 @@ type Frontend struct {
 	// LocalOnly is set when the external traffic policy is Local: endpoints
 	// are all on this node and the client's source address is kept.
 	LocalOnly bool
+	// Cluster, on a LocalOnly frontend, is the cluster-wide endpoint set
+	// that traffic from pods and from the node itself goes to instead of
+	// Endpoints (kube-proxy's short-circuit: policy Local never breaks
+	// in-cluster reachability of an external address). Empty: that
+	// traffic follows Endpoints too.
+	Cluster []Endpoint
 	// Affinity is the ClientIP session affinity timeout; zero means none.
 	Affinity time.Duration
 	// SourceRanges restricts who may reach a LoadBalancer frontend; empty
@@ -163,13 +169,21 @@ func (f *Frontend) String() string {
 	if len(f.Endpoints) == 0 {
 		b.WriteString(" (none)")
 	}
-	for i, e := range f.Endpoints {
+	writeEndpoints(&b, f.Endpoints)
+	if len(f.Cluster) > 0 {
+		b.WriteString(" | short-circuit ->")
+		writeEndpoints(&b, f.Cluster)
+	}
+	return b.String()
+}
+
+func writeEndpoints(b *strings.Builder, eps []Endpoint) {
+	for i, e := range eps {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, " %s w=%d", e.Addr, e.Weight)
+		fmt.Fprintf(b, " %s w=%d", e.Addr, e.Weight)
 	}
-	return b.String()
 }
 
 // Plan is everything the node must program, as one immutable value.
@@ -253,7 +267,10 @@ func (p *Plan) Validate() error {
 		if f.Drop && len(f.Endpoints) > 0 {
 			errs = append(errs, where+": drop set on a frontend with endpoints")
 		}
-		for _, e := range f.Endpoints {
+		if len(f.Cluster) > 0 && !f.LocalOnly {
+			errs = append(errs, where+": a short-circuit set on a frontend that is not LocalOnly")
+		}
+		for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
 			if e.Weight == 0 || e.Weight > MaxWeight {
 				errs = append(errs, fmt.Sprintf("%s: endpoint %s: weight %d out of range 1..%d", where, e.Addr, e.Weight, MaxWeight))
 			}

@@ -186,6 +186,10 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 		eps := port.Endpoints(fam)
 		sel := selection.Select(svc, port.Port, eps, node)
 		union := unionOf(sel.Internal, sel.External)
+		if svc.ExternalLocal {
+			// The short-circuit set is weighed with the rest.
+			union = unionOf(sel.Internal, sel.External, sel.Cluster)
+		}
 		w := Weighing{Weights: ones(len(union))}
 		if p.policy != nil && len(union) > 0 {
 			w = p.policy.Weigh(ctx, svc, port.Port, node, union)
@@ -218,6 +222,9 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 		ext.LocalOnly = svc.ExternalLocal
 		ext.Endpoints = external
 		ext.Drop = svc.ExternalLocal && sel.Usable && len(external) == 0
+		if svc.ExternalLocal {
+			ext.Cluster = endpoints(sel.Cluster, weight)
+		}
 		if port.Port.NodePort != 0 {
 			f := ext
 			f.Kind, f.Port = datapath.NodePort, port.Port.NodePort

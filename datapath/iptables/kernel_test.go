@@ -336,12 +336,16 @@ func TestAffinity(t *testing.T) {
 func TestLocalOnly(t *testing.T) {
 	eachVariant(t, func(t *testing.T, v iptables.Variant) {
 		e := newEnv(t, v, 2, nil)
+		// Both traffic policies Local: the ClusterIP has only the local
+		// endpoint a; b stands for an endpoint on another node. Pods and
+		// the node reaching the external addresses use the cluster-wide
+		// set (Cluster), outside clients the local one.
 		np := fe("default/local:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1))
-		np.LocalOnly = true
+		np.LocalOnly, np.Cluster = true, []datapath.Endpoint{e.ep(0, 1), e.ep(1, 1)}
 		lb := fe("default/local:", datapath.LoadBalancer, datapath.TCP, lbIP, 80, e.ep(0, 1))
-		lb.LocalOnly = true
+		lb.LocalOnly, lb.Cluster = true, np.Cluster
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-			fe("default/local:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1), e.ep(1, 1)),
+			fe("default/local:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1)),
 			np, lb,
 		}})
 		clientIP := netip.MustParseAddr("192.168.77.2")
@@ -362,6 +366,23 @@ func TestLocalOnly(t *testing.T) {
 		}
 		if !seen["a"] || !seen["b"] {
 			t.Fatalf("pod -> Local LoadBalancer reached %v, want both endpoints", seen)
+		}
+		// So does the node, masqueraded.
+		seen = map[string]bool{}
+		for range 30 {
+			r, err := e.node.TCP(ap(e.node.LinkIP, 30080), waitResp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[r.Name] = true
+		}
+		if !seen["a"] || !seen["b"] {
+			t.Fatalf("node -> Local NodePort reached %v, want both endpoints", seen)
+		}
+		// The ClusterIP keeps its local set.
+		for range 10 {
+			r, err := e.pods[1].TCP(ap(vip, 80), waitResp)
+			expect(t, "pod -> internal-Local ClusterIP", r, err, "a", netip.Addr{})
 		}
 	})
 }

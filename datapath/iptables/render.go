@@ -138,7 +138,7 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 // copying it only when needed (the plan is never modified).
 func unmapped(f *datapath.Frontend) *datapath.Frontend {
 	mapped := f.Addr.Is4In6()
-	for _, e := range f.Endpoints {
+	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
 		mapped = mapped || e.Addr.Addr().Is4In6()
 	}
 	if !mapped {
@@ -146,12 +146,20 @@ func unmapped(f *datapath.Frontend) *datapath.Frontend {
 	}
 	c := *f
 	c.Addr = c.Addr.Unmap()
-	c.Endpoints = make([]datapath.Endpoint, len(f.Endpoints))
-	for i, e := range f.Endpoints {
-		e.Addr = netip.AddrPortFrom(e.Addr.Addr().Unmap(), e.Addr.Port())
-		c.Endpoints[i] = e
-	}
+	c.Endpoints, c.Cluster = unmapEndpoints(f.Endpoints), unmapEndpoints(f.Cluster)
 	return &c
+}
+
+func unmapEndpoints(eps []datapath.Endpoint) []datapath.Endpoint {
+	if eps == nil {
+		return nil
+	}
+	out := make([]datapath.Endpoint, len(eps))
+	for i, e := range eps {
+		e.Addr = netip.AddrPortFrom(e.Addr.Addr().Unmap(), e.Addr.Port())
+		out[i] = e
+	}
+	return out
 }
 
 // renderHook, when set (by tests only), may change a unit after rendering.
@@ -170,7 +178,7 @@ func checkFrontend(f *datapath.Frontend) error {
 	if !f.Addr.IsValid() && f.Kind != datapath.NodePort {
 		return fmt.Errorf("%s: no address", where)
 	}
-	for _, e := range f.Endpoints {
+	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
 		if e.Weight == 0 || e.Weight > datapath.MaxWeight {
 			return fmt.Errorf("%s: endpoint %s: weight %d out of range", where, e.Addr, e.Weight)
 		}
@@ -191,10 +199,10 @@ type group struct {
 	frontends []*datapath.Frontend
 }
 
-func groupSig(f *datapath.Frontend) string {
+func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "a=%d", f.Affinity)
-	for _, e := range f.Endpoints {
+	fmt.Fprintf(&b, "a=%d", affinity)
+	for _, e := range eps {
 		fmt.Fprintf(&b, " %s/%d", e.Addr, e.Weight)
 	}
 	return b.String()
@@ -210,36 +218,38 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 	var groups []*group
 	bySig := map[string]*group{}
 	names := map[string]bool{}
-	groupOf := map[*datapath.Frontend]*group{}
-	for _, f := range fs {
-		sig := groupSig(f)
-		g := bySig[sig]
-		if g == nil {
-			role := "cluster"
-			if f.Kind.External() {
-				role = "external"
-				if f.LocalOnly {
-					role = "local"
-				}
-			}
-			name := ChainName(kindSvc, id+" "+role)
-			if names[name] {
-				name = ChainName(kindSvc, id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
-			}
-			names[name] = true
-			g = &group{svc: name, sig: sig, endpoints: f.Endpoints, affinity: min(f.Affinity, maxAffinity)}
-			bySig[sig] = g
-			groups = append(groups, g)
+	groupFor := func(f *datapath.Frontend, eps []datapath.Endpoint, role string) *group {
+		sig := groupSig(f.Affinity, eps)
+		if g := bySig[sig]; g != nil {
+			return g
 		}
+		name := ChainName(kindSvc, id+" "+role)
+		if names[name] {
+			name = ChainName(kindSvc, id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
+		}
+		names[name] = true
+		g := &group{svc: name, sig: sig, endpoints: eps, affinity: min(f.Affinity, maxAffinity)}
+		bySig[sig] = g
+		groups = append(groups, g)
+		return g
+	}
+	groupOf := map[*datapath.Frontend]*group{}
+	// The cluster-wide group that a Local frontend short-circuits pod and
+	// node traffic to; often the ClusterIP's own group.
+	shortCircuit := map[*datapath.Frontend]*group{}
+	for _, f := range fs {
+		role := "cluster"
+		if f.Kind.External() {
+			role = "external"
+			if f.LocalOnly {
+				role = "local"
+			}
+		}
+		g := groupFor(f, f.Endpoints, role)
 		g.frontends = append(g.frontends, f)
 		groupOf[f] = g
-	}
-	// The group serving the ClusterIP, used by the Local policy's
-	// short-circuits for pod and node traffic.
-	var cluster *group
-	for _, f := range fs {
-		if f.Kind == datapath.ClusterIP && len(f.Endpoints) > 0 {
-			cluster = groupOf[f]
+		if f.LocalOnly && f.Kind.External() && len(f.Cluster) > 0 {
+			shortCircuit[f] = groupFor(f, f.Cluster, "cluster")
 		}
 	}
 
@@ -249,7 +259,9 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		}
 	}
 
-	ext := map[*group]string{} // EXT chain per group of external frontends
+	// EXT chain per pair of groups (external, short-circuit).
+	type extKey struct{ g, sc *group }
+	ext := map[extKey]string{}
 	comment := func(f *datapath.Frontend, what string) string {
 		return fmt.Sprintf("-m comment --comment %q", sanitize(f.Service)+" "+what)
 	}
@@ -286,21 +298,25 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 
 		// External frontends: NodePort, ExternalIP, LoadBalancer.
 		what := strings.ToLower(string(f.Kind))
-		extChain, ok := ext[g]
+		sc := shortCircuit[f]
+		extChain, ok := ext[extKey{g, sc}]
 		if !ok {
 			var rules []string
 			if f.LocalOnly {
-				if cluster != nil {
+				// kube-proxy's short-circuit: pods (by clusterCIDR) and
+				// the node itself reach the cluster-wide set; the node's
+				// traffic is masqueraded, its source being a local
+				// address (often the very address it reaches).
+				if sc != nil {
 					for _, c := range cfg.ClusterCIDRs {
-						rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c, sanitize(f.Service), cluster.svc))
+						rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c.Masked(), sanitize(f.Service), sc.svc))
 					}
-					rules = append(rules,
-						"-m addrtype --src-type LOCAL -j "+chainMarkMasq,
-						"-m addrtype --src-type LOCAL -j "+cluster.svc)
 				}
-				if cluster == nil && cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
-					// Localhost NodePort clients need SNAT to get replies.
-					rules = append(rules, "-s 127.0.0.0/8 -j "+chainMarkMasq)
+				if sc != nil || len(g.endpoints) > 0 {
+					rules = append(rules, "-m addrtype --src-type LOCAL -j "+chainMarkMasq)
+				}
+				if sc != nil {
+					rules = append(rules, "-m addrtype --src-type LOCAL -j "+sc.svc)
 				}
 				if len(g.endpoints) > 0 {
 					rules = append(rules, "-j "+g.svc)
@@ -312,7 +328,7 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 				extChain = ChainName(kindExt, g.svc)
 				u.chains = append(u.chains, chain{tableNAT, extChain, rules})
 			}
-			ext[g] = extChain
+			ext[extKey{g, sc}] = extChain
 		}
 		top := chainServices
 		if f.Kind == datapath.NodePort {

@@ -43,12 +43,22 @@ func samplePlan() []datapath.Frontend {
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
 		{Service: "edge/lb:https", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.100"), Family: datapath.IPv4, Port: 443, LocalOnly: true,
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")},
-			Endpoints:    []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)}},
+			Endpoints:    []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)},
+			Cluster:      []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
 		{Service: "edge/lb:https", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30443, LocalOnly: true,
-			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)}},
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)},
+			Cluster:   []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
+		// Both traffic policies Local: the ClusterIP has the local set, the
+		// short-circuit still uses the cluster-wide one.
+		{Service: "edge/both:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.5"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.7:80", 1, true)}},
+		{Service: "edge/both:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30005, LocalOnly: true,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.7:80", 1, true)},
+			Cluster:   []datapath.Endpoint{ep("10.244.0.7:80", 1, true), ep("10.244.1.7:80", 1, false)}},
 		{Service: "edge/remote:", Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Addr: a("10.96.1.2"), Family: datapath.IPv4, Port: 9000,
 			Endpoints: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
-		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true, Drop: true},
+		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true, Drop: true,
+			Cluster: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
 		// internalTrafficPolicy Local without local endpoints: dropped;
 		// externalTrafficPolicy Local without any endpoint: refused.
 		{Service: "edge/itp:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.3"), Family: datapath.IPv4, Port: 80, Drop: true},
