@@ -85,6 +85,12 @@ type Frontend struct {
 	// in-cluster reachability of an external address). Empty: that
 	// traffic follows Endpoints too.
 	Cluster []Endpoint
+	// Serving lists every serving endpoint of the service port in this
+	// family, whatever traffic policy, topology or policy modules chose
+	// (UDP frontends only). Conntrack cleanup keeps flows to them, as
+	// kube-proxy's: a short-circuited or terminating-but-serving flow is
+	// live; empty means nothing is cleaned up for this frontend.
+	Serving []netip.AddrPort
 	// Affinity is the ClientIP session affinity timeout; zero means none.
 	Affinity time.Duration
 	// SourceRanges restricts who may reach a LoadBalancer frontend; empty

@@ -210,6 +210,9 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 			Scheduler:      w.Scheduler,
 			SchedulerFlags: w.SchedulerFlags,
 		}
+		if base.Protocol == datapath.UDP {
+			base.Serving = serving(eps)
+		}
 		internal := endpoints(sel.Internal, weight)
 		external := endpoints(sel.External, weight)
 		for _, vip := range vips {
@@ -280,6 +283,18 @@ func endpoints(cs []selection.Choice, weight map[netip.AddrPort]uint32) []datapa
 			continue
 		}
 		out = append(out, datapath.Endpoint{Addr: c.AddrPort(), Weight: w, Local: c.Local})
+	}
+	return out
+}
+
+// serving lists the serving endpoints, once each: conntrack cleanup's
+// reference set.
+func serving(eps []model.PortEndpoint) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, e := range eps {
+		if e.Serving && !slices.Contains(out, e.AddrPort()) {
+			out = append(out, e.AddrPort())
+		}
 	}
 	return out
 }

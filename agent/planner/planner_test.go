@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -198,5 +199,25 @@ func TestShortCircuitAndDrop(t *testing.T) {
 		"TCP  *:30080 NodePort ns/a local -> (none)\n"
 	if got != want {
 		t.Errorf("plan:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// UDP frontends carry every serving endpoint for conntrack cleanup, also
+// the terminating-but-serving ones the selection left out.
+func TestServingForConntrack(t *testing.T) {
+	st := state.New(nil)
+	st.SetService("ns/dns", &model.Service{Namespace: "ns", Name: "dns", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports: []model.ServicePort{{Protocol: "UDP", Port: 53}}})
+	st.SetSlice("ns/dns-1", &model.EndpointSlice{Namespace: "ns", Name: "dns-1", Service: "dns", Family: model.IPv4,
+		Ports: []model.EndpointPort{{Protocol: "UDP", Port: 53}},
+		Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.0.0.2"), Serving: true, Terminating: true},
+			{Addr: netip.MustParseAddr("10.0.0.3"), Terminating: true},
+		}})
+	f := planner.New(planner.Options{}, nil).Build(context.Background(), st.Snapshot()).Plan.Frontends[0]
+	want := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:53"), netip.MustParseAddrPort("10.0.0.2:53")}
+	if len(f.Endpoints) != 1 || !slices.Equal(f.Serving, want) {
+		t.Errorf("endpoints %v, serving %v; want one endpoint and serving %v", f.Endpoints, f.Serving, want)
 	}
 }

@@ -397,11 +397,17 @@ func TestUDPStaleConntrack(t *testing.T) {
 			t.Run(fmt.Sprintf("cleanup=%v", cleanup), func(t *testing.T) {
 				e := newEnv(t, v, 3, func(o *iptables.Options) { o.NoConntrack = !cleanup })
 				client := e.pods[2]
-				plan := func(ep datapath.Endpoint) *datapath.Plan {
-					return &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+				plan := func(ep datapath.Endpoint, serving ...datapath.Endpoint) *datapath.Plan {
+					p := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 						fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, ep),
 						fe("default/dns:", datapath.NodePort, datapath.UDP, netip.Addr{}, 30053, ep),
 					}}
+					for i := range p.Frontends {
+						for _, s := range append([]datapath.Endpoint{ep}, serving...) {
+							p.Frontends[i].Serving = append(p.Frontends[i].Serving, s.Addr)
+						}
+					}
+					return p
 				}
 				e.mustApply(plan(e.ep(0, 1)))
 				r, err := client.UDP(ap(vip, 53), 45000, waitResp)
@@ -417,6 +423,17 @@ func TestUDPStaleConntrack(t *testing.T) {
 				expect(t, "after the endpoint changed", r, err, want, client.IP)
 				r, err = e.client.UDP(ap(e.node.LinkIP, 30053), 45000, waitResp)
 				expect(t, "NodePort after the endpoint changed", r, err, want, netip.Addr{})
+				if !cleanup {
+					return
+				}
+				// b stops being chosen but still serves (terminating, or
+				// out of a Local policy's set): a full sync keeps its
+				// flows, as kube-proxy does.
+				e.mustApply(plan(e.ep(2, 1), e.ep(1, 1)))
+				r, err = client.UDP(ap(vip, 53), 45000, waitResp)
+				expect(t, "live flow to a serving endpoint after a full sync", r, err, "b", client.IP)
+				r, err = e.client.UDP(ap(e.node.LinkIP, 30053), 45000, waitResp)
+				expect(t, "live NodePort flow to a serving endpoint after a full sync", r, err, "b", netip.Addr{})
 			})
 		}
 	})
@@ -435,9 +452,9 @@ func TestUDPFirstEndpoint(t *testing.T) {
 				t.Fatalf("answered by %s before the service exists", r.Name)
 			}
 		}
-		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{
-			fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, e.ep(0, 1)),
-		}, Changed: map[string]bool{"default/dns:": true}})
+		dns := fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, e.ep(0, 1))
+		dns.Serving = []netip.AddrPort{e.ep(0, 1).Addr}
+		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{dns}, Changed: map[string]bool{"default/dns:": true}})
 		r, err := client.UDP(ap(vip, 53), 45001, waitResp)
 		expect(t, "after the first endpoint", r, err, "a", client.IP)
 	})
