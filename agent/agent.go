@@ -85,6 +85,8 @@ type Agent struct {
 	snapDirty    bool      // under mu
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
+	// nodeIneligible mirrors the last synced Node's Ineligible.
+	nodeIneligible atomic.Bool
 }
 
 // New builds an agent; nothing runs until Run.
@@ -142,7 +144,8 @@ func New(opts Options) (*Agent, error) {
 		}
 	}
 	if cfg.Mode != "plan" {
-		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck")})
+		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck"),
+			ProxyHealthy: func() bool { return a.HealthNow(time.Now()).Healthy }})
 	}
 	if path := opts.Load.Path(); path != "" {
 		a.watcher, err = config.NewWatcher(cfg, config.WatcherOptions{

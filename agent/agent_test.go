@@ -5,6 +5,8 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"sync"
@@ -133,4 +135,36 @@ func TestHealthBeforeFirstSync(t *testing.T) {
 	b := &flaky{fail: true}
 	a := startAgent(t, b, t.TempDir())
 	eventually(t, "unhealthy without a first sync", func() bool { return !a.HealthNow(time.Now()).Healthy })
+}
+
+// A Node on its way out (tainted by the cluster autoscaler, or deleted)
+// fails /healthz so that load balancers drain it; /livez stays 200 and the
+// proxy itself stays healthy (kube-proxy's proxier_health.go).
+func TestHealthzFailsForIneligibleNode(t *testing.T) {
+	dir := t.TempDir()
+	node := "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n"
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), []byte(node), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, &flaky{}, dir)
+	<-a.Synced()
+	code := func(h http.HandlerFunc) int {
+		rec := httptest.NewRecorder()
+		h(rec, httptest.NewRequest("GET", "/", nil))
+		return rec.Code
+	}
+	if c := code(a.serveHealthz); c != 200 {
+		t.Fatalf("/healthz = %d before the taint, want 200", c)
+	}
+	tainted := node + "spec:\n  taints: [{key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}]\n"
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), []byte(tainted), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "/healthz 503 for a node being removed", func() bool { return code(a.serveHealthz) == 503 })
+	if c := code(a.serveLivez); c != 200 {
+		t.Errorf("/livez = %d for a node being removed, want 200", c)
+	}
+	if h := a.HealthNow(time.Now()); !h.Healthy || h.NodeEligible {
+		t.Errorf("health = %+v, want healthy and not eligible", h)
+	}
 }

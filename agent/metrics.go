@@ -19,6 +19,7 @@ type metrics struct {
 	portsEvaluated   prometheus.Counter
 	apiserverContact prometheus.GaugeFunc
 	tamperedRepairs  prometheus.Counter
+	healthz, livez   *prometheus.CounterVec // by HTTP status code
 }
 
 func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapshotAge func() float64) *metrics {
@@ -61,13 +62,21 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Name: "edgeproxy_datapath_tampered_total",
 			Help: "Times the datapath found its kernel objects changed behind its back and a full sync was forced.",
 		}),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_proxy_healthz_total",
+			Help: "/healthz answers by HTTP status code.",
+		}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_proxy_livez_total",
+			Help: "/livez answers by HTTP status code.",
+		}, []string{"code"}),
 		apiserverContact: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_apiserver_last_contact_seconds",
 			Help: "Seconds since the API server last delivered anything (list or watch event); -1 when never, 0 with a manifest source.",
 		}, lastContact),
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
-		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact,
+		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_snapshot_age_seconds",
 			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",

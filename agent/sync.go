@@ -21,6 +21,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	defer a.notifier.Progress()
 
 	snap := a.state.Snapshot()
+	a.nodeIneligible.Store(snap.Node != nil && snap.Node.Ineligible)
 	a.triggers = append(a.triggers, snap.TriggerTimes...)
 	if !snap.Oldest.IsZero() {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))

@@ -207,6 +207,9 @@ type Plan struct {
 	// NodeIPs are the node's primary addresses, at most one per family
 	// (from its Node object), for node ports restricted to them.
 	NodeIPs []netip.Addr
+	// HealthCheckPorts are the TCP ports of the Services' health checks
+	// (healthCheckNodePort), sorted; a firewall must let them in.
+	HealthCheckPorts []uint16
 }
 
 // Compare orders frontends by service, then kind, address, port and protocol.

@@ -153,7 +153,7 @@ func Default() Config {
 		},
 		StateDir:         "/var/lib/edgeproxy",
 		Offline:          Offline{StartTimeout: 10 * time.Second, SnapshotInterval: 10 * time.Second},
-		Server:           Server{Healthz: "127.0.0.1:10256", Metrics: "127.0.0.1:10249"},
+		Server:           Server{Healthz: "0.0.0.0:10256", Metrics: "127.0.0.1:10249"},
 		Log:              Log{Level: "info", Format: "text"},
 		ServiceKeyPrefix: "edgeproxy.io/",
 	}

@@ -9,6 +9,7 @@ package planner
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -168,6 +169,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	if snap.Node != nil {
 		plan.NodeIPs = primaryIPs(snap.Node.Addresses)
 	}
+	plan.HealthCheckPorts = slices.Sorted(maps.Keys(res.HealthChecks))
 	plan.Sort()
 	res.Plan = plan
 	return res

@@ -212,6 +212,9 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 	return out, warnings, nil
 }
 
+// TaintToBeDeleted marks a node the cluster autoscaler is removing.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
 // Node converts this node.
 func (c *Converter) Node(n *v1.Node) *model.Node {
 	out := &model.Node{
@@ -219,6 +222,10 @@ func (c *Converter) Node(n *v1.Node) *model.Node {
 		Zone:   n.Labels[LabelZone],
 		Region: n.Labels[LabelRegion],
 		Labels: n.Labels,
+	}
+	out.Ineligible = n.DeletionTimestamp != nil
+	for _, t := range n.Spec.Taints {
+		out.Ineligible = out.Ineligible || t.Key == TaintToBeDeleted
 	}
 	// InternalIPs first: the first address of a family is the node's
 	// primary one (nodePortAddresses: primary).

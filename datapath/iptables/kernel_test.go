@@ -997,3 +997,39 @@ func TestNodePortAddresses(t *testing.T) {
 		}
 	})
 }
+
+// TestHealthCheckPortAccepted: a node whose INPUT policy drops everything
+// still lets load balancers reach the healthCheckNodePorts, as kube-proxy's
+// filter KUBE-NODEPORTS ACCEPT does.
+func TestHealthCheckPortAccepted(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 1, nil)
+		var ln net.Listener
+		if err := e.node.Do(func() error {
+			var err error
+			ln, err = net.Listen("tcp4", ":32000")
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		defer ln.Close()
+		e.iptables("-P", "INPUT", "DROP")
+		dial := func() error {
+			return e.client.Do(func() error {
+				c, err := net.DialTimeout("tcp", ap(e.node.LinkIP, 32000).String(), waitDrop)
+				if err == nil {
+					c.Close()
+				}
+				return err
+			})
+		}
+		e.mustApply(&datapath.Plan{Full: true})
+		if err := dial(); err == nil {
+			t.Fatal("control: INPUT policy DROP let the port through without a health check port in the plan")
+		}
+		e.mustApply(&datapath.Plan{Full: true, HealthCheckPorts: []uint16{32000}})
+		if err := dial(); err != nil {
+			t.Fatalf("health check node port with INPUT policy DROP: %v", err)
+		}
+	})
+}

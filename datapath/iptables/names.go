@@ -18,7 +18,7 @@ const MaxChainLen = 28
 // from the built-in chains are listed in jumps.
 const (
 	chainServices    = "EP-SERVICES"     // nat: DNAT dispatch; filter: reject/drop for no endpoints
-	chainNodePorts   = "EP-NODEPORTS"    // nat: NodePort dispatch, reached for local destinations
+	chainNodePorts   = "EP-NODEPORTS"    // nat: NodePort dispatch, reached for local destinations; filter: accept health check ports
 	chainPostrouting = "EP-POSTROUTING"  // nat: masquerade marked packets
 	chainMarkMasq    = "EP-MARK-MASQ"    // nat: set the masquerade bit
 	chainClusterMasq = "EP-CLUSTER-MASQ" // nat: mark sources outside the cluster CIDRs

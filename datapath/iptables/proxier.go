@@ -356,6 +356,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		} else {
 			f.cfg.NodePortIPs = ips
 		}
+		f.cfg.HealthCheckPorts = plan.HealthCheckPorts
 		start := time.Now()
 		pre, trusted := f.verifiedNow()
 		st, err := f.apply(ctx, plan, full, plan.Full)

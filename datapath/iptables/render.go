@@ -45,6 +45,9 @@ type Config struct {
 	LocalhostNodePorts bool
 	// RandomFully adds --random-fully to the MASQUERADE rule.
 	RandomFully bool
+	// HealthCheckPorts are accepted in filter INPUT (the Services'
+	// healthCheckNodePorts), as kube-proxy's filter KUBE-NODEPORTS.
+	HealthCheckPorts []uint16
 }
 
 func (c *Config) markMasq() string {
@@ -475,7 +478,7 @@ func sanitize(s string) string {
 // fixedChains lists the chains that exist regardless of the plan, per table.
 var fixedChains = map[string][]string{
 	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
-	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainCanary},
+	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainNodePorts, chainCanary},
 }
 
 // canaryRule is the single rule of the canary chains. A flush of the table
@@ -508,6 +511,10 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 		// kube-proxy's (and kubelet's) KUBE-FIREWALL rule.
 		head = append(head, topRule{tableFilter, chainLocalnet,
 			`-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -m comment --comment "edgeproxy: block incoming localnet connections" -j DROP`})
+	}
+	for _, p := range cfg.HealthCheckPorts {
+		head = append(head, topRule{tableFilter, chainNodePorts,
+			fmt.Sprintf(`-p tcp -m tcp --dport %d -m comment --comment "edgeproxy health check node port" -j ACCEPT`, p)})
 	}
 	for _, c := range cfg.ClusterCIDRs {
 		head = append(head, topRule{tableNAT, chainClusterMasq, "-s " + c.Masked().String() + " -j RETURN"})
@@ -546,6 +553,7 @@ func jumps() []jump {
 		j(tableFilter, "OUTPUT", newOnly, chainExternal, "node ports"),
 		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
 		j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
+		j(tableFilter, "INPUT", nil, chainNodePorts, "health check node ports"),
 		j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"),
 	}
 }

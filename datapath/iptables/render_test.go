@@ -109,7 +109,7 @@ func TestRenderGolden(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"default", Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: cidr, LocalhostNodePorts: true, RandomFully: true}},
+		{"default", Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: cidr, LocalhostNodePorts: true, RandomFully: true, HealthCheckPorts: []uint16{32000}}},
 		{"masquerade-all", Config{Family: datapath.IPv4, MasqueradeBit: 14, MasqueradeAll: true}},
 		{"nodeport-addresses", Config{Family: datapath.IPv4, MasqueradeBit: 3, ClusterCIDRs: cidr,
 			NodePortIPs: []netip.Addr{netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("10.0.0.1")}}},
