@@ -87,6 +87,9 @@ type Agent struct {
 	fromSnapshot atomic.Bool
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
+	// externalIPsWarned: Services already warned about ignored
+	// externalIPs (under mu).
+	externalIPsWarned map[string]bool
 }
 
 // New builds an agent; nothing runs until Run.

@@ -9,6 +9,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -166,5 +167,47 @@ func TestHealthzFailsForIneligibleNode(t *testing.T) {
 	}
 	if h := a.HealthNow(time.Now()); !h.Healthy || h.NodeEligible {
 		t.Errorf("health = %+v, want healthy and not eligible", h)
+	}
+}
+
+// ExternalIPs are opt-in; a Service that has them while they are off is
+// warned about once, counted, and named in the status.
+func TestExternalIPsIgnoredWarnedOnce(t *testing.T) {
+	dir := t.TempDir()
+	svc := "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: t}\n" +
+		"spec: {clusterIP: 10.96.0.5, externalIPs: [192.0.2.9], ports: [{port: 80}]}\n"
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, &flaky{}, dir)
+	<-a.Synced()
+	if got := a.Last().ExternalIPsIgnored; len(got) != 1 || got[0] != "t/web" {
+		t.Fatalf("ExternalIPsIgnored = %v, want [t/web]", got)
+	}
+	counter := func() float64 {
+		mfs, err := a.opts.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "edgeproxy_external_ips_ignored_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return -1
+	}
+	if c := counter(); c != 1 {
+		t.Fatalf("edgeproxy_external_ips_ignored_total = %v, want 1", c)
+	}
+	a.SyncNow()
+	gen := a.Last().Plan.Generation
+	eventually(t, "another sync", func() bool { a.SyncNow(); return a.Last().Plan.Generation > gen })
+	if c := counter(); c != 1 {
+		t.Fatalf("edgeproxy_external_ips_ignored_total = %v after another sync, want still 1", c)
+	}
+	rec := httptest.NewRecorder()
+	a.serveStatus(rec, httptest.NewRequest("GET", "/debug/status", nil))
+	if !strings.Contains(rec.Body.String(), `"externalIPsIgnored": [`) {
+		t.Errorf("status lacks externalIPsIgnored:\n%s", rec.Body.String())
 	}
 }

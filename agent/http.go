@@ -187,6 +187,9 @@ type Status struct {
 	APIReachable bool `json:"apiReachable"`
 	// Modules is the health of each loaded policy module.
 	Modules []chain.ModuleStatus `json:"modules,omitempty"`
+	// ExternalIPsIgnored names the Services whose externalIPs are not
+	// programmed because externalIPs is off.
+	ExternalIPsIgnored []string `json:"externalIPsIgnored,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -216,6 +219,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	st.APIReachable = a.api == nil || a.api.Reachable()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
+		st.ExternalIPsIgnored = res.ExternalIPsIgnored
 		byService := map[string]*ServiceView{}
 		for _, f := range res.Plan.Frontends {
 			v := byService[f.Service]

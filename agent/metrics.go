@@ -20,6 +20,8 @@ type metrics struct {
 	apiserverContact prometheus.GaugeFunc
 	tamperedRepairs  prometheus.Counter
 	healthz, livez   *prometheus.CounterVec // by HTTP status code
+
+	externalIPsIgnored prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapshotAge func() float64) *metrics {
@@ -70,13 +72,17 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Name: "kubeproxy_proxy_livez_total",
 			Help: "/livez answers by HTTP status code.",
 		}, []string{"code"}),
+		externalIPsIgnored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeproxy_external_ips_ignored_total",
+			Help: "Services found with spec.externalIPs while externalIPs is off (each counted once until it drops them).",
+		}),
 		apiserverContact: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_apiserver_last_contact_seconds",
 			Help: "Seconds since the API server last delivered anything (list or watch event); -1 when never, 0 with a manifest source.",
 		}, lastContact),
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
-		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez,
+		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_snapshot_age_seconds",
 			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",

@@ -59,6 +59,7 @@ func (a *Agent) sync(ctx context.Context) error {
 			a.log.Warn("health check servers", "error", err)
 		}
 	}
+	a.warnExternalIPs(res.ExternalIPsIgnored)
 	a.saveSnapshot(res, now)
 	// IPVS real servers that left the plan drain at weight 0; keep syncing
 	// until they are gone, so they are removed when their connections end.
@@ -99,3 +100,17 @@ func (a *Agent) Last() *planner.Result {
 
 // SyncNow asks for a sync soon (used by tests and the CLI's one-shot plan).
 func (a *Agent) SyncNow() { a.runner.Run() }
+
+// warnExternalIPs logs once per Service that its externalIPs are ignored
+// (they are opt-in: CVE-2020-8554) and counts it. Called under a.mu.
+func (a *Agent) warnExternalIPs(services []string) {
+	seen := make(map[string]bool, len(services))
+	for _, s := range services {
+		seen[s] = true
+		if !a.externalIPsWarned[s] {
+			a.log.Warn("Service has externalIPs, which are not programmed: set externalIPs: true to use them", "service", s)
+			a.metrics.externalIPsIgnored.Inc()
+		}
+	}
+	a.externalIPsWarned = seen
+}

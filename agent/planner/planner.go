@@ -86,6 +86,10 @@ type Result struct {
 	// Evaluated counts the service ports computed in this call (the rest
 	// were reused from the previous one).
 	Evaluated int
+	// ExternalIPsIgnored names the Services ("namespace/name", sorted)
+	// whose spec.externalIPs are not programmed because Options.ExternalIPs
+	// is off.
+	ExternalIPsIgnored []string
 }
 
 type portPlan struct {
@@ -152,6 +156,9 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
 		res.Explain[name.String()] = pp.explain
 		svc := snap.Ports[name].Service
+		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
+			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
+		}
 		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
 			key := svc.Namespace + "/" + svc.Name
 			local[key] = append(local[key], pp.localV4, pp.localV6)
@@ -170,6 +177,8 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		plan.NodeIPs = primaryIPs(snap.Node.Addresses)
 	}
 	plan.HealthCheckPorts = slices.Sorted(maps.Keys(res.HealthChecks))
+	slices.Sort(res.ExternalIPsIgnored)
+	res.ExternalIPsIgnored = slices.Compact(res.ExternalIPsIgnored)
 	plan.Sort()
 	res.Plan = plan
 	return res
