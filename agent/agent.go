@@ -147,6 +147,7 @@ func New(opts Options) (*Agent, error) {
 		}
 	}
 	if cfg.Mode != "plan" {
+		applyConntrack(cfg.Conntrack, a.log)
 		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck"),
 			ProxyHealthy: func() bool { return a.HealthNow(time.Now()).Healthy }})
 	}
@@ -319,6 +320,9 @@ func (a *Agent) reconfigure(prev, next *config.Config) {
 	}
 	if prev.Sync != next.Sync {
 		a.runner.SetIntervals(next.Sync.MinPeriod, next.Sync.MinPeriod, next.Sync.Period)
+	}
+	if prev.Conntrack != next.Conntrack && next.Mode != "plan" {
+		applyConntrack(next.Conntrack, a.log)
 	}
 	a.mu.Lock()
 	a.planner.SetOptions(planner.Options{ExternalIPs: next.ExternalIPs})

@@ -55,6 +55,7 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
 		LockWait:           cfg.IPTables.LockWait,
+		TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
 		Logger:             log.With("datapath", "iptables"),
 		Registerer:         reg,
 	}

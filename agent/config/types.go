@@ -32,6 +32,9 @@ type Config struct {
 	// and annotation prefix, that are kept and handed to policy modules.
 	NodeLabels       []string `koanf:"nodeLabels"`
 	ServiceKeyPrefix string   `koanf:"serviceKeyPrefix"`
+
+	// Conntrack sets the netfilter conntrack parameters kube-proxy sets.
+	Conntrack Conntrack `koanf:"conntrack"`
 }
 
 // Sync sets the sync runner's timing.
@@ -60,6 +63,21 @@ type IPVS struct {
 	TCPTimeout     time.Duration `koanf:"tcpTimeout"`
 	TCPFinTimeout  time.Duration `koanf:"tcpFinTimeout"`
 	UDPTimeout     time.Duration `koanf:"udpTimeout"`
+}
+
+// Conntrack holds the kernel's connection-tracking parameters, as
+// kube-proxy's conntrack configuration; 0 leaves the kernel's value.
+type Conntrack struct {
+	// MaxPerCore times the CPUs, but at least Min, is nf_conntrack_max.
+	MaxPerCore int `koanf:"maxPerCore"`
+	Min        int `koanf:"min"`
+	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal; the datapath then no
+	// longer drops out-of-window (INVALID) packets itself.
+	TCPBeLiberal          bool          `koanf:"tcpBeLiberal"`
+	TCPEstablishedTimeout time.Duration `koanf:"tcpEstablishedTimeout"`
+	TCPCloseWaitTimeout   time.Duration `koanf:"tcpCloseWaitTimeout"`
+	UDPTimeout            time.Duration `koanf:"udpTimeout"`
+	UDPStreamTimeout      time.Duration `koanf:"udpStreamTimeout"`
 }
 
 // Policy configures the Wasm policy engine.
@@ -147,6 +165,9 @@ func Default() Config {
 		IPVS: IPVS{
 			Scheduler: "rr", Interface: "edgeproxy0", GracePeriod: 30 * time.Second,
 		},
+		// kube-proxy's defaults.
+		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024,
+			TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 		Policy: Policy{
 			Engine: "compiler", Timeout: 50 * time.Millisecond,
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,

@@ -56,6 +56,8 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 			`config: clusterCIDR: "10.0.0.0/8" and "192.168.0.0/16" are of the same IP family: give at most one CIDR per family`},
 		{func(c *Config) { c.NodePortAddresses = []string{"10.0.0.0/8", "eth0"} },
 			`config: nodePortAddresses[1]: "eth0" is neither a CIDR nor "primary"`},
+		{func(c *Config) { c.Conntrack.MaxPerCore = -1 }, `config: conntrack.maxPerCore: -1 is negative`},
+		{func(c *Config) { c.Conntrack.UDPTimeout = -time.Second }, `config: conntrack.udpTimeout: -1s is negative`},
 		{func(c *Config) { c.NodePortAddresses = []string{"prim"} },
 			`config: nodePortAddresses[0]: "prim" is neither a CIDR nor "primary"`},
 		{func(c *Config) { c.Sync.MinPeriod = time.Minute },

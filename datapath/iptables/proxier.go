@@ -71,6 +71,9 @@ type Options struct {
 	NodePortPrimary bool
 	// LockWait bounds the wait for the xtables lock (default 5s).
 	LockWait time.Duration
+	// TCPBeLiberal: nf_conntrack_tcp_be_liberal is set, so out-of-window
+	// packets are not dropped as INVALID (kube-proxy's rule is then left out).
+	TCPBeLiberal bool
 	// FullSyncPeriod is how often every rule is rewritten even when
 	// nothing changed (default 1h, as kube-proxy). Plans with Full set in
 	// between are compared in full but only differing chains rewritten;
@@ -300,6 +303,7 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		MasqueradeAll:      opts.MasqueradeAll,
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
+		TCPBeLiberal:       opts.TCPBeLiberal,
 		RandomFully:        ipt.HasRandomFully(),
 	}
 	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", f.iptPath, "restore", f.restorePath)

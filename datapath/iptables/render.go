@@ -45,6 +45,8 @@ type Config struct {
 	LocalhostNodePorts bool
 	// RandomFully adds --random-fully to the MASQUERADE rule.
 	RandomFully bool
+	// TCPBeLiberal leaves out the rule that drops INVALID packets.
+	TCPBeLiberal bool
 	// HealthCheckPorts are accepted in filter INPUT (the Services'
 	// healthCheckNodePorts), as kube-proxy's filter KUBE-NODEPORTS.
 	HealthCheckPorts []uint16
@@ -500,10 +502,15 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 		{tableNAT, chainPostrouting, "-j MARK --xor-mark " + mark},
 		{tableNAT, chainPostrouting, `-m comment --comment "edgeproxy service traffic requiring SNAT" ` + masq},
 		{tableNAT, chainCanary, canaryRule},
-		{tableFilter, chainForward, `-m conntrack --ctstate INVALID -m comment --comment "edgeproxy: out-of-window packets must not reset connections" -j DROP`},
 		{tableFilter, chainForward, fmt.Sprintf(`-m mark --mark %s/%s -m comment --comment "edgeproxy forwarding rules" -j ACCEPT`, mark, mark)},
 		{tableFilter, chainForward, `-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "edgeproxy forwarding conntrack rule" -j ACCEPT`},
 		{tableFilter, chainCanary, canaryRule},
+	}
+	if !cfg.TCPBeLiberal {
+		// Out-of-window packets would reset connections; with
+		// tcp_be_liberal the kernel takes them instead (kube-proxy).
+		head = slices.Insert(head, 0, topRule{tableFilter, chainForward,
+			`-m conntrack --ctstate INVALID -m comment --comment "edgeproxy: out-of-window packets must not reset connections" -j DROP`})
 	}
 	if cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
 		// route_localnet lets packets to 127.0.0.0/8 arrive from outside
