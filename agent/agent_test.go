@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -209,5 +211,37 @@ func TestExternalIPsIgnoredWarnedOnce(t *testing.T) {
 	a.serveStatus(rec, httptest.NewRequest("GET", "/debug/status", nil))
 	if !strings.Contains(rec.Body.String(), `"externalIPsIgnored": [`) {
 		t.Errorf("status lacks externalIPsIgnored:\n%s", rec.Body.String())
+	}
+}
+
+// sync_proxy_rules_no_local_endpoints_total counts the service ports that a
+// Local policy leaves without endpoints here, per policy and family.
+func TestNoLocalEndpointsMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg, state.New(nil), func() float64 { return 0 }, func() float64 { return 0 })
+	m.setNoLocalEndpoints([]datapath.Frontend{
+		{Service: "a/x:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: "a/x:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: "a/x:", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: "a/y:", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv6, Drop: true},
+		{Service: "a/z:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4},
+	})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kubeproxy_sync_proxy_rules_no_local_endpoints_total" {
+			continue
+		}
+		for _, mm := range mf.GetMetric() {
+			l := mm.GetLabel()
+			got[l[0].GetValue()+"/"+l[1].GetValue()] = mm.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{"IPv4/internal": 1, "IPv4/external": 1, "IPv6/internal": 0, "IPv6/external": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
 	}
 }

@@ -53,6 +53,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.syncDuration.Observe(now.Sub(start).Seconds())
 	a.metrics.lastSync.Set(float64(now.Unix()))
 	a.metrics.frontends.Set(float64(len(res.Plan.Frontends)))
+	a.metrics.setNoLocalEndpoints(res.Plan.Frontends)
 	a.metrics.generation.Set(float64(res.Plan.Generation))
 	if a.health != nil {
 		if err := a.health.Update(healthChecks(res)); err != nil {
