@@ -910,15 +910,7 @@ func TestLocalnetMartians(t *testing.T) {
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 			fe("default/web:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1)),
 		}})
-		var ln net.Listener
-		if err := e.node.Do(func() error {
-			var err error
-			ln, err = net.Listen("tcp4", "127.0.0.1:9999")
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
+		e.listenInNode("127.0.0.1:9999")
 		// The client sends 127.0.0.0/8 to the node instead of its own lo.
 		for _, args := range [][]string{
 			{"route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"},
@@ -932,16 +924,7 @@ func TestLocalnetMartians(t *testing.T) {
 		if err := e.client.Sysctl("net/ipv4/conf/all/route_localnet", "1"); err != nil {
 			t.Fatal(err)
 		}
-		dial := func(timeout time.Duration) error {
-			return e.client.Do(func() error {
-				c, err := net.DialTimeout("tcp", "127.0.0.1:9999", timeout)
-				if err == nil {
-					c.Close()
-				}
-				return err
-			})
-		}
-		if err := dial(waitDrop); err == nil {
+		if err := connect(e.client, netip.MustParseAddrPort("127.0.0.1:9999")); err == nil {
 			t.Fatal("client -> node 127.0.0.1:9999 connected: martian to localnet not dropped")
 		}
 		// The node itself still reaches its localhost NodePort.
@@ -1004,25 +987,9 @@ func TestNodePortAddresses(t *testing.T) {
 func TestHealthCheckPortAccepted(t *testing.T) {
 	eachVariant(t, func(t *testing.T, v iptables.Variant) {
 		e := newEnv(t, v, 1, nil)
-		var ln net.Listener
-		if err := e.node.Do(func() error {
-			var err error
-			ln, err = net.Listen("tcp4", ":32000")
-			return err
-		}); err != nil {
-			t.Fatal(err)
-		}
-		defer ln.Close()
+		e.listenInNode(":32000")
 		e.iptables("-P", "INPUT", "DROP")
-		dial := func() error {
-			return e.client.Do(func() error {
-				c, err := net.DialTimeout("tcp", ap(e.node.LinkIP, 32000).String(), waitDrop)
-				if err == nil {
-					c.Close()
-				}
-				return err
-			})
-		}
+		dial := func() error { return connect(e.client, ap(e.node.LinkIP, 32000)) }
 		e.mustApply(&datapath.Plan{Full: true})
 		if err := dial(); err == nil {
 			t.Fatal("control: INPUT policy DROP let the port through without a health check port in the plan")
@@ -1031,5 +998,32 @@ func TestHealthCheckPortAccepted(t *testing.T) {
 		if err := dial(); err != nil {
 			t.Fatalf("health check node port with INPUT policy DROP: %v", err)
 		}
+	})
+}
+
+// listenInNode opens a TCP listener in the node until the test ends; the
+// kernel completes handshakes for it, which is all connect looks at.
+func (e *env) listenInNode(addr string) {
+	e.t.Helper()
+	var ln net.Listener
+	if err := e.node.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { ln.Close() })
+}
+
+// connect reports whether a TCP handshake from ns to dst completes within
+// waitDrop.
+func connect(ns *netns.NS, dst netip.AddrPort) error {
+	return ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", dst.String(), waitDrop)
+		if err == nil {
+			c.Close()
+		}
+		return err
 	})
 }
