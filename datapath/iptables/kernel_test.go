@@ -226,11 +226,18 @@ func TestNoEndpoints(t *testing.T) {
 		localVIP.Drop = true
 		gone := fe("default/gone:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30098)
 		gone.LocalOnly = true
+		// A jump an earlier version wrote: the first apply removes it.
+		e.iptables("-N", "EP-EXTERNAL")
+		e.iptables("-I", "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy node ports", "-j", "EP-EXTERNAL")
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 			fe("default/empty:", datapath.ClusterIP, datapath.TCP, vip, 80),
 			fe("default/empty:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080),
+			fe("default/empty:", datapath.LoadBalancer, datapath.TCP, lbIP, 80),
 			localVIP, local, gone,
 		}})
+		if out := e.iptables("-S", "OUTPUT"); strings.Contains(out, "edgeproxy node ports") {
+			t.Fatalf("the obsolete OUTPUT jump is still there:\n%s", out)
+		}
 		refused := func(what string, err error) {
 			t.Helper()
 			if !errors.Is(err, syscall.ECONNREFUSED) {
@@ -244,6 +251,16 @@ func TestNoEndpoints(t *testing.T) {
 		refused("node -> ClusterIP without endpoints", err)
 		_, err = e.client.TCP(ap(e.node.LinkIP, 30080), 10*time.Second)
 		refused("client -> NodePort without endpoints", err)
+		// External addresses: refused when the traffic arrives or is
+		// routed through; the node's own goes on its way, as with
+		// kube-proxy (here to the client, which does not answer).
+		_, err = e.client.TCP(ap(lbIP, 80), 10*time.Second)
+		refused("client -> LoadBalancer IP without endpoints", err)
+		_, err = e.pods[0].TCP(ap(lbIP, 80), 10*time.Second)
+		refused("pod -> LoadBalancer IP without endpoints", err)
+		if _, err = e.node.TCP(ap(lbIP, 80), waitDrop); errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("node -> LoadBalancer IP without endpoints refused by the node's own rules")
+		}
 		_, err = e.client.TCP(ap(e.node.LinkIP, 30098), 10*time.Second)
 		refused("client -> Local NodePort without any endpoint", err)
 		// Local policy with endpoints on other nodes only: dropped.

@@ -22,7 +22,7 @@ const (
 	chainPostrouting = "EP-POSTROUTING"  // nat: masquerade marked packets
 	chainMarkMasq    = "EP-MARK-MASQ"    // nat: set the masquerade bit
 	chainClusterMasq = "EP-CLUSTER-MASQ" // nat: mark sources outside the cluster CIDRs
-	chainExternal    = "EP-EXTERNAL"     // filter: reject/drop NodePorts without endpoints
+	chainExternal    = "EP-EXTERNAL"     // filter: reject/drop external frontends without endpoints
 	chainFirewall    = "EP-FIREWALL"     // filter: loadBalancerSourceRanges
 	chainForward     = "EP-FORWARD"      // filter: drop INVALID, accept marked and established
 	chainCanary      = "EP-CANARY"       // nat+filter: holds one rule; its loss means a flush

@@ -578,6 +578,13 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 			missing = append(missing, j)
 		}
 	}
+	for _, j := range obsoleteJumps() {
+		if hasRule(rules[j.table], j) {
+			if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
+				return nil, nil, fmt.Errorf("iptables: delete obsolete jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err)
+			}
+		}
+	}
 	return chains, missing, nil
 }
 

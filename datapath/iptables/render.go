@@ -350,7 +350,9 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 				u.top = append(u.top, topRule{tableFilter, chainExternal,
 					fmt.Sprintf("-m addrtype --dst-type LOCAL %s %s -j %s", match, comment(f, what+noWhat), noEndpoints)})
 			} else {
-				u.top = append(u.top, topRule{tableFilter, chainServices,
+				// Arriving or routed traffic only, as kube-proxy's
+				// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
+				u.top = append(u.top, topRule{tableFilter, chainExternal,
 					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), noEndpoints)})
 			}
 		}
@@ -554,15 +556,22 @@ func jumps() []jump {
 		j(tableFilter, "INPUT", newOnly, chainExternal, "node ports"),
 		j(tableFilter, "INPUT", newOnly, chainFirewall, "load balancer firewall"),
 		j(tableFilter, "FORWARD", newOnly, chainServices, "service portals"),
+		j(tableFilter, "FORWARD", newOnly, chainExternal, "external service portals"),
 		j(tableFilter, "FORWARD", newOnly, chainFirewall, "load balancer firewall"),
 		j(tableFilter, "FORWARD", nil, chainForward, "forwarding rules"),
 		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
-		j(tableFilter, "OUTPUT", newOnly, chainExternal, "node ports"),
 		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
 		j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
 		j(tableFilter, "INPUT", nil, chainNodePorts, "health check node ports"),
 		j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"),
 	}
+}
+
+// obsoleteJumps are jumps earlier versions wrote and this one does not:
+// removed on the first apply and by cleanup, so that they neither linger
+// nor keep our chains busy.
+func obsoleteJumps() []jump {
+	return []jump{{tableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy node ports", "-j", chainExternal}}}
 }
 
 // joinSpec renders split rule arguments back into restore syntax, quoting
