@@ -15,15 +15,12 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 // Settings are what both proxies are given, the same for both.
-type Settings struct {
-	Backend     string        // legacy | nft
-	MinSync     time.Duration // kube-proxy --iptables-min-sync-period, edgeproxy sync.minPeriod
-	Sync        time.Duration // kube-proxy --iptables-sync-period, edgeproxy sync.period
-	ClusterCIDR string        // masquerade traffic to ClusterIPs from outside it
-}
+type Settings = proxies.Settings
 
 // ProxyKind names a proxy under test.
 type ProxyKind string
@@ -57,41 +54,18 @@ func (w *World) Start(kind ProxyKind, bins Binaries, s Settings, dir string) (*P
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	path, err := BackendPath(w.Dir, s.Backend)
+	path, err := proxies.BackendPath(w.Dir, s.Backend)
 	if err != nil {
 		return nil, err
 	}
-	metricsAddr := w.NodeIP.String() + ":10249"
-	healthAddr := w.NodeIP.String() + ":10256"
+	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig,
+		MetricsAddr: w.NodeIP.String() + ":10249", HealthzAddr: w.NodeIP.String() + ":10256"}
 	var cmd *exec.Cmd
 	switch kind {
 	case KubeProxy:
-		cmd = w.Node.Command(bins.KubeProxy,
-			"--proxy-mode=iptables",
-			"--kubeconfig="+w.Kubeconfig,
-			"--hostname-override="+NodeName,
-			"--cluster-cidr="+s.ClusterCIDR,
-			"--conntrack-max-per-core=0",
-			"--iptables-min-sync-period="+s.MinSync.String(),
-			"--iptables-sync-period="+s.Sync.String(),
-			"--metrics-bind-address="+metricsAddr,
-			"--healthz-bind-address="+healthAddr,
-			"--v=2")
+		cmd = w.Node.Command(bins.KubeProxy, proxies.KubeProxyArgs(node, s)...)
 	case EdgeProxy, EdgeProxyWasm:
-		cfg := fmt.Sprintf(`nodeName: %s
-kubeconfig: %s
-mode: iptables
-clusterCIDR: %s
-stateDir: %s
-sync:
-  minPeriod: %s
-  period: %s
-server:
-  healthz: %s
-  metrics: %s
-log:
-  level: info
-`, NodeName, w.Kubeconfig, s.ClusterCIDR, filepath.Join(dir, "state"), s.MinSync, s.Sync, healthAddr, metricsAddr)
+		cfg := proxies.EdgeProxyConfig(node, s, filepath.Join(dir, "state"))
 		if kind == EdgeProxyWasm {
 			cfg += fmt.Sprintf(`policy:
   modules:
@@ -123,9 +97,9 @@ log:
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH="+path+":"+os.Getenv("PATH"))
+	cmd.Env = proxies.Env(path)
 	p := &Proxy{Kind: kind, cmd: cmd, done: make(chan struct{}), Log: logPath,
-		Metrics: "http://" + metricsAddr + "/metrics"}
+		Metrics: "http://" + node.MetricsAddr + "/metrics"}
 	p.Started = time.Now()
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("bench: start %s: %w", kind, err)
