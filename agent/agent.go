@@ -85,6 +85,11 @@ type Agent struct {
 	snapDirty    bool      // under mu
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
+	// nodeIneligible mirrors the last synced Node's Ineligible.
+	nodeIneligible atomic.Bool
+	// externalIPsWarned: Services already warned about ignored
+	// externalIPs (under mu).
+	externalIPsWarned map[string]bool
 }
 
 // New builds an agent; nothing runs until Run.
@@ -142,7 +147,9 @@ func New(opts Options) (*Agent, error) {
 		}
 	}
 	if cfg.Mode != "plan" {
-		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck")})
+		applyConntrack(cfg.Conntrack, a.log)
+		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck"),
+			ProxyHealthy: func() bool { return a.HealthNow(time.Now()).Healthy }})
 	}
 	if path := opts.Load.Path(); path != "" {
 		a.watcher, err = config.NewWatcher(cfg, config.WatcherOptions{
@@ -313,6 +320,9 @@ func (a *Agent) reconfigure(prev, next *config.Config) {
 	}
 	if prev.Sync != next.Sync {
 		a.runner.SetIntervals(next.Sync.MinPeriod, next.Sync.MinPeriod, next.Sync.Period)
+	}
+	if prev.Conntrack != next.Conntrack && next.Mode != "plan" {
+		applyConntrack(next.Conntrack, a.log)
 	}
 	a.mu.Lock()
 	a.planner.SetOptions(planner.Options{ExternalIPs: next.ExternalIPs})

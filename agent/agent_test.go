@@ -5,8 +5,12 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"maps"
+	"net/http"
+	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,6 +18,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -133,4 +138,110 @@ func TestHealthBeforeFirstSync(t *testing.T) {
 	b := &flaky{fail: true}
 	a := startAgent(t, b, t.TempDir())
 	eventually(t, "unhealthy without a first sync", func() bool { return !a.HealthNow(time.Now()).Healthy })
+}
+
+// A Node on its way out (tainted by the cluster autoscaler, or deleted)
+// fails /healthz so that load balancers drain it; /livez stays 200 and the
+// proxy itself stays healthy (kube-proxy's proxier_health.go).
+func TestHealthzFailsForIneligibleNode(t *testing.T) {
+	dir := t.TempDir()
+	node := "apiVersion: v1\nkind: Node\nmetadata: {name: n1}\n"
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), []byte(node), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, &flaky{}, dir)
+	<-a.Synced()
+	code := func(h http.HandlerFunc) int {
+		rec := httptest.NewRecorder()
+		h(rec, httptest.NewRequest("GET", "/", nil))
+		return rec.Code
+	}
+	if c := code(a.serveHealthz); c != 200 {
+		t.Fatalf("/healthz = %d before the taint, want 200", c)
+	}
+	tainted := node + "spec:\n  taints: [{key: ToBeDeletedByClusterAutoscaler, effect: NoSchedule}]\n"
+	if err := os.WriteFile(filepath.Join(dir, "node.yaml"), []byte(tainted), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "/healthz 503 for a node being removed", func() bool { return code(a.serveHealthz) == 503 })
+	if c := code(a.serveLivez); c != 200 {
+		t.Errorf("/livez = %d for a node being removed, want 200", c)
+	}
+	if h := a.HealthNow(time.Now()); !h.Healthy || h.NodeEligible {
+		t.Errorf("health = %+v, want healthy and not eligible", h)
+	}
+}
+
+// ExternalIPs are opt-in; a Service that has them while they are off is
+// warned about once, counted, and named in the status.
+func TestExternalIPsIgnoredWarnedOnce(t *testing.T) {
+	dir := t.TempDir()
+	svc := "apiVersion: v1\nkind: Service\nmetadata: {name: web, namespace: t}\n" +
+		"spec: {clusterIP: 10.96.0.5, externalIPs: [192.0.2.9], ports: [{port: 80}]}\n"
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(svc), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startAgent(t, &flaky{}, dir)
+	<-a.Synced()
+	if got := a.Last().ExternalIPsIgnored; len(got) != 1 || got[0] != "t/web" {
+		t.Fatalf("ExternalIPsIgnored = %v, want [t/web]", got)
+	}
+	counter := func() float64 {
+		mfs, err := a.opts.Registry.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "edgeproxy_external_ips_ignored_total" {
+				return mf.GetMetric()[0].GetCounter().GetValue()
+			}
+		}
+		return -1
+	}
+	if c := counter(); c != 1 {
+		t.Fatalf("edgeproxy_external_ips_ignored_total = %v, want 1", c)
+	}
+	a.SyncNow()
+	gen := a.Last().Plan.Generation
+	eventually(t, "another sync", func() bool { a.SyncNow(); return a.Last().Plan.Generation > gen })
+	if c := counter(); c != 1 {
+		t.Fatalf("edgeproxy_external_ips_ignored_total = %v after another sync, want still 1", c)
+	}
+	rec := httptest.NewRecorder()
+	a.serveStatus(rec, httptest.NewRequest("GET", "/debug/status", nil))
+	if !strings.Contains(rec.Body.String(), `"externalIPsIgnored": [`) {
+		t.Errorf("status lacks externalIPsIgnored:\n%s", rec.Body.String())
+	}
+}
+
+// sync_proxy_rules_no_local_endpoints_total counts the service ports that a
+// Local policy leaves without endpoints here, per policy and family.
+func TestNoLocalEndpointsMetric(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := newMetrics(reg, state.New(nil), func() float64 { return 0 }, func() float64 { return 0 })
+	m.setNoLocalEndpoints([]datapath.Frontend{
+		{Service: "a/x:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: "a/x:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: "a/x:", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: "a/y:", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv6, Drop: true},
+		{Service: "a/z:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4},
+	})
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]float64{}
+	for _, mf := range mfs {
+		if mf.GetName() != "kubeproxy_sync_proxy_rules_no_local_endpoints_total" {
+			continue
+		}
+		for _, mm := range mf.GetMetric() {
+			l := mm.GetLabel()
+			got[l[0].GetValue()+"/"+l[1].GetValue()] = mm.GetGauge().GetValue()
+		}
+	}
+	want := map[string]float64{"IPv4/internal": 1, "IPv4/external": 1, "IPv6/internal": 0, "IPv6/external": 1}
+	if !maps.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
 }

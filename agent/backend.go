@@ -3,6 +3,10 @@ package agent
 import (
 	"fmt"
 	"log/slog"
+	"net"
+	"net/netip"
+	"os/exec"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -30,20 +34,28 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
 	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
-	ipv6 := false
-	for _, p := range cidrs {
-		ipv6 = ipv6 || p.Addr().Is6()
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		log.Warn("cannot list the node's addresses to pick the IP families", "err", err)
+	}
+	_, noIP6 := exec.LookPath("ip6tables-restore")
+	ipv6 := wantIPv6(cidrs, addrs) && noIP6 == nil
+	if !ipv6 && noIP6 != nil && wantIPv6(cidrs, addrs) {
+		log.Warn("the node has IPv6 but ip6tables is missing: IPv6 Services are not proxied", "err", noIP6)
 	}
 	return iptables.Options{
-		// IPv6 frontends are programmed (with ip6tables) when the cluster
-		// has an IPv6 pod range, i.e. is dual-stack or IPv6-only.
+		// IPv6 frontends are programmed (with ip6tables) when the node
+		// has an IPv6 address or the cluster an IPv6 pod range, as
+		// kube-proxy runs its dual-stack proxier where both work.
 		IPv6:               ipv6,
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
 		ClusterCIDRs:       cidrs,
 		MasqueradeAll:      cfg.MasqueradeAll,
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
+		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
 		LockWait:           cfg.IPTables.LockWait,
+		TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
 		Logger:             log.With("datapath", "iptables"),
 		Registerer:         reg,
 	}
@@ -76,4 +88,35 @@ func splitList(s string) []string {
 		}
 	}
 	return out
+}
+
+// wantIPv6 reports whether IPv6 is to be proxied: the cluster has an IPv6
+// pod range, or the node a global IPv6 address (loopback and link-local
+// addresses do not count: every kernel has them).
+func wantIPv6(clusterCIDRs []netip.Prefix, addrs []netip.Addr) bool {
+	for _, p := range clusterCIDRs {
+		if p.Addr().Is6() {
+			return true
+		}
+	}
+	return slices.ContainsFunc(addrs, func(a netip.Addr) bool {
+		return a.Is6() && !a.Is4In6() && !a.IsLoopback() && !a.IsLinkLocalUnicast()
+	})
+}
+
+// interfaceAddrs lists the addresses of this network namespace.
+func interfaceAddrs() ([]netip.Addr, error) {
+	list, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list interface addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range list {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out, nil
 }

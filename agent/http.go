@@ -8,9 +8,11 @@ import (
 	"net"
 	"net/http"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/edgeproxy/edgeproxy/agent/chain"
@@ -54,8 +56,8 @@ func (a *Agent) listen() ([]server, error) {
 		return nil
 	}
 	health := http.NewServeMux()
-	health.HandleFunc("/healthz", a.serveHealth)
-	health.HandleFunc("/livez", a.serveHealth)
+	health.HandleFunc("/healthz", a.serveHealthz)
+	health.HandleFunc("/livez", a.serveLivez)
 	metrics := http.NewServeMux()
 	metrics.Handle("/metrics", promhttp.HandlerFor(a.opts.Registry, promhttp.HandlerOpts{}))
 	metrics.HandleFunc("/debug/plan", a.servePlan)
@@ -94,9 +96,11 @@ type Health struct {
 // change has been waiting for longer than the health timeout, or when the
 // first programming has not happened within it. An unreachable API server
 // alone does not make the proxy unhealthy: its rules are still in force.
+// NodeEligible is false while the Node is being deleted or tainted
+// ToBeDeletedByClusterAutoscaler; only /healthz counts it, not Healthy.
 func (a *Agent) HealthNow(now time.Time) Health {
 	st := a.runner.Status()
-	h := Health{LastUpdated: st.LastSuccess, CurrentTime: now, NodeEligible: true, PendingSince: st.PendingSince}
+	h := Health{LastUpdated: st.LastSuccess, CurrentTime: now, NodeEligible: !a.nodeIneligible.Load(), PendingSince: st.PendingSince}
 	if st.LastError != nil {
 		h.LastError = st.LastError.Error()
 	}
@@ -111,12 +115,25 @@ func (a *Agent) HealthNow(now time.Time) Health {
 	return h
 }
 
-func (a *Agent) serveHealth(w http.ResponseWriter, _ *http.Request) {
+// serveHealthz answers load balancers: 503 while the proxy is unhealthy
+// or its Node is on the way out (kube-proxy's /healthz).
+func (a *Agent) serveHealthz(w http.ResponseWriter, _ *http.Request) {
 	h := a.HealthNow(time.Now())
+	a.serveHealth(w, h, h.Healthy && h.NodeEligible, a.metrics.healthz)
+}
+
+// serveLivez answers liveness probes: the node does not count.
+func (a *Agent) serveLivez(w http.ResponseWriter, _ *http.Request) {
+	h := a.HealthNow(time.Now())
+	a.serveHealth(w, h, h.Healthy, a.metrics.livez)
+}
+
+func (a *Agent) serveHealth(w http.ResponseWriter, h Health, ok bool, count *prometheus.CounterVec) {
 	code := http.StatusOK
-	if !h.Healthy {
+	if !ok {
 		code = http.StatusServiceUnavailable
 	}
+	count.WithLabelValues(strconv.Itoa(code)).Inc()
 	writeJSON(w, code, h)
 }
 
@@ -170,6 +187,9 @@ type Status struct {
 	APIReachable bool `json:"apiReachable"`
 	// Modules is the health of each loaded policy module.
 	Modules []chain.ModuleStatus `json:"modules,omitempty"`
+	// ExternalIPsIgnored names the Services whose externalIPs are not
+	// programmed because externalIPs is off.
+	ExternalIPsIgnored []string `json:"externalIPsIgnored,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -199,6 +219,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	st.APIReachable = a.api == nil || a.api.Reachable()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
+		st.ExternalIPsIgnored = res.ExternalIPsIgnored
 		byService := map[string]*ServiceView{}
 		for _, f := range res.Plan.Frontends {
 			v := byService[f.Service]

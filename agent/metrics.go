@@ -1,9 +1,12 @@
 package agent
 
 import (
+	"fmt"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/state"
+	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
 // metrics uses kube-proxy's names where the meaning is the same, so existing
@@ -19,6 +22,12 @@ type metrics struct {
 	portsEvaluated   prometheus.Counter
 	apiserverContact prometheus.GaugeFunc
 	tamperedRepairs  prometheus.Counter
+	healthz, livez   *prometheus.CounterVec // by HTTP status code
+	// noLocalEndpoints: service ports whose Local traffic policy leaves
+	// this node without endpoints, by traffic_policy and ip_family.
+	noLocalEndpoints *prometheus.GaugeVec
+
+	externalIPsIgnored prometheus.Counter
 }
 
 func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapshotAge func() float64) *metrics {
@@ -61,13 +70,29 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Name: "edgeproxy_datapath_tampered_total",
 			Help: "Times the datapath found its kernel objects changed behind its back and a full sync was forced.",
 		}),
+		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_proxy_healthz_total",
+			Help: "/healthz answers by HTTP status code.",
+		}, []string{"code"}),
+		livez: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kubeproxy_proxy_livez_total",
+			Help: "/livez answers by HTTP status code.",
+		}, []string{"code"}),
+		noLocalEndpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_no_local_endpoints_total",
+			Help: "Service ports with a Local traffic policy and endpoints, none of them on this node (their traffic is dropped).",
+		}, []string{"traffic_policy", "ip_family"}),
+		externalIPsIgnored: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeproxy_external_ips_ignored_total",
+			Help: "Services found with spec.externalIPs while externalIPs is off (each counted once until it drops them).",
+		}),
 		apiserverContact: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_apiserver_last_contact_seconds",
 			Help: "Seconds since the API server last delivered anything (list or watch event); -1 when never, 0 with a manifest source.",
 		}, lastContact),
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
-		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact,
+		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_snapshot_age_seconds",
 			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",
@@ -80,6 +105,47 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Name: "kubeproxy_sync_proxy_rules_endpoint_changes_total",
 			Help: "EndpointSlice changes that reached the proxy (no-op updates excluded).",
 		}, func() float64 { return float64(st.Counters().EndpointChanges) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_service_changes_pending",
+			Help: "Services with Service changes not yet synced.",
+		}, func() float64 { return float64(st.Counters().ServicesPending) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+			Name: "kubeproxy_sync_proxy_rules_endpoint_changes_pending",
+			Help: "Services with EndpointSlice changes not yet synced.",
+		}, func() float64 { return float64(st.Counters().EndpointsPending) }),
 	)
 	return m
+}
+
+// setNoLocalEndpoints counts, per traffic policy and family, the service
+// ports a Local policy leaves without endpoints here (Frontend.Drop), as
+// kube-proxy's sync_proxy_rules_no_local_endpoints_total.
+func (m *metrics) setNoLocalEndpoints(frontends []datapath.Frontend) {
+	type key struct {
+		service, policy string
+		fam             datapath.Family
+	}
+	seen := map[key]bool{}
+	for i := range frontends {
+		f := &frontends[i]
+		if !f.Drop {
+			continue
+		}
+		policy := "internal"
+		if f.Kind.External() {
+			policy = "external"
+		}
+		seen[key{f.Service + " " + string(f.Protocol), policy, f.Family}] = true
+	}
+	for _, policy := range []string{"internal", "external"} {
+		for _, fam := range []datapath.Family{datapath.IPv4, datapath.IPv6} {
+			n := 0
+			for k := range seen {
+				if k.policy == policy && k.fam == fam {
+					n++
+				}
+			}
+			m.noLocalEndpoints.WithLabelValues(policy, fmt.Sprintf("IPv%d", fam)).Set(float64(n))
+		}
+	}
 }

@@ -21,6 +21,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	defer a.notifier.Progress()
 
 	snap := a.state.Snapshot()
+	a.nodeIneligible.Store(snap.Node != nil && snap.Node.Ineligible)
 	a.triggers = append(a.triggers, snap.TriggerTimes...)
 	if !snap.Oldest.IsZero() {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
@@ -52,12 +53,14 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.syncDuration.Observe(now.Sub(start).Seconds())
 	a.metrics.lastSync.Set(float64(now.Unix()))
 	a.metrics.frontends.Set(float64(len(res.Plan.Frontends)))
+	a.metrics.setNoLocalEndpoints(res.Plan.Frontends)
 	a.metrics.generation.Set(float64(res.Plan.Generation))
 	if a.health != nil {
 		if err := a.health.Update(healthChecks(res)); err != nil {
 			a.log.Warn("health check servers", "error", err)
 		}
 	}
+	a.warnExternalIPs(res.ExternalIPsIgnored)
 	a.saveSnapshot(res, now)
 	// IPVS real servers that left the plan drain at weight 0; keep syncing
 	// until they are gone, so they are removed when their connections end.
@@ -98,3 +101,17 @@ func (a *Agent) Last() *planner.Result {
 
 // SyncNow asks for a sync soon (used by tests and the CLI's one-shot plan).
 func (a *Agent) SyncNow() { a.runner.Run() }
+
+// warnExternalIPs logs once per Service that its externalIPs are ignored
+// (they are opt-in: CVE-2020-8554) and counts it. Called under a.mu.
+func (a *Agent) warnExternalIPs(services []string) {
+	seen := make(map[string]bool, len(services))
+	for _, s := range services {
+		seen[s] = true
+		if !a.externalIPsWarned[s] {
+			a.log.Warn("Service has externalIPs, which are not programmed: set externalIPs: true to use them", "service", s)
+			a.metrics.externalIPsIgnored.Inc()
+		}
+	}
+	a.externalIPsWarned = seen
+}

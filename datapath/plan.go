@@ -69,12 +69,28 @@ type Frontend struct {
 
 	// Endpoints, already filtered by traffic policy and weighted. Empty
 	// means the frontend has no endpoints: new connections are refused,
-	// or dropped when LocalOnly is set.
+	// or dropped when Drop is set.
 	Endpoints []Endpoint
+	// Drop is set on a frontend without Endpoints whose service does have
+	// usable endpoints, only none this frontend may use (traffic policy
+	// Local and none on this node): its traffic is dropped, as kube-proxy
+	// does, instead of refused.
+	Drop bool
 	// LocalOnly is set when the external traffic policy is Local: endpoints
-	// are all on this node, the client's source address is kept, and traffic
-	// is dropped rather than refused when there are none.
+	// are all on this node and the client's source address is kept.
 	LocalOnly bool
+	// Cluster, on a LocalOnly frontend, is the cluster-wide endpoint set
+	// that traffic from pods and from the node itself goes to instead of
+	// Endpoints (kube-proxy's short-circuit: policy Local never breaks
+	// in-cluster reachability of an external address). Empty: that
+	// traffic follows Endpoints too.
+	Cluster []Endpoint
+	// Serving lists every serving endpoint of the service port in this
+	// family, whatever traffic policy, topology or policy modules chose
+	// (UDP frontends only). Conntrack cleanup keeps flows to them, as
+	// kube-proxy's: a short-circuited or terminating-but-serving flow is
+	// live; empty means nothing is cleaned up for this frontend.
+	Serving []netip.AddrPort
 	// Affinity is the ClientIP session affinity timeout; zero means none.
 	Affinity time.Duration
 	// SourceRanges restricts who may reach a LoadBalancer frontend; empty
@@ -136,6 +152,9 @@ func (f *Frontend) String() string {
 	if f.LocalOnly {
 		b.WriteString(" local")
 	}
+	if f.Drop {
+		b.WriteString(" drop")
+	}
 	if f.Affinity > 0 {
 		fmt.Fprintf(&b, " affinity=%s", f.Affinity)
 	}
@@ -156,13 +175,21 @@ func (f *Frontend) String() string {
 	if len(f.Endpoints) == 0 {
 		b.WriteString(" (none)")
 	}
-	for i, e := range f.Endpoints {
+	writeEndpoints(&b, f.Endpoints)
+	if len(f.Cluster) > 0 {
+		b.WriteString(" | short-circuit ->")
+		writeEndpoints(&b, f.Cluster)
+	}
+	return b.String()
+}
+
+func writeEndpoints(b *strings.Builder, eps []Endpoint) {
+	for i, e := range eps {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		fmt.Fprintf(&b, " %s w=%d", e.Addr, e.Weight)
+		fmt.Fprintf(b, " %s w=%d", e.Addr, e.Weight)
 	}
-	return b.String()
 }
 
 // Plan is everything the node must program, as one immutable value.
@@ -177,6 +204,12 @@ type Plan struct {
 	// the first plan, after a failed apply, or on a periodic resync.
 	Changed map[string]bool
 	Full    bool
+	// NodeIPs are the node's primary addresses, at most one per family
+	// (from its Node object), for node ports restricted to them.
+	NodeIPs []netip.Addr
+	// HealthCheckPorts are the TCP ports of the Services' health checks
+	// (healthCheckNodePort), sorted; a firewall must let them in.
+	HealthCheckPorts []uint16
 }
 
 // Compare orders frontends by service, then kind, address, port and protocol.
@@ -240,7 +273,13 @@ func (p *Plan) Validate() error {
 			errs = append(errs, fmt.Sprintf("%s: duplicates a frontend of %s", where, prev))
 		}
 		seen[f.Key()] = f.Service
-		for _, e := range f.Endpoints {
+		if f.Drop && len(f.Endpoints) > 0 {
+			errs = append(errs, where+": drop set on a frontend with endpoints")
+		}
+		if len(f.Cluster) > 0 && !f.LocalOnly {
+			errs = append(errs, where+": a short-circuit set on a frontend that is not LocalOnly")
+		}
+		for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
 			if e.Weight == 0 || e.Weight > MaxWeight {
 				errs = append(errs, fmt.Sprintf("%s: endpoint %s: weight %d out of range 1..%d", where, e.Addr, e.Weight, MaxWeight))
 			}

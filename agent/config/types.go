@@ -15,7 +15,7 @@ type Config struct {
 	ProxyName         string   `koanf:"proxyName"`
 	ClusterCIDR       string   `koanf:"clusterCIDR"`
 	MasqueradeAll     bool     `koanf:"masqueradeAll"`
-	NodePortAddresses []string `koanf:"nodePortAddresses"`
+	NodePortAddresses []string `koanf:"nodePortAddresses"` // CIDRs, and NodePortPrimary
 	// ExternalIPs enables programming spec.externalIPs (upstream deprecated
 	// them; off by default).
 	ExternalIPs bool `koanf:"externalIPs"`
@@ -32,6 +32,9 @@ type Config struct {
 	// and annotation prefix, that are kept and handed to policy modules.
 	NodeLabels       []string `koanf:"nodeLabels"`
 	ServiceKeyPrefix string   `koanf:"serviceKeyPrefix"`
+
+	// Conntrack sets the netfilter conntrack parameters kube-proxy sets.
+	Conntrack Conntrack `koanf:"conntrack"`
 }
 
 // Sync sets the sync runner's timing.
@@ -60,6 +63,21 @@ type IPVS struct {
 	TCPTimeout     time.Duration `koanf:"tcpTimeout"`
 	TCPFinTimeout  time.Duration `koanf:"tcpFinTimeout"`
 	UDPTimeout     time.Duration `koanf:"udpTimeout"`
+}
+
+// Conntrack holds the kernel's connection-tracking parameters, as
+// kube-proxy's conntrack configuration; 0 leaves the kernel's value.
+type Conntrack struct {
+	// MaxPerCore times the CPUs, but at least Min, is nf_conntrack_max.
+	MaxPerCore int `koanf:"maxPerCore"`
+	Min        int `koanf:"min"`
+	// TCPBeLiberal sets nf_conntrack_tcp_be_liberal; the datapath then no
+	// longer drops out-of-window (INVALID) packets itself.
+	TCPBeLiberal          bool          `koanf:"tcpBeLiberal"`
+	TCPEstablishedTimeout time.Duration `koanf:"tcpEstablishedTimeout"`
+	TCPCloseWaitTimeout   time.Duration `koanf:"tcpCloseWaitTimeout"`
+	UDPTimeout            time.Duration `koanf:"udpTimeout"`
+	UDPStreamTimeout      time.Duration `koanf:"udpStreamTimeout"`
 }
 
 // Policy configures the Wasm policy engine.
@@ -129,6 +147,11 @@ type Log struct {
 	Format string `koanf:"format"` // text | json
 }
 
+// NodePortPrimary in NodePortAddresses stands for the node's primary
+// addresses (its Node object's first InternalIP of each family), as
+// kube-proxy's --nodeport-addresses=primary.
+const NodePortPrimary = "primary"
+
 // Size is a byte count written as 16Mi, 512Ki, 1G or a plain number.
 type Size int64
 
@@ -142,13 +165,16 @@ func Default() Config {
 		IPVS: IPVS{
 			Scheduler: "rr", Interface: "edgeproxy0", GracePeriod: 30 * time.Second,
 		},
+		// kube-proxy's defaults.
+		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024,
+			TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 		Policy: Policy{
 			Engine: "compiler", Timeout: 50 * time.Millisecond,
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
 		},
 		StateDir:         "/var/lib/edgeproxy",
 		Offline:          Offline{StartTimeout: 10 * time.Second, SnapshotInterval: 10 * time.Second},
-		Server:           Server{Healthz: "127.0.0.1:10256", Metrics: "127.0.0.1:10249"},
+		Server:           Server{Healthz: "0.0.0.0:10256", Metrics: "127.0.0.1:10249"},
 		Log:              Log{Level: "info", Format: "text"},
 		ServiceKeyPrefix: "edgeproxy.io/",
 	}

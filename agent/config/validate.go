@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Allowed values of the enumerated keys.
@@ -87,8 +88,11 @@ func (c *Config) Validate() error {
 		}
 	}
 	for i, a := range c.NodePortAddresses {
+		if strings.TrimSpace(a) == NodePortPrimary {
+			continue
+		}
 		if _, err := netip.ParsePrefix(strings.TrimSpace(a)); err != nil {
-			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is not a CIDR", a)
+			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is neither a CIDR nor %q", a, NodePortPrimary)
 		}
 	}
 
@@ -109,6 +113,20 @@ func (c *Config) Validate() error {
 		bad("iptables.masqueradeBit", "%d is not in 0..31", b)
 	}
 	nonNegative("iptables.lockWait", c.IPTables.LockWait, c.IPTables.LockWait < 0)
+	ct := c.Conntrack
+	for _, d := range []struct {
+		key string
+		v   time.Duration
+	}{{"conntrack.tcpEstablishedTimeout", ct.TCPEstablishedTimeout}, {"conntrack.tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout},
+		{"conntrack.udpTimeout", ct.UDPTimeout}, {"conntrack.udpStreamTimeout", ct.UDPStreamTimeout}} {
+		nonNegative(d.key, d.v, d.v < 0)
+	}
+	if ct.MaxPerCore < 0 {
+		bad("conntrack.maxPerCore", "%d is negative", ct.MaxPerCore)
+	}
+	if ct.Min < 0 {
+		bad("conntrack.min", "%d is negative", ct.Min)
+	}
 
 	v := c.IPVS
 	oneOf("ipvs.scheduler", v.Scheduler, IPVSSchedulers)

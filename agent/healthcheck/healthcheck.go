@@ -35,6 +35,9 @@ type Options struct {
 	// Listen opens a listener; nil uses net.Listen. The agent may pass one
 	// that applies socket options; tests may pick namespaces.
 	Listen func(network, addr string) (net.Listener, error)
+	// ProxyHealthy reports the proxy's own health (its /livez); while it
+	// is false every port answers 503, as kube-proxy's. Nil: always true.
+	ProxyHealthy func() bool
 }
 
 // Servers owns one HTTP server per health-check node port.
@@ -48,9 +51,10 @@ type Servers struct {
 }
 
 type port struct {
-	mu   sync.RWMutex
-	info Info
-	srvs []*http.Server
+	mu      sync.RWMutex
+	info    Info
+	healthy func() bool
+	srvs    []*http.Server
 }
 
 // New returns an empty set; Update starts listeners.
@@ -97,7 +101,7 @@ func (s *Servers) Update(want map[uint16]Info) error {
 }
 
 func (s *Servers) start(n uint16, info Info) (*port, error) {
-	p := &port{info: info}
+	p := &port{info: info, healthy: s.opts.ProxyHealthy}
 	addrs := []string{""}
 	if len(s.opts.Addresses) > 0 {
 		addrs = addrs[:0]
@@ -163,19 +167,21 @@ type response struct {
 		Namespace string `json:"namespace"`
 		Name      string `json:"name"`
 	} `json:"service"`
-	LocalEndpoints int `json:"localEndpoints"`
+	LocalEndpoints int  `json:"localEndpoints"`
+	ProxyHealthy   bool `json:"serviceProxyHealthy"`
 }
 
 func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p.mu.RLock()
-	info := p.info
+	info, healthy := p.info, p.healthy
 	p.mu.RUnlock()
 	var body response
 	body.Service.Namespace, body.Service.Name = splitName(info.Service)
 	body.LocalEndpoints = info.LocalEndpoints
+	body.ProxyHealthy = healthy == nil || healthy()
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("X-Content-Type-Options", "nosniff")
-	if info.LocalEndpoints > 0 {
+	if info.LocalEndpoints > 0 && body.ProxyHealthy {
 		w.WriteHeader(http.StatusOK)
 	} else {
 		w.WriteHeader(http.StatusServiceUnavailable)

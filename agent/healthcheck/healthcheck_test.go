@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/netip"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,12 +20,17 @@ import (
 
 // The servers run inside a node namespace, so the ports cannot clash with
 // anything on the host; the client dials from the outside-client namespace.
-func setup(t *testing.T, addrs []netip.Addr) (*healthcheck.Servers, *netns.Node, *http.Client) {
+func setup(t *testing.T, addrs []netip.Addr, healthy ...func() bool) (*healthcheck.Servers, *netns.Node, *http.Client) {
 	gate.Root(t)
 	node := netns.NewNode(t, "node")
 	client := node.AddClient("client")
+	var proxyHealthy func() bool
+	if len(healthy) > 0 {
+		proxyHealthy = healthy[0]
+	}
 	s := healthcheck.New(healthcheck.Options{
-		Addresses: addrs,
+		Addresses:    addrs,
+		ProxyHealthy: proxyHealthy,
 		Listen: func(network, addr string) (l net.Listener, err error) {
 			err = node.Do(func() error {
 				l, err = net.Listen(network, addr)
@@ -50,6 +56,7 @@ func setup(t *testing.T, addrs []netip.Addr) (*healthcheck.Servers, *netns.Node,
 type body struct {
 	Service        struct{ Namespace, Name string }
 	LocalEndpoints int
+	ProxyHealthy   bool `json:"serviceProxyHealthy"`
 }
 
 func get(hc *http.Client, node *netns.Node, port int) (int, body, error) {
@@ -125,5 +132,22 @@ func TestAddressesAndConflicts(t *testing.T) {
 	if err == nil {
 		c.Close()
 		t.Fatal("health check answered on an address outside Options.Addresses")
+	}
+}
+
+// While the proxy itself is unhealthy every port answers 503, local
+// endpoints or not, as kube-proxy's service health server.
+func TestProxyUnhealthy(t *testing.T) {
+	var sick atomic.Bool
+	s, node, hc := setup(t, nil, func() bool { return !sick.Load() })
+	if err := s.Update(map[uint16]healthcheck.Info{30001: {Service: "default/a", LocalEndpoints: 2}}); err != nil {
+		t.Fatal(err)
+	}
+	if code, b, err := get(hc, node, 30001); err != nil || code != 200 || !b.ProxyHealthy {
+		t.Fatalf("healthy proxy: %d %+v %v, want 200", code, b, err)
+	}
+	sick.Store(true)
+	if code, b, err := get(hc, node, 30001); err != nil || code != 503 || b.ProxyHealthy || b.LocalEndpoints != 2 {
+		t.Fatalf("unhealthy proxy: %d %+v %v, want 503 with 2 local endpoints", code, b, err)
 	}
 }

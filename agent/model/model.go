@@ -127,5 +127,9 @@ type Node struct {
 	Zone      string // topology.kubernetes.io/zone
 	Region    string // topology.kubernetes.io/region
 	Labels    map[string]string
-	Addresses []netip.Addr // InternalIP and ExternalIP addresses
+	Addresses []netip.Addr // InternalIP, then ExternalIP addresses
+	// Ineligible: the Node is being deleted or tainted
+	// ToBeDeletedByClusterAutoscaler; /healthz then fails so that load
+	// balancers drain it, as kube-proxy's.
+	Ineligible bool
 }

@@ -9,6 +9,7 @@ package planner
 
 import (
 	"context"
+	"maps"
 	"net/netip"
 	"reflect"
 	"slices"
@@ -85,6 +86,10 @@ type Result struct {
 	// Evaluated counts the service ports computed in this call (the rest
 	// were reused from the previous one).
 	Evaluated int
+	// ExternalIPsIgnored names the Services ("namespace/name", sorted)
+	// whose spec.externalIPs are not programmed because Options.ExternalIPs
+	// is off.
+	ExternalIPsIgnored []string
 }
 
 type portPlan struct {
@@ -151,6 +156,9 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
 		res.Explain[name.String()] = pp.explain
 		svc := snap.Ports[name].Service
+		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
+			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
+		}
 		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
 			key := svc.Namespace + "/" + svc.Name
 			local[key] = append(local[key], pp.localV4, pp.localV6)
@@ -165,6 +173,12 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		hc.LocalEndpoints = selection.CountLocalReady(nodeName, local[hc.Service]...)
 		res.HealthChecks[port] = hc
 	}
+	if snap.Node != nil {
+		plan.NodeIPs = primaryIPs(snap.Node.Addresses)
+	}
+	plan.HealthCheckPorts = slices.Sorted(maps.Keys(res.HealthChecks))
+	slices.Sort(res.ExternalIPsIgnored)
+	res.ExternalIPsIgnored = slices.Compact(res.ExternalIPsIgnored)
 	plan.Sort()
 	res.Plan = plan
 	return res
@@ -183,6 +197,10 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 		eps := port.Endpoints(fam)
 		sel := selection.Select(svc, port.Port, eps, node)
 		union := unionOf(sel.Internal, sel.External)
+		if svc.ExternalLocal {
+			// The short-circuit set is weighed with the rest.
+			union = unionOf(sel.Internal, sel.External, sel.Cluster)
+		}
 		w := Weighing{Weights: ones(len(union))}
 		if p.policy != nil && len(union) > 0 {
 			w = p.policy.Weigh(ctx, svc, port.Port, node, union)
@@ -203,16 +221,24 @@ func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.No
 			Scheduler:      w.Scheduler,
 			SchedulerFlags: w.SchedulerFlags,
 		}
+		if base.Protocol == datapath.UDP {
+			base.Serving = serving(eps)
+		}
 		internal := endpoints(sel.Internal, weight)
 		external := endpoints(sel.External, weight)
 		for _, vip := range vips {
 			f := base
 			f.Kind, f.Addr, f.Port, f.Endpoints = datapath.ClusterIP, vip, port.Port.Port, internal
+			f.Drop = svc.InternalLocal && sel.Usable && len(internal) == 0
 			pp.frontends = append(pp.frontends, f)
 		}
 		ext := base
 		ext.LocalOnly = svc.ExternalLocal
 		ext.Endpoints = external
+		ext.Drop = svc.ExternalLocal && sel.Usable && len(external) == 0
+		if svc.ExternalLocal {
+			ext.Cluster = endpoints(sel.Cluster, weight)
+		}
 		if port.Port.NodePort != 0 {
 			f := ext
 			f.Kind, f.Port = datapath.NodePort, port.Port.NodePort
@@ -268,6 +294,18 @@ func endpoints(cs []selection.Choice, weight map[netip.AddrPort]uint32) []datapa
 			continue
 		}
 		out = append(out, datapath.Endpoint{Addr: c.AddrPort(), Weight: w, Local: c.Local})
+	}
+	return out
+}
+
+// serving lists the serving endpoints, once each: conntrack cleanup's
+// reference set.
+func serving(eps []model.PortEndpoint) []netip.AddrPort {
+	var out []netip.AddrPort
+	for _, e := range eps {
+		if e.Serving && !slices.Contains(out, e.AddrPort()) {
+			out = append(out, e.AddrPort())
+		}
 	}
 	return out
 }
@@ -353,6 +391,18 @@ func prefixesOfFamily(ps []netip.Prefix, f model.Family) []netip.Prefix {
 	for _, p := range ps {
 		if (f == model.IPv4) == p.Addr().Is4() {
 			out = append(out, p)
+		}
+	}
+	return out
+}
+
+// primaryIPs returns the first address of each family: the node's primary
+// addresses, as the Node object lists its InternalIPs first.
+func primaryIPs(addrs []netip.Addr) []netip.Addr {
+	var out []netip.Addr
+	for _, a := range addrs {
+		if !slices.ContainsFunc(out, func(b netip.Addr) bool { return b.Is4() == a.Is4() }) {
+			out = append(out, a)
 		}
 	}
 	return out

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -153,5 +154,70 @@ func TestFallbackIsRetriedNextSync(t *testing.T) {
 	// Now it succeeded: no more re-evaluation.
 	if third := p.Build(context.Background(), st.Snapshot()); third.Evaluated != 0 {
 		t.Fatalf("evaluated %d ports after a success, want 0", third.Evaluated)
+	}
+}
+
+// With both traffic policies Local, the ClusterIP gets the local set but
+// the external frontends still carry the cluster-wide set for pod and node
+// traffic (kube-proxy's short-circuit), and no endpoint anywhere refuses
+// rather than drops.
+func TestShortCircuitAndDrop(t *testing.T) {
+	st := state.New(nil)
+	st.SetNode(&model.Node{Name: "n1"})
+	svc := &model.Service{Namespace: "ns", Name: "a", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		InternalLocal: true, ExternalLocal: true,
+		Ports: []model.ServicePort{{Protocol: "TCP", Port: 80, NodePort: 30080}}}
+	st.SetService("ns/a", svc)
+	st.SetSlice("ns/a-1", &model.EndpointSlice{Namespace: "ns", Name: "a-1", Service: "a", Family: model.IPv4,
+		Ports: []model.EndpointPort{{Protocol: "TCP", Port: 80}},
+		Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true, NodeName: "n1"},
+			{Addr: netip.MustParseAddr("10.0.0.2"), Ready: true, Serving: true, NodeName: "n2"},
+		}})
+	p := planner.New(planner.Options{}, nil)
+	got := p.Build(context.Background(), st.Snapshot()).Plan.String()
+	want := "TCP  10.96.0.1:80 ClusterIP ns/a -> 10.0.0.1:80 w=1\n" +
+		"TCP  *:30080 NodePort ns/a local -> 10.0.0.1:80 w=1 | short-circuit -> 10.0.0.1:80 w=1, 10.0.0.2:80 w=1\n"
+	if got != want {
+		t.Errorf("plan:\n%s\nwant:\n%s", got, want)
+	}
+
+	// Only the remote endpoint: dropped (Local policies), not refused.
+	st.SetSlice("ns/a-1", &model.EndpointSlice{Namespace: "ns", Name: "a-1", Service: "a", Family: model.IPv4,
+		Ports:     []model.EndpointPort{{Protocol: "TCP", Port: 80}},
+		Endpoints: []model.Endpoint{{Addr: netip.MustParseAddr("10.0.0.2"), Ready: true, Serving: true, NodeName: "n2"}}})
+	got = p.Build(context.Background(), st.Snapshot()).Plan.String()
+	want = "TCP  10.96.0.1:80 ClusterIP ns/a drop -> (none)\n" +
+		"TCP  *:30080 NodePort ns/a local drop -> (none) | short-circuit -> 10.0.0.2:80 w=1\n"
+	if got != want {
+		t.Errorf("plan:\n%s\nwant:\n%s", got, want)
+	}
+	// No endpoint at all: refused.
+	st.SetSlice("ns/a-1", nil)
+	got = p.Build(context.Background(), st.Snapshot()).Plan.String()
+	want = "TCP  10.96.0.1:80 ClusterIP ns/a -> (none)\n" +
+		"TCP  *:30080 NodePort ns/a local -> (none)\n"
+	if got != want {
+		t.Errorf("plan:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// UDP frontends carry every serving endpoint for conntrack cleanup, also
+// the terminating-but-serving ones the selection left out.
+func TestServingForConntrack(t *testing.T) {
+	st := state.New(nil)
+	st.SetService("ns/dns", &model.Service{Namespace: "ns", Name: "dns", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.10")},
+		Ports: []model.ServicePort{{Protocol: "UDP", Port: 53}}})
+	st.SetSlice("ns/dns-1", &model.EndpointSlice{Namespace: "ns", Name: "dns-1", Service: "dns", Family: model.IPv4,
+		Ports: []model.EndpointPort{{Protocol: "UDP", Port: 53}},
+		Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("10.0.0.1"), Ready: true, Serving: true},
+			{Addr: netip.MustParseAddr("10.0.0.2"), Serving: true, Terminating: true},
+			{Addr: netip.MustParseAddr("10.0.0.3"), Terminating: true},
+		}})
+	f := planner.New(planner.Options{}, nil).Build(context.Background(), st.Snapshot()).Plan.Frontends[0]
+	want := []netip.AddrPort{netip.MustParseAddrPort("10.0.0.1:53"), netip.MustParseAddrPort("10.0.0.2:53")}
+	if len(f.Endpoints) != 1 || !slices.Equal(f.Serving, want) {
+		t.Errorf("endpoints %v, serving %v; want one endpoint and serving %v", f.Endpoints, f.Serving, want)
 	}
 }

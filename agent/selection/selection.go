@@ -131,6 +131,11 @@ type Result struct {
 	// Nil when the port never uses the cluster-wide set (internal policy
 	// Local and no external frontends).
 	Cluster []Choice
+	// Usable reports whether any endpoint, on any node, is Ready or
+	// Serving-Terminating. kube-proxy refuses traffic to a Service without
+	// usable endpoints, but drops traffic that only its traffic policy
+	// Local leaves without endpoints (some exist, none on this node).
+	Usable bool
 	// InternalSkipped and ExternalSkipped are the endpoints left out of
 	// Internal and External, each with the reason.
 	InternalSkipped []Choice
@@ -162,6 +167,7 @@ func Select(svc *model.Service, port model.ServicePort, eps []model.PortEndpoint
 
 	var r Result
 	r.LocalReady = countLocalReady(nodeName, nil, eps)
+	r.Usable = slices.ContainsFunc(eps, func(ep model.PortEndpoint) bool { return ep.Ready || servingTerminating(ep) })
 
 	usesCluster := !svc.InternalLocal || externallyAccessible(svc, port)
 	var cluster, clusterSkipped []Choice

@@ -544,3 +544,24 @@ func TestCountLocalReady(t *testing.T) {
 		}
 	}
 }
+
+// Usable decides refuse (no usable endpoint anywhere) versus drop (only the
+// traffic policy leaves this node without one), as kube-proxy's
+// CategorizeEndpoints does with hasAnyEndpoints.
+func TestUsable(t *testing.T) {
+	local := &model.Service{InternalLocal: true, ExternalLocal: true}
+	for _, tc := range []struct {
+		name string
+		eps  []model.PortEndpoint
+		want bool
+	}{
+		{"none", nil, false},
+		{"only not ready", []model.PortEndpoint{ep(1, "b1", "N"), ep(2, "b1", "T")}, false},
+		{"remote ready", []model.PortEndpoint{ep(1, "b1", "R")}, true},
+		{"remote serving-terminating", []model.PortEndpoint{ep(1, "b1", "ST")}, true},
+	} {
+		if got := Select(local, withNodePort, tc.eps, nodeA1).Usable; got != tc.want {
+			t.Errorf("%s: Usable = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

@@ -212,6 +212,9 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 	return out, warnings, nil
 }
 
+// TaintToBeDeleted marks a node the cluster autoscaler is removing.
+const TaintToBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
 // Node converts this node.
 func (c *Converter) Node(n *v1.Node) *model.Node {
 	out := &model.Node{
@@ -220,12 +223,20 @@ func (c *Converter) Node(n *v1.Node) *model.Node {
 		Region: n.Labels[LabelRegion],
 		Labels: n.Labels,
 	}
-	for _, a := range n.Status.Addresses {
-		if a.Type != v1.NodeInternalIP && a.Type != v1.NodeExternalIP {
-			continue
-		}
-		if ip, err := netip.ParseAddr(a.Address); err == nil {
-			out.Addresses = append(out.Addresses, ip.Unmap())
+	out.Ineligible = n.DeletionTimestamp != nil
+	for _, t := range n.Spec.Taints {
+		out.Ineligible = out.Ineligible || t.Key == TaintToBeDeleted
+	}
+	// InternalIPs first: the first address of a family is the node's
+	// primary one (nodePortAddresses: primary).
+	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {
+		for _, a := range n.Status.Addresses {
+			if a.Type != typ {
+				continue
+			}
+			if ip, err := netip.ParseAddr(a.Address); err == nil {
+				out.Addresses = append(out.Addresses, ip.Unmap())
+			}
 		}
 	}
 	return out

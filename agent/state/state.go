@@ -54,9 +54,12 @@ type Snapshot struct {
 	TriggerTimes []time.Time
 }
 
-// Counters reports how many changes of each kind arrived.
+// Counters reports how many changes of each kind arrived, and how many
+// Services have Service or endpoint changes not yet in a snapshot
+// (kube-proxy's *_changes_pending).
 type Counters struct {
-	ServiceChanges, EndpointChanges uint64
+	ServiceChanges, EndpointChanges   uint64
+	ServicesPending, EndpointsPending int
 }
 
 // State is safe for concurrent use: sources write, the sync loop snapshots.
@@ -68,6 +71,8 @@ type State struct {
 	node     *model.Node
 
 	dirty       map[string]bool // service keys touched since the last snapshot
+	dirtySvc    map[string]bool // of those, by a Service change
+	dirtyEp     map[string]bool // of those, by an EndpointSlice change
 	nodeChanged bool
 	oldest      time.Time
 	triggers    []time.Time
@@ -86,6 +91,8 @@ func New(notify func()) *State {
 		slices:   make(map[string]*model.EndpointSlice),
 		bySvc:    make(map[string]map[string]*model.EndpointSlice),
 		dirty:    make(map[string]bool),
+		dirtySvc: make(map[string]bool),
+		dirtyEp:  make(map[string]bool),
 		notify:   notify,
 		now:      time.Now,
 		last:     &Snapshot{Ports: map[model.ServicePortName]*Port{}},
@@ -107,6 +114,7 @@ func (s *State) SetService(key string, svc *model.Service) {
 	}
 	s.counters.ServiceChanges++
 	s.markLocked(key)
+	s.dirtySvc[key] = true
 	s.mu.Unlock()
 	s.poke()
 }
@@ -126,6 +134,7 @@ func (s *State) SetSlice(key string, sl *model.EndpointSlice) {
 			delete(s.bySvc, svcKey)
 		}
 		s.markLocked(svcKey)
+		s.dirtyEp[svcKey] = true
 	}
 	if sl == nil {
 		delete(s.slices, key)
@@ -137,6 +146,7 @@ func (s *State) SetSlice(key string, sl *model.EndpointSlice) {
 		}
 		s.bySvc[svcKey][key] = sl
 		s.markLocked(svcKey)
+		s.dirtyEp[svcKey] = true
 		if !sl.TriggerTime.IsZero() {
 			s.triggers = append(s.triggers, sl.TriggerTime)
 		}
@@ -214,7 +224,9 @@ func (s *State) Pending() time.Time {
 func (s *State) Counters() Counters {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return s.counters
+	c := s.counters
+	c.ServicesPending, c.EndpointsPending = len(s.dirtySvc), len(s.dirtyEp)
+	return c
 }
 
 // Objects returns copies of the current services and slices, sorted by
@@ -284,6 +296,8 @@ func (s *State) Snapshot() *Snapshot {
 		}
 	}
 	clear(s.dirty)
+	clear(s.dirtySvc)
+	clear(s.dirtyEp)
 	s.nodeChanged = false
 	s.oldest = time.Time{}
 	s.triggers = nil

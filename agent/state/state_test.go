@@ -126,3 +126,20 @@ func TestNodeChangeIsReported(t *testing.T) {
 		t.Fatal("pending change left after snapshot")
 	}
 }
+
+// Pending counts are kube-proxy's *_changes_pending: Services with Service
+// or endpoint changes not yet folded into a snapshot.
+func TestChangesPending(t *testing.T) {
+	s := New(nil)
+	s.SetService("ns/a", &model.Service{Namespace: "ns", Name: "a"})
+	s.SetService("ns/b", &model.Service{Namespace: "ns", Name: "b"})
+	s.SetSlice("ns/a-1", &model.EndpointSlice{Namespace: "ns", Name: "a-1", Service: "a"})
+	s.SetSlice("ns/a-2", &model.EndpointSlice{Namespace: "ns", Name: "a-2", Service: "a"})
+	if c := s.Counters(); c.ServicesPending != 2 || c.EndpointsPending != 1 {
+		t.Fatalf("pending %d services, %d endpoints; want 2 and 1", c.ServicesPending, c.EndpointsPending)
+	}
+	s.Snapshot()
+	if c := s.Counters(); c.ServicesPending != 0 || c.EndpointsPending != 0 {
+		t.Fatalf("after a snapshot: pending %d services, %d endpoints; want 0", c.ServicesPending, c.EndpointsPending)
+	}
+}

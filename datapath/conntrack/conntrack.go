@@ -8,7 +8,11 @@
 // nowhere). After the datapath has programmed a plan, Reconcile deletes
 // exactly those entries: UDP, original destination a service frontend (a
 // VIP:port, or a node-port address:NodePort) and reply source not one of the
-// frontend's current endpoints. It never flushes the table.
+// service port's serving endpoints (Frontend.Serving), as kube-proxy's
+// pkg/proxy/conntrack/cleanup.go: traffic policies, topology and weights
+// do not count, so a flow to a short-circuited or terminating-but-serving
+// endpoint lives on; a frontend without serving endpoints is left alone. It
+// never flushes the table.
 //
 // Any datapath can use it: call Reconcile after each successful apply with
 // the frontends just programmed.
@@ -108,19 +112,19 @@ type target struct {
 }
 
 func signature(f *datapath.Frontend) string {
-	eps := make([]string, len(f.Endpoints))
-	for i, e := range f.Endpoints {
-		eps[i] = e.Addr.String()
+	eps := make([]string, len(f.Serving))
+	for i, e := range f.Serving {
+		eps[i] = e.String()
 	}
 	slices.Sort(eps)
 	return strings.Join(eps, ",")
 }
 
-// Reconcile deletes the stale UDP entries of the given frontends (and of
-// UDP frontends that were in the previous call but are gone now). It does
-// nothing when no UDP frontend's endpoints changed since the last
-// successful call, unless force is set. It returns the number of entries
-// deleted.
+// Reconcile deletes the stale UDP entries of the given frontends. Like
+// kube-proxy it leaves alone frontends without serving endpoints and those
+// no longer in the plan. It does nothing when no UDP frontend's serving
+// endpoints changed since the last successful call, unless force is set.
+// It returns the number of entries deleted.
 func (c *Cleaner) Reconcile(ctx context.Context, frontends []datapath.Frontend, force bool) (int, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -138,16 +142,18 @@ func (c *Cleaner) Reconcile(ctx context.Context, frontends []datapath.Frontend, 
 		if old, ok := c.last[f.Key()]; !ok || old != sig {
 			changed = true
 		}
+		if len(f.Serving) == 0 {
+			continue
+		}
 		t := &target{key: f.Key(), endpoints: map[netip.AddrPort]bool{}}
-		for _, e := range f.Endpoints {
-			t.endpoints[unmapAP(e.Addr)] = true
+		for _, e := range f.Serving {
+			t.endpoints[unmapAP(e)] = true
 		}
 		targets = append(targets, t)
 	}
 	for k := range c.last {
 		if _, ok := cur[k]; !ok {
 			changed = true
-			targets = append(targets, &target{key: k, endpoints: map[netip.AddrPort]bool{}})
 		}
 	}
 	if !changed {

@@ -49,7 +49,9 @@ func TestReconcile(t *testing.T) {
 		{udp, "10.244.0.9:4002", "10.96.0.10:53", "10.96.0.10:53", false},        // no DNAT: stuck before the service had endpoints
 		{tcp, "10.244.0.9:4003", "10.96.0.10:53", "10.244.0.3:53", true},         // TCP is left alone
 		{udp, "10.244.0.9:4004", "10.96.0.99:53", "10.96.0.99:53", true},         // not a service
-		{udp, "10.244.0.9:4005", "10.96.0.11:53", "10.244.0.2:53", false},        // service with no endpoints now
+		{udp, "10.244.0.9:4005", "10.96.0.11:53", "10.244.0.2:53", true},         // service without endpoints: left alone (kube-proxy)
+		{udp, "10.244.0.9:4009", "10.96.0.10:53", "10.244.0.4:53", true},         // serving, not planned (terminating, or Local policy)
+		{udp, "10.244.0.9:4011", "10.96.0.12:53", "10.244.0.3:53", true},         // service no longer planned: left alone
 		{udp, "192.168.77.2:4006", "192.168.77.1:30053", "10.244.0.3:53", false}, // NodePort, endpoint gone
 		{udp, "192.168.77.2:4007", "192.168.77.1:30053", "10.244.0.2:53", true},  // NodePort, current endpoint
 		{udp, "192.168.77.2:4008", "192.168.77.5:30053", "10.244.0.3:53", true},  // same port, not a node address
@@ -71,9 +73,11 @@ func TestReconcile(t *testing.T) {
 		t.Fatal(err)
 	}
 	ep := datapath.Endpoint{Addr: netip.MustParseAddrPort("10.244.0.2:53"), Weight: 1}
+	// 10.244.0.4 serves but is not planned: a flow to it is live.
+	serving := []netip.AddrPort{ep.Addr, netip.MustParseAddrPort("10.244.0.4:53")}
 	frontends := []datapath.Frontend{
-		{Service: "kube-system/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53, Endpoints: []datapath.Endpoint{ep}},
-		{Service: "kube-system/dns:dns", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, Endpoints: []datapath.Endpoint{ep}},
+		{Service: "kube-system/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53, Endpoints: []datapath.Endpoint{ep}, Serving: serving},
+		{Service: "kube-system/dns:dns", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, Endpoints: []datapath.Endpoint{ep}, Serving: serving},
 		{Service: "kube-system/dns:dns-tcp", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53},
 		{Service: "default/empty:", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.11"), Family: datapath.IPv4, Port: 53},
 	}

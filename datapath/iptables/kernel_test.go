@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -217,14 +218,26 @@ func TestFrontends(t *testing.T) {
 func TestNoEndpoints(t *testing.T) {
 	eachVariant(t, func(t *testing.T, v iptables.Variant) {
 		e := newEnv(t, v, 2, nil)
+		// Local policies: endpoints exist elsewhere (Drop) for
+		// default/local, nowhere for default/gone.
 		local := fe("default/local:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30099)
-		local.LocalOnly = true
+		local.LocalOnly, local.Drop = true, true
+		localVIP := fe("default/local:", datapath.ClusterIP, datapath.TCP, vip2, 80)
+		localVIP.Drop = true
+		gone := fe("default/gone:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30098)
+		gone.LocalOnly = true
+		// A jump an earlier version wrote: the first apply removes it.
+		e.iptables("-N", "EP-EXTERNAL")
+		e.iptables("-I", "OUTPUT", "-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy node ports", "-j", "EP-EXTERNAL")
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 			fe("default/empty:", datapath.ClusterIP, datapath.TCP, vip, 80),
 			fe("default/empty:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080),
-			fe("default/local:", datapath.ClusterIP, datapath.TCP, vip2, 80),
-			local,
+			fe("default/empty:", datapath.LoadBalancer, datapath.TCP, lbIP, 80),
+			localVIP, local, gone,
 		}})
+		if out := e.iptables("-S", "OUTPUT"); strings.Contains(out, "edgeproxy node ports") {
+			t.Fatalf("the obsolete OUTPUT jump is still there:\n%s", out)
+		}
 		refused := func(what string, err error) {
 			t.Helper()
 			if !errors.Is(err, syscall.ECONNREFUSED) {
@@ -238,11 +251,29 @@ func TestNoEndpoints(t *testing.T) {
 		refused("node -> ClusterIP without endpoints", err)
 		_, err = e.client.TCP(ap(e.node.LinkIP, 30080), 10*time.Second)
 		refused("client -> NodePort without endpoints", err)
-		// Local policy without local endpoints: dropped.
-		_, err = e.client.TCP(ap(e.node.LinkIP, 30099), waitDrop)
-		if err == nil || errors.Is(err, syscall.ECONNREFUSED) {
-			t.Fatalf("client -> Local NodePort without endpoints: got %v, want a drop (timeout)", err)
+		// External addresses: refused when the traffic arrives or is
+		// routed through; the node's own goes on its way, as with
+		// kube-proxy (here to the client, which does not answer).
+		_, err = e.client.TCP(ap(lbIP, 80), 10*time.Second)
+		refused("client -> LoadBalancer IP without endpoints", err)
+		_, err = e.pods[0].TCP(ap(lbIP, 80), 10*time.Second)
+		refused("pod -> LoadBalancer IP without endpoints", err)
+		if _, err = e.node.TCP(ap(lbIP, 80), waitDrop); errors.Is(err, syscall.ECONNREFUSED) {
+			t.Fatalf("node -> LoadBalancer IP without endpoints refused by the node's own rules")
 		}
+		_, err = e.client.TCP(ap(e.node.LinkIP, 30098), 10*time.Second)
+		refused("client -> Local NodePort without any endpoint", err)
+		// Local policy with endpoints on other nodes only: dropped.
+		dropped := func(what string, err error) {
+			t.Helper()
+			if err == nil || errors.Is(err, syscall.ECONNREFUSED) {
+				t.Fatalf("%s: got %v, want a drop (timeout)", what, err)
+			}
+		}
+		_, err = e.client.TCP(ap(e.node.LinkIP, 30099), waitDrop)
+		dropped("client -> Local NodePort without local endpoints", err)
+		_, err = e.pods[0].TCP(ap(vip2, 80), waitDrop)
+		dropped("pod -> internal-Local ClusterIP without local endpoints", err)
 	})
 }
 
@@ -322,12 +353,16 @@ func TestAffinity(t *testing.T) {
 func TestLocalOnly(t *testing.T) {
 	eachVariant(t, func(t *testing.T, v iptables.Variant) {
 		e := newEnv(t, v, 2, nil)
+		// Both traffic policies Local: the ClusterIP has only the local
+		// endpoint a; b stands for an endpoint on another node. Pods and
+		// the node reaching the external addresses use the cluster-wide
+		// set (Cluster), outside clients the local one.
 		np := fe("default/local:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1))
-		np.LocalOnly = true
+		np.LocalOnly, np.Cluster = true, []datapath.Endpoint{e.ep(0, 1), e.ep(1, 1)}
 		lb := fe("default/local:", datapath.LoadBalancer, datapath.TCP, lbIP, 80, e.ep(0, 1))
-		lb.LocalOnly = true
+		lb.LocalOnly, lb.Cluster = true, np.Cluster
 		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-			fe("default/local:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1), e.ep(1, 1)),
+			fe("default/local:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1)),
 			np, lb,
 		}})
 		clientIP := netip.MustParseAddr("192.168.77.2")
@@ -349,6 +384,23 @@ func TestLocalOnly(t *testing.T) {
 		if !seen["a"] || !seen["b"] {
 			t.Fatalf("pod -> Local LoadBalancer reached %v, want both endpoints", seen)
 		}
+		// So does the node, masqueraded.
+		seen = map[string]bool{}
+		for range 30 {
+			r, err := e.node.TCP(ap(e.node.LinkIP, 30080), waitResp)
+			if err != nil {
+				t.Fatal(err)
+			}
+			seen[r.Name] = true
+		}
+		if !seen["a"] || !seen["b"] {
+			t.Fatalf("node -> Local NodePort reached %v, want both endpoints", seen)
+		}
+		// The ClusterIP keeps its local set.
+		for range 10 {
+			r, err := e.pods[1].TCP(ap(vip, 80), waitResp)
+			expect(t, "pod -> internal-Local ClusterIP", r, err, "a", netip.Addr{})
+		}
 	})
 }
 
@@ -362,11 +414,17 @@ func TestUDPStaleConntrack(t *testing.T) {
 			t.Run(fmt.Sprintf("cleanup=%v", cleanup), func(t *testing.T) {
 				e := newEnv(t, v, 3, func(o *iptables.Options) { o.NoConntrack = !cleanup })
 				client := e.pods[2]
-				plan := func(ep datapath.Endpoint) *datapath.Plan {
-					return &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+				plan := func(ep datapath.Endpoint, serving ...datapath.Endpoint) *datapath.Plan {
+					p := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 						fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, ep),
 						fe("default/dns:", datapath.NodePort, datapath.UDP, netip.Addr{}, 30053, ep),
 					}}
+					for i := range p.Frontends {
+						for _, s := range append([]datapath.Endpoint{ep}, serving...) {
+							p.Frontends[i].Serving = append(p.Frontends[i].Serving, s.Addr)
+						}
+					}
+					return p
 				}
 				e.mustApply(plan(e.ep(0, 1)))
 				r, err := client.UDP(ap(vip, 53), 45000, waitResp)
@@ -382,6 +440,17 @@ func TestUDPStaleConntrack(t *testing.T) {
 				expect(t, "after the endpoint changed", r, err, want, client.IP)
 				r, err = e.client.UDP(ap(e.node.LinkIP, 30053), 45000, waitResp)
 				expect(t, "NodePort after the endpoint changed", r, err, want, netip.Addr{})
+				if !cleanup {
+					return
+				}
+				// b stops being chosen but still serves (terminating, or
+				// out of a Local policy's set): a full sync keeps its
+				// flows, as kube-proxy does.
+				e.mustApply(plan(e.ep(2, 1), e.ep(1, 1)))
+				r, err = client.UDP(ap(vip, 53), 45000, waitResp)
+				expect(t, "live flow to a serving endpoint after a full sync", r, err, "b", client.IP)
+				r, err = e.client.UDP(ap(e.node.LinkIP, 30053), 45000, waitResp)
+				expect(t, "live NodePort flow to a serving endpoint after a full sync", r, err, "b", netip.Addr{})
 			})
 		}
 	})
@@ -400,9 +469,9 @@ func TestUDPFirstEndpoint(t *testing.T) {
 				t.Fatalf("answered by %s before the service exists", r.Name)
 			}
 		}
-		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{
-			fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, e.ep(0, 1)),
-		}, Changed: map[string]bool{"default/dns:": true}})
+		dns := fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, e.ep(0, 1))
+		dns.Serving = []netip.AddrPort{e.ep(0, 1).Addr}
+		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{dns}, Changed: map[string]bool{"default/dns:": true}})
 		r, err := client.UDP(ap(vip, 53), 45001, waitResp)
 		expect(t, "after the first endpoint", r, err, "a", client.IP)
 	})
@@ -774,6 +843,8 @@ func TestIPv6(t *testing.T) {
 		e := newEnv(t, v, 3, func(o *iptables.Options) {
 			o.IPv6 = true
 			o.ClusterCIDRs = append(o.ClusterCIDRs, netip.MustParsePrefix("fd00:244::/64"))
+			// IPv4 CIDRs only: IPv6 node ports stay on every address.
+			o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
 		})
 		a, c := e.pods[0], e.pods[2]
 		vip6, empty6 := netip.MustParseAddr("fd00:96::10"), netip.MustParseAddr("fd00:96::11")
@@ -843,4 +914,133 @@ func TestNoOpSync(t *testing.T) {
 			}
 		}
 	}
+}
+
+// TestLocalnetMartians: with localhost NodePorts the proxier turns on
+// route_localnet, which lets packets to 127.0.0.0/8 arrive from outside
+// (CVE-2020-8558). A client that routes 127.0.0.0/8 to the node must not
+// reach a loopback-only listener there; the rule's packet counter shows
+// it is what stopped them.
+func TestLocalnetMartians(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 1, nil)
+		e.mustApply(&datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+			fe("default/web:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1)),
+		}})
+		e.listenInNode("127.0.0.1:9999")
+		// The client sends 127.0.0.0/8 to the node instead of its own lo.
+		for _, args := range [][]string{
+			{"route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"},
+			{"route", "del", "local", "127.0.0.1", "dev", "lo", "table", "local"},
+			{"route", "add", "127.0.0.0/8", "via", e.node.LinkIP.String()},
+		} {
+			if out, err := e.client.Run("ip", args...); err != nil {
+				t.Fatalf("ip %v: %v: %s", args, err, out)
+			}
+		}
+		if err := e.client.Sysctl("net/ipv4/conf/all/route_localnet", "1"); err != nil {
+			t.Fatal(err)
+		}
+		if err := connect(e.client, netip.MustParseAddrPort("127.0.0.1:9999")); err == nil {
+			t.Fatal("client -> node 127.0.0.1:9999 connected: martian to localnet not dropped")
+		}
+		// The node itself still reaches its localhost NodePort.
+		r, err := e.node.TCP(ap(netip.MustParseAddr("127.0.0.1"), 30080), waitResp)
+		expect(t, "node -> localhost NodePort", r, err, "a", netip.Addr{})
+		// The martians did reach the node and were dropped by the rule,
+		// not lost on the way: its packet counter moved.
+		var dropped int
+		for _, l := range strings.Split(e.iptables("-t", "filter", "-L", "EP-LOCALNET", "-v", "-x", "-n"), "\n") {
+			if f := strings.Fields(l); len(f) > 2 && f[2] == "DROP" {
+				dropped, _ = strconv.Atoi(f[0])
+			}
+		}
+		if dropped == 0 {
+			t.Fatal("the localnet rule dropped no packet: the martians never reached the node")
+		}
+	})
+}
+
+// TestNodePortAddresses: node ports answer on the node's own addresses
+// inside nodePortAddresses, not on every address of the range (a pod
+// sending to another host of the range through the node must not be
+// DNATed), and "primary" adds the node's primary address.
+func TestNodePortAddresses(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 2, func(o *iptables.Options) {
+			o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+		})
+		np := []datapath.Frontend{fe("default/web:", datapath.NodePort, datapath.TCP, netip.Addr{}, 30080, e.ep(0, 1))}
+		e.mustApply(&datapath.Plan{Full: true, Frontends: np})
+		r, err := e.client.TCP(ap(e.node.LinkIP, 30080), waitResp)
+		expect(t, "client -> NodePort on the node's address in the range", r, err, "a", netip.Addr{})
+		other := netip.MustParseAddr("192.168.77.9") // in the range, not the node's
+		if r, err := e.pods[1].TCP(ap(other, 30080), waitDrop); err == nil {
+			t.Fatalf("pod -> %s:30080 (another host of nodePortAddresses) was DNATed to %s", other, r.Name)
+		}
+		if r, err := e.pods[1].TCP(ap(e.node.Gateway, 30080), waitDrop); err == nil {
+			t.Fatalf("pod -> NodePort on the bridge address (outside nodePortAddresses) answered by %s", r.Name)
+		}
+
+		// primary: a range without node addresses, plus the primary IP.
+		p := e.newProxier(func(o *iptables.Options) {
+			o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")}
+			o.NodePortPrimary = true
+		})
+		if err := e.apply(p, &datapath.Plan{Full: true, Frontends: np, NodeIPs: []netip.Addr{e.node.Gateway}}); err != nil {
+			t.Fatal(err)
+		}
+		r, err = e.pods[1].TCP(ap(e.node.Gateway, 30080), waitResp)
+		expect(t, "pod -> NodePort on the primary address", r, err, "a", netip.Addr{})
+		if r, err := e.client.TCP(ap(e.node.LinkIP, 30080), waitDrop); err == nil {
+			t.Fatalf("client -> NodePort on a non-primary address answered by %s", r.Name)
+		}
+	})
+}
+
+// TestHealthCheckPortAccepted: a node whose INPUT policy drops everything
+// still lets load balancers reach the healthCheckNodePorts, as kube-proxy's
+// filter KUBE-NODEPORTS ACCEPT does.
+func TestHealthCheckPortAccepted(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 1, nil)
+		e.listenInNode(":32000")
+		e.iptables("-P", "INPUT", "DROP")
+		dial := func() error { return connect(e.client, ap(e.node.LinkIP, 32000)) }
+		e.mustApply(&datapath.Plan{Full: true})
+		if err := dial(); err == nil {
+			t.Fatal("control: INPUT policy DROP let the port through without a health check port in the plan")
+		}
+		e.mustApply(&datapath.Plan{Full: true, HealthCheckPorts: []uint16{32000}})
+		if err := dial(); err != nil {
+			t.Fatalf("health check node port with INPUT policy DROP: %v", err)
+		}
+	})
+}
+
+// listenInNode opens a TCP listener in the node until the test ends; the
+// kernel completes handshakes for it, which is all connect looks at.
+func (e *env) listenInNode(addr string) {
+	e.t.Helper()
+	var ln net.Listener
+	if err := e.node.Do(func() error {
+		var err error
+		ln, err = net.Listen("tcp4", addr)
+		return err
+	}); err != nil {
+		e.t.Fatal(err)
+	}
+	e.t.Cleanup(func() { ln.Close() })
+}
+
+// connect reports whether a TCP handshake from ns to dst completes within
+// waitDrop.
+func connect(ns *netns.NS, dst netip.AddrPort) error {
+	return ns.Do(func() error {
+		c, err := net.DialTimeout("tcp", dst.String(), waitDrop)
+		if err == nil {
+			c.Close()
+		}
+		return err
+	})
 }

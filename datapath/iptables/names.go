@@ -18,15 +18,16 @@ const MaxChainLen = 28
 // from the built-in chains are listed in jumps.
 const (
 	chainServices    = "EP-SERVICES"     // nat: DNAT dispatch; filter: reject/drop for no endpoints
-	chainNodePorts   = "EP-NODEPORTS"    // nat: NodePort dispatch, reached for local destinations
+	chainNodePorts   = "EP-NODEPORTS"    // nat: NodePort dispatch, reached for local destinations; filter: accept health check ports
 	chainPostrouting = "EP-POSTROUTING"  // nat: masquerade marked packets
 	chainMarkMasq    = "EP-MARK-MASQ"    // nat: set the masquerade bit
 	chainClusterMasq = "EP-CLUSTER-MASQ" // nat: mark sources outside the cluster CIDRs
-	chainExternal    = "EP-EXTERNAL"     // filter: reject/drop NodePorts without endpoints
+	chainExternal    = "EP-EXTERNAL"     // filter: reject/drop external frontends without endpoints
 	chainFirewall    = "EP-FIREWALL"     // filter: loadBalancerSourceRanges
 	chainForward     = "EP-FORWARD"      // filter: drop INVALID, accept marked and established
 	chainCanary      = "EP-CANARY"       // nat+filter: holds one rule; its loss means a flush
 	chainHairpin     = "EP-HAIRPIN"      // nat: masquerade endpoints reaching themselves
+	chainLocalnet    = "EP-LOCALNET"     // filter: drop martians to 127.0.0.0/8 (route_localnet)
 )
 
 // Kinds of per-service chains.

@@ -61,11 +61,19 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
-	// NodePortAddresses restricts NodePorts to local addresses in these
-	// prefixes; empty means all local addresses.
+	// NodePortAddresses restricts NodePorts to the node's own addresses
+	// inside these prefixes, looked up at every apply. An IP family with
+	// no prefix here (and no primary address, see NodePortPrimary) keeps
+	// every local address of that family.
 	NodePortAddresses []netip.Prefix
+	// NodePortPrimary adds the plan's NodeIPs (the node's primary
+	// addresses) to NodePortAddresses: kube-proxy's "primary" keyword.
+	NodePortPrimary bool
 	// LockWait bounds the wait for the xtables lock (default 5s).
 	LockWait time.Duration
+	// TCPBeLiberal: nf_conntrack_tcp_be_liberal is set, so out-of-window
+	// packets are not dropped as INVALID (kube-proxy's rule is then left out).
+	TCPBeLiberal bool
 	// FullSyncPeriod is how often every rule is rewritten even when
 	// nothing changed (default 1h, as kube-proxy). Plans with Full set in
 	// between are compared in full but only differing chains rewritten;
@@ -128,6 +136,9 @@ type family struct {
 	units       map[string]*unit    // the units as last written, for reuse
 	lastFixed   map[tableChain][32]byte
 	lastRewrite time.Time // of the last full rewrite
+
+	npa     []netip.Prefix // nodePortAddresses of this family
+	primary bool           // plus the node's primary address
 
 	// The tables' fingerprint when a full tamper check last passed.
 	verified   bool
@@ -285,18 +296,14 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 			}
 		}
 	}
-	npa := filterFamily(opts.NodePortAddresses, fam)
-	if len(opts.NodePortAddresses) > 0 && len(npa) == 0 {
-		// Node ports restricted to addresses of the other family: none here.
-		npa = []netip.Prefix{}
-	}
+	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
 	f.cfg = Config{
 		Family:             fam,
 		MasqueradeBit:      opts.MasqueradeBit,
 		MasqueradeAll:      opts.MasqueradeAll,
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
-		NodePortAddresses:  npa,
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
+		TCPBeLiberal:       opts.TCPBeLiberal,
 		RandomFully:        ipt.HasRandomFully(),
 	}
 	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", f.iptPath, "restore", f.restorePath)
@@ -348,6 +355,12 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 				full = true
 			}
 		}
+		if ips, err := nodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
+			f.log.Warn("cannot list the node's addresses; node ports keep the addresses they had", "err", err)
+		} else {
+			f.cfg.NodePortIPs = ips
+		}
+		f.cfg.HealthCheckPorts = plan.HealthCheckPorts
 		start := time.Now()
 		pre, trusted := f.verifiedNow()
 		st, err := f.apply(ctx, plan, full, plan.Full)
@@ -563,6 +576,13 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 	for _, j := range jumps() {
 		if !hasRule(rules[j.table], j) {
 			missing = append(missing, j)
+		}
+	}
+	for _, j := range obsoleteJumps() {
+		if hasRule(rules[j.table], j) {
+			if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
+				return nil, nil, fmt.Errorf("iptables: delete obsolete jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err)
+			}
 		}
 	}
 	return chains, missing, nil

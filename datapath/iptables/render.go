@@ -36,14 +36,20 @@ type Config struct {
 	// ClusterCIDRs are the pod ranges; traffic to a ClusterIP from outside
 	// them is masqueraded. Empty: only MasqueradeAll decides.
 	ClusterCIDRs []netip.Prefix
-	// NodePortAddresses restricts NodePorts to destination addresses in
-	// these prefixes. Nil: every local address (addrtype LOCAL); empty but
-	// not nil: no node ports in this family.
-	NodePortAddresses []netip.Prefix
+	// NodePortIPs restricts NodePorts to these destination addresses: the
+	// node's own addresses inside nodePortAddresses, as kube-proxy matches
+	// them. Nil: every local address (addrtype LOCAL); empty but not nil:
+	// no address matched, no node ports in this family.
+	NodePortIPs []netip.Addr
 	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (IPv4 only).
 	LocalhostNodePorts bool
 	// RandomFully adds --random-fully to the MASQUERADE rule.
 	RandomFully bool
+	// TCPBeLiberal leaves out the rule that drops INVALID packets.
+	TCPBeLiberal bool
+	// HealthCheckPorts are accepted in filter INPUT (the Services'
+	// healthCheckNodePorts), as kube-proxy's filter KUBE-NODEPORTS.
+	HealthCheckPorts []uint16
 }
 
 func (c *Config) markMasq() string {
@@ -137,7 +143,7 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 // copying it only when needed (the plan is never modified).
 func unmapped(f *datapath.Frontend) *datapath.Frontend {
 	mapped := f.Addr.Is4In6()
-	for _, e := range f.Endpoints {
+	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
 		mapped = mapped || e.Addr.Addr().Is4In6()
 	}
 	if !mapped {
@@ -145,12 +151,20 @@ func unmapped(f *datapath.Frontend) *datapath.Frontend {
 	}
 	c := *f
 	c.Addr = c.Addr.Unmap()
-	c.Endpoints = make([]datapath.Endpoint, len(f.Endpoints))
-	for i, e := range f.Endpoints {
-		e.Addr = netip.AddrPortFrom(e.Addr.Addr().Unmap(), e.Addr.Port())
-		c.Endpoints[i] = e
-	}
+	c.Endpoints, c.Cluster = unmapEndpoints(f.Endpoints), unmapEndpoints(f.Cluster)
 	return &c
+}
+
+func unmapEndpoints(eps []datapath.Endpoint) []datapath.Endpoint {
+	if eps == nil {
+		return nil
+	}
+	out := make([]datapath.Endpoint, len(eps))
+	for i, e := range eps {
+		e.Addr = netip.AddrPortFrom(e.Addr.Addr().Unmap(), e.Addr.Port())
+		out[i] = e
+	}
+	return out
 }
 
 // renderHook, when set (by tests only), may change a unit after rendering.
@@ -169,7 +183,7 @@ func checkFrontend(f *datapath.Frontend) error {
 	if !f.Addr.IsValid() && f.Kind != datapath.NodePort {
 		return fmt.Errorf("%s: no address", where)
 	}
-	for _, e := range f.Endpoints {
+	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
 		if e.Weight == 0 || e.Weight > datapath.MaxWeight {
 			return fmt.Errorf("%s: endpoint %s: weight %d out of range", where, e.Addr, e.Weight)
 		}
@@ -190,10 +204,10 @@ type group struct {
 	frontends []*datapath.Frontend
 }
 
-func groupSig(f *datapath.Frontend) string {
+func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "a=%d", f.Affinity)
-	for _, e := range f.Endpoints {
+	fmt.Fprintf(&b, "a=%d", affinity)
+	for _, e := range eps {
 		fmt.Fprintf(&b, " %s/%d", e.Addr, e.Weight)
 	}
 	return b.String()
@@ -209,36 +223,38 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 	var groups []*group
 	bySig := map[string]*group{}
 	names := map[string]bool{}
-	groupOf := map[*datapath.Frontend]*group{}
-	for _, f := range fs {
-		sig := groupSig(f)
-		g := bySig[sig]
-		if g == nil {
-			role := "cluster"
-			if f.Kind.External() {
-				role = "external"
-				if f.LocalOnly {
-					role = "local"
-				}
-			}
-			name := ChainName(kindSvc, id+" "+role)
-			if names[name] {
-				name = ChainName(kindSvc, id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
-			}
-			names[name] = true
-			g = &group{svc: name, sig: sig, endpoints: f.Endpoints, affinity: min(f.Affinity, maxAffinity)}
-			bySig[sig] = g
-			groups = append(groups, g)
+	groupFor := func(f *datapath.Frontend, eps []datapath.Endpoint, role string) *group {
+		sig := groupSig(f.Affinity, eps)
+		if g := bySig[sig]; g != nil {
+			return g
 		}
+		name := ChainName(kindSvc, id+" "+role)
+		if names[name] {
+			name = ChainName(kindSvc, id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
+		}
+		names[name] = true
+		g := &group{svc: name, sig: sig, endpoints: eps, affinity: min(f.Affinity, maxAffinity)}
+		bySig[sig] = g
+		groups = append(groups, g)
+		return g
+	}
+	groupOf := map[*datapath.Frontend]*group{}
+	// The cluster-wide group that a Local frontend short-circuits pod and
+	// node traffic to; often the ClusterIP's own group.
+	shortCircuit := map[*datapath.Frontend]*group{}
+	for _, f := range fs {
+		role := "cluster"
+		if f.Kind.External() {
+			role = "external"
+			if f.LocalOnly {
+				role = "local"
+			}
+		}
+		g := groupFor(f, f.Endpoints, role)
 		g.frontends = append(g.frontends, f)
 		groupOf[f] = g
-	}
-	// The group serving the ClusterIP, used by the Local policy's
-	// short-circuits for pod and node traffic.
-	var cluster *group
-	for _, f := range fs {
-		if f.Kind == datapath.ClusterIP && len(f.Endpoints) > 0 {
-			cluster = groupOf[f]
+		if f.LocalOnly && f.Kind.External() && len(f.Cluster) > 0 {
+			shortCircuit[f] = groupFor(f, f.Cluster, "cluster")
 		}
 	}
 
@@ -248,7 +264,9 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		}
 	}
 
-	ext := map[*group]string{} // EXT chain per group of external frontends
+	// EXT chain per pair of groups (external, short-circuit).
+	type extKey struct{ g, sc *group }
+	ext := map[extKey]string{}
 	comment := func(f *datapath.Frontend, what string) string {
 		return fmt.Sprintf("-m comment --comment %q", sanitize(f.Service)+" "+what)
 	}
@@ -259,14 +277,16 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		if f.Addr.IsValid() {
 			dst = "-d " + f.Addr.String() + cfg.hostMask() + " "
 		}
-		noEndpoints := "REJECT"
-		if f.LocalOnly && f.Kind.External() {
-			noEndpoints = "DROP"
+		// No endpoints at all: refused. Endpoints elsewhere that a Local
+		// traffic policy keeps from this frontend: dropped (kube-proxy).
+		noEndpoints, noWhat := "REJECT", " has no endpoints"
+		if f.Drop {
+			noEndpoints, noWhat = "DROP", " has no local endpoints"
 		}
 		if f.Kind == datapath.ClusterIP {
 			if len(f.Endpoints) == 0 {
 				u.top = append(u.top, topRule{tableFilter, chainServices,
-					fmt.Sprintf("%s%s %s -j REJECT", dst, match, comment(f, "cluster IP has no endpoints"))})
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"+noWhat), noEndpoints)})
 				continue
 			}
 			if cfg.MasqueradeAll {
@@ -283,21 +303,25 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 
 		// External frontends: NodePort, ExternalIP, LoadBalancer.
 		what := strings.ToLower(string(f.Kind))
-		extChain, ok := ext[g]
+		sc := shortCircuit[f]
+		extChain, ok := ext[extKey{g, sc}]
 		if !ok {
 			var rules []string
 			if f.LocalOnly {
-				if cluster != nil {
+				// kube-proxy's short-circuit: pods (by clusterCIDR) and
+				// the node itself reach the cluster-wide set; the node's
+				// traffic is masqueraded, its source being a local
+				// address (often the very address it reaches).
+				if sc != nil {
 					for _, c := range cfg.ClusterCIDRs {
-						rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c, sanitize(f.Service), cluster.svc))
+						rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c.Masked(), sanitize(f.Service), sc.svc))
 					}
-					rules = append(rules,
-						"-m addrtype --src-type LOCAL -j "+chainMarkMasq,
-						"-m addrtype --src-type LOCAL -j "+cluster.svc)
 				}
-				if cluster == nil && cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
-					// Localhost NodePort clients need SNAT to get replies.
-					rules = append(rules, "-s 127.0.0.0/8 -j "+chainMarkMasq)
+				if sc != nil || len(g.endpoints) > 0 {
+					rules = append(rules, "-m addrtype --src-type LOCAL -j "+chainMarkMasq)
+				}
+				if sc != nil {
+					rules = append(rules, "-m addrtype --src-type LOCAL -j "+sc.svc)
 				}
 				if len(g.endpoints) > 0 {
 					rules = append(rules, "-j "+g.svc)
@@ -309,7 +333,7 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 				extChain = ChainName(kindExt, g.svc)
 				u.chains = append(u.chains, chain{tableNAT, extChain, rules})
 			}
-			ext[g] = extChain
+			ext[extKey{g, sc}] = extChain
 		}
 		top := chainServices
 		if f.Kind == datapath.NodePort {
@@ -321,13 +345,15 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 		}
 		if len(f.Endpoints) == 0 {
 			if f.Kind == datapath.NodePort {
-				for _, d := range nodePortDst(cfg) {
-					u.top = append(u.top, topRule{tableFilter, chainExternal,
-						fmt.Sprintf("%s%s %s -j %s", d, match, comment(f, what+" has no endpoints"), noEndpoints)})
-				}
+				// Any local destination, whatever nodePortAddresses says,
+				// as kube-proxy: unit rules must not depend on addresses.
+				u.top = append(u.top, topRule{tableFilter, chainExternal,
+					fmt.Sprintf("-m addrtype --dst-type LOCAL %s %s -j %s", match, comment(f, what+noWhat), noEndpoints)})
 			} else {
-				u.top = append(u.top, topRule{tableFilter, chainServices,
-					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+" has no endpoints"), noEndpoints)})
+				// Arriving or routed traffic only, as kube-proxy's
+				// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
+				u.top = append(u.top, topRule{tableFilter, chainExternal,
+					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), noEndpoints)})
 			}
 		}
 		if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {
@@ -425,17 +451,21 @@ func formatProbability(p float64) string {
 // nodePortDst returns the destination matches that select node-port
 // addresses, one rule each.
 func nodePortDst(cfg *Config) []string {
-	if cfg.NodePortAddresses == nil {
-		if cfg.Family == datapath.IPv4 && !cfg.LocalhostNodePorts {
+	if cfg.NodePortIPs == nil {
+		switch {
+		case cfg.Family == datapath.IPv6:
+			return []string{"-m addrtype --dst-type LOCAL ! -d ::1/128 "}
+		case !cfg.LocalhostNodePorts:
 			return []string{"-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 "}
 		}
 		return []string{"-m addrtype --dst-type LOCAL "}
 	}
 	var out []string
-	for _, p := range cfg.NodePortAddresses {
-		if datapath.FamilyOf(p.Addr()) == cfg.Family {
-			out = append(out, "-d "+p.Masked().String()+" ")
+	for _, a := range cfg.NodePortIPs {
+		if datapath.FamilyOf(a) != cfg.Family || a.IsLoopback() && (cfg.Family == datapath.IPv6 || !cfg.LocalhostNodePorts) {
+			continue
 		}
+		out = append(out, "-d "+a.Unmap().String()+cfg.hostMask()+" ")
 	}
 	return out
 }
@@ -452,7 +482,7 @@ func sanitize(s string) string {
 // fixedChains lists the chains that exist regardless of the plan, per table.
 var fixedChains = map[string][]string{
 	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
-	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainCanary},
+	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainNodePorts, chainCanary},
 }
 
 // canaryRule is the single rule of the canary chains. A flush of the table
@@ -474,10 +504,26 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 		{tableNAT, chainPostrouting, "-j MARK --xor-mark " + mark},
 		{tableNAT, chainPostrouting, `-m comment --comment "edgeproxy service traffic requiring SNAT" ` + masq},
 		{tableNAT, chainCanary, canaryRule},
-		{tableFilter, chainForward, `-m conntrack --ctstate INVALID -m comment --comment "edgeproxy: out-of-window packets must not reset connections" -j DROP`},
 		{tableFilter, chainForward, fmt.Sprintf(`-m mark --mark %s/%s -m comment --comment "edgeproxy forwarding rules" -j ACCEPT`, mark, mark)},
 		{tableFilter, chainForward, `-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "edgeproxy forwarding conntrack rule" -j ACCEPT`},
 		{tableFilter, chainCanary, canaryRule},
+	}
+	if !cfg.TCPBeLiberal {
+		// Out-of-window packets would reset connections; with
+		// tcp_be_liberal the kernel takes them instead (kube-proxy).
+		head = slices.Insert(head, 0, topRule{tableFilter, chainForward,
+			`-m conntrack --ctstate INVALID -m comment --comment "edgeproxy: out-of-window packets must not reset connections" -j DROP`})
+	}
+	if cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
+		// route_localnet lets packets to 127.0.0.0/8 arrive from outside
+		// (CVE-2020-8558); only those DNATed to a NodePort may pass, like
+		// kube-proxy's (and kubelet's) KUBE-FIREWALL rule.
+		head = append(head, topRule{tableFilter, chainLocalnet,
+			`-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -m comment --comment "edgeproxy: block incoming localnet connections" -j DROP`})
+	}
+	for _, p := range cfg.HealthCheckPorts {
+		head = append(head, topRule{tableFilter, chainNodePorts,
+			fmt.Sprintf(`-p tcp -m tcp --dport %d -m comment --comment "edgeproxy health check node port" -j ACCEPT`, p)})
 	}
 	for _, c := range cfg.ClusterCIDRs {
 		head = append(head, topRule{tableNAT, chainClusterMasq, "-s " + c.Masked().String() + " -j RETURN"})
@@ -510,12 +556,22 @@ func jumps() []jump {
 		j(tableFilter, "INPUT", newOnly, chainExternal, "node ports"),
 		j(tableFilter, "INPUT", newOnly, chainFirewall, "load balancer firewall"),
 		j(tableFilter, "FORWARD", newOnly, chainServices, "service portals"),
+		j(tableFilter, "FORWARD", newOnly, chainExternal, "external service portals"),
 		j(tableFilter, "FORWARD", newOnly, chainFirewall, "load balancer firewall"),
 		j(tableFilter, "FORWARD", nil, chainForward, "forwarding rules"),
 		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
-		j(tableFilter, "OUTPUT", newOnly, chainExternal, "node ports"),
 		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
+		j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
+		j(tableFilter, "INPUT", nil, chainNodePorts, "health check node ports"),
+		j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"),
 	}
+}
+
+// obsoleteJumps are jumps earlier versions wrote and this one does not:
+// removed on the first apply and by cleanup, so that they neither linger
+// nor keep our chains busy.
+func obsoleteJumps() []jump {
+	return []jump{{tableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy node ports", "-j", chainExternal}}}
 }
 
 // joinSpec renders split rule arguments back into restore syntax, quoting

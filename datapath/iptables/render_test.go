@@ -43,12 +43,27 @@ func samplePlan() []datapath.Frontend {
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
 		{Service: "edge/lb:https", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.100"), Family: datapath.IPv4, Port: 443, LocalOnly: true,
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")},
-			Endpoints:    []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)}},
+			Endpoints:    []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)},
+			Cluster:      []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
 		{Service: "edge/lb:https", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30443, LocalOnly: true,
-			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)}},
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)},
+			Cluster:   []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
+		// Both traffic policies Local: the ClusterIP has the local set, the
+		// short-circuit still uses the cluster-wide one.
+		{Service: "edge/both:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.5"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.7:80", 1, true)}},
+		{Service: "edge/both:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30005, LocalOnly: true,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.7:80", 1, true)},
+			Cluster:   []datapath.Endpoint{ep("10.244.0.7:80", 1, true), ep("10.244.1.7:80", 1, false)}},
 		{Service: "edge/remote:", Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Addr: a("10.96.1.2"), Family: datapath.IPv4, Port: 9000,
 			Endpoints: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
-		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true},
+		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true, Drop: true,
+			Cluster: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
+		// internalTrafficPolicy Local without local endpoints: dropped;
+		// externalTrafficPolicy Local without any endpoint: refused.
+		{Service: "edge/itp:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.3"), Family: datapath.IPv4, Port: 80, Drop: true},
+		{Service: "edge/gone:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.4"), Family: datapath.IPv4, Port: 80},
+		{Service: "edge/gone:", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.104"), Family: datapath.IPv4, Port: 80, LocalOnly: true},
 		// Another family: ignored by an IPv4 ruleset.
 		{Service: "default/v6:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("fd00::10"), Family: datapath.IPv6, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1, true)}},
@@ -94,10 +109,10 @@ func TestRenderGolden(t *testing.T) {
 		name string
 		cfg  Config
 	}{
-		{"default", Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: cidr, LocalhostNodePorts: true, RandomFully: true}},
+		{"default", Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: cidr, LocalhostNodePorts: true, RandomFully: true, HealthCheckPorts: []uint16{32000}}},
 		{"masquerade-all", Config{Family: datapath.IPv4, MasqueradeBit: 14, MasqueradeAll: true}},
 		{"nodeport-addresses", Config{Family: datapath.IPv4, MasqueradeBit: 3, ClusterCIDRs: cidr,
-			NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("10.0.0.1/32")}}},
+			NodePortIPs: []netip.Addr{netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("10.0.0.1")}}},
 		{"ipv6", Config{Family: datapath.IPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -306,4 +321,38 @@ func BenchmarkPartialRender(b *testing.B) {
 		size = len(text)
 	}
 	b.ReportMetric(float64(size), "restore-bytes")
+}
+
+func TestNodePortIPs(t *testing.T) {
+	a, p := netip.MustParseAddr, netip.MustParsePrefix
+	local := func() ([]netip.Addr, error) {
+		return []netip.Addr{a("127.0.0.1"), a("192.168.77.1"), a("10.244.0.1"), a("10.0.0.7"), a("::1"), a("fd00:77::1")}, nil
+	}
+	for _, tc := range []struct {
+		name    string
+		fam     datapath.Family
+		npa     []netip.Prefix
+		primary bool
+		nodeIPs []netip.Addr
+		want    []netip.Addr
+	}{
+		{"nothing set: every local address", datapath.IPv4, nil, false, nil, nil},
+		// The node's addresses in the range, not the range itself.
+		{"a CIDR", datapath.IPv4, []netip.Prefix{p("192.168.77.0/24")}, false, nil, []netip.Addr{a("192.168.77.1")}},
+		{"no local address in it", datapath.IPv4, []netip.Prefix{p("172.16.0.0/12")}, false, nil, []netip.Addr{}},
+		// CIDRs of one family leave the other unrestricted.
+		{"only the other family", datapath.IPv6, []netip.Prefix{p("192.168.77.0/24")}, false, nil, nil},
+		{"primary", datapath.IPv4, nil, true, []netip.Addr{a("10.0.0.7"), a("fd00:77::1")}, []netip.Addr{a("10.0.0.7")}},
+		{"primary and a CIDR", datapath.IPv4, []netip.Prefix{p("10.244.0.0/16")}, true, []netip.Addr{a("10.0.0.7")}, []netip.Addr{a("10.0.0.7"), a("10.244.0.1")}},
+		{"primary not yet known", datapath.IPv4, nil, true, nil, nil},
+		{"primary IPv6", datapath.IPv6, nil, true, []netip.Addr{a("10.0.0.7"), a("fd00:77::1")}, []netip.Addr{a("fd00:77::1")}},
+	} {
+		got, err := nodePortIPs(tc.fam, tc.npa, tc.primary, tc.nodeIPs, local)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if (got == nil) != (tc.want == nil) || !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
 }

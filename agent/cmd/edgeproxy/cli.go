@@ -157,6 +157,9 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 	if st.Health.LastError != "" {
 		fmt.Fprintf(w, "last error: %s\n", st.Health.LastError)
 	}
+	if len(st.ExternalIPsIgnored) > 0 {
+		fmt.Fprintf(w, "externalIPs not programmed (externalIPs: false): %s\n", strings.Join(st.ExternalIPsIgnored, ", "))
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tFRONTEND\tKIND\tENDPOINTS (weight)")
