@@ -46,11 +46,13 @@ func (o Outcome) String() string {
 	}
 	var parts []string
 	if len(o.Endpoints) > 0 {
-		eps := strings.Join(o.Endpoints, ",")
 		if o.Sticky {
-			eps = "one-sticky"
+			// Which endpoint (and so which source the node used to
+			// reach it) is chance; that it is always the same is not.
+			parts = append(parts, "one-sticky")
+		} else {
+			parts = append(parts, strings.Join(o.Endpoints, ",")+" from "+strings.Join(o.Sources, ","))
 		}
-		parts = append(parts, eps+" from "+strings.Join(o.Sources, ","))
 	}
 	parts = append(parts, o.Failures...)
 	if len(parts) == 0 {

@@ -120,8 +120,7 @@ func (p *proc) tail(n int) string {
 }
 
 // ready waits (bounded) until the proxy has programmed the Services: the
-// ClusterIP of "cip" answers in both families and the load balancer of
-// "lb" answers from outside (the last kinds of rule a proxy writes). Both
+// ClusterIP of "cip" answers in both families. Both
 // proxies list everything before their first sync, so one answer means the
 // whole first sync is in; a pause of two minimum sync periods lets a
 // follow-up sync land.
@@ -129,8 +128,6 @@ func (w *World) ready(ctx context.Context, p *proc) error {
 	canaries := []Cell{
 		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v4"},
 		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v6"},
-		{Shape: shape("np"), Frontend: FNodePort, Position: "ext", Family: "v4"},
-		{Shape: shape("np"), Frontend: FNodePort, Position: "ext", Family: "v6"},
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, c := range canaries {
@@ -142,7 +139,8 @@ func (w *World) ready(ctx context.Context, p *proc) error {
 			if err != nil {
 				return err
 			}
-			if _, err := w.client(c.Position).TCP(dst, time.Second); err == nil {
+			_, err = w.client(c.Position).TCP(dst, time.Second)
+			if err == nil {
 				break
 			}
 			if time.Now().After(deadline) || ctx.Err() != nil {

@@ -231,13 +231,21 @@ var (
 	outside6 = netip.MustParseAddr("fd00:99::2")
 )
 
-// lbIPs is the shape's load balancer ingress, one per family it has.
+// lbIPs is the shape's load balancer ingress, one per family it has; every
+// shape has its own.
 func (s *Shape) lbIPs() []netip.Addr { return s.byFamily(lbVIP4, lbVIP6) }
 
-// externalIPs is the shape's spec.externalIPs.
+// externalIPs is the shape's spec.externalIPs, its own.
 func (s *Shape) externalIPs() []netip.Addr { return s.byFamily(extIP4, extIP6) }
 
+// byFamily offsets the base addresses by the shape's index in Shapes.
 func (s *Shape) byFamily(v4, v6 netip.Addr) []netip.Addr {
+	for i := range Shapes {
+		if &Shapes[i] == s {
+			break
+		}
+		v4, v6 = v4.Next(), v6.Next()
+	}
 	var out []netip.Addr
 	if s.hasFamily("v4") {
 		out = append(out, v4)

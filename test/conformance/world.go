@@ -89,6 +89,15 @@ func NewWorld(ctx context.Context, t testing.TB) *World {
 	}) {
 		w.Pods[name] = w.Remote.AddPod(name)
 	}
+	// Refusals are ICMP errors: without a rate limit every probe gets its
+	// own, however many run at once.
+	for _, n := range []*netns.NS{w.Node.NS, w.Remote.NS, w.Ext} {
+		for _, k := range []string{"net/ipv4/icmp_ratelimit", "net/ipv6/icmp/ratelimit"} {
+			if err := n.Sysctl(k, "0"); err != nil {
+				t.Fatalf("%s: %v", k, err)
+			}
+		}
+	}
 	for name, p := range w.Pods {
 		w.names[p.IP], w.names[p.IP6] = name, name
 		if name == "outpod" {
