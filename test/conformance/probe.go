@@ -1,6 +1,7 @@
 package conformance
 
 import (
+	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -167,28 +168,34 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 }
 
 // health asks a healthCheckNodePort and returns "http <code> local=<n>".
+// The connection is dialled on the namespace's thread: net/http would dial
+// from another goroutine, outside the namespace.
 func (w *World) health(from *netns.NS, dst netip.AddrPort) string {
-	var code, local int
+	var conn net.Conn
 	err := from.Do(func() error {
-		client := &http.Client{Timeout: probeTimeout, Transport: &http.Transport{DisableKeepAlives: true}}
-		resp, err := client.Get("http://" + dst.String() + "/")
-		if err != nil {
-			return err
-		}
-		defer resp.Body.Close()
-		code = resp.StatusCode
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		var v struct {
-			LocalEndpoints int `json:"localEndpoints"`
-		}
-		_ = json.Unmarshal(body, &v)
-		local = v.LocalEndpoints
-		return nil
+		var err error
+		conn, err = (&net.Dialer{Timeout: probeTimeout}).Dial("tcp", dst.String())
+		return err
 	})
 	if err != nil {
 		return classify(err)
 	}
-	return "http " + strconv.Itoa(code) + " local=" + strconv.Itoa(local)
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(probeTimeout))
+	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", dst); err != nil {
+		return classify(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return classify(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	var v struct {
+		LocalEndpoints int `json:"localEndpoints"`
+	}
+	_ = json.Unmarshal(body, &v)
+	return "http " + strconv.Itoa(resp.StatusCode) + " local=" + strconv.Itoa(v.LocalEndpoints)
 }
 
 // classify names a probe failure.
