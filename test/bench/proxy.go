@@ -13,7 +13,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/test/proxies"
@@ -40,13 +39,10 @@ type Binaries struct {
 
 // Proxy is a running proxy in the node namespace.
 type Proxy struct {
-	Kind    ProxyKind
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
-	Metrics string // the /metrics URL, reachable from the host
-	Log     string
-	Started time.Time
+	*proxies.Process // PID, Exited, Stop, Log
+	Kind             ProxyKind
+	Metrics          string // the /metrics URL, reachable from the host
+	Started          time.Time
 }
 
 // Start starts a proxy of the given kind, alone, in the node namespace.
@@ -98,43 +94,12 @@ func (w *World) Start(kind ProxyKind, bins Binaries, s Settings, dir string) (*P
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = proxies.Env(path)
-	p := &Proxy{Kind: kind, cmd: cmd, done: make(chan struct{}), Log: logPath,
-		Metrics: "http://" + node.MetricsAddr + "/metrics"}
+	p := &Proxy{Kind: kind, Metrics: "http://" + node.MetricsAddr + "/metrics"}
 	p.Started = time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("bench: start %s: %w", kind, err)
+	if p.Process, err = proxies.Start(string(kind), cmd, logPath); err != nil {
+		return nil, err
 	}
-	go func() { p.waitErr = cmd.Wait(); close(p.done) }()
 	return p, nil
-}
-
-// PID is the proxy's process id.
-func (p *Proxy) PID() int { return p.cmd.Process.Pid }
-
-// Exited reports whether the proxy has ended (it must not, during a run).
-func (p *Proxy) Exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("bench: %s exited: %v (log %s)", p.Kind, p.waitErr, p.Log)
-	default:
-		return nil
-	}
-}
-
-// Stop ends the proxy with SIGTERM, then SIGKILL after 10s.
-func (p *Proxy) Stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
 }
 
 // Usage is a process's resource use read from /proc.

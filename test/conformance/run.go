@@ -36,11 +36,8 @@ func settings(profile, backend string) proxies.Settings {
 
 // proc is a proxy running in the node namespace.
 type proc struct {
+	*proxies.Process
 	kind proxies.Kind
-	cmd  *exec.Cmd
-	log  string
-	done chan struct{}
-	err  error
 }
 
 // start starts one proxy, alone, in the emptied node namespace.
@@ -67,51 +64,26 @@ func (w *World) start(kind proxies.Kind, bins Binaries, s proxies.Settings, dir 
 		}
 		args = []string{bins.EdgeProxy, "run", "--config", conf}
 	}
-	p := &proc{kind: kind, log: filepath.Join(dir, string(kind)+".log"), done: make(chan struct{})}
-	logf, err := os.Create(p.log)
+	logPath := filepath.Join(dir, string(kind)+".log")
+	logf, err := os.Create(logPath)
 	if err != nil {
 		return nil, err
 	}
 	defer logf.Close()
-	p.cmd = exec.Command("ip", append([]string{"netns", "exec", w.Node.Name}, args...)...)
-	p.cmd.Stdout, p.cmd.Stderr = logf, logf
-	p.cmd.Env = proxies.Env(path)
-	p.cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := p.cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s: %w", kind, err)
+	cmd := exec.Command("ip", append([]string{"netns", "exec", w.Node.Name}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = proxies.Env(path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &proc{kind: kind}
+	if p.Process, err = proxies.Start(string(kind), cmd, logPath); err != nil {
+		return nil, err
 	}
-	go func() { p.err = p.cmd.Wait(); close(p.done) }()
 	return p, nil
-}
-
-// stop ends the proxy: SIGTERM, SIGKILL after 10s.
-func (p *proc) stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
-}
-
-func (p *proc) exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("%s exited: %v (log %s)", p.kind, p.err, p.log)
-	default:
-		return nil
-	}
 }
 
 // tail is the end of the proxy's log.
 func (p *proc) tail(n int) string {
-	b, _ := os.ReadFile(p.log)
+	b, _ := os.ReadFile(p.Log)
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
@@ -132,7 +104,7 @@ func (w *World) ready(ctx context.Context, p *proc) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, c := range canaries {
 		for {
-			if err := p.exited(); err != nil {
+			if err := p.Exited(); err != nil {
 				return err
 			}
 			dst, err := w.target(c)
@@ -150,7 +122,7 @@ func (w *World) ready(ctx context.Context, p *proc) error {
 		}
 	}
 	time.Sleep(2 * time.Second)
-	return p.exited()
+	return p.Exited()
 }
 
 func shape(name string) *Shape {
@@ -169,7 +141,7 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	if err != nil {
 		return nil, err
 	}
-	defer p.stop()
+	defer p.Stop()
 	if err := w.ready(ctx, p); err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, p.tail(30))
 	}
@@ -204,7 +176,7 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 			out[k] = o
 		}
 	}
-	if err := p.exited(); err != nil {
+	if err := p.Exited(); err != nil {
 		return out, fmt.Errorf("%w\n%s", err, p.tail(30))
 	}
 	return out, nil

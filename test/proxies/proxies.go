@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -158,4 +159,53 @@ func Reset(run Runner) error {
 	_, _ = run("conntrack", "-F")
 	_, _ = run("conntrack", "-F", "-f", "ipv6")
 	return nil
+}
+
+// Process is a started proxy; Stop ends it.
+type Process struct {
+	Name string // for messages
+	Log  string // where its output goes
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start starts cmd (its output already directed) and watches for its end.
+func Start(name string, cmd *exec.Cmd, log string) (*Process, error) {
+	p := &Process{Name: name, Log: log, cmd: cmd, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("proxies: start %s: %w", name, err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// PID is the process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited returns an error once the process has ended (a proxy must not,
+// during a run).
+func (p *Process) Exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("proxies: %s exited: %v (log %s)", p.Name, p.err, p.Log)
+	default:
+		return nil
+	}
+}
+
+// Stop ends the process with SIGTERM, then SIGKILL after 10s, and waits.
+func (p *Process) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
 }
