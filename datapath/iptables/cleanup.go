@@ -65,7 +65,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 
 func (f *family) cleanup(ctx context.Context) error {
 	var errs []error
-	for _, j := range append(jumps(), obsoleteJumps()...) {
+	for _, j := range append(jumps(f.cfg.Family), obsoleteJumps()...) {
 		if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
 			var e *goipt.Error
 			if !errors.As(err, &e) || !e.IsNotExist() {

@@ -573,7 +573,7 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 			}
 		}
 	}
-	for _, j := range jumps() {
+	for _, j := range jumps(f.cfg.Family) {
 		if !hasRule(rules[j.table], j) {
 			missing = append(missing, j)
 		}
@@ -625,7 +625,7 @@ func (f *family) ensureJumps() error {
 	var errs []error
 	// Walk backwards inserting at the top, so that jumps missing together
 	// end up in the order jumps() lists them.
-	js := jumps()
+	js := jumps(f.cfg.Family)
 	slices.Reverse(js)
 	for _, j := range js {
 		ok, err := f.ipt.Exists(j.table, j.chain, j.spec...)

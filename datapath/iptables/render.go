@@ -541,14 +541,15 @@ type jump struct {
 	spec         []string
 }
 
-// jumps is the static skeleton: where packets enter our chains.
-func jumps() []jump {
+// jumps is the static skeleton: where packets enter our chains. IPv6 has
+// no localnet martians to drop (no route_localnet).
+func jumps(fam datapath.Family) []jump {
 	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
 	j := func(table, from string, cond []string, to, why string) jump {
 		spec := slices.Concat(cond, []string{"-m", "comment", "--comment", "edgeproxy " + why, "-j", to})
 		return jump{table, from, spec}
 	}
-	return []jump{
+	out := []jump{
 		j(tableNAT, "PREROUTING", nil, chainServices, "service portals"),
 		j(tableNAT, "OUTPUT", nil, chainServices, "service portals"),
 		j(tableNAT, "POSTROUTING", nil, chainPostrouting, "postrouting rules"),
@@ -561,10 +562,14 @@ func jumps() []jump {
 		j(tableFilter, "FORWARD", nil, chainForward, "forwarding rules"),
 		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
 		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
 		j(tableFilter, "INPUT", nil, chainNodePorts, "health check node ports"),
-		j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"),
 	}
+	if fam == datapath.IPv4 {
+		out = append(out,
+			j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
+			j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"))
+	}
+	return out
 }
 
 // obsoleteJumps are jumps earlier versions wrote and this one does not:

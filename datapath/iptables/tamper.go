@@ -15,7 +15,7 @@ import (
 // canaries (gone after a flush of a table), the last rule of nat
 // EP-SERVICES (gone after a flush of that chain) and the jumps.
 func (f *family) sentinels() []jump {
-	out := jumps()
+	out := jumps(f.cfg.Family)
 	canary := splitSpec(canaryRule)
 	out = append(out, jump{tableNAT, chainCanary, canary}, jump{tableFilter, chainCanary, canary})
 	_, tail := staticRules(&f.cfg)

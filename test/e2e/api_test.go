@@ -122,9 +122,10 @@ func TestPlanPoliciesTopologyTerminating(t *testing.T) {
 	p := a.WaitPlanLines(converge, []string{
 		// internalTrafficPolicy Local: only this node's endpoint.
 		fmt.Sprintf("TCP  10.96.2.10:80 ClusterIP %s/itp -> 10.244.3.1:8080 w=1", ns),
-		// externalTrafficPolicy Local: cluster traffic to all, NodePort local only.
+		// externalTrafficPolicy Local: cluster traffic to all, NodePort local
+		// only, except from pods and the node (short-circuit to all).
 		fmt.Sprintf("TCP  10.96.2.11:80 ClusterIP %s/etp -> 10.244.3.2:8080 w=1, 10.244.4.2:8080 w=1", ns),
-		fmt.Sprintf("TCP  *:30111 NodePort %s/etp local -> 10.244.3.2:8080 w=1", ns),
+		fmt.Sprintf("TCP  *:30111 NodePort %s/etp local -> 10.244.3.2:8080 w=1 | short-circuit -> 10.244.3.2:8080 w=1, 10.244.4.2:8080 w=1", ns),
 		// PreferSameZone: the controller's zone hints keep zone-a traffic in zone-a.
 		fmt.Sprintf("TCP  10.96.2.12:80 ClusterIP %s/zonal -> 10.244.3.3:8080 w=1", ns),
 	})
