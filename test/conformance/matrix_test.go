@@ -43,7 +43,7 @@ func TestMatrix(t *testing.T) {
 
 	var rows []row
 	for _, backend := range Backends {
-		for _, profile := range []string{ProfileDefault, ProfileNPA} {
+		for _, profile := range Profiles() {
 			cells := Cells(profile, backend)
 			res := map[proxies.Kind]map[string]Outcome{}
 			for _, kind := range []proxies.Kind{proxies.KubeProxy, proxies.EdgeProxy} {
@@ -170,7 +170,7 @@ func readRules(t *testing.T, file string) []Rule {
 func TestCells(t *testing.T) {
 	keys := map[string]bool{}
 	for _, b := range Backends {
-		for _, p := range []string{ProfileDefault, ProfileNPA} {
+		for _, p := range Profiles() {
 			for _, c := range Cells(p, b) {
 				if keys[c.Key()] {
 					t.Errorf("duplicate cell %s", c.Key())

@@ -28,8 +28,11 @@ const parallel = 32
 func settings(profile, backend string) proxies.Settings {
 	s := proxies.Settings{Backend: backend, MinSync: time.Second, Sync: 30 * time.Second,
 		ClusterCIDR: ClusterCIDR, ExternalIPs: true}
-	if profile == ProfileNPA {
+	switch profile {
+	case ProfileNPA:
 		s.NodePortAddresses = []string{extNet4.String()}
+	case ProfilePrimary:
+		s.NodePortAddresses = []string{"primary"}
 	}
 	return s
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"net/netip"
 	"path"
+	"slices"
 	"strings"
 
 	corev1 "k8s.io/api/core/v1"
@@ -20,9 +21,21 @@ import (
 
 // Profiles are proxy configurations: each runs the shapes that name it.
 const (
-	ProfileDefault = ""    // NodePorts on every node address
-	ProfileNPA     = "npa" // nodePortAddresses: the node's client link (IPv4 only)
+	ProfileDefault = ""        // NodePorts on every node address
+	ProfileNPA     = "npa"     // nodePortAddresses: the node's client link (IPv4 only)
+	ProfilePrimary = "primary" // nodePortAddresses: [primary], the node's InternalIPs
 )
+
+// Profiles lists the profiles the shapes name, the default first.
+func Profiles() []string {
+	out := []string{ProfileDefault}
+	for _, s := range Shapes {
+		if !slices.Contains(out, s.Profile) {
+			out = append(out, s.Profile)
+		}
+	}
+	return out
+}
 
 // Shape is one Service the matrix probes: its spec and which pods it
 // selects. Adding a case is adding a line to Shapes.
@@ -99,6 +112,7 @@ var Shapes = []Shape{
 	{Name: "extip-etp-local", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, ETP: "Local", Pods: []string{"l1", "r1"}},
 	{Name: "udp-stale", Type: np, Proto: udp, Families: "dual", Stale: true, Pods: []string{"sa"}},
 	{Name: "np-npa", Type: np, Proto: tcp, Families: "dual", Profile: ProfileNPA, Pods: []string{"l1", "r1"}},
+	{Name: "np-primary", Type: np, Proto: tcp, Families: "dual", Profile: ProfilePrimary, Pods: []string{"l1", "r1"}},
 }
 
 // Position is where a client stands.
@@ -156,7 +170,7 @@ func (s *Shape) frontends() []string {
 	fs := []string{FClusterIP}
 	if s.Type == np || s.Type == lb {
 		fs = append(fs, FNodePort, FNodePortBr, FNodePortLo)
-		if s.Profile == ProfileNPA {
+		if s.Profile != ProfileDefault {
 			fs = append(fs, FNodePortX)
 		}
 	}
