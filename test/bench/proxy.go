@@ -13,17 +13,13 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"syscall"
 	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 // Settings are what both proxies are given, the same for both.
-type Settings struct {
-	Backend     string        // legacy | nft
-	MinSync     time.Duration // kube-proxy --iptables-min-sync-period, edgeproxy sync.minPeriod
-	Sync        time.Duration // kube-proxy --iptables-sync-period, edgeproxy sync.period
-	ClusterCIDR string        // masquerade traffic to ClusterIPs from outside it
-}
+type Settings = proxies.Settings
 
 // ProxyKind names a proxy under test.
 type ProxyKind string
@@ -43,13 +39,10 @@ type Binaries struct {
 
 // Proxy is a running proxy in the node namespace.
 type Proxy struct {
-	Kind    ProxyKind
-	cmd     *exec.Cmd
-	done    chan struct{}
-	waitErr error
-	Metrics string // the /metrics URL, reachable from the host
-	Log     string
-	Started time.Time
+	*proxies.Process // PID, Exited, Stop, Log
+	Kind             ProxyKind
+	Metrics          string // the /metrics URL, reachable from the host
+	Started          time.Time
 }
 
 // Start starts a proxy of the given kind, alone, in the node namespace.
@@ -57,41 +50,18 @@ func (w *World) Start(kind ProxyKind, bins Binaries, s Settings, dir string) (*P
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	path, err := BackendPath(w.Dir, s.Backend)
+	path, err := proxies.BackendPath(w.Dir, s.Backend)
 	if err != nil {
 		return nil, err
 	}
-	metricsAddr := w.NodeIP.String() + ":10249"
-	healthAddr := w.NodeIP.String() + ":10256"
+	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig,
+		MetricsAddr: w.NodeIP.String() + ":10249", HealthzAddr: w.NodeIP.String() + ":10256"}
 	var cmd *exec.Cmd
 	switch kind {
 	case KubeProxy:
-		cmd = w.Node.Command(bins.KubeProxy,
-			"--proxy-mode=iptables",
-			"--kubeconfig="+w.Kubeconfig,
-			"--hostname-override="+NodeName,
-			"--cluster-cidr="+s.ClusterCIDR,
-			"--conntrack-max-per-core=0",
-			"--iptables-min-sync-period="+s.MinSync.String(),
-			"--iptables-sync-period="+s.Sync.String(),
-			"--metrics-bind-address="+metricsAddr,
-			"--healthz-bind-address="+healthAddr,
-			"--v=2")
+		cmd = w.Node.Command(bins.KubeProxy, proxies.KubeProxyArgs(node, s)...)
 	case EdgeProxy, EdgeProxyWasm:
-		cfg := fmt.Sprintf(`nodeName: %s
-kubeconfig: %s
-mode: iptables
-clusterCIDR: %s
-stateDir: %s
-sync:
-  minPeriod: %s
-  period: %s
-server:
-  healthz: %s
-  metrics: %s
-log:
-  level: info
-`, NodeName, w.Kubeconfig, s.ClusterCIDR, filepath.Join(dir, "state"), s.MinSync, s.Sync, healthAddr, metricsAddr)
+		cfg := proxies.EdgeProxyConfig(node, s, filepath.Join(dir, "state"))
 		if kind == EdgeProxyWasm {
 			cfg += fmt.Sprintf(`policy:
   modules:
@@ -123,44 +93,13 @@ log:
 	}
 	defer logf.Close()
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH="+path+":"+os.Getenv("PATH"))
-	p := &Proxy{Kind: kind, cmd: cmd, done: make(chan struct{}), Log: logPath,
-		Metrics: "http://" + metricsAddr + "/metrics"}
+	cmd.Env = proxies.Env(path)
+	p := &Proxy{Kind: kind, Metrics: "http://" + node.MetricsAddr + "/metrics"}
 	p.Started = time.Now()
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("bench: start %s: %w", kind, err)
+	if p.Process, err = proxies.Start(string(kind), cmd, logPath); err != nil {
+		return nil, err
 	}
-	go func() { p.waitErr = cmd.Wait(); close(p.done) }()
 	return p, nil
-}
-
-// PID is the proxy's process id.
-func (p *Proxy) PID() int { return p.cmd.Process.Pid }
-
-// Exited reports whether the proxy has ended (it must not, during a run).
-func (p *Proxy) Exited() error {
-	select {
-	case <-p.done:
-		return fmt.Errorf("bench: %s exited: %v (log %s)", p.Kind, p.waitErr, p.Log)
-	default:
-		return nil
-	}
-}
-
-// Stop ends the proxy with SIGTERM, then SIGKILL after 10s.
-func (p *Proxy) Stop() {
-	select {
-	case <-p.done:
-		return
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	select {
-	case <-p.done:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		<-p.done
-	}
 }
 
 // Usage is a process's resource use read from /proc.

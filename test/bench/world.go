@@ -5,10 +5,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 
 	"github.com/edgeproxy/edgeproxy/test/cluster"
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 // NodeName is the Node object both proxies run as.
@@ -71,56 +71,5 @@ func (w *World) Close() {
 	}
 }
 
-// Reset empties the node namespace for the next proxy: every table of
-// both iptables backends and of nf_tables, and the conntrack table.
-func (w *World) Reset() error {
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, table := range []string{"nat", "filter", "mangle"} {
-			for _, op := range []string{"-F", "-X"} {
-				if _, err := w.Node.Run(fam+"-legacy", "-w", "-t", table, op); err != nil {
-					return err
-				}
-			}
-		}
-	}
-	if _, err := w.Node.Run("nft", "flush", "ruleset"); err != nil {
-		return err
-	}
-	_, _ = w.Node.Run("conntrack", "-F")
-	return nil
-}
-
-// BackendPath makes a directory whose iptables, iptables-save and
-// iptables-restore (and the ip6tables ones) are the given backend's, to put
-// first in a proxy's PATH. Both proxies find the backend the same way.
-func BackendPath(dir, backend string) (string, error) {
-	if backend != "legacy" && backend != "nft" {
-		return "", fmt.Errorf("bench: unknown iptables backend %q (want legacy or nft)", backend)
-	}
-	p := filepath.Join(dir, "path-"+backend)
-	if err := os.MkdirAll(p, 0o755); err != nil {
-		return "", err
-	}
-	for _, fam := range []string{"iptables", "ip6tables"} {
-		for _, suffix := range []string{"", "-save", "-restore"} {
-			target, err := lookPath(fam + "-" + backend + suffix)
-			if err != nil {
-				return "", err
-			}
-			link := filepath.Join(p, fam+suffix)
-			_ = os.Remove(link)
-			if err := os.Symlink(target, link); err != nil {
-				return "", err
-			}
-		}
-	}
-	return p, nil
-}
-
-func lookPath(name string) (string, error) {
-	p, err := exec.LookPath(name)
-	if err != nil {
-		return "", fmt.Errorf("bench: %s not found (Debian package iptables): %w", name, err)
-	}
-	return p, nil
-}
+// Reset empties the node namespace for the next proxy (proxies.Reset).
+func (w *World) Reset() error { return proxies.Reset(w.Node.Run) }

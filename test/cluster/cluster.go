@@ -47,7 +47,9 @@ type Options struct {
 	// ExtraSANs are more host names or IP addresses for the API server's
 	// serving certificate (BindAddress and loopback are always in it).
 	ExtraSANs []string
-	// ServiceCIDR is --service-cluster-ip-range; default 10.96.0.0/16.
+	// ServiceCIDR is --service-cluster-ip-range; default 10.96.0.0/16. Two
+	// ranges, one per IP family and comma-separated (10.96.0.0/16,fd00:96::/112),
+	// make the cluster dual-stack; the first is the primary family.
 	ServiceCIDR string
 	// Dir holds everything the cluster writes. Default: a new temporary
 	// directory that Stop removes.
@@ -117,9 +119,18 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err != nil {
 		return nil, fmt.Errorf("cluster: BindAddress %q: %w", opts.BindAddress, err)
 	}
-	svcPrefix, err := netip.ParsePrefix(opts.ServiceCIDR)
-	if err != nil {
-		return nil, fmt.Errorf("cluster: ServiceCIDR %q: %w", opts.ServiceCIDR, err)
+	var svcPrefix netip.Prefix
+	for i, r := range strings.Split(opts.ServiceCIDR, ",") {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			return nil, fmt.Errorf("cluster: ServiceCIDR %q: %w", opts.ServiceCIDR, err)
+		}
+		if i > 1 {
+			return nil, fmt.Errorf("cluster: ServiceCIDR %q: at most one range per IP family", opts.ServiceCIDR)
+		}
+		if i == 0 {
+			svcPrefix = p
+		}
 	}
 	binDir, err := BinDir()
 	if err != nil {

@@ -45,12 +45,16 @@ func (c *Cluster) EnsureDefaultServiceAccount(ctx context.Context, ns string) er
 }
 
 // CreateNode creates a Ready Node labelled with zone (and Region) whose
-// status carries internalIP as its InternalIP address. Create a Pod's Node
-// before the Pod: the EndpointSlice controller skips Pods whose Node it
-// cannot find.
-func (c *Cluster) CreateNode(ctx context.Context, name, zone, internalIP string) (*corev1.Node, error) {
-	if _, err := netip.ParseAddr(internalIP); err != nil {
-		return nil, fmt.Errorf("cluster: node %s: internal IP: %w", name, err)
+// status carries internalIP (and more, for a dual-stack node) as its
+// InternalIP addresses. Create a Pod's Node before the Pod: the
+// EndpointSlice controller skips Pods whose Node it cannot find.
+func (c *Cluster) CreateNode(ctx context.Context, name, zone, internalIP string, more ...string) (*corev1.Node, error) {
+	var addrs []corev1.NodeAddress
+	for _, ip := range append([]string{internalIP}, more...) {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return nil, fmt.Errorf("cluster: node %s: internal IP: %w", name, err)
+		}
+		addrs = append(addrs, corev1.NodeAddress{Type: corev1.NodeInternalIP, Address: ip})
 	}
 	node := &corev1.Node{ObjectMeta: metav1.ObjectMeta{
 		Name: name,
@@ -65,10 +69,7 @@ func (c *Cluster) CreateNode(ctx context.Context, name, zone, internalIP string)
 		return nil, fmt.Errorf("cluster: create node %s: %w", name, err)
 	}
 	// Status is ignored on create; it has its own subresource.
-	created.Status.Addresses = []corev1.NodeAddress{
-		{Type: corev1.NodeInternalIP, Address: internalIP},
-		{Type: corev1.NodeHostName, Address: name},
-	}
+	created.Status.Addresses = append(addrs, corev1.NodeAddress{Type: corev1.NodeHostName, Address: name})
 	created.Status.Conditions = []corev1.NodeCondition{{
 		Type:               corev1.NodeReady,
 		Status:             corev1.ConditionTrue,
@@ -88,8 +89,21 @@ func (c *Cluster) CreateNode(ctx context.Context, name, zone, internalIP string)
 // podIP, and Ready. The EndpointSlice controller then lists it as a ready
 // endpoint of every Service whose selector matches labels.
 func (c *Cluster) CreateReadyPod(ctx context.Context, ns, name, nodeName, podIP string, labels map[string]string, ports []corev1.ContainerPort) (*corev1.Pod, error) {
-	if _, err := netip.ParseAddr(podIP); err != nil {
-		return nil, fmt.Errorf("cluster: pod %s/%s: pod IP: %w", ns, name, err)
+	return c.CreateReadyPodIPs(ctx, ns, name, nodeName, []string{podIP}, labels, ports)
+}
+
+// CreateReadyPodIPs is CreateReadyPod for a pod with several addresses (a
+// dual-stack pod: one per family, the first is status.podIP).
+func (c *Cluster) CreateReadyPodIPs(ctx context.Context, ns, name, nodeName string, podIPs []string, labels map[string]string, ports []corev1.ContainerPort) (*corev1.Pod, error) {
+	if len(podIPs) == 0 {
+		return nil, fmt.Errorf("cluster: pod %s/%s: no pod IP", ns, name)
+	}
+	var ips []corev1.PodIP
+	for _, ip := range podIPs {
+		if _, err := netip.ParseAddr(ip); err != nil {
+			return nil, fmt.Errorf("cluster: pod %s/%s: pod IP: %w", ns, name, err)
+		}
+		ips = append(ips, corev1.PodIP{IP: ip})
 	}
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: labels},
@@ -109,8 +123,8 @@ func (c *Cluster) CreateReadyPod(ctx context.Context, ns, name, nodeName, podIP 
 	now := metav1.Now()
 	created.Status = corev1.PodStatus{
 		Phase:     corev1.PodRunning,
-		PodIP:     podIP,
-		PodIPs:    []corev1.PodIP{{IP: podIP}},
+		PodIP:     podIPs[0],
+		PodIPs:    ips,
 		StartTime: &now,
 		Conditions: []corev1.PodCondition{
 			{Type: corev1.PodScheduled, Status: corev1.ConditionTrue, LastTransitionTime: now},

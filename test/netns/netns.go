@@ -264,14 +264,22 @@ type Node struct {
 	next     byte
 }
 
-// NewNode creates a node namespace with bridge br0 at 10.244.0.1/24,
-// forwarding on and ICMP redirects off (pods must keep sending through the
-// node so that replies are de-NATed).
+// NewNode creates a node namespace with bridge br0 at 10.244.0.1/24 and
+// fd00:244::1/64, forwarding on and ICMP redirects off (pods must keep
+// sending through the node so that replies are de-NATed).
 func NewNode(t testing.TB, name string) *Node {
 	t.Helper()
+	return NewNodeNets(t, name, netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("fd00:244::/64"))
+}
+
+// NewNodeNets is NewNode with other pod networks (a /24 and a /64): the
+// bridge takes the first address of each, pods the following ones. Use it
+// for a second node whose pods are reached by routes.
+func NewNodeNets(t testing.TB, name string, podNet, podNet6 netip.Prefix) *Node {
+	t.Helper()
 	n := &Node{NS: New(t, name), t: t, Bridge: "br0",
-		Gateway: netip.MustParseAddr("10.244.0.1"), PodNet: netip.MustParsePrefix("10.244.0.0/24"),
-		Gateway6: netip.MustParseAddr("fd00:244::1"), next: 2}
+		Gateway: podNet.Masked().Addr().Next(), PodNet: podNet.Masked(),
+		Gateway6: podNet6.Masked().Addr().Next(), next: 2}
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: n.Bridge}}
 	if err := n.nl.LinkAdd(br); err != nil {
 		t.Fatalf("netns: add bridge: %v", err)
@@ -319,15 +327,23 @@ type Pod struct {
 // AddPod creates a pod namespace wired to the node's bridge, with the next
 // free pod address as a /32 and a default route through the node.
 func (n *Node) AddPod(name string) *Pod {
-	t := n.t
-	t.Helper()
+	n.t.Helper()
 	ip := n.PodNet.Addr().As4()
 	ip[3] = n.next
 	n.next++
 	ip6 := n.Gateway6.As16()
 	ip6[15] = ip[3]
-	p := &Pod{NS: New(t, name), PodName: name, IP: netip.AddrFrom4(ip), IP6: netip.AddrFrom16(ip6)}
-	host := "v" + fmt.Sprint(ip[3]) + "-" + name
+	return n.AddPodAddrs(name, netip.AddrFrom4(ip), netip.AddrFrom16(ip6))
+}
+
+// AddPodAddrs is AddPod with the pod's addresses chosen by the caller. An
+// address outside the node's pod networks (a pod whose source is outside
+// the cluster CIDR) gets a route to it on the bridge.
+func (n *Node) AddPodAddrs(name string, ip, ip6 netip.Addr) *Pod {
+	t := n.t
+	t.Helper()
+	p := &Pod{NS: New(t, name), PodName: name, IP: ip, IP6: ip6}
+	host := "v" + fmt.Sprint(ip.As4()[3]) + "-" + name
 	if len(host) > 15 {
 		host = host[:15]
 	}
@@ -381,6 +397,15 @@ func (n *Node) AddPod(name string) *Pod {
 	}
 	if err := p.nl.RouteAdd(&netlink.Route{LinkIndex: pl.Attrs().Index, Gw: gw6.IP, Family: netlink.FAMILY_V6}); err != nil {
 		t.Fatalf("netns: pod IPv6 default route: %v", err)
+	}
+	for _, a := range []netip.Addr{ip, ip6} {
+		inside := n.PodNet.Contains(a) || (a.Is6() && netip.PrefixFrom(n.Gateway6, 64).Masked().Contains(a))
+		if inside {
+			continue
+		}
+		if err := n.nl.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: ipnet(netip.PrefixFrom(a, a.BitLen())), Scope: netlink.SCOPE_LINK}); err != nil {
+			t.Fatalf("netns: route to %s on the bridge: %v", a, err)
+		}
 	}
 	_ = p.Sysctl("net/ipv4/conf/all/accept_redirects", "0")
 	_ = p.Sysctl("net/ipv6/conf/all/accept_redirects", "0")

@@ -1,0 +1,306 @@
+package conformance
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/netns"
+)
+
+// Probe bounds. A probe that gets no answer in probeTimeout counts as
+// dropped; these are bounds on a wait, never assertions about speed.
+const (
+	probeTimeout = 2 * time.Second
+	// maxProbes per cell: with two candidate endpoints the chance that one
+	// is never picked is 2^-(maxProbes-1).
+	maxProbes = 30
+	// noAnswerLimit ends a cell that got nothing but refusals or timeouts.
+	noAnswerLimit = 2
+)
+
+// Outcome is what a cell's client saw.
+type Outcome struct {
+	Endpoints []string // the endpoints that answered
+	Sources   []string // the client addresses they saw
+	Failures  []string // refused, timeout, unreachable, ...
+	Sticky    bool     // every answer from one endpoint (ClientIP affinity)
+	Text      string   // for the health check and the stale-conntrack cells
+}
+
+// String is the outcome as the matrix prints and compares it.
+func (o Outcome) String() string {
+	if o.Text != "" {
+		return o.Text
+	}
+	var parts []string
+	if len(o.Endpoints) > 0 {
+		if o.Sticky {
+			// Which endpoint (and so which source the node used to
+			// reach it) is chance; that it is always the same is not.
+			parts = append(parts, "one-sticky")
+		} else {
+			parts = append(parts, strings.Join(o.Endpoints, ",")+" from "+strings.Join(o.Sources, ","))
+		}
+	}
+	parts = append(parts, o.Failures...)
+	if len(parts) == 0 {
+		return "nothing"
+	}
+	return strings.Join(parts, " + ")
+}
+
+// client returns the namespace of a position.
+func (w *World) client(position string) *netns.NS {
+	switch position {
+	case "pod":
+		return w.Pods["cpod"].NS
+	case "outpod":
+		return w.Pods["outpod"].NS
+	case "node":
+		return w.Node.NS
+	case "ext":
+		return w.Ext
+	}
+	panic("conformance: unknown position " + position)
+}
+
+// target is the address:port a cell sends to.
+func (w *World) target(c Cell) (netip.AddrPort, error) {
+	svc := w.Services[c.Shape.Name]
+	v6 := c.Family == "v6"
+	pick := func(addrs []string) (netip.Addr, error) {
+		for _, s := range addrs {
+			a, err := netip.ParseAddr(s)
+			if err == nil && a.Is6() == v6 {
+				return a, nil
+			}
+		}
+		return netip.Addr{}, fmt.Errorf("service %s has no %s address in %v", svc.Name, c.Family, addrs)
+	}
+	port := svc.Spec.Ports[0]
+	nodePort := uint16(port.NodePort)
+	switch c.Frontend {
+	case FClusterIP:
+		a, err := pick(svc.Spec.ClusterIPs)
+		return netip.AddrPortFrom(a, servicePort), err
+	case FNodePort:
+		return netip.AddrPortFrom(fam(v6, w.Node.LinkIP, w.Node.LinkIP6), nodePort), nil
+	case FNodePortBr:
+		return netip.AddrPortFrom(fam(v6, w.Node.Gateway, w.Node.Gateway6), nodePort), nil
+	case FNodePortLo:
+		return netip.AddrPortFrom(fam(v6, netip.MustParseAddr("127.0.0.1"), netip.IPv6Loopback()), nodePort), nil
+	case FNodePortX:
+		return netip.AddrPortFrom(fam(v6, client4, client6), nodePort), nil
+	case FLB:
+		var ips []string
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			ips = append(ips, in.IP)
+		}
+		a, err := pick(ips)
+		return netip.AddrPortFrom(a, servicePort), err
+	case FExtIP:
+		a, err := pick(svc.Spec.ExternalIPs)
+		return netip.AddrPortFrom(a, servicePort), err
+	case FHealth:
+		return netip.AddrPortFrom(fam(v6, w.Node.LinkIP, w.Node.LinkIP6), uint16(svc.Spec.HealthCheckNodePort)), nil
+	}
+	return netip.AddrPort{}, fmt.Errorf("unknown frontend %q", c.Frontend)
+}
+
+func fam(v6 bool, a4, a6 netip.Addr) netip.Addr {
+	if v6 {
+		return a6
+	}
+	return a4
+}
+
+// Probe runs one cell's probes and returns its outcome.
+func (w *World) Probe(ctx context.Context, c Cell) Outcome {
+	dst, err := w.target(c)
+	if err != nil {
+		return Outcome{Failures: []string{"harness: " + err.Error()}}
+	}
+	from := w.client(c.Position)
+	if c.Frontend == FHealth {
+		return Outcome{Text: w.health(from, dst)}
+	}
+	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
+	answers, noAnswer := 0, 0
+	for i := 0; i < maxProbes && ctx.Err() == nil; i++ {
+		var r netns.Reply
+		if c.Shape.Proto == udp {
+			r, err = from.UDP(dst, 0, probeTimeout)
+		} else {
+			r, err = from.TCP(dst, probeTimeout)
+		}
+		if err != nil {
+			fails[classify(err)] = true
+			noAnswer++
+			if answers == 0 && noAnswer >= noAnswerLimit {
+				break
+			}
+			continue
+		}
+		answers++
+		eps[r.Name] = true
+		srcs[w.name(r.Client.Addr())] = true
+		// Every candidate answered: more probes cannot add one.
+		if len(eps) == len(c.Shape.Pods) && len(fails) == 0 {
+			break
+		}
+	}
+	o := Outcome{Endpoints: sorted(eps), Sources: sorted(srcs), Failures: sorted(fails)}
+	o.Sticky = c.Shape.Affinity && len(eps) == 1 && answers > 1
+	return o
+}
+
+// health asks a healthCheckNodePort and returns "http <code> local=<n>".
+// The connection is dialled on the namespace's thread: net/http would dial
+// from another goroutine, outside the namespace.
+func (w *World) health(from *netns.NS, dst netip.AddrPort) string {
+	var conn net.Conn
+	err := from.Do(func() error {
+		var err error
+		conn, err = (&net.Dialer{Timeout: probeTimeout}).Dial("tcp", dst.String())
+		return err
+	})
+	if err != nil {
+		return classify(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(probeTimeout))
+	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", dst); err != nil {
+		return classify(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return classify(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	var v struct {
+		LocalEndpoints int `json:"localEndpoints"`
+	}
+	_ = json.Unmarshal(body, &v)
+	return "http " + strconv.Itoa(resp.StatusCode) + " local=" + strconv.Itoa(v.LocalEndpoints)
+}
+
+// classify names a probe failure.
+func classify(err error) string {
+	var ne net.Error
+	switch {
+	case errors.Is(err, syscall.ECONNREFUSED):
+		return "refused"
+	case errors.Is(err, os.ErrDeadlineExceeded), errors.As(err, &ne) && ne.Timeout():
+		return "timeout"
+	case errors.Is(err, syscall.EHOSTUNREACH), errors.Is(err, syscall.ENETUNREACH):
+		return "unreachable"
+	case errors.Is(err, syscall.ECONNRESET), errors.Is(err, io.EOF):
+		return "reset"
+	case errors.Is(err, syscall.EPERM), errors.Is(err, syscall.EACCES):
+		return "prohibited"
+	}
+	return "error(" + err.Error() + ")"
+}
+
+func sorted(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// staleFlow is an established UDP flow of a stale-conntrack cell.
+type staleFlow struct {
+	cell    Cell
+	dst     netip.AddrPort
+	port    uint16 // the client's source port, kept across the change
+	before  string
+	outcome string
+}
+
+// Stale runs the stale-conntrack cells of one proxy run: each cell opens a
+// UDP flow from a fixed source port to the Service (answered by sa); sa
+// is replaced by sb; once a new flow reaches sb, the old flow sends again.
+// Upstream clears the old flow's conntrack entry, so it reaches sb too.
+// The world is put back (sa) before it returns.
+func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
+	out := map[string]Outcome{}
+	var flows []*staleFlow
+	for i, c := range cells {
+		dst, err := w.target(c)
+		if err != nil {
+			out[c.Key()] = Outcome{Text: "harness: " + err.Error()}
+			continue
+		}
+		f := &staleFlow{cell: c, dst: dst, port: uint16(40000 + i)}
+		r, err := w.client(c.Position).UDP(dst, f.port, probeTimeout)
+		if err != nil {
+			f.before = classify(err)
+		} else {
+			f.before = r.Name
+		}
+		flows = append(flows, f)
+	}
+	shape := cells[0].Shape.Name
+	if err := w.relabel(ctx, shape, "sa", "sb"); err != nil {
+		for _, f := range flows {
+			out[f.cell.Key()] = Outcome{Text: "harness: " + err.Error()}
+		}
+		return out
+	}
+	for _, f := range flows {
+		from := w.client(f.cell.Position)
+		// Wait (bounded) until the proxy has the new endpoint: a new
+		// flow, from another source port, reaches sb.
+		deadline := time.Now().Add(30 * time.Second)
+		seen := ""
+		for time.Now().Before(deadline) && ctx.Err() == nil {
+			r, err := from.UDP(f.dst, 0, probeTimeout)
+			if err == nil && r.Name == "sb" {
+				seen = "sb"
+				break
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+		if seen == "" {
+			f.outcome = "before " + f.before + ", new flows never reach sb"
+			continue
+		}
+	}
+	// A proxy clears conntrack right after it writes the rules; give that
+	// a moment (not an assertion: a later clear would only show sb too).
+	time.Sleep(time.Second)
+	for _, f := range flows {
+		if f.outcome == "" {
+			r, err := w.client(f.cell.Position).UDP(f.dst, f.port, probeTimeout)
+			after := ""
+			if err != nil {
+				after = classify(err)
+			} else {
+				after = r.Name
+			}
+			f.outcome = "before " + f.before + ", old flow after replace: " + after
+		}
+		out[f.cell.Key()] = Outcome{Text: f.outcome}
+	}
+	if err := w.relabel(ctx, shape, "sb", "sa"); err != nil {
+		w.t.Errorf("put stale-conntrack service back: %v", err)
+	}
+	return out
+}

@@ -1,0 +1,193 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/proxies"
+)
+
+// Binaries are the proxies under test.
+type Binaries struct {
+	KubeProxy, EdgeProxy string
+}
+
+// parallel is how many cells are probed at once. Cells of one run cannot
+// interfere: each probe is its own flow, and no cell changes the world
+// (the stale-conntrack cells, which do, run after the others).
+const parallel = 32
+
+// settings for a profile; the same for both proxies.
+func settings(profile, backend string) proxies.Settings {
+	s := proxies.Settings{Backend: backend, MinSync: time.Second, Sync: 30 * time.Second,
+		ClusterCIDR: ClusterCIDR, ExternalIPs: true}
+	switch profile {
+	case ProfileNPA:
+		s.NodePortAddresses = []string{extNet4.String()}
+	case ProfilePrimary:
+		s.NodePortAddresses = []string{"primary"}
+	}
+	return s
+}
+
+// proc is a proxy running in the node namespace.
+type proc struct {
+	*proxies.Process
+	kind proxies.Kind
+}
+
+// start starts one proxy, alone, in the emptied node namespace.
+func (w *World) start(kind proxies.Kind, bins Binaries, s proxies.Settings, dir string) (*proc, error) {
+	if err := proxies.Reset(w.Node.Run); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, err
+	}
+	path, err := proxies.BackendPath(w.Dir, s.Backend)
+	if err != nil {
+		return nil, err
+	}
+	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
+	var args []string
+	switch kind {
+	case proxies.KubeProxy:
+		args = append([]string{bins.KubeProxy}, proxies.KubeProxyArgs(node, s)...)
+	case proxies.EdgeProxy:
+		conf := filepath.Join(dir, "edgeproxy.yaml")
+		if err := os.WriteFile(conf, []byte(proxies.EdgeProxyConfig(node, s, filepath.Join(dir, "state"))), 0o600); err != nil {
+			return nil, err
+		}
+		args = []string{bins.EdgeProxy, "run", "--config", conf}
+	}
+	logPath := filepath.Join(dir, string(kind)+".log")
+	logf, err := os.Create(logPath)
+	if err != nil {
+		return nil, err
+	}
+	defer logf.Close()
+	cmd := exec.Command("ip", append([]string{"netns", "exec", w.Node.Name}, args...)...)
+	cmd.Stdout, cmd.Stderr = logf, logf
+	cmd.Env = proxies.Env(path)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	p := &proc{kind: kind}
+	if p.Process, err = proxies.Start(string(kind), cmd, logPath); err != nil {
+		return nil, err
+	}
+	return p, nil
+}
+
+// tail is the end of the proxy's log.
+func (p *proc) tail(n int) string {
+	b, _ := os.ReadFile(p.Log)
+	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
+
+// ready waits (bounded) until the proxy has programmed the Services: the
+// ClusterIP of "cip" answers in both families. Both
+// proxies list everything before their first sync, so one answer means the
+// whole first sync is in; a pause of two minimum sync periods lets a
+// follow-up sync land.
+func (w *World) ready(ctx context.Context, p *proc) error {
+	canaries := []Cell{
+		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v4"},
+		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v6"},
+	}
+	deadline := time.Now().Add(2 * time.Minute)
+	for _, c := range canaries {
+		for {
+			if err := p.Exited(); err != nil {
+				return err
+			}
+			dst, err := w.target(c)
+			if err != nil {
+				return err
+			}
+			_, err = w.client(c.Position).TCP(dst, time.Second)
+			if err == nil {
+				break
+			}
+			if time.Now().After(deadline) || ctx.Err() != nil {
+				return fmt.Errorf("%s: %s never answered: %v", p.kind, c.Key(), err)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	time.Sleep(2 * time.Second)
+	return p.Exited()
+}
+
+func shape(name string) *Shape {
+	for i := range Shapes {
+		if Shapes[i].Name == name {
+			return &Shapes[i]
+		}
+	}
+	panic("conformance: no shape " + name)
+}
+
+// Run runs one proxy on one backend with one profile and probes cells.
+func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profile, backend string, cells []Cell) (map[string]Outcome, error) {
+	dir := filepath.Join(w.Dir, "runs", fmt.Sprintf("%s-%s-%s", kind, backend, profileName(profile)))
+	p, err := w.start(kind, bins, settings(profile, backend), dir)
+	if err != nil {
+		return nil, err
+	}
+	defer p.Stop()
+	if err := w.ready(ctx, p); err != nil {
+		return nil, fmt.Errorf("%w\n%s", err, p.tail(30))
+	}
+	out := map[string]Outcome{}
+	var mu sync.Mutex
+	var stale []Cell
+	work := make(chan Cell)
+	var wg sync.WaitGroup
+	for range parallel {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for c := range work {
+				o := w.Probe(ctx, c)
+				mu.Lock()
+				out[c.Key()] = o
+				mu.Unlock()
+			}
+		}()
+	}
+	for _, c := range cells {
+		if c.Shape.Stale {
+			stale = append(stale, c)
+			continue
+		}
+		work <- c
+	}
+	close(work)
+	wg.Wait()
+	if len(stale) > 0 {
+		for k, o := range w.Stale(ctx, stale) {
+			out[k] = o
+		}
+	}
+	if err := p.Exited(); err != nil {
+		return out, fmt.Errorf("%w\n%s", err, p.tail(30))
+	}
+	return out, nil
+}
+
+func profileName(p string) string {
+	if p == "" {
+		return "default"
+	}
+	return p
+}

@@ -1,0 +1,326 @@
+// Package conformance is the differential conformance matrix: upstream
+// kube-proxy (iptables mode) is the oracle, edgeproxy (iptables mode) is
+// judged against it. Both run, one at a time, in the same world — a real
+// kube-apiserver with the EndpointSlice controller, a node namespace with
+// local pods, a second node whose pods are reached by routes, and clients
+// in four positions — and every cell (shape × frontend × position × family
+// × backend) is probed with real packets. Outcomes must match, unless the
+// cell is listed in DIFFERENCES.md (a deliberate difference) or
+// KNOWN_BUGS.md (a divergence not fixed yet).
+package conformance
+
+import (
+	"fmt"
+	"net/netip"
+	"path"
+	"slices"
+	"strings"
+
+	corev1 "k8s.io/api/core/v1"
+)
+
+// Profiles are proxy configurations: each runs the shapes that name it.
+const (
+	ProfileDefault = ""        // NodePorts on every node address
+	ProfileNPA     = "npa"     // nodePortAddresses: the node's client link (IPv4 only)
+	ProfilePrimary = "primary" // nodePortAddresses: [primary], the node's InternalIPs
+)
+
+// Profiles lists the profiles the shapes name, the default first.
+func Profiles() []string {
+	out := []string{ProfileDefault}
+	for _, s := range Shapes {
+		if !slices.Contains(out, s.Profile) {
+			out = append(out, s.Profile)
+		}
+	}
+	return out
+}
+
+// Shape is one Service the matrix probes: its spec and which pods it
+// selects. Adding a case is adding a line to Shapes.
+type Shape struct {
+	Name     string
+	Type     corev1.ServiceType
+	Proto    corev1.Protocol
+	Families string // "dual" (PreferDualStack), "v4", "v6" (SingleStack)
+	ETP, ITP string // "Local" or "" (Cluster)
+	Pods     []string
+	// Terminating pods are selected but being deleted (serving, not ready).
+	Affinity    bool   // sessionAffinity ClientIP
+	ExternalIPs bool   // spec.externalIPs
+	IPModeProxy bool   // LoadBalancer ingress ipMode Proxy (must not be programmed)
+	SourceRange bool   // loadBalancerSourceRanges: only the external client
+	Traffic     string // spec.trafficDistribution
+	Profile     string
+	Stale       bool // the UDP stale-conntrack check instead of plain probes
+}
+
+// Pods of the world: node-a (this node, zone-a) holds l1, l2, tl and the
+// client pod cpod; node-b (zone-b) holds r1, r2, tr; node-c (zone-a) holds
+// z1. node-b and node-c pods live in one namespace behind a route. tl and tr
+// are terminating. sa and sb are the stale-conntrack pods (local).
+var (
+	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb"}
+	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "z1": "node-c"}
+	terminal   = map[string]bool{"tl": true, "tr": true}
+)
+
+const (
+	tcp = corev1.ProtocolTCP
+	udp = corev1.ProtocolUDP
+	cip = corev1.ServiceTypeClusterIP
+	np  = corev1.ServiceTypeNodePort
+	lb  = corev1.ServiceTypeLoadBalancer
+)
+
+// Shapes is the table of Services.
+var Shapes = []Shape{
+	{Name: "cip", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"l1", "r1"}},
+	{Name: "cip-v4only", Type: cip, Proto: tcp, Families: "v4", Pods: []string{"l1", "r1"}},
+	{Name: "cip-v6only", Type: cip, Proto: tcp, Families: "v6", Pods: []string{"l1", "r1"}},
+	{Name: "cip-udp", Type: cip, Proto: udp, Families: "dual", Pods: []string{"l1", "r1"}},
+	{Name: "cip-itp-local", Type: cip, Proto: tcp, Families: "dual", ITP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "cip-itp-local-remote-only", Type: cip, Proto: tcp, Families: "dual", ITP: "Local", Pods: []string{"r1"}},
+	{Name: "cip-affinity", Type: cip, Proto: tcp, Families: "dual", Affinity: true, Pods: []string{"l1", "l2", "r1"}},
+	{Name: "cip-no-endpoints", Type: cip, Proto: tcp, Families: "dual"},
+	{Name: "cip-no-endpoints-udp", Type: cip, Proto: udp, Families: "dual"},
+	{Name: "cip-terminating-only", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"tl", "tr"}},
+	{Name: "cip-remote-only", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"r1", "r2"}},
+	{Name: "cip-local-only", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"l1", "l2"}},
+	{Name: "cip-zone-mismatch", Type: cip, Proto: tcp, Families: "dual", Traffic: "PreferSameZone", Pods: []string{"r1", "r2"}},
+	{Name: "cip-zone-match", Type: cip, Proto: tcp, Families: "dual", Traffic: "PreferSameZone", Pods: []string{"l1", "z1", "r1"}},
+	{Name: "hairpin", Type: np, Proto: tcp, Families: "dual", Pods: []string{"cpod"}},
+	{Name: "np", Type: np, Proto: tcp, Families: "dual", Pods: []string{"l1", "r1"}},
+	{Name: "np-v4only", Type: np, Proto: tcp, Families: "v4", Pods: []string{"l1", "r1"}},
+	{Name: "np-udp", Type: np, Proto: udp, Families: "dual", Pods: []string{"l1", "r1"}},
+	{Name: "np-etp-local", Type: np, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "np-etp-local-udp", Type: np, Proto: udp, Families: "dual", ETP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "np-itp-local", Type: np, Proto: tcp, Families: "dual", ITP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "np-etp-local-itp-local", Type: np, Proto: tcp, Families: "dual", ETP: "Local", ITP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "np-etp-local-remote-only", Type: np, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"r1"}},
+	{Name: "np-etp-local-no-endpoints", Type: np, Proto: tcp, Families: "dual", ETP: "Local"},
+	{Name: "np-no-endpoints", Type: np, Proto: tcp, Families: "dual"},
+	{Name: "np-terminating-only", Type: np, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"tl", "tr"}},
+	{Name: "lb", Type: lb, Proto: tcp, Families: "dual", Pods: []string{"l1", "r1"}},
+	{Name: "lb-udp", Type: lb, Proto: udp, Families: "dual", Pods: []string{"l1", "r1"}},
+	{Name: "lb-etp-local", Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "lb-etp-local-remote-only", Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"r1"}},
+	{Name: "lb-ipmode-proxy", Type: lb, Proto: tcp, Families: "dual", IPModeProxy: true, Pods: []string{"l1", "r1"}},
+	{Name: "lb-source-ranges", Type: lb, Proto: tcp, Families: "dual", SourceRange: true, Pods: []string{"l1", "r1"}},
+	{Name: "extip", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, Pods: []string{"l1", "r1"}},
+	{Name: "extip-etp-local", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, ETP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "udp-stale", Type: np, Proto: udp, Families: "dual", Stale: true, Pods: []string{"sa"}},
+	{Name: "np-npa", Type: np, Proto: tcp, Families: "dual", Profile: ProfileNPA, Pods: []string{"l1", "r1"}},
+	{Name: "np-primary", Type: np, Proto: tcp, Families: "dual", Profile: ProfilePrimary, Pods: []string{"l1", "r1"}},
+}
+
+// Position is where a client stands.
+type Position struct {
+	Name string
+	What string
+}
+
+// Positions is the table of client positions.
+var Positions = []Position{
+	{"pod", "a pod on this node (source inside clusterCIDR)"},
+	{"node", "the node itself (host network)"},
+	{"ext", "an external client routed to the node's address"},
+	{"outpod", "a pod on this node whose source is outside clusterCIDR"},
+}
+
+// Frontends: how a cell reaches the Service.
+const (
+	FClusterIP  = "clusterip"
+	FNodePort   = "np"       // the node's InternalIP (client link)
+	FNodePortBr = "np-br"    // the node's address on the pod bridge
+	FNodePortLo = "np-lo"    // 127.0.0.1, from the node only
+	FNodePortX  = "np-other" // an address inside nodePortAddresses that is not the node's
+	FLB         = "lb"
+	FExtIP      = "extip"
+	FHealth     = "hc" // healthCheckNodePort, HTTP on the node's InternalIP
+)
+
+// Families and backends.
+var (
+	Families = []string{"v4", "v6"}
+	Backends = []string{"legacy", "nft"}
+)
+
+// Cell is one probe: a frontend of a shape from a position in a family.
+type Cell struct {
+	Shape    *Shape
+	Frontend string
+	Position string
+	Family   string
+	Backend  string
+}
+
+// Key names the cell: shape/frontend/position/family/backend. DIFFERENCES.md
+// and KNOWN_BUGS.md match it with path.Match patterns.
+func (c Cell) Key() string {
+	return strings.Join([]string{c.Shape.Name, c.Frontend, c.Position, c.Family, c.Backend}, "/")
+}
+
+// hasFamily reports whether the shape's Service has addresses of family.
+func (s *Shape) hasFamily(f string) bool { return s.Families == "dual" || s.Families == f }
+
+// frontends lists the shape's frontends, by rule from its spec.
+func (s *Shape) frontends() []string {
+	fs := []string{FClusterIP}
+	if s.Type == np || s.Type == lb {
+		fs = append(fs, FNodePort, FNodePortBr, FNodePortLo)
+		if s.Profile != ProfileDefault {
+			fs = append(fs, FNodePortX)
+		}
+	}
+	if s.Type == lb {
+		fs = append(fs, FLB)
+	}
+	if s.ExternalIPs {
+		fs = append(fs, FExtIP)
+	}
+	if s.ETP == "Local" && s.Type == lb {
+		fs = append(fs, FHealth)
+	}
+	return fs
+}
+
+// applies is the rule that leaves out cells that make no sense.
+func applies(s *Shape, frontend, position, family string) bool {
+	switch frontend {
+	case FClusterIP, FLB, FExtIP:
+		// The address exists only in the Service's families.
+		if !s.hasFamily(family) {
+			return false
+		}
+	case FNodePortLo:
+		// Localhost NodePorts are IPv4 only and reachable from the node only.
+		return position == "node" && family == "v4"
+	case FNodePortX:
+		// The other address is the external client's: probe it from inside.
+		return position == "pod" || position == "node"
+	case FHealth:
+		return s.hasFamily(family) && (position == "ext" || position == "node")
+	}
+	if s.Stale {
+		// One established flow per family: from a pod to the ClusterIP
+		// and from outside to the NodePort.
+		return (frontend == FClusterIP && position == "pod") || (frontend == FNodePort && position == "ext")
+	}
+	return true
+}
+
+// Cells is the matrix of one profile on one backend.
+func Cells(profile, backend string) []Cell {
+	var out []Cell
+	for i := range Shapes {
+		s := &Shapes[i]
+		if s.Profile != profile {
+			continue
+		}
+		for _, fe := range s.frontends() {
+			for _, pos := range Positions {
+				for _, fam := range Families {
+					if applies(s, fe, pos.Name, fam) {
+						out = append(out, Cell{Shape: s, Frontend: fe, Position: pos.Name, Family: fam, Backend: backend})
+					}
+				}
+			}
+		}
+	}
+	return out
+}
+
+// Addresses of the world (all inside namespaces the test creates).
+var (
+	lbVIP4   = netip.MustParseAddr("203.0.113.10")
+	lbVIP6   = netip.MustParseAddr("2001:db8:113::10")
+	extIP4   = netip.MustParseAddr("198.51.100.10")
+	extIP6   = netip.MustParseAddr("2001:db8:51::10")
+	extNet4  = netip.MustParsePrefix("192.168.77.0/24") // the node–client link
+	client4  = netip.MustParseAddr("192.168.77.2")
+	client6  = netip.MustParseAddr("fd00:77::2")
+	outside4 = netip.MustParseAddr("10.99.0.2")
+	outside6 = netip.MustParseAddr("fd00:99::2")
+)
+
+// lbIPs is the shape's load balancer ingress, one per family it has; every
+// shape has its own.
+func (s *Shape) lbIPs() []netip.Addr { return s.byFamily(lbVIP4, lbVIP6) }
+
+// externalIPs is the shape's spec.externalIPs, its own.
+func (s *Shape) externalIPs() []netip.Addr { return s.byFamily(extIP4, extIP6) }
+
+// byFamily offsets the base addresses by the shape's index in Shapes.
+func (s *Shape) byFamily(v4, v6 netip.Addr) []netip.Addr {
+	for i := range Shapes {
+		if &Shapes[i] == s {
+			break
+		}
+		v4, v6 = v4.Next(), v6.Next()
+	}
+	var out []netip.Addr
+	if s.hasFamily("v4") {
+		out = append(out, v4)
+	}
+	if s.hasFamily("v6") {
+		out = append(out, v6)
+	}
+	return out
+}
+
+// Rule is one line of DIFFERENCES.md or KNOWN_BUGS.md: a cell pattern and
+// why.
+type Rule struct {
+	Pattern string
+	Reason  string
+}
+
+// Match reports whether the rule's pattern matches the cell key (each of
+// the five parts is matched with path.Match, so * stays inside a part).
+func (r Rule) Match(key string) bool {
+	ok, err := path.Match(r.Pattern, key)
+	return err == nil && ok
+}
+
+// ParseRules reads the list items of a rules file: lines
+// "- `shape/frontend/position/family/backend` reason". Other lines are
+// prose. A pattern that is not five parts or does not compile is an error.
+func ParseRules(text string) ([]Rule, error) {
+	var out []Rule
+	for n, line := range strings.Split(text, "\n") {
+		line = strings.TrimSpace(line)
+		if !strings.HasPrefix(line, "- `") {
+			continue
+		}
+		rest := line[3:]
+		i := strings.IndexByte(rest, '`')
+		if i < 0 {
+			return nil, fmt.Errorf("line %d: unterminated pattern", n+1)
+		}
+		pat := rest[:i]
+		if strings.Count(pat, "/") != 4 {
+			return nil, fmt.Errorf("line %d: pattern %q: want shape/frontend/position/family/backend", n+1, pat)
+		}
+		if _, err := path.Match(pat, ""); err != nil {
+			return nil, fmt.Errorf("line %d: pattern %q: %w", n+1, pat, err)
+		}
+		reason := strings.TrimSpace(strings.TrimLeft(strings.TrimSpace(rest[i+1:]), "—-:"))
+		if reason == "" {
+			return nil, fmt.Errorf("line %d: pattern %q has no reason", n+1, pat)
+		}
+		out = append(out, Rule{Pattern: pat, Reason: reason})
+	}
+	return out, nil
+}
+
+// matchRule returns the first rule matching key.
+func matchRule(rules []Rule, key string) (Rule, bool) {
+	for _, r := range rules {
+		if r.Match(key) {
+			return r, true
+		}
+	}
+	return Rule{}, false
+}

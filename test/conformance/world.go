@@ -1,0 +1,378 @@
+package conformance
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeproxy/edgeproxy/test/cluster"
+	"github.com/edgeproxy/edgeproxy/test/netns"
+)
+
+const (
+	// NodeName is the Node both proxies run as.
+	NodeName    = "node-a"
+	namespace   = "conformance"
+	servicePort = 80
+	targetPort  = 8080
+	// ClusterCIDR covers both nodes' pods (10.244.0.0/24, 10.244.1.0/24)
+	// but not the outside pod (10.99.0.2).
+	ClusterCIDR = "10.244.0.0/16,fd00:244::/48"
+	serviceCIDR = "10.96.0.0/16,fd00:96::/112"
+)
+
+// Addresses of the node-to-node link and of the remote node.
+var (
+	nodeRemote4   = netip.MustParseAddr("192.168.78.1")
+	nodeRemote6   = netip.MustParseAddr("fd00:78::1")
+	remoteNode4   = netip.MustParseAddr("192.168.78.2")
+	remoteNode6   = netip.MustParseAddr("fd00:78::2")
+	nodeC4        = netip.MustParseAddr("192.168.78.3") // node-c's object only
+	nodeC6        = netip.MustParseAddr("fd00:78::3")
+	remotePodNet  = netip.MustParsePrefix("10.244.1.0/24")
+	remotePodNet6 = netip.MustParsePrefix("fd00:244:1::/64")
+)
+
+// World is the fixed part of the matrix: the control plane, the namespaces
+// and their pods, the Services.
+type World struct {
+	t       testing.TB
+	Cluster *cluster.Cluster
+	Node    *netns.Node
+	Remote  *netns.Node
+	Ext     *netns.NS
+	Pods    map[string]*netns.Pod
+	// Kubeconfig reaches the API server from inside the node.
+	Kubeconfig string
+	Dir        string
+	// Services by shape name, as the API server returned them (with
+	// ClusterIPs, NodePorts, healthCheckNodePort).
+	Services map[string]*corev1.Service
+	// names maps every address of the world to a name, for outcomes.
+	names map[netip.Addr]string
+}
+
+// NewWorld builds the world; everything goes when t ends.
+func NewWorld(ctx context.Context, t testing.TB) *World {
+	t.Helper()
+	w := &World{t: t, Dir: t.TempDir(), Pods: map[string]*netns.Pod{}, Services: map[string]*corev1.Service{}, names: map[netip.Addr]string{}}
+	w.Node = netns.NewNode(t, "node")
+	w.Ext = w.Node.AddClient("ext")
+	w.Remote = netns.NewNodeNets(t, "remote", remotePodNet, remotePodNet6)
+	w.linkRemote()
+	host, nodeHost := w.Node.LinkHost()
+
+	for _, name := range localPods {
+		w.Pods[name] = w.Node.AddPod(name)
+	}
+	w.Pods["outpod"] = w.Node.AddPodAddrs("outpod", outside4, outside6)
+	for _, name := range slices.Sorted(func(yield func(string) bool) {
+		for k := range remotePods {
+			if !yield(k) {
+				return
+			}
+		}
+	}) {
+		w.Pods[name] = w.Remote.AddPod(name)
+	}
+	// Refusals are ICMP errors: without a rate limit every probe gets its
+	// own, however many run at once.
+	for _, n := range []*netns.NS{w.Node.NS, w.Remote.NS, w.Ext} {
+		for _, k := range []string{"net/ipv4/icmp_ratelimit", "net/ipv6/icmp/ratelimit"} {
+			if err := n.Sysctl(k, "0"); err != nil {
+				t.Fatalf("%s: %v", k, err)
+			}
+		}
+	}
+	for name, p := range w.Pods {
+		w.names[p.IP], w.names[p.IP6] = name, name
+		if name == "outpod" {
+			continue
+		}
+		if err := p.Serve(targetPort); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for a, n := range map[netip.Addr]string{
+		w.Node.Gateway: "node/br", w.Node.Gateway6: "node/br",
+		w.Node.LinkIP: "node/ext-link", w.Node.LinkIP6: "node/ext-link",
+		nodeRemote4: "node/remote-link", nodeRemote6: "node/remote-link",
+		nodeHost: "node/host-link", client4: "ext", client6: "ext",
+		w.Remote.Gateway: "node-b/br", w.Remote.Gateway6: "node-b/br",
+		remoteNode4: "node-b", remoteNode6: "node-b",
+		netip.MustParseAddr("127.0.0.1"): "node/lo",
+	} {
+		w.names[a] = n
+	}
+
+	w.Cluster = cluster.New(t, cluster.Options{BindAddress: host.String(), ServiceCIDR: serviceCIDR, Dir: filepath.Join(w.Dir, "cluster")})
+	w.Kubeconfig = filepath.Join(w.Dir, "node.kubeconfig")
+	if err := w.Cluster.WriteKubeconfig(w.Kubeconfig, fmt.Sprintf("https://%s:%d", host, w.Cluster.Port())); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.populate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// linkRemote wires node-b's namespace to the node: 192.168.78.0/24 and
+// fd00:78::/64, with routes to node-b's pods through it and node-b's
+// default route through the node.
+func (w *World) linkRemote() {
+	t := w.t
+	nl, rl := w.Node.Netlink(), w.Remote.Netlink()
+	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: "to-node-b"}, PeerName: "to-node-a", PeerNamespace: netlink.NsFd(w.Remote.Handle())}
+	if err := nl.LinkAdd(veth); err != nil {
+		t.Fatalf("link node-b: %v", err)
+	}
+	for _, side := range []struct {
+		h      *netlink.Handle
+		name   string
+		a4, a6 netip.Addr
+	}{{nl, "to-node-b", nodeRemote4, nodeRemote6}, {rl, "to-node-a", remoteNode4, remoteNode6}} {
+		l, err := side.h.LinkByName(side.name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, p := range []netip.Prefix{netip.PrefixFrom(side.a4, 24), netip.PrefixFrom(side.a6, 64)} {
+			if err := side.h.AddrAdd(l, &netlink.Addr{IPNet: ipnet(p), Flags: unix.IFA_F_NODAD}); err != nil {
+				t.Fatalf("address %s on %s: %v", p, side.name, err)
+			}
+		}
+		if err := side.h.LinkSetUp(l); err != nil {
+			t.Fatal(err)
+		}
+	}
+	routes := []struct {
+		h   *netlink.Handle
+		dst netip.Prefix
+		gw  netip.Addr
+	}{
+		{nl, remotePodNet, remoteNode4}, {nl, remotePodNet6, remoteNode6},
+		{rl, netip.PrefixFrom(netip.IPv4Unspecified(), 0), nodeRemote4},
+		{rl, netip.PrefixFrom(netip.IPv6Unspecified(), 0), nodeRemote6},
+	}
+	for _, r := range routes {
+		if err := r.h.RouteAdd(&netlink.Route{Dst: ipnet(r.dst), Gw: r.gw.AsSlice()}); err != nil {
+			t.Fatalf("route %s via %s: %v", r.dst, r.gw, err)
+		}
+	}
+}
+
+func ipnet(p netip.Prefix) *net.IPNet {
+	return &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), p.Addr().BitLen())}
+}
+
+// populate creates the Nodes, Pods and Services and waits for the
+// EndpointSlice controller to have written every Service's slices.
+func (w *World) populate(ctx context.Context) error {
+	c := w.Cluster
+	if err := c.CreateNamespace(ctx, namespace); err != nil {
+		return err
+	}
+	nodes := []struct {
+		name, zone string
+		ips        []netip.Addr
+	}{
+		{NodeName, "zone-a", []netip.Addr{w.Node.LinkIP, w.Node.LinkIP6}},
+		{"node-b", "zone-b", []netip.Addr{remoteNode4, remoteNode6}},
+		{"node-c", "zone-a", []netip.Addr{nodeC4, nodeC6}},
+	}
+	for _, n := range nodes {
+		if _, err := c.CreateNode(ctx, n.name, n.zone, n.ips[0].String(), n.ips[1].String()); err != nil {
+			return err
+		}
+	}
+	for name, p := range w.Pods {
+		if name == "outpod" {
+			continue
+		}
+		node := NodeName
+		if r, ok := remotePods[name]; ok {
+			node = r
+		}
+		labels := map[string]string{}
+		for _, s := range Shapes {
+			if slices.Contains(s.Pods, name) {
+				labels["s-"+s.Name] = "y"
+			}
+		}
+		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{p.IP.String(), p.IP6.String()}, labels, nil); err != nil {
+			return err
+		}
+		if terminal[name] {
+			// No kubelet: the Pod stays terminating (serving, not ready).
+			grace := int64(3600)
+			if err := c.Client().CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+				return fmt.Errorf("terminate pod %s: %w", name, err)
+			}
+		}
+	}
+	for i := range Shapes {
+		s := &Shapes[i]
+		svc, err := w.createService(ctx, s)
+		if err != nil {
+			return err
+		}
+		w.Services[s.Name] = svc
+	}
+	return w.waitSlices(ctx)
+}
+
+func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, error) {
+	client := w.Cluster.Client().CoreV1().Services(namespace)
+	policy := map[string]corev1.IPFamilyPolicy{"dual": corev1.IPFamilyPolicyPreferDualStack, "v4": corev1.IPFamilyPolicySingleStack, "v6": corev1.IPFamilyPolicySingleStack}[s.Families]
+	svc := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: s.Name},
+		Spec: corev1.ServiceSpec{
+			Type:           s.Type,
+			Selector:       map[string]string{"s-" + s.Name: "y"},
+			Ports:          []corev1.ServicePort{{Name: "p", Port: servicePort, TargetPort: intstr.FromInt32(targetPort), Protocol: s.Proto}},
+			IPFamilyPolicy: &policy,
+		},
+	}
+	switch s.Families {
+	case "v4":
+		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol}
+	case "v6":
+		svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv6Protocol}
+	}
+	if s.ETP == "Local" && s.Type != cip {
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}
+	if s.ETP == "Local" && s.Type == cip && s.ExternalIPs {
+		svc.Spec.ExternalTrafficPolicy = corev1.ServiceExternalTrafficPolicyLocal
+	}
+	if s.ITP == "Local" {
+		local := corev1.ServiceInternalTrafficPolicyLocal
+		svc.Spec.InternalTrafficPolicy = &local
+	}
+	if s.Affinity {
+		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	}
+	if s.Traffic != "" {
+		svc.Spec.TrafficDistribution = &s.Traffic
+	}
+	if s.ExternalIPs {
+		for _, a := range s.externalIPs() {
+			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, a.String())
+		}
+	}
+	if s.SourceRange {
+		svc.Spec.LoadBalancerSourceRanges = []string{netip.PrefixFrom(client4, 32).String(), netip.PrefixFrom(client6, 128).String()}
+	}
+	created, err := client.Create(ctx, svc, metav1.CreateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("create service %s: %w", s.Name, err)
+	}
+	if s.Type != lb {
+		return created, nil
+	}
+	mode := corev1.LoadBalancerIPModeVIP
+	if s.IPModeProxy {
+		mode = corev1.LoadBalancerIPModeProxy
+	}
+	for _, a := range s.lbIPs() {
+		created.Status.LoadBalancer.Ingress = append(created.Status.LoadBalancer.Ingress, corev1.LoadBalancerIngress{IP: a.String(), IPMode: &mode})
+	}
+	updated, err := client.UpdateStatus(ctx, created, metav1.UpdateOptions{})
+	if err != nil {
+		return nil, fmt.Errorf("service %s: load balancer status: %w", s.Name, err)
+	}
+	return updated, nil
+}
+
+// waitSlices waits until every Service's slices list exactly its pods.
+func (w *World) waitSlices(ctx context.Context) error {
+	for _, s := range Shapes {
+		if err := w.waitEndpoints(ctx, s.Name, s.Pods); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// waitEndpoints waits until the slices of Service name hold exactly the
+// addresses of pods (both families).
+func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) error {
+	want := map[string]bool{}
+	svc := w.Services[name]
+	for _, p := range pods {
+		for _, f := range svc.Spec.IPFamilies {
+			if f == corev1.IPv4Protocol {
+				want[w.Pods[p].IP.String()] = true
+			} else {
+				want[w.Pods[p].IP6.String()] = true
+			}
+		}
+	}
+	err := cluster.WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
+		list, err := w.Cluster.Client().DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		if err != nil {
+			return false, nil
+		}
+		got := map[string]bool{}
+		for _, sl := range list.Items {
+			for _, e := range sl.Endpoints {
+				for _, a := range e.Addresses {
+					got[a] = true
+				}
+			}
+		}
+		if len(got) != len(want) {
+			return false, nil
+		}
+		for a := range want {
+			if !got[a] {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("endpoints of %s: want %v: %w", name, pods, err)
+	}
+	return nil
+}
+
+// relabel moves the stale-conntrack Service from pod from to pod to.
+func (w *World) relabel(ctx context.Context, shape, from, to string) error {
+	pods := w.Cluster.Client().CoreV1().Pods(namespace)
+	key := "s-" + shape
+	for _, p := range []struct {
+		name  string
+		patch string
+	}{
+		{to, fmt.Sprintf(`{"metadata":{"labels":{%q:"y"}}}`, key)},
+		{from, fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, key)},
+	} {
+		if _, err := pods.Patch(ctx, p.name, types.StrategicMergePatchType, []byte(p.patch), metav1.PatchOptions{}); err != nil {
+			return fmt.Errorf("relabel pod %s: %w", p.name, err)
+		}
+	}
+	return w.waitEndpoints(ctx, shape, []string{to})
+}
+
+// name is an address's name in outcomes: a pod, the client, a node
+// address; the address itself when unknown.
+func (w *World) name(a netip.Addr) string {
+	if n, ok := w.names[a.Unmap()]; ok {
+		return n
+	}
+	return a.String()
+}

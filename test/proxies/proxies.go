@@ -1,0 +1,211 @@
+// Package proxies starts the two Service proxies the harnesses compare —
+// upstream kube-proxy in iptables mode and edgeproxy in iptables mode — with
+// the same settings, and empties a node namespace between them. The
+// benchmarks (test/bench) and the conformance matrix (test/conformance)
+// share it, so both proxies are configured in one place.
+//
+// The iptables backend (legacy or nft) is chosen the same way for both: a
+// directory whose iptables, iptables-save and iptables-restore (and the
+// ip6tables ones) link to the backend's programs is put first in PATH.
+package proxies
+
+import (
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// Kind names a proxy under test.
+type Kind string
+
+// The proxies the harnesses run.
+const (
+	KubeProxy Kind = "kube-proxy"
+	EdgeProxy Kind = "edgeproxy"
+)
+
+// Settings are what both proxies are given, the same for both.
+type Settings struct {
+	Backend     string        // legacy | nft
+	MinSync     time.Duration // kube-proxy --iptables-min-sync-period, edgeproxy sync.minPeriod
+	Sync        time.Duration // kube-proxy --iptables-sync-period, edgeproxy sync.period
+	ClusterCIDR string        // masquerade traffic to ClusterIPs from outside it; comma-separated, one per family
+	// NodePortAddresses limits NodePorts to the node's addresses in these
+	// CIDRs (kube-proxy --nodeport-addresses); empty: every address.
+	NodePortAddresses []string
+	// ExternalIPs turns on spec.externalIPs in edgeproxy, where they are
+	// opt-in; kube-proxy always programs them.
+	ExternalIPs bool
+}
+
+// Node is where a proxy runs and how it is reached.
+type Node struct {
+	Name        string // the Node object (--hostname-override, nodeName)
+	Kubeconfig  string // reaches the API server from inside the node
+	MetricsAddr string // host:port of /metrics
+	HealthzAddr string // host:port of /healthz
+}
+
+// KubeProxyArgs are kube-proxy's flags for s: iptables mode, no conntrack
+// table sizing (nf_conntrack_max cannot be written from a network
+// namespace), verbosity 2.
+func KubeProxyArgs(n Node, s Settings) []string {
+	args := []string{
+		"--proxy-mode=iptables",
+		"--kubeconfig=" + n.Kubeconfig,
+		"--hostname-override=" + n.Name,
+		"--cluster-cidr=" + s.ClusterCIDR,
+		"--conntrack-max-per-core=0",
+		"--iptables-min-sync-period=" + s.MinSync.String(),
+		"--iptables-sync-period=" + s.Sync.String(),
+		"--metrics-bind-address=" + n.MetricsAddr,
+		"--healthz-bind-address=" + n.HealthzAddr,
+		"--v=2",
+	}
+	if len(s.NodePortAddresses) > 0 {
+		args = append(args, "--nodeport-addresses="+strings.Join(s.NodePortAddresses, ","))
+	}
+	return args
+}
+
+// EdgeProxyConfig is edgeproxy's config file for s (mode iptables), keeping
+// its state in stateDir.
+func EdgeProxyConfig(n Node, s Settings, stateDir string) string {
+	cfg := fmt.Sprintf(`nodeName: %s
+kubeconfig: %s
+mode: iptables
+clusterCIDR: %q
+stateDir: %s
+externalIPs: %t
+sync:
+  minPeriod: %s
+  period: %s
+server:
+  healthz: %q
+  metrics: %q
+log:
+  level: info
+`, n.Name, n.Kubeconfig, s.ClusterCIDR, stateDir, s.ExternalIPs, s.MinSync, s.Sync, n.HealthzAddr, n.MetricsAddr)
+	if len(s.NodePortAddresses) > 0 {
+		cfg += "nodePortAddresses:\n"
+		for _, a := range s.NodePortAddresses {
+			cfg += fmt.Sprintf("  - %q\n", a)
+		}
+	}
+	return cfg
+}
+
+// BackendPath makes a directory under dir whose iptables, iptables-save and
+// iptables-restore (and the ip6tables ones) are the given backend's, to put
+// first in a proxy's PATH. Both proxies find the backend the same way.
+func BackendPath(dir, backend string) (string, error) {
+	if backend != "legacy" && backend != "nft" {
+		return "", fmt.Errorf("proxies: unknown iptables backend %q (want legacy or nft)", backend)
+	}
+	p := filepath.Join(dir, "path-"+backend)
+	if err := os.MkdirAll(p, 0o755); err != nil {
+		return "", fmt.Errorf("proxies: %w", err)
+	}
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, suffix := range []string{"", "-save", "-restore"} {
+			target, err := exec.LookPath(fam + "-" + backend + suffix)
+			if err != nil {
+				return "", fmt.Errorf("proxies: %s not found (Debian package iptables): %w", fam+"-"+backend+suffix, err)
+			}
+			link := filepath.Join(p, fam+suffix)
+			_ = os.Remove(link)
+			if err := os.Symlink(target, link); err != nil {
+				return "", fmt.Errorf("proxies: %w", err)
+			}
+		}
+	}
+	return p, nil
+}
+
+// Env is os.Environ() with the backend directory first in PATH.
+func Env(backendPath string) []string {
+	return append(os.Environ(), "PATH="+backendPath+":"+os.Getenv("PATH"))
+}
+
+// Runner runs a command inside the node namespace (netns.NS.Run and
+// bench.Netns.Run have this shape).
+type Runner func(name string, args ...string) (string, error)
+
+// Reset empties a node namespace for the next proxy: every table of both
+// iptables backends and of nf_tables, the conntrack table, and the one
+// sysctl a proxy turns on that changes what packets do (route_localnet,
+// for NodePorts on 127.0.0.1).
+func Reset(run Runner) error {
+	for _, fam := range []string{"iptables", "ip6tables"} {
+		for _, table := range []string{"nat", "filter", "mangle"} {
+			for _, op := range []string{"-F", "-X"} {
+				if _, err := run(fam+"-legacy", "-w", "-t", table, op); err != nil {
+					return fmt.Errorf("proxies: reset: %w", err)
+				}
+			}
+		}
+	}
+	if _, err := run("nft", "flush", "ruleset"); err != nil {
+		return fmt.Errorf("proxies: reset: %w", err)
+	}
+	if _, err := run("sysctl", "-qw", "net.ipv4.conf.all.route_localnet=0"); err != nil {
+		return fmt.Errorf("proxies: reset: %w", err)
+	}
+	// conntrack -F fails on an empty table on some versions: not an error.
+	_, _ = run("conntrack", "-F")
+	_, _ = run("conntrack", "-F", "-f", "ipv6")
+	return nil
+}
+
+// Process is a started proxy; Stop ends it.
+type Process struct {
+	Name string // for messages
+	Log  string // where its output goes
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+// Start starts cmd (its output already directed) and watches for its end.
+func Start(name string, cmd *exec.Cmd, log string) (*Process, error) {
+	p := &Process{Name: name, Log: log, cmd: cmd, done: make(chan struct{})}
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("proxies: start %s: %w", name, err)
+	}
+	go func() { p.err = cmd.Wait(); close(p.done) }()
+	return p, nil
+}
+
+// PID is the process id.
+func (p *Process) PID() int { return p.cmd.Process.Pid }
+
+// Exited returns an error once the process has ended (a proxy must not,
+// during a run).
+func (p *Process) Exited() error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("proxies: %s exited: %v (log %s)", p.Name, p.err, p.Log)
+	default:
+		return nil
+	}
+}
+
+// Stop ends the process with SIGTERM, then SIGKILL after 10s, and waits.
+func (p *Process) Stop() {
+	select {
+	case <-p.done:
+		return
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case <-p.done:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		<-p.done
+	}
+}

@@ -1,0 +1,37 @@
+package proxies
+
+import (
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
+)
+
+var testNode = Node{Name: "node-a", Kubeconfig: "/k", MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
+
+// The edgeproxy config the harnesses write is one edgeproxy accepts, with
+// the settings kube-proxy gets as flags.
+func TestEdgeProxyConfigLoads(t *testing.T) {
+	s := Settings{Backend: "nft", MinSync: time.Second, Sync: 30 * time.Second,
+		ClusterCIDR: "10.244.0.0/16,fd00:244::/48", NodePortAddresses: []string{"192.168.77.0/24"}, ExternalIPs: true}
+	path := filepath.Join(t.TempDir(), "edgeproxy.yaml")
+	if err := os.WriteFile(path, []byte(EdgeProxyConfig(testNode, s, t.TempDir())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(config.LoadOptions{File: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.NodeName != "node-a" || !cfg.ExternalIPs || len(cfg.NodePortAddresses) != 1 || cfg.Sync.MinPeriod != time.Second {
+		t.Errorf("loaded %+v", cfg)
+	}
+	args := KubeProxyArgs(testNode, s)
+	for _, want := range []string{"--proxy-mode=iptables", "--hostname-override=node-a", "--cluster-cidr=10.244.0.0/16,fd00:244::/48", "--nodeport-addresses=192.168.77.0/24", "--iptables-min-sync-period=1s"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("kube-proxy args %v lack %s", args, want)
+		}
+	}
+}
