@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -170,6 +171,10 @@ type Status struct {
 	APIReachable bool `json:"apiReachable"`
 	// Modules is the health of each loaded policy module.
 	Modules []chain.ModuleStatus `json:"modules,omitempty"`
+	// Refused lists what the last sync left out of the datapath and why
+	// (frontend conflicts, invalid frontends, rules the kernel refused);
+	// everything else was programmed.
+	Refused []datapath.Refusal `json:"refused,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -197,6 +202,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	}
 	st.FromSnapshot = a.fromSnapshot.Load()
 	st.APIReachable = a.api == nil || a.api.Reachable()
+	st.Refused = a.Refused()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		byService := map[string]*ServiceView{}
@@ -230,7 +236,7 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	out := map[string][]planner.Explain{}
 	for port, ex := range res.Explain {
 		if port == name || strings.HasPrefix(port, name+":") {
-			out[port] = ex
+			out[port] = withRefusals(ex, port, a.Refused())
 		}
 	}
 	if len(out) == 0 {
@@ -238,6 +244,30 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// withRefusals returns ex with a note for each refusal of port, copying
+// rather than changing the planner's cached explanations.
+func withRefusals(ex []planner.Explain, port string, refused []datapath.Refusal) []planner.Explain {
+	var notes []string
+	for _, r := range refused {
+		if r.Service == port {
+			what := "left out of the datapath"
+			if r.Frontend != "" {
+				what = r.Frontend + " left out of the datapath"
+			}
+			notes = append(notes, what+": "+r.Reason)
+		}
+	}
+	if len(notes) == 0 {
+		return ex
+	}
+	out := make([]planner.Explain, len(ex))
+	for i, e := range ex {
+		e.Notes = append(slices.Clip(e.Notes), notes...)
+		out[i] = e
+	}
+	return out
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {
