@@ -32,6 +32,9 @@ type Config struct {
 	// and annotation prefix, that are kept and handed to policy modules.
 	NodeLabels       []string `koanf:"nodeLabels"`
 	ServiceKeyPrefix string   `koanf:"serviceKeyPrefix"`
+	// MaxManifestSize caps each file of the manifest directory; a bigger
+	// one is skipped and reported.
+	MaxManifestSize Size `koanf:"maxManifestSize"`
 }
 
 // Sync sets the sync runner's timing.
@@ -151,5 +154,6 @@ func Default() Config {
 		Server:           Server{Healthz: "127.0.0.1:10256", Metrics: "127.0.0.1:10249"},
 		Log:              Log{Level: "info", Format: "text"},
 		ServiceKeyPrefix: "edgeproxy.io/",
+		MaxManifestSize:  64 << 20,
 	}
 }
