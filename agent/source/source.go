@@ -24,7 +24,7 @@ type Sink interface {
 
 // Metrics counts what the sources skip.
 type Metrics struct {
-	Skipped *prometheus.CounterVec // kind, reason: bad|ignored
+	Skipped *prometheus.CounterVec // kind, reason: bad|ignored|duplicate
 }
 
 // NewMetrics registers the source metrics on reg (nil: not registered).
@@ -87,6 +87,20 @@ func (r *reporter) warnings(kind, key string, ws []string) {
 	r.mu.Unlock()
 	if !seen {
 		r.log.Warn("skipping parts of object", "kind", kind, "object", key, "reasons", msg)
+	}
+}
+
+// duplicate records an object defined in more than one manifest file:
+// counted every time, logged once.
+func (r *reporter) duplicate(kind, key string, err error) {
+	r.metrics.Skipped.WithLabelValues(kind, "duplicate").Inc()
+	id, msg := "duplicate "+kind+"/"+key, err.Error()
+	r.mu.Lock()
+	seen := r.last[id] == msg
+	r.last[id] = msg
+	r.mu.Unlock()
+	if !seen {
+		r.log.Warn("object defined more than once", "kind", kind, "object", key, "reason", msg)
 	}
 }
 
