@@ -286,23 +286,14 @@ func parseAddrs(field string, in []string) ([]netip.Addr, error) {
 
 // unusableVIP says why a is no address to serve a Service on, or "".
 func unusableVIP(a netip.Addr) string {
-	switch {
-	case a.Zone() != "":
-		return "has a zone"
-	case a.IsUnspecified():
-		return "is the unspecified address"
-	case a.IsLoopback():
-		return "is a loopback address"
-	case a.IsMulticast():
-		return "is a multicast address"
-	case a == netip.AddrFrom4([4]byte{255, 255, 255, 255}):
+	if a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
 		return "is the broadcast address"
 	}
-	return ""
+	return unusableEndpoint(a)
 }
 
 // unusableEndpoint says why a is no address to send Service traffic to, or
-// "" (kube-proxy's endpoint checks refuse the same).
+// "" (the API server's endpoint validation refuses the same).
 func unusableEndpoint(a netip.Addr) string {
 	switch {
 	case a.Zone() != "":
