@@ -16,7 +16,7 @@ REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 TEST_FLAGS  ?= -race -timeout 40m
 DESTDIR ?=
 
-.PHONY: all build modules cluster-bins deps demo test vet bench bench-micro install clean
+.PHONY: all build modules cluster-bins deps demo test vet fuzz fuzz-smoke bench bench-micro install clean
 
 all: build
 
@@ -55,7 +55,20 @@ vet:
 deps:
 	test/deps.sh
 
-test: deps build modules cluster-bins vet
+# Native Go fuzz targets (package:target): decoders of outside input and
+# the plan sanitizer. make test runs each for FUZZ_SMOKE; make fuzz for FUZZTIME.
+FUZZ_TARGETS := ./agent/source:FuzzManifest ./agent/config:FuzzLoad ./agent/snapshot:FuzzDecode \
+	./policy/abi:FuzzDecode ./datapath:FuzzSanitize
+FUZZ_SMOKE ?= 5s
+FUZZTIME   ?= 10m
+fuzz-smoke:
+	@for t in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZ_SMOKE) $${t%%:*} || exit 1; done
+fuzz:
+	@for t in $(FUZZ_TARGETS); do \
+		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} || exit 1; done
+
+test: deps build modules cluster-bins vet fuzz-smoke
 	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
 		CGO_ENABLED=1 $(GO) test $(TEST_FLAGS) ./...
 

@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/netip"
+	"reflect"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -70,11 +71,13 @@ type Agent struct {
 	metrics *metrics
 	chains  *chainPolicy // nil when the caller supplied its own policy
 
+	quarantine *quarantine               // under mu
+	last       atomic.Pointer[published] // read without mu
+
 	mu        sync.Mutex // guards the fields below; held by sync
 	needFull  bool
 	lastFull  time.Time
 	triggers  []time.Time
-	last      *planner.Result
 	lastErr   error
 	synced    chan struct{} // closed after the first successful apply
 	syncOnce  sync.Once
@@ -120,6 +123,7 @@ func New(opts Options) (*Agent, error) {
 	}
 	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, a.opts.Policy)
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
+	a.quarantine = newQuarantine(opts.Registry, a.log)
 	var err error
 	if a.notifier, err = notify.New(notify.Options{Logger: a.log.With("component", "systemd")}); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
@@ -128,7 +132,11 @@ func New(opts Options) (*Agent, error) {
 	conv := &source.Converter{ProxyName: cfg.ProxyName, KeepPrefix: cfg.ServiceKeyPrefix}
 	srcMetrics := source.NewMetrics(opts.Registry)
 	if cfg.Manifests != "" {
-		a.source, err = source.NewDir(cfg.Manifests, cfg.NodeName, conv, a.state, a.log.With("source", "manifests"), srcMetrics)
+		var d *source.Dir
+		if d, err = source.NewDir(cfg.Manifests, cfg.NodeName, conv, a.state, a.log.With("source", "manifests"), srcMetrics); err == nil {
+			d.SetMaxFileSize(int64(cfg.MaxManifestSize))
+			a.source = d
+		}
 	} else {
 		var client kubernetes.Interface
 		if client, err = newClient(cfg.Kubeconfig); err == nil {
@@ -309,8 +317,22 @@ func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
 }
 
 // reconfigure applies a reloaded config. The watcher has already kept the
-// restart-only keys at their running values.
-func (a *Agent) reconfigure(prev, next *config.Config) {
+// restart-only keys at their running values. When the new policy modules
+// are refused, the rest applies, the running chains stay (and so does the
+// policy part of the config shown in /debug/status), and the error makes
+// the watcher count the reload as failed.
+func (a *Agent) reconfigure(prev, next *config.Config) error {
+	var perr error
+	if r, ok := a.opts.Policy.(interface {
+		Reload(context.Context, config.Policy) error
+	}); ok && !reflect.DeepEqual(prev.Policy, next.Policy) {
+		if perr = r.Reload(context.Background(), next.Policy); perr != nil {
+			a.log.Error("policy reload failed; the running chains stay in force", "error", perr)
+			kept := *next
+			kept.Policy = prev.Policy
+			next = &kept
+		}
+	}
 	a.cfg.Store(next)
 	if a.opts.LogLevel != nil {
 		var l slog.Level
@@ -327,20 +349,16 @@ func (a *Agent) reconfigure(prev, next *config.Config) {
 	a.mu.Lock()
 	a.planner.SetOptions(planner.Options{ExternalIPs: next.ExternalIPs})
 	a.needFull = true
-	a.mu.Unlock()
-	if r, ok := a.opts.Policy.(interface {
-		Reload(context.Context, config.Policy) error
-	}); ok {
-		if err := r.Reload(context.Background(), next.Policy); err != nil {
-			a.log.Error("policy reload failed; the running chains stay in force", "error", err)
-		} else {
-			a.mu.Lock()
-			a.planner.Invalidate()
-			a.mu.Unlock()
-		}
+	if perr == nil {
+		a.planner.Invalidate()
 	}
+	a.mu.Unlock()
 	a.log.Info("config reloaded", "changed", config.Diff(prev, next))
 	a.runner.Run()
+	if perr != nil {
+		return fmt.Errorf("policy: %w", perr)
+	}
+	return nil
 }
 
 func (a *Agent) apiContactSeconds() float64 {

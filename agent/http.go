@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -190,6 +191,10 @@ type Status struct {
 	// ExternalIPsIgnored names the Services whose externalIPs are not
 	// programmed because externalIPs is off.
 	ExternalIPsIgnored []string `json:"externalIPsIgnored,omitempty"`
+	// Refused lists what the last sync left out of the datapath and why
+	// (frontend conflicts, invalid frontends, rules the kernel refused);
+	// everything else was programmed.
+	Refused []datapath.Refusal `json:"refused,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -217,6 +222,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	}
 	st.FromSnapshot = a.fromSnapshot.Load()
 	st.APIReachable = a.api == nil || a.api.Reachable()
+	st.Refused = a.Refused()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		st.ExternalIPsIgnored = res.ExternalIPsIgnored
@@ -251,7 +257,7 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	out := map[string][]planner.Explain{}
 	for port, ex := range res.Explain {
 		if port == name || strings.HasPrefix(port, name+":") {
-			out[port] = ex
+			out[port] = withRefusals(ex, port, a.Refused())
 		}
 	}
 	if len(out) == 0 {
@@ -259,6 +265,30 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// withRefusals returns ex with a note for each refusal of port, copying
+// rather than changing the planner's cached explanations.
+func withRefusals(ex []planner.Explain, port string, refused []datapath.Refusal) []planner.Explain {
+	var notes []string
+	for _, r := range refused {
+		if r.Service == port {
+			what := "left out of the datapath"
+			if r.Frontend != "" {
+				what = r.Frontend + " left out of the datapath"
+			}
+			notes = append(notes, what+": "+r.Reason)
+		}
+	}
+	if len(notes) == 0 {
+		return ex
+	}
+	out := make([]planner.Explain, len(ex))
+	for i, e := range ex {
+		e.Notes = append(slices.Clip(e.Notes), notes...)
+		out[i] = e
+	}
+	return out
 }
 
 func writeJSON(w http.ResponseWriter, code int, v any) {

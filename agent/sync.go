@@ -7,6 +7,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
 // sync is the runner's work function: snapshot → plan → apply. A failed
@@ -27,11 +28,13 @@ func (a *Agent) sync(ctx context.Context) error {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
 	}
 	res := a.planner.Build(ctx, snap)
+	refused := a.quarantine.sanitize(res.Plan, snap)
 	period := a.Config().Sync.Period
 	res.Plan.Full = a.needFull || (period > 0 && start.Sub(a.lastFull) >= period)
 	a.metrics.portsEvaluated.Add(float64(res.Evaluated))
 
-	if err := a.backend.Apply(ctx, res.Plan); err != nil {
+	ports, err := datapath.SplitPortErrors(a.backend.Apply(ctx, res.Plan))
+	if err != nil {
 		a.needFull = true
 		a.lastErr = err
 		a.metrics.syncErrors.Inc()
@@ -43,7 +46,11 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	a.needFull = false
 	a.lastErr = nil
-	a.last = res
+	for _, pe := range ports {
+		refused = append(refused, datapath.Refusal{Service: pe.Service, Reason: pe.Err.Error()})
+	}
+	a.quarantine.report(refused)
+	a.last.Store(&published{res: res, refused: refused})
 	for _, t := range a.triggers {
 		if d := now.Sub(t); d >= 0 {
 			a.metrics.programming.Observe(d.Seconds())
@@ -92,11 +99,28 @@ func healthChecks(res *planner.Result) map[uint16]healthcheck.Info {
 	return out
 }
 
+// published is what the last successful sync programmed. It is read
+// without the sync lock: the debug views never wait for a sync.
+type published struct {
+	res     *planner.Result
+	refused []datapath.Refusal
+}
+
 // Last returns the last plan applied with its explanations, or nil.
 func (a *Agent) Last() *planner.Result {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	return a.last
+	if p := a.last.Load(); p != nil {
+		return p.res
+	}
+	return nil
+}
+
+// Refused returns what the last successful sync left out of the datapath,
+// and why.
+func (a *Agent) Refused() []datapath.Refusal {
+	if p := a.last.Load(); p != nil {
+		return p.refused
+	}
+	return nil
 }
 
 // SyncNow asks for a sync soon (used by tests and the CLI's one-shot plan).

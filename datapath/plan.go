@@ -248,45 +248,20 @@ func (p *Plan) String() string {
 }
 
 // Validate checks the invariants a Backend relies on and returns every
-// violation found, joined.
+// violation found, joined. A plan that went through Sanitize passes.
 func (p *Plan) Validate() error {
 	var errs []string
 	seen := make(map[Key]string, len(p.Frontends))
 	for i := range p.Frontends {
 		f := &p.Frontends[i]
 		where := fmt.Sprintf("frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)
-		switch f.Protocol {
-		case TCP, UDP, SCTP:
-		default:
-			errs = append(errs, fmt.Sprintf("%s: unknown protocol %q", where, f.Protocol))
-		}
-		if f.Port == 0 {
-			errs = append(errs, where+": port 0")
-		}
-		if f.Addr.IsValid() && FamilyOf(f.Addr) != f.Family {
-			errs = append(errs, fmt.Sprintf("%s: address family %d does not match family %d", where, FamilyOf(f.Addr), f.Family))
-		}
-		if !f.Addr.IsValid() && f.Kind != NodePort {
-			errs = append(errs, where+": only NodePort frontends may have no address")
+		for _, pr := range frontendProblems(f) {
+			errs = append(errs, where+": "+pr)
 		}
 		if prev, dup := seen[f.Key()]; dup {
 			errs = append(errs, fmt.Sprintf("%s: duplicates a frontend of %s", where, prev))
 		}
 		seen[f.Key()] = f.Service
-		if f.Drop && len(f.Endpoints) > 0 {
-			errs = append(errs, where+": drop set on a frontend with endpoints")
-		}
-		if len(f.Cluster) > 0 && !f.LocalOnly {
-			errs = append(errs, where+": a short-circuit set on a frontend that is not LocalOnly")
-		}
-		for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
-			if e.Weight == 0 || e.Weight > MaxWeight {
-				errs = append(errs, fmt.Sprintf("%s: endpoint %s: weight %d out of range 1..%d", where, e.Addr, e.Weight, MaxWeight))
-			}
-			if FamilyOf(e.Addr.Addr()) != f.Family {
-				errs = append(errs, fmt.Sprintf("%s: endpoint %s is not IPv%d", where, e.Addr, f.Family))
-			}
-		}
 	}
 	if len(errs) > 0 {
 		return fmt.Errorf("datapath: invalid plan: %s", strings.Join(errs, "; "))

@@ -183,7 +183,9 @@ func hostOptions(cfg config.Policy, stateDir string, log *slog.Logger, o options
 		Engine: cfg.Engine, Timeout: cfg.Timeout, MemoryLimit: int64(cfg.MemoryLimit),
 		MaxModuleSize: int64(cfg.MaxModuleSize), Log: log, Now: o.now, Breaker: o.breaker,
 	}
-	if stateDir != "" {
+	// Without modules there is nothing to compile: no cache directory is
+	// needed, so `plan` runs as any user without a writable stateDir.
+	if stateDir != "" && len(cfg.Modules) > 0 {
 		ho.CacheDir = filepath.Join(stateDir, "wasm-cache")
 	}
 	return ho

@@ -53,8 +53,9 @@ func ExampleWatcher() {
 	w, err := config.NewWatcher(cfg, config.WatcherOptions{
 		Load:       opts,
 		Registerer: prometheus.NewRegistry(),
-		OnChange: func(prev, next *config.Config) {
+		OnChange: func(prev, next *config.Config) error {
 			level.Set(next.Log.SlogLevel()) // hand each stage its new settings
+			return nil
 		},
 	})
 	if err != nil {

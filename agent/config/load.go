@@ -22,6 +22,7 @@
 package config
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -30,7 +31,6 @@ import (
 
 	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
-	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/v2"
 )
 
@@ -71,6 +71,10 @@ type LoadOptions struct {
 	Hostname func() (string, error)
 	// Logger receives warnings; nil: slog.Default().
 	Logger *slog.Logger
+	// RefuseEmpty refuses an empty (or all-blank) file instead of reading
+	// it as "all defaults": on a reload it is usually an editor's
+	// half-written save.
+	RefuseEmpty bool
 }
 
 // Path returns the config file Load will read, or "" for none.
@@ -102,7 +106,14 @@ func Load(opts LoadOptions) (*Config, error) {
 	}
 	k := koanf.New(".")
 	if path := opts.Path(); path != "" {
-		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+		b, err := ReadRegular(path, MaxFileSize)
+		if err == nil && opts.RefuseEmpty && len(bytes.TrimSpace(b)) == 0 {
+			err = ErrEmpty
+		}
+		if err != nil {
+			return nil, fmt.Errorf("config: %s: %w", path, err)
+		}
+		if err := k.Load(bytesProvider(b), yaml.Parser()); err != nil {
 			return nil, fmt.Errorf("config: %s: %w", path, err)
 		}
 	}
@@ -147,6 +158,9 @@ func Load(opts LoadOptions) (*Config, error) {
 	d.decodeValue("", reflectValue(&cfg), k.Raw())
 	errs = append(errs, d.errs...)
 
+	// kube-proxy's rule for the node name: trimmed and lower-cased, from
+	// whichever layer it came.
+	cfg.NodeName = strings.ToLower(strings.TrimSpace(cfg.NodeName))
 	if cfg.NodeName == "" {
 		hostname := opts.Hostname
 		if hostname == nil {

@@ -192,10 +192,12 @@ func TestEveryEnvNameReachesItsKey(t *testing.T) {
 
 func TestFlags(t *testing.T) {
 	c := mustLoad(t, LoadOptions{Flags: map[string]string{
-		"kubeconfig": "/k", "node-name": "Flag-Node", "mode": "plan", "sync.period": "45s",
+		"kubeconfig": "/k", "node-name": " Flag-Node ", "mode": "plan", "sync.period": "45s",
 	}})
-	// A name given explicitly is used as is; only the hostname is folded.
-	if c.Kubeconfig != "/k" || c.NodeName != "Flag-Node" || c.Mode != "plan" || c.Sync.Period != 45*time.Second {
+	// Defect 9 of issue 14: kube-proxy's rule, trimmed and lower-cased,
+	// applies to a name given explicitly too (else every local endpoint is
+	// lost).
+	if c.Kubeconfig != "/k" || c.NodeName != "flag-node" || c.Mode != "plan" || c.Sync.Period != 45*time.Second {
 		t.Fatalf("flags not applied: %+v", c)
 	}
 	got := loadErr(t, LoadOptions{Flags: map[string]string{"node-nam": "x"}})

@@ -35,6 +35,9 @@ type Config struct {
 
 	// Conntrack sets the netfilter conntrack parameters kube-proxy sets.
 	Conntrack Conntrack `koanf:"conntrack"`
+	// MaxManifestSize caps each file of the manifest directory; a bigger
+	// one is skipped and reported.
+	MaxManifestSize Size `koanf:"maxManifestSize"`
 }
 
 // Sync sets the sync runner's timing.
@@ -177,5 +180,6 @@ func Default() Config {
 		Server:           Server{Healthz: "0.0.0.0:10256", Metrics: "127.0.0.1:10249"},
 		Log:              Log{Level: "info", Format: "text"},
 		ServiceKeyPrefix: "edgeproxy.io/",
+		MaxManifestSize:  64 << 20,
 	}
 }

@@ -45,6 +45,10 @@ func reflectValue(c *Config) reflect.Value { return reflect.ValueOf(c).Elem() }
 // it yourself after building a Config by hand. It does not touch the file
 // system or the network: module files, the kubeconfig and the manifest
 // directory are checked by whoever opens them.
+// MinSyncPeriod is the shortest sync.period: a shorter one would keep a
+// core busy with full resyncs.
+const MinSyncPeriod = 100 * time.Millisecond
+
 func (c *Config) Validate() error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -100,8 +104,8 @@ func (c *Config) Validate() error {
 	nonNegative("sync.minPeriod", s.MinPeriod, s.MinPeriod < 0)
 	nonNegative("offline.startTimeout", c.Offline.StartTimeout, c.Offline.StartTimeout < 0)
 	nonNegative("offline.snapshotInterval", c.Offline.SnapshotInterval, c.Offline.SnapshotInterval < 0)
-	if s.Period <= 0 {
-		bad("sync.period", "%s must be positive", s.Period)
+	if s.Period < MinSyncPeriod {
+		bad("sync.period", "%s is shorter than %s", s.Period, MinSyncPeriod)
 	} else if s.MinPeriod > s.Period {
 		bad("sync.minPeriod", "%s is longer than sync.period (%s)", s.MinPeriod, s.Period)
 	}
@@ -145,6 +149,9 @@ func (c *Config) Validate() error {
 
 	errs = append(errs, c.Policy.validate()...)
 
+	if c.MaxManifestSize <= 0 {
+		bad("maxManifestSize", "%s must be positive", c.MaxManifestSize)
+	}
 	if strings.TrimSpace(c.StateDir) == "" {
 		bad("stateDir", "must not be empty")
 	}

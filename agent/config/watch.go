@@ -49,7 +49,10 @@ type WatcherOptions struct {
 	// OnChange, if set, is called after each swap with the previous and
 	// the new effective config (never equal). Calls are serialised; it must
 	// not call Reload. Current() already returns next when it runs.
-	OnChange func(prev, next *Config)
+	// An error means part of next could not be applied (e.g. its policy
+	// modules were refused): the reload is counted as an error and the
+	// watcher keeps prev as its base, so the next save retries.
+	OnChange func(prev, next *Config) error
 }
 
 // Watcher keeps the current Config and replaces it when the file changes.
@@ -97,7 +100,7 @@ func NewWatcher(initial *Config, opts WatcherOptions) (*Watcher, error) {
 		log:  log.With("file", abs),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgeproxy_config_reload_total",
-			Help: "Config file reloads, by result (success: the file was valid and is in use; error: it was rejected and the previous config kept).",
+			Help: "Config file reloads, by result (success: the file was valid and is in use; error: it was rejected, or applied only in part, and the previous config kept; empty: an empty file, usually a save caught half-way, ignored).",
 		}, []string{"result"}),
 		restartG: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgeproxy_config_restart_required",
@@ -230,7 +233,16 @@ func (w *Watcher) realPath() string {
 func (w *Watcher) reload(reason string, always bool) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	next, err := Load(w.opts.Load)
+	lo := w.opts.Load
+	lo.RefuseEmpty = true
+	next, err := Load(lo)
+	if errors.Is(err, ErrEmpty) {
+		// Usually an editor's save caught half-way (truncate, then
+		// write): refused, and the write that follows is reloaded.
+		w.reloads.WithLabelValues("empty").Inc()
+		w.log.Warn("config: the file is empty; keeping the running config", "reason", reason)
+		return err
+	}
 	if err != nil {
 		w.reloads.WithLabelValues("error").Inc()
 		w.log.Error("config: reload rejected; keeping the running config", "reason", reason, "err", err)
@@ -246,7 +258,6 @@ func (w *Watcher) reload(reason string, always bool) error {
 	if len(changed) == 0 && slices.Equal(pending, w.pending) && !always {
 		return nil
 	}
-	w.reloads.WithLabelValues("success").Inc()
 	w.pending = pending
 	if len(pending) > 0 {
 		w.restartG.Set(1)
@@ -258,14 +269,21 @@ func (w *Watcher) reload(reason string, always bool) error {
 			"key", h.key, "running", h.running, "file", h.file)
 	}
 	if len(changed) == 0 {
+		w.reloads.WithLabelValues("success").Inc()
 		w.log.Info("config: reloaded, nothing changed", "reason", reason)
 		return nil
 	}
 	w.cur.Store(next)
-	w.log.Info("config: reloaded", "reason", reason, "changed", changed)
 	if w.opts.OnChange != nil {
-		w.opts.OnChange(prev, next)
+		if err := w.opts.OnChange(prev, next); err != nil {
+			w.cur.Store(prev)
+			w.reloads.WithLabelValues("error").Inc()
+			w.log.Error("config: reload applied only in part", "reason", reason, "changed", changed, "err", err)
+			return err
+		}
 	}
+	w.reloads.WithLabelValues("success").Inc()
+	w.log.Info("config: reloaded", "reason", reason, "changed", changed)
 	return nil
 }
 

@@ -131,10 +131,11 @@ func startWatcher(t *testing.T, path string, env []string) *harness {
 		Registerer: h.reg,
 		Logger:     slog.New(slog.NewTextHandler(h.logs, nil)),
 		Debounce:   20 * time.Millisecond,
-		OnChange: func(prev, next *Config) {
+		OnChange: func(prev, next *Config) error {
 			h.mu.Lock()
 			defer h.mu.Unlock()
 			h.changes = append(h.changes, [2]*Config{prev, next})
+			return nil
 		},
 	})
 	if err != nil {
@@ -223,6 +224,16 @@ func TestWatcherKeepsOldConfigOnBadEdit(t *testing.T) {
 	waitFor(t, "the syntax error to be counted", func() bool { return h.reloads("error") >= 2 })
 	if h.w.Current() != before {
 		t.Fatal("syntax error changed the config")
+	}
+
+	// Defect 6 of issue 14: a file truncated to empty (an editor's
+	// half-written save) is not "all defaults".
+	if err := os.WriteFile(path, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the empty file to be counted", func() bool { return h.reloads("empty") >= 1 })
+	if h.w.Current() != before {
+		t.Fatal("an empty file changed the config")
 	}
 
 	// Fixing the file applies it.

@@ -39,6 +39,9 @@ const (
 // ExternalName and meant for this proxy.
 type Service struct {
 	Namespace, Name string
+	// Created is the creationTimestamp (zero in manifests without one).
+	// When two Services claim one frontend, the older keeps it.
+	Created time.Time
 	// ClusterIPs, ExternalIPs and LoadBalancerIPs may mix IP families.
 	// LoadBalancerIPs leaves out ingress points with ipMode Proxy.
 	ClusterIPs      []netip.Addr

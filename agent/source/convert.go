@@ -56,6 +56,7 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 	out := &model.Service{
 		Namespace:           s.Namespace,
 		Name:                s.Name,
+		Created:             s.CreationTimestamp.Time,
 		InternalLocal:       s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
 		HealthCheckNodePort: uint16(s.Spec.HealthCheckNodePort),
 		Labels:              s.Labels,
@@ -78,6 +79,16 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 	if out.ExternalIPs, err = parseAddrs("spec.externalIPs", s.Spec.ExternalIPs); err != nil {
 		return nil, err
 	}
+	for i, a := range out.ClusterIPs {
+		if why := unusableVIP(a); why != "" {
+			return nil, fmt.Errorf("spec.clusterIPs[%d]: %s %s", i, a, why)
+		}
+	}
+	for i, a := range out.ExternalIPs {
+		if why := unusableVIP(a); why != "" {
+			return nil, fmt.Errorf("spec.externalIPs[%d]: %s %s", i, a, why)
+		}
+	}
 	for i, ing := range s.Status.LoadBalancer.Ingress {
 		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
 			continue
@@ -85,6 +96,9 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 		a, err := netip.ParseAddr(ing.IP)
 		if err != nil {
 			return nil, fmt.Errorf("status.loadBalancer.ingress[%d].ip: %q is not an IP address", i, ing.IP)
+		}
+		if why := unusableVIP(a.Unmap()); why != "" {
+			return nil, fmt.Errorf("status.loadBalancer.ingress[%d].ip: %s %s", i, a, why)
 		}
 		out.LoadBalancerIPs = append(out.LoadBalancerIPs, a.Unmap())
 	}
@@ -180,6 +194,10 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 			continue
 		}
 		a = a.Unmap()
+		if why := unusableEndpoint(a); why != "" {
+			warnings = append(warnings, fmt.Sprintf("endpoints[%d].addresses[0]: %s %s", i, a, why))
+			continue
+		}
 		if (out.Family == model.IPv4) != a.Is4() {
 			warnings = append(warnings, fmt.Sprintf("endpoints[%d].addresses[0]: %s is not of addressType %s", i, a, s.AddressType))
 			continue
@@ -275,6 +293,30 @@ func parseAddrs(field string, in []string) ([]netip.Addr, error) {
 		out = append(out, a.Unmap())
 	}
 	return out, nil
+}
+
+// unusableVIP says why a is no address to serve a Service on, or "".
+func unusableVIP(a netip.Addr) string {
+	if a == netip.AddrFrom4([4]byte{255, 255, 255, 255}) {
+		return "is the broadcast address"
+	}
+	return unusableEndpoint(a)
+}
+
+// unusableEndpoint says why a is no address to send Service traffic to, or
+// "" (the API server's endpoint validation refuses the same).
+func unusableEndpoint(a netip.Addr) string {
+	switch {
+	case a.Zone() != "":
+		return "has a zone"
+	case a.IsUnspecified():
+		return "is the unspecified address"
+	case a.IsLoopback():
+		return "is a loopback address"
+	case a.IsMulticast():
+		return "is a multicast address"
+	}
+	return ""
 }
 
 func checkProtocol(p string) error {

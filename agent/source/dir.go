@@ -1,6 +1,7 @@
 package source
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -20,6 +21,7 @@ import (
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"k8s.io/client-go/kubernetes/scheme"
 
+	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 )
 
@@ -36,10 +38,17 @@ type Dir struct {
 	log      *slog.Logger
 	report   *reporter
 
+	// maxSize caps each file; 0: config.MaxFileSize.
+	maxSize int64
+
 	services map[string]*model.Service
 	slices   map[string]*model.EndpointSlice
 	loaded   chan struct{}
 }
+
+// SetMaxFileSize caps each manifest file (bytes); a bigger file is
+// skipped and reported.
+func (d *Dir) SetMaxFileSize(n int64) { d.maxSize = n }
 
 // NewDir prepares a manifest source for path.
 func NewDir(path, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*Dir, error) {
@@ -57,13 +66,19 @@ func NewDir(path, nodeName string, conv *Converter, sink Sink, log *slog.Logger,
 }
 
 // Run loads the directory, then reloads it whenever a file in it changes,
-// until ctx is done.
+// until ctx is done. The parent directory is watched too, so that a
+// directory replaced under the same name (mv d d.old; mkdir d) is followed;
+// a ConfigMap-style "..data" symlink swap inside it reloads as well.
 func (d *Dir) Run(ctx context.Context) error {
 	w, err := fsnotify.NewWatcher()
 	if err != nil {
 		return fmt.Errorf("source: manifests: watch: %w", err)
 	}
 	defer w.Close()
+	parent := filepath.Dir(filepath.Clean(d.path))
+	if err := w.Add(parent); err != nil {
+		return fmt.Errorf("source: manifests: watch %s: %w", parent, err)
+	}
 	if err := w.Add(d.path); err != nil {
 		return fmt.Errorf("source: manifests: watch %s: %w", d.path, err)
 	}
@@ -76,6 +91,7 @@ func (d *Dir) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	base := filepath.Base(filepath.Clean(d.path))
 	for {
 		select {
 		case <-ctx.Done():
@@ -84,7 +100,18 @@ func (d *Dir) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			if isManifest(ev.Name) {
+			switch {
+			case filepath.Dir(ev.Name) == parent && filepath.Base(ev.Name) == base:
+				// The directory itself was replaced, moved or removed:
+				// watch whatever now has its name (the watch on the old
+				// one goes with it).
+				_ = w.Remove(d.path)
+				if err := w.Add(d.path); err != nil {
+					d.log.Warn("manifest directory gone; keeping what was loaded until it is back", "dir", d.path, "error", err)
+				}
+				timer.Reset(quiet)
+			case filepath.Dir(ev.Name) == parent:
+			case isManifest(ev.Name) || filepath.Base(ev.Name) == "..data":
 				timer.Reset(quiet)
 			}
 		case err, ok := <-w.Errors:
@@ -121,12 +148,26 @@ func (d *Dir) Load() {
 		d.log.Warn("cannot read manifest directory; keeping what was loaded", "dir", d.path, "error", err)
 		return
 	}
+	// Where each object came from, to report one defined in two files.
+	from := map[string]string{}
+	seen := func(kind, key, where string) {
+		id := kind + " " + key
+		file, _, _ := strings.Cut(where, ": document")
+		if prev, dup := from[id]; dup && !strings.HasPrefix(prev, file+":") {
+			d.report.duplicate(kind, key, fmt.Errorf("defined again in %s (first in %s); the last one read is used", where, prev))
+		}
+		from[id] = where
+	}
+	maxSize := d.maxSize
+	if maxSize <= 0 {
+		maxSize = config.MaxFileSize
+	}
 	for _, e := range entries {
 		if e.IsDir() || !isManifest(e.Name()) {
 			continue
 		}
 		file := filepath.Join(d.path, e.Name())
-		objs, errs := decodeFile(file)
+		objs, errs := decodeFile(file, maxSize)
 		for _, err := range errs {
 			d.report.problem("manifest", file, err)
 		}
@@ -134,6 +175,7 @@ func (d *Dir) Load() {
 			switch o := l.obj.(type) {
 			case *v1.Service:
 				key := keyOf(o)
+				seen("Service", key, l.where)
 				if m, err := d.conv.Service(o); err != nil {
 					d.report.problem("Service", key, fmt.Errorf("%s: %w", l.where, err))
 				} else {
@@ -142,6 +184,7 @@ func (d *Dir) Load() {
 				}
 			case *discovery.EndpointSlice:
 				key := keyOf(o)
+				seen("EndpointSlice", key, l.where)
 				m, ws, err := d.conv.EndpointSlice(o)
 				if err != nil {
 					d.report.problem("EndpointSlice", key, fmt.Errorf("%s: %w", l.where, err))
@@ -193,34 +236,61 @@ type located struct {
 	where string
 }
 
-func decodeFile(file string) ([]located, []error) {
-	raw, err := os.ReadFile(file)
+// decodeFile reads one manifest file: a regular file of at most maxSize
+// bytes. YAML documents are split before they are parsed, so a syntax error
+// in one is reported and the others are kept.
+func decodeFile(file string, maxSize int64) ([]located, []error) {
+	raw, err := config.ReadRegular(file, maxSize)
 	if err != nil {
 		return nil, []error{err}
 	}
+	return decodeDocs(file, raw)
+}
+
+func decodeDocs(file string, raw []byte) ([]located, []error) {
 	var out []located
 	var errs []error
-	r := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(raw), 4096)
 	deser := scheme.Codecs.UniversalDeserializer()
-	for i := 1; ; i++ {
-		var doc runtime.RawExtension
-		if err := r.Decode(&doc); err != nil {
-			if !errors.Is(err, io.EOF) {
-				errs = append(errs, fmt.Errorf("%s: document %d: %w", file, i, err))
+	docs := [][]byte{raw}
+	if trimmed := bytes.TrimSpace(raw); len(trimmed) == 0 || trimmed[0] != '{' {
+		docs = docs[:0]
+		yr := utilyaml.NewYAMLReader(bufio.NewReader(bytes.NewReader(raw)))
+		for {
+			doc, err := yr.Read()
+			if err != nil {
+				if !errors.Is(err, io.EOF) {
+					errs = append(errs, fmt.Errorf("%s: document %d: %w", file, len(docs)+1, err))
+				}
+				break
 			}
-			break
+			docs = append(docs, doc)
 		}
-		body := bytes.TrimSpace(doc.Raw)
-		if len(body) == 0 || string(body) == "null" {
-			continue
+	}
+	n := 0
+	for _, d := range docs {
+		r := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(d), 4096)
+		for {
+			var doc runtime.RawExtension
+			if err := r.Decode(&doc); err != nil {
+				if !errors.Is(err, io.EOF) {
+					n++
+					errs = append(errs, fmt.Errorf("%s: document %d: %w", file, n, err))
+				}
+				break
+			}
+			n++
+			body := bytes.TrimSpace(doc.Raw)
+			if len(body) == 0 || string(body) == "null" {
+				continue
+			}
+			where := fmt.Sprintf("%s: document %d", file, n)
+			obj, _, err := deser.Decode(doc.Raw, nil, nil)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s: %w", where, err))
+				continue
+			}
+			out = append(out, located{obj: obj, where: where})
 		}
-		where := fmt.Sprintf("%s: document %d", file, i)
-		obj, _, err := deser.Decode(doc.Raw, nil, nil)
-		if err != nil {
-			errs = append(errs, fmt.Errorf("%s: %w", where, err))
-			continue
-		}
-		out = append(out, located{obj: obj, where: where})
 	}
 	return out, errs
 }

@@ -24,7 +24,7 @@ type Sink interface {
 
 // Metrics counts what the sources skip.
 type Metrics struct {
-	Skipped *prometheus.CounterVec // kind, reason: bad|ignored
+	Skipped *prometheus.CounterVec // kind, reason: bad|ignored|duplicate
 }
 
 // NewMetrics registers the source metrics on reg (nil: not registered).
@@ -63,12 +63,7 @@ func (r *reporter) problem(kind, key string, err error) {
 		reason, level = "ignored", slog.LevelDebug
 	}
 	r.metrics.Skipped.WithLabelValues(kind, reason).Inc()
-	id, msg := kind+"/"+key, err.Error()
-	r.mu.Lock()
-	seen := r.last[id] == msg
-	r.last[id] = msg
-	r.mu.Unlock()
-	if !seen {
+	if msg := err.Error(); r.firstTime(kind+"/"+key, msg) {
 		r.log.Log(nil, level, "skipping object", "kind", kind, "object", key, "reason", msg)
 	}
 }
@@ -80,14 +75,28 @@ func (r *reporter) warnings(kind, key string, ws []string) {
 		return
 	}
 	r.metrics.Skipped.WithLabelValues(kind+"-part", "bad").Add(float64(len(ws)))
-	id, msg := kind+"/"+key, joinWarnings(ws)
-	r.mu.Lock()
-	seen := r.last[id] == msg
-	r.last[id] = msg
-	r.mu.Unlock()
-	if !seen {
+	if msg := joinWarnings(ws); r.firstTime(kind+"/"+key, msg) {
 		r.log.Warn("skipping parts of object", "kind", kind, "object", key, "reasons", msg)
 	}
+}
+
+// duplicate records an object defined in more than one manifest file:
+// counted every time, logged once.
+func (r *reporter) duplicate(kind, key string, err error) {
+	r.metrics.Skipped.WithLabelValues(kind, "duplicate").Inc()
+	if msg := err.Error(); r.firstTime("duplicate "+kind+"/"+key, msg) {
+		r.log.Warn("object defined more than once", "kind", kind, "object", key, "reason", msg)
+	}
+}
+
+// firstTime records msg for id and reports whether it differs from the
+// last one recorded.
+func (r *reporter) firstTime(id, msg string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := r.last[id] == msg
+	r.last[id] = msg
+	return !seen
 }
 
 func (r *reporter) clear(kind, key string) {

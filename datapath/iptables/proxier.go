@@ -504,7 +504,7 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 			st.fatal = true
 			return st, errors.Join(append(errs, restoreErr)...)
 		}
-		errs = append(errs, fmt.Errorf("iptables: service port %s left out: %w", id, restoreErr))
+		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: fmt.Errorf("iptables: unit %s: %w", id, restoreErr)})
 		rs.drop(id)
 	}
 	if full && !listed {

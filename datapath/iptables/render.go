@@ -115,7 +115,7 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 		}
 		f = unmapped(f)
 		if err := checkFrontend(f); err != nil {
-			rs.Errors = append(rs.Errors, err)
+			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: err})
 			continue
 		}
 		id := f.Service + " " + strings.ToLower(string(f.Protocol))
@@ -619,6 +619,16 @@ func (rs *Ruleset) chains() map[tableChain]string {
 }
 
 // drop removes a unit from the ruleset, after the kernel refused its rules.
+// serviceOf returns the service port of unit id.
+func (rs *Ruleset) serviceOf(id string) string {
+	for _, u := range rs.units {
+		if u.id == id {
+			return u.service
+		}
+	}
+	return id
+}
+
 func (rs *Ruleset) drop(id string) {
 	rs.units = slices.DeleteFunc(rs.units, func(u *unit) bool { return u.id == id })
 }

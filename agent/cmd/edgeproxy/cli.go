@@ -65,13 +65,22 @@ func debugGet(server, cfgPath, path string, query url.Values, v any) error {
 		}
 		server = cfg.Server.Metrics
 	}
+	if strings.Contains(server, "://") {
+		// A URL given for HOST:PORT: take its host.
+		if su, err := url.Parse(server); err == nil && su.Host != "" {
+			server = su.Host
+		}
+	}
 	if server == "" {
 		return errors.New("the agent's metrics server is disabled (server.metrics is empty); pass --server HOST:PORT")
 	}
 	u := url.URL{Scheme: "http", Host: server, Path: path, RawQuery: query.Encode()}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u.String(), nil)
+	if err != nil {
+		return fmt.Errorf("--server %q: want HOST:PORT: %w", server, err)
+	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		return fmt.Errorf("cannot reach the agent at %s (is edgeproxy running? `systemctl status edgeproxy`): %w", server, err)
@@ -91,10 +100,41 @@ func debugGet(server, cfgPath, path string, query url.Values, v any) error {
 	return json.Unmarshal(body, v)
 }
 
+// parseAnywhere parses flags given before, between or after the
+// positional arguments (as kubectl does) and returns the positional ones;
+// everything after "--" is positional.
+func parseAnywhere(fs *flag.FlagSet, args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := fs.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := fs.Args()
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		pos, args = append(pos, rest[0]), rest[1:]
+	}
+}
+
+// checkOutput refuses an -o the commands do not know.
+func checkOutput(o string) error {
+	if o != "text" && o != "json" {
+		return usageError("-o %q: want text or json", o)
+	}
+	return nil
+}
+
 func runStatus(args []string, stdout io.Writer) error {
 	fs, out, server, cfgPath := clientFlags("status")
-	if err := fs.Parse(args); err != nil {
+	if _, err := parseAnywhere(fs, args); err != nil {
 		return usageError("%v", err)
+	}
+	if err := checkOutput(*out); err != nil {
+		return err
 	}
 	var st agent.Status
 	if err := debugGet(*server, *cfgPath, "/debug/status", nil, &st); err != nil {
@@ -160,6 +200,12 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 	if len(st.ExternalIPsIgnored) > 0 {
 		fmt.Fprintf(w, "externalIPs not programmed (externalIPs: false): %s\n", strings.Join(st.ExternalIPsIgnored, ", "))
 	}
+	if len(st.Refused) > 0 {
+		fmt.Fprintln(w, "left out of the datapath (everything else is programmed):")
+		for _, r := range st.Refused {
+			fmt.Fprintf(w, "  %s\n", r)
+		}
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tFRONTEND\tKIND\tENDPOINTS (weight)")
@@ -180,14 +226,18 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 
 func runExplain(args []string, stdout io.Writer) error {
 	fs, out, server, cfgPath := clientFlags("explain")
-	if err := fs.Parse(args); err != nil {
+	pos, err := parseAnywhere(fs, args)
+	if err != nil {
 		return usageError("%v", err)
 	}
-	if fs.NArg() != 1 || strings.Count(fs.Arg(0), "/") != 1 {
+	if len(pos) != 1 || strings.Count(pos[0], "/") != 1 {
 		return usageError("explain needs one NAMESPACE/NAME")
 	}
+	if err := checkOutput(*out); err != nil {
+		return err
+	}
 	var ex map[string][]planner.Explain
-	if err := debugGet(*server, *cfgPath, "/debug/explain", url.Values{"service": {fs.Arg(0)}}, &ex); err != nil {
+	if err := debugGet(*server, *cfgPath, "/debug/explain", url.Values{"service": {pos[0]}}, &ex); err != nil {
 		return fmt.Errorf("explain: %w", err)
 	}
 	if *out == "json" {

@@ -115,11 +115,12 @@ func newAgentFlags(name string) *agentFlags {
 }
 
 func (f *agentFlags) parse(args []string) error {
-	if err := f.fs.Parse(args); err != nil {
+	pos, err := parseAnywhere(f.fs, args)
+	if err != nil {
 		return usageError("%v", err)
 	}
-	if f.fs.NArg() > 0 {
-		return usageError("unexpected argument %q", f.fs.Arg(0))
+	if len(pos) > 0 {
+		return usageError("unexpected argument %q", pos[0])
 	}
 	return nil
 }
@@ -193,8 +194,11 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	if *out != "text" && *out != "json" {
-		return usageError("-o %q: want text or json", *out)
+	if err := checkOutput(*out); err != nil {
+		return err
+	}
+	if *timeout <= 0 {
+		return usageError("--timeout %s: must be positive", *timeout)
 	}
 	boot := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	cfg, _, err := f.load(boot)

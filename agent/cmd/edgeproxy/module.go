@@ -20,12 +20,17 @@ func moduleCheck(args []string, stdout io.Writer) error {
 	fs.SetOutput(io.Discard)
 	out := fs.String("o", "text", "")
 	cfgPath := fs.String("config", "", "")
-	if err := fs.Parse(args); err != nil {
+	pos, err := parseAnywhere(fs, args)
+	if err != nil {
 		return usageError("%v", err)
 	}
-	if fs.NArg() != 1 {
+	if len(pos) != 1 {
 		return usageError("module check needs one FILE")
 	}
+	if err := checkOutput(*out); err != nil {
+		return err
+	}
+	file := pos[0]
 	flags := map[string]string{}
 	if *cfgPath != "" {
 		flags["config"] = *cfgPath
@@ -37,7 +42,7 @@ func moduleCheck(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	report, err := chain.CheckFile(context.Background(), cfg.Policy, fs.Arg(0), quiet)
+	report, err := chain.CheckFile(context.Background(), cfg.Policy, file, quiet)
 	if report == nil {
 		return err
 	}
@@ -51,8 +56,8 @@ func moduleCheck(args []string, stdout io.Writer) error {
 		fmt.Fprint(stdout, report.String())
 	}
 	if err != nil {
-		return fmt.Errorf("module %s refused: %w", fs.Arg(0), err)
+		return fmt.Errorf("module %s refused: %w", file, err)
 	}
-	fmt.Fprintf(stdout, "module %s passed every check\n", fs.Arg(0))
+	fmt.Fprintf(stdout, "module %s passed every check\n", file)
 	return nil
 }

@@ -1,0 +1,77 @@
+package datapath
+
+import (
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// planFrom builds a plan of up to 16 frontends from bytes: small ranges so
+// that conflicts and bad values are common.
+func planFrom(b []byte) *Plan {
+	kinds := []Kind{ClusterIP, NodePort, ExternalIP, LoadBalancer, "Bogus"}
+	protos := []Protocol{TCP, UDP, SCTP, "ICMP"}
+	svcs := []string{"a/x", "b/y", "c/z:p", "d/w"}
+	p := &Plan{}
+	for len(b) >= 6 && len(p.Frontends) < 16 {
+		f := Frontend{
+			Service:  svcs[int(b[0])%len(svcs)],
+			Kind:     kinds[int(b[1])%len(kinds)],
+			Protocol: protos[int(b[2])%len(protos)],
+			Port:     uint16(b[3] % 4),
+			Family:   IPv4,
+		}
+		switch b[4] % 4 {
+		case 0:
+			f.Addr = netip.AddrFrom4([4]byte{10, 0, 0, b[4] % 3})
+		case 1:
+			f.Addr = netip.MustParseAddr("fd00::1")
+		case 2:
+			f.Addr = netip.MustParseAddr("fe80::1").WithZone("eth0")
+			f.Family = IPv6
+		}
+		for i := range int(b[5] % 3) {
+			f.Endpoints = append(f.Endpoints, Endpoint{
+				Addr:   netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, 0, byte(i)}), 80),
+				Weight: uint32(b[5]) * 50 * uint32(i),
+			})
+		}
+		p.Frontends = append(p.Frontends, f)
+		b = b[6:]
+	}
+	return p
+}
+
+// ids lists the plan's frontends without endpoints, sorted.
+func ids(p *Plan) string {
+	var out []string
+	for i := range p.Frontends {
+		out = append(out, p.Frontends[i].Service+" "+frontendID(&p.Frontends[i]))
+	}
+	slices.Sort(out)
+	return strings.Join(out, "\n")
+}
+
+// FuzzSanitize: whatever a plan holds, Sanitize leaves one that Validate
+// accepts, keeps every frontend that was fine and unclaimed, and gives the
+// same result whatever the frontends' order.
+func FuzzSanitize(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1})
+	f.Add([]byte{0, 1, 1, 0, 3, 2, 2, 4, 3, 1, 1, 0})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		p := planFrom(b)
+		rev := &Plan{}
+		for i := len(p.Frontends) - 1; i >= 0; i-- {
+			rev.Frontends = append(rev.Frontends, p.Frontends[i])
+		}
+		r1 := p.Sanitize(nil)
+		if err := p.Validate(); err != nil {
+			t.Fatalf("after Sanitize: %v", err)
+		}
+		r2 := rev.Sanitize(nil)
+		if ids(p) != ids(rev) || len(r1) != len(r2) {
+			t.Fatalf("order-dependent:\n%s\nvs\n%s\n%v\n%v", p, rev, r1, r2)
+		}
+	})
+}

@@ -1,0 +1,185 @@
+package datapath
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Refusal is a frontend, or a whole service port, left out of a plan with
+// the reason. One bad service port never stops the others: what a backend
+// must not be given is taken out and reported, and the rest is programmed.
+type Refusal struct {
+	// Service is the service port (Frontend.Service) concerned.
+	Service string `json:"service"`
+	// Frontend is the frontend left out (Frontend.String without the
+	// endpoints' part), or empty when the whole service port is.
+	Frontend string `json:"frontend,omitempty"`
+	Reason   string `json:"reason"`
+	// Conflict: another service port claimed the same frontend first.
+	Conflict bool `json:"conflict,omitempty"`
+}
+
+func (r Refusal) String() string {
+	if r.Frontend == "" {
+		return r.Service + ": " + r.Reason
+	}
+	return r.Service + " " + r.Frontend + ": " + r.Reason
+}
+
+// PortError is a service port a backend could not program while it
+// programmed the rest of the plan. Backends return them (joined with
+// errors.Join) so that the caller can tell a refused service port from a
+// failed apply.
+type PortError struct {
+	Service string
+	Err     error
+}
+
+func (e *PortError) Error() string {
+	return fmt.Sprintf("service port %s left out: %v", e.Service, e.Err)
+}
+func (e *PortError) Unwrap() error { return e.Err }
+
+// SplitPortErrors separates the PortErrors in err (as joined by
+// errors.Join, to any depth) from every other error, which is returned
+// joined as rest; rest is nil when err held only PortErrors.
+func SplitPortErrors(err error) (ports []*PortError, rest error) {
+	var others []error
+	var walk func(error)
+	walk = func(e error) {
+		if pe, ok := e.(*PortError); ok {
+			ports = append(ports, pe)
+			return
+		}
+		if j, ok := e.(interface{ Unwrap() []error }); ok {
+			for _, c := range j.Unwrap() {
+				walk(c)
+			}
+			return
+		}
+		others = append(others, e)
+	}
+	if err != nil {
+		walk(err)
+	}
+	return ports, errors.Join(others...)
+}
+
+// frontendProblems lists what breaks the invariants a Backend relies on in
+// one frontend, taken alone.
+func frontendProblems(f *Frontend) []string {
+	var out []string
+	switch f.Protocol {
+	case TCP, UDP, SCTP:
+	default:
+		out = append(out, fmt.Sprintf("unknown protocol %q", f.Protocol))
+	}
+	if f.Port == 0 {
+		out = append(out, "port 0")
+	}
+	if f.Family != IPv4 && f.Family != IPv6 {
+		out = append(out, fmt.Sprintf("unknown family %d", f.Family))
+	}
+	if f.Addr.IsValid() && FamilyOf(f.Addr) != f.Family {
+		out = append(out, fmt.Sprintf("address family %d does not match family %d", FamilyOf(f.Addr), f.Family))
+	}
+	if f.Addr.Zone() != "" {
+		out = append(out, "address has a zone")
+	}
+	if !f.Addr.IsValid() && f.Kind != NodePort {
+		out = append(out, "only NodePort frontends may have no address")
+	}
+	switch f.Kind {
+	case ClusterIP, NodePort, ExternalIP, LoadBalancer:
+	default:
+		out = append(out, fmt.Sprintf("unknown kind %q", f.Kind))
+	}
+	if f.Drop && len(f.Endpoints) > 0 {
+		out = append(out, "drop set on a frontend with endpoints")
+	}
+	if len(f.Cluster) > 0 && !f.LocalOnly {
+		out = append(out, "a short-circuit set on a frontend that is not LocalOnly")
+	}
+	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
+		if e.Weight == 0 || e.Weight > MaxWeight {
+			out = append(out, fmt.Sprintf("endpoint %s: weight %d out of range 1..%d", e.Addr, e.Weight, MaxWeight))
+		}
+		if !e.Addr.Addr().IsValid() || FamilyOf(e.Addr.Addr()) != f.Family {
+			out = append(out, fmt.Sprintf("endpoint %s is not IPv%d", e.Addr, f.Family))
+		}
+	}
+	return out
+}
+
+// Sanitize takes out of p what a Backend must not be given and returns
+// why, so that Validate then passes:
+//
+//   - a service port with a frontend that breaks an invariant is left out
+//     whole;
+//   - when several service ports claim one frontend (same kind, protocol,
+//     address and port), the one that first orders before the others keeps
+//     it and the others lose that frontend only, as Conflict refusals.
+//     first(a, b) reports whether service port a takes precedence over b;
+//     it must be a strict order, so that the outcome does not depend on the
+//     order of the plan. Nil orders by name.
+//
+// Sanitize does not change Changed; the caller marks the service ports
+// whose refusals changed.
+func (p *Plan) Sanitize(first func(a, b string) bool) []Refusal {
+	if first == nil {
+		first = func(a, b string) bool { return a < b }
+	}
+	var out []Refusal
+	bad := map[string]bool{}
+	for i := range p.Frontends {
+		f := &p.Frontends[i]
+		if probs := frontendProblems(f); len(probs) > 0 && !bad[f.Service] {
+			bad[f.Service] = true
+			out = append(out, Refusal{Service: f.Service, Reason: fmt.Sprintf("frontend %s %s: %s", f.Protocol, f.AddrString(), strings.Join(probs, "; "))})
+		}
+	}
+	owner := make(map[Key]int, len(p.Frontends))
+	for i := range p.Frontends {
+		f := &p.Frontends[i]
+		if bad[f.Service] {
+			continue
+		}
+		k := f.Key()
+		if j, dup := owner[k]; !dup || (p.Frontends[j].Service != f.Service && first(f.Service, p.Frontends[j].Service)) {
+			owner[k] = i
+		}
+	}
+	fs := make([]Frontend, 0, len(p.Frontends))
+	for i := range p.Frontends {
+		f := &p.Frontends[i]
+		if bad[f.Service] {
+			continue
+		}
+		j := owner[f.Key()]
+		if j == i {
+			fs = append(fs, *f)
+			continue
+		}
+		if w := &p.Frontends[j]; w.Service != f.Service {
+			out = append(out, Refusal{
+				Service: f.Service, Frontend: frontendID(f), Conflict: true,
+				Reason: fmt.Sprintf("%s %s/%s is already served by %s", f.Kind, f.AddrString(), f.Protocol, w.Service),
+			})
+		} // else the same frontend twice in one service port: one is kept
+	}
+	p.Frontends = fs
+	slices.SortFunc(out, func(a, b Refusal) int {
+		if c := strings.Compare(a.Service, b.Service); c != 0 {
+			return c
+		}
+		return strings.Compare(a.Frontend, b.Frontend)
+	})
+	return out
+}
+
+// frontendID names a frontend without its endpoints.
+func frontendID(f *Frontend) string {
+	return fmt.Sprintf("%s %s %s", f.Protocol, f.AddrString(), f.Kind)
+}
