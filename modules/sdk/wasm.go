@@ -58,3 +58,16 @@ func epEvaluate(ptr, n int32) int64 {
 	p := uint32(uintptr(unsafe.Pointer(unsafe.SliceData(res))))
 	return int64(uint64(p)<<32 | uint64(len(res)))
 }
+
+//go:wasmexport ep_evaluate_batch
+func epEvaluateBatch(ptr, n int32) int64 {
+	if n < 0 || int(n) > len(inBuf) {
+		return 0
+	}
+	res := evaluateBatch(inBuf[:n])
+	if len(res) == 0 {
+		return 0
+	}
+	p := uint32(uintptr(unsafe.Pointer(unsafe.SliceData(res))))
+	return int64(uint64(p)<<32 | uint64(len(res)))
+}
