@@ -33,10 +33,22 @@ type Weighing struct {
 	Retry bool
 }
 
-// Policy weighs the endpoints that built-in selection chose. It must return
-// exactly one weight per endpoint; a nil Policy weighs every endpoint 1.
+// Request is one service port and family to weigh: the endpoints that
+// built-in selection chose for it (internal and external together).
+type Request struct {
+	Service   *model.Service
+	Port      model.ServicePort
+	Node      *model.Node
+	Endpoints []model.PortEndpoint
+}
+
+// Policy weighs the endpoints that built-in selection chose. A Build hands
+// it every service port and family it recomputes in one call, so that a
+// policy can evaluate them in batches; it returns one Weighing per request,
+// in order, each with exactly one weight per endpoint. A nil Policy weighs
+// every endpoint 1.
 type Policy interface {
-	Weigh(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) Weighing
+	Weigh(ctx context.Context, reqs []Request) []Weighing
 }
 
 // Options are the settings that shape frontends.
@@ -131,12 +143,19 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			delete(p.ports, name)
 		}
 	}
+	var work []*portWork
 	for name, port := range snap.Ports {
 		old, cached := p.ports[name]
 		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
 		}
-		pp := p.planPort(ctx, port, snap.Node)
+		work = append(work, p.selectPort(port, snap.Node))
+	}
+	p.weigh(ctx, work, snap.Node)
+	for _, pw := range work {
+		name := pw.port.Name
+		old, cached := p.ports[name]
+		pp := p.planPort(pw)
 		if !cached || !reflect.DeepEqual(old.frontends, pp.frontends) {
 			changed[name.String()] = true
 		}
@@ -170,24 +189,74 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	return res
 }
 
-func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.Node) *portPlan {
-	pp := &portPlan{}
-	svc := port.Service
-	name := port.Name.String()
+// portWork is a service port being recomputed: built-in selection done
+// per family, policy weighing pending.
+type portWork struct {
+	port *state.Port
+	fams []famWork
+}
+
+type famWork struct {
+	fam   model.Family
+	vips  []netip.Addr
+	eps   []model.PortEndpoint
+	sel   selection.Result
+	union []model.PortEndpoint
+	w     Weighing
+}
+
+// selectPort runs built-in selection for each family the service serves.
+func (p *Planner) selectPort(port *state.Port, node *model.Node) *portWork {
+	pw := &portWork{port: port}
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
-		vips := ofFamily(svc.ClusterIPs, fam)
+		vips := ofFamily(port.Service.ClusterIPs, fam)
 		if len(vips) == 0 {
 			// A Service serves only the families it has ClusterIPs for.
 			continue
 		}
 		eps := port.Endpoints(fam)
-		sel := selection.Select(svc, port.Port, eps, node)
+		sel := selection.Select(port.Service, port.Port, eps, node)
 		union := unionOf(sel.Internal, sel.External)
-		w := Weighing{Weights: ones(len(union))}
-		if p.policy != nil && len(union) > 0 {
-			w = p.policy.Weigh(ctx, svc, port.Port, node, union)
-			pp.retry = pp.retry || w.Retry
+		pw.fams = append(pw.fams, famWork{fam: fam, vips: vips, eps: eps, sel: sel, union: union, w: Weighing{Weights: ones(len(union))}})
+	}
+	return pw
+}
+
+// weigh hands the policy every family with endpoints of every port in
+// work, in one call.
+func (p *Planner) weigh(ctx context.Context, work []*portWork, node *model.Node) {
+	if p.policy == nil {
+		return
+	}
+	var reqs []Request
+	var dst []*Weighing
+	for _, pw := range work {
+		for i := range pw.fams {
+			f := &pw.fams[i]
+			if len(f.union) > 0 {
+				reqs = append(reqs, Request{Service: pw.port.Service, Port: pw.port.Port, Node: node, Endpoints: f.union})
+				dst = append(dst, &f.w)
+			}
 		}
+	}
+	if len(reqs) == 0 {
+		return
+	}
+	for i, w := range p.policy.Weigh(ctx, reqs) {
+		if i < len(dst) {
+			*dst[i] = w
+		}
+	}
+}
+
+func (p *Planner) planPort(pw *portWork) *portPlan {
+	pp := &portPlan{}
+	port := pw.port
+	svc := port.Service
+	name := port.Name.String()
+	for _, fw := range pw.fams {
+		fam, vips, eps, sel, union, w := fw.fam, fw.vips, fw.eps, fw.sel, fw.union, fw.w
+		pp.retry = pp.retry || w.Retry
 		weight := make(map[netip.AddrPort]uint32, len(union))
 		for i, e := range union {
 			if i < len(w.Weights) {

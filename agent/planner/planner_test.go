@@ -69,17 +69,23 @@ func TestDemoPlanGolden(t *testing.T) {
 	}
 }
 
-// threeToOne weighs the first endpoint 3 and the rest 1, and names a scheduler.
-type threeToOne struct{ calls int }
+// threeToOne weighs the first endpoint 3 and the rest 1, and names a
+// scheduler. calls counts requests, batches calls.
+type threeToOne struct{ calls, batches int }
 
-func (p *threeToOne) Weigh(_ context.Context, _ *model.Service, _ model.ServicePort, _ *model.Node, eps []model.PortEndpoint) planner.Weighing {
-	p.calls++
-	w := make([]uint32, len(eps))
-	for i := range w {
-		w[i] = 1
+func (p *threeToOne) Weigh(_ context.Context, reqs []planner.Request) []planner.Weighing {
+	p.batches++
+	var out []planner.Weighing
+	for _, r := range reqs {
+		p.calls++
+		w := make([]uint32, len(r.Endpoints))
+		for i := range w {
+			w[i] = 1
+		}
+		w[0] = 3
+		out = append(out, planner.Weighing{Weights: w, Scheduler: "wrr", Explain: "first gets 3"})
 	}
-	w[0] = 3
-	return planner.Weighing{Weights: w, Scheduler: "wrr", Explain: "first gets 3"}
+	return out
 }
 
 func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
@@ -92,6 +98,10 @@ func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
 	}
 	if first.Evaluated != 5 || len(first.Plan.Changed) != 5 {
 		t.Errorf("first build evaluated %d ports, changed %d; want 5 and 5", first.Evaluated, len(first.Plan.Changed))
+	}
+	// Every port with endpoints, handed to the policy in one call.
+	if pol.batches != 1 || pol.calls < 2 {
+		t.Errorf("first build: %d policy calls for %d requests, want one call for all", pol.batches, pol.calls)
 	}
 
 	// One service changes: only its ports are evaluated again.
@@ -119,17 +129,22 @@ func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
 // is the fallback and asks for a retry.
 type failingOnce struct{ calls int }
 
-func (p *failingOnce) Weigh(_ context.Context, _ *model.Service, _ model.ServicePort, _ *model.Node, eps []model.PortEndpoint) planner.Weighing {
-	p.calls++
-	w := make([]uint32, len(eps))
-	for i := range w {
-		w[i] = 1
+func (p *failingOnce) Weigh(_ context.Context, reqs []planner.Request) []planner.Weighing {
+	var out []planner.Weighing
+	for _, r := range reqs {
+		p.calls++
+		w := make([]uint32, len(r.Endpoints))
+		for i := range w {
+			w[i] = 1
+		}
+		if p.calls == 1 {
+			out = append(out, planner.Weighing{Weights: w, Retry: true})
+			continue
+		}
+		w[0] = 7
+		out = append(out, planner.Weighing{Weights: w})
 	}
-	if p.calls == 1 {
-		return planner.Weighing{Weights: w, Retry: true}
-	}
-	w[0] = 7
-	return planner.Weighing{Weights: w}
+	return out
 }
 
 func TestFallbackIsRetriedNextSync(t *testing.T) {
