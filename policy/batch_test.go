@@ -33,7 +33,7 @@ func TestEvaluateBatchMatchesOneByOne(t *testing.T) {
 		in.Node.Zone = []string{"zone-a", "zone-b", "zone-x"}[k%3]
 		ins = append(ins, in)
 	}
-	ins = append(ins, ins[2], ins[5]) // equal inputs in the same call
+	ins = append(ins, ins[2], ins[5])                        // equal inputs in the same call
 	if _, err := batched.Evaluate(ctx, ins[0]); err != nil { // one from the cache
 		t.Fatal(err)
 	}
