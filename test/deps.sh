@@ -10,7 +10,7 @@ set -eu
 pkgs="iptables ipset conntrack iproute2 kmod procps file make gcc libc6-dev
 qemu-system-x86 linux-image-amd64 busybox-static systemd ca-certificates
 nftables binutils
-rustc cargo libstd-rust-dev-wasm32 clang lld wasi-libc"
+rustc cargo libstd-rust-dev-wasm32 clang lld wasi-libc libclang-rt-14-dev-wasm32"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
