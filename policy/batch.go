@@ -166,6 +166,7 @@ func (i *Instance) tryBatch(ctx context.Context, chunk []pending, live int, res 
 		return false
 	}
 	per := d / time.Duration(live)
+	now := i.h.opts.Now()
 	k := 0
 	for _, p := range chunk {
 		if p.dupOf >= 0 {
@@ -173,7 +174,6 @@ func (i *Instance) tryBatch(ctx context.Context, chunk []pending, live int, res 
 		}
 		item := i.items[k]
 		k++
-		now := i.h.opts.Now()
 		var ce *CallError
 		var out abi.Output
 		if len(item) == 0 {

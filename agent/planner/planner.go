@@ -43,10 +43,11 @@ type Request struct {
 }
 
 // Policy weighs the endpoints that built-in selection chose. A Build hands
-// it every service port and family it recomputes in one call, so that a
-// policy can evaluate them in batches; it returns one Weighing per request,
-// in order, each with exactly one weight per endpoint. A nil Policy weighs
-// every endpoint 1.
+// it the service ports and families it recomputes many at a time (up to
+// 256 per call, from a goroutine of its own), so that a policy can evaluate
+// them in batches; it returns one Weighing per request, in order, each
+// with exactly one weight per endpoint. A nil Policy weighs every endpoint
+// 1.
 type Policy interface {
 	Weigh(ctx context.Context, reqs []Request) []Weighing
 }
@@ -144,14 +145,17 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		}
 	}
 	var work []*portWork
+	wg := p.startWeigher(ctx)
 	for name, port := range snap.Ports {
 		old, cached := p.ports[name]
 		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
 		}
-		work = append(work, p.selectPort(port, snap.Node))
+		pw := p.selectPort(port, snap.Node)
+		work = append(work, pw)
+		wg.add(pw, snap.Node)
 	}
-	p.weigh(ctx, work, snap.Node)
+	wg.wait()
 	for _, pw := range work {
 		name := pw.port.Name
 		old, cached := p.ports[name]
@@ -222,30 +226,85 @@ func (p *Planner) selectPort(port *state.Port, node *model.Node) *portWork {
 	return pw
 }
 
-// weigh hands the policy every family with endpoints of every port in
-// work, in one call.
-func (p *Planner) weigh(ctx context.Context, work []*portWork, node *model.Node) {
+// weighChunk is how many requests the planner hands the policy at once.
+const weighChunk = 256
+
+// weigher hands the policy the ports Build recomputes, weighChunk requests
+// per call, on a goroutine of its own while Build goes on with built-in
+// selection: on a node with more than one CPU the policy's cost (Wasm
+// calls) then overlaps the selection's instead of adding to it. Build owns
+// it and waits for it; the policy bounds each call (module deadlines), so
+// the wait is bounded too.
+type weigher struct {
+	reqs  []Request
+	dst   []*Weighing
+	ch    chan weighBatch
+	done  chan struct{}
+	panic any // re-raised on Build's goroutine
+}
+
+type weighBatch struct {
+	reqs []Request
+	dst  []*Weighing
+}
+
+// startWeigher returns nil when there is no policy (every weight stays 1).
+func (p *Planner) startWeigher(ctx context.Context) *weigher {
 	if p.policy == nil {
-		return
+		return nil
 	}
-	var reqs []Request
-	var dst []*Weighing
-	for _, pw := range work {
-		for i := range pw.fams {
-			f := &pw.fams[i]
-			if len(f.union) > 0 {
-				reqs = append(reqs, Request{Service: pw.port.Service, Port: pw.port.Port, Node: node, Endpoints: f.union})
-				dst = append(dst, &f.w)
+	w := &weigher{ch: make(chan weighBatch, 4), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		defer func() {
+			if r := recover(); r != nil {
+				w.panic = r
+				for range w.ch { // let Build finish sending
+				}
+			}
+		}()
+		for b := range w.ch {
+			for i, res := range p.policy.Weigh(ctx, b.reqs) {
+				if i < len(b.dst) {
+					*b.dst[i] = res
+				}
 			}
 		}
-	}
-	if len(reqs) == 0 {
+	}()
+	return w
+}
+
+// add queues every family of pw that has endpoints.
+func (w *weigher) add(pw *portWork, node *model.Node) {
+	if w == nil {
 		return
 	}
-	for i, w := range p.policy.Weigh(ctx, reqs) {
-		if i < len(dst) {
-			*dst[i] = w
+	for i := range pw.fams {
+		f := &pw.fams[i]
+		if len(f.union) > 0 {
+			w.reqs = append(w.reqs, Request{Service: pw.port.Service, Port: pw.port.Port, Node: node, Endpoints: f.union})
+			w.dst = append(w.dst, &f.w)
 		}
+	}
+	if len(w.reqs) >= weighChunk {
+		w.ch <- weighBatch{w.reqs, w.dst}
+		w.reqs, w.dst = nil, nil
+	}
+}
+
+// wait hands over what is queued and returns when every request is
+// weighed.
+func (w *weigher) wait() {
+	if w == nil {
+		return
+	}
+	if len(w.reqs) > 0 {
+		w.ch <- weighBatch{w.reqs, w.dst}
+	}
+	close(w.ch)
+	<-w.done
+	if w.panic != nil {
+		panic(w.panic)
 	}
 }
 

@@ -170,3 +170,23 @@ func TestFallbackIsRetriedNextSync(t *testing.T) {
 		t.Fatalf("evaluated %d ports after a success, want 0", third.Evaluated)
 	}
 }
+
+// panicking is a policy that panics.
+type panicking struct{}
+
+func (panicking) Weigh(context.Context, []planner.Request) []planner.Weighing { panic("policy bug") }
+
+// TestPolicyPanicReachesBuild: the policy runs on a goroutine of Build's,
+// but its panic surfaces in Build (where the sync runner recovers it),
+// not as a crash of the process.
+func TestPolicyPanicReachesBuild(t *testing.T) {
+	st := loadDemo(t)
+	p := planner.New(planner.Options{}, panicking{})
+	defer func() {
+		if r := recover(); r != "policy bug" {
+			t.Fatalf("recovered %v, want the policy's panic", r)
+		}
+	}()
+	p.Build(context.Background(), st.Snapshot())
+	t.Fatal("Build returned")
+}

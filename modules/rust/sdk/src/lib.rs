@@ -305,7 +305,9 @@ impl<'a> Reader<'a> {
 
 /// Decodes one input into `input`, its endpoints into `eps`. False when
 /// the bytes are not a valid input.
-fn decode<'a>(b: &'a [u8], input: &mut Input<'a>, eps: &mut Vec<Endpoint<'a>>) -> bool {
+/// Each endpoint's weight goes to weights too (the output's starting
+/// point), in the same loop: every loop iteration counts in a guest.
+fn decode<'a>(b: &'a [u8], input: &mut Input<'a>, eps: &mut Vec<Endpoint<'a>>, weights: &mut Vec<u32>) -> bool {
     let mut r = Reader { b, p: 0, bad: false };
     if r.u32() != VERSION {
         return false;
@@ -329,6 +331,8 @@ fn decode<'a>(b: &'a [u8], input: &mut Input<'a>, eps: &mut Vec<Endpoint<'a>>) -
     }
     eps.clear();
     eps.reserve(count);
+    weights.clear();
+    weights.reserve(count);
     for _ in 0..count {
         let f = r.u8();
         let al = r.u8() as usize;
@@ -340,6 +344,7 @@ fn decode<'a>(b: &'a [u8], input: &mut Input<'a>, eps: &mut Vec<Endpoint<'a>>) -
         let hint_zones = r.strs();
         let hint_nodes = r.strs();
         r.bad |= al != 0 && al != 4 && al != 16;
+        weights.push(weight);
         eps.push(Endpoint {
             ready: f & READY != 0,
             serving: f & SERVING != 0,
@@ -375,12 +380,14 @@ fn put_str(b: &mut Vec<u8>, s: &[u8]) {
 
 /// Appends the encoding of out to b.
 fn encode(b: &mut Vec<u8>, out: &Output) {
+    let n = out.weights.len();
+    b.reserve(8 + n * 4 + 6 + out.reason.len());
     put_u32(b, VERSION);
-    put_u32(b, out.weights.len() as u32);
-    b.reserve(out.weights.len() * 4 + 6 + out.reason.len());
-    for w in &out.weights {
-        put_u32(b, *w);
-    }
+    put_u32(b, n as u32);
+    // The weights in one copy, not one write each: wasm32 is little-endian
+    // like the encoding.
+    // SAFETY: n u32s are n*4 initialized bytes.
+    b.extend_from_slice(unsafe { std::slice::from_raw_parts(out.weights.as_ptr() as *const u8, n * 4) });
     put_str(b, out.scheduler.as_bytes());
     put_u16(b, out.scheduler_flags.len() as u16);
     for f in out.scheduler_flags {
@@ -465,15 +472,13 @@ fn eval_into<F: Fn(&Input, &mut Output) -> Result<(), &'static str>>(
     // the vector keeps its capacity between calls and is cleared first.
     let eps: &mut Vec<Endpoint<'_>> = unsafe { std::mem::transmute(eps) };
     let mut input = Input::default();
-    if !decode(item, &mut input, eps) {
+    if !decode(item, &mut input, eps, &mut out.weights) {
         eps.clear();
         log(ERROR, b"edgeproxy-sdk: input does not decode");
         return false;
     }
     // A view whose endpoints borrow eps only for the call.
     let view = Input { service: input.service, node: input.node, endpoints: eps.as_slice() };
-    out.weights.clear();
-    out.weights.extend(view.endpoints.iter().map(|e| e.weight));
     out.scheduler = "";
     out.scheduler_flags = &[];
     out.reason.clear();

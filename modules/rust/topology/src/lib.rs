@@ -100,15 +100,8 @@ fn evaluate(input: &Input, out: &mut Output) -> Result<(), &'static str> {
     }
     let node = input.node.name;
     let zone = input.node.zone;
-    // One pass: each endpoint's closest level, and how many endpoints are
-    // at each level.
-    // SAFETY: single-threaded; not held across calls.
-    let ranks = unsafe { &mut *std::ptr::addr_of_mut!(RANKS) };
-    ranks.clear();
-    ranks.resize(total, 0);
-    let mut at = [0usize; 4];
-    for (i, e) in input.endpoints.iter().enumerate() {
-        let r = if e.local || (!e.node_name.is_empty() && eq(e.node_name, node)) {
+    let closest = |e: &edgeproxy_sdk::Endpoint| -> usize {
+        if e.local || (!e.node_name.is_empty() && eq(e.node_name, node)) {
             NODE
         } else if e.zone.is_empty() {
             ANY
@@ -118,9 +111,32 @@ fn evaluate(input: &Input, out: &mut Output) -> Result<(), &'static str> {
             REGION
         } else {
             ANY
-        };
+        }
+    };
+    // One pass: each endpoint's closest level, and how many endpoints are
+    // at each level. Unrolled by four: each loop iteration costs a call
+    // into the host under its deadline.
+    // SAFETY: single-threaded; not held across calls.
+    let ranks = unsafe { &mut *std::ptr::addr_of_mut!(RANKS) };
+    ranks.clear();
+    ranks.resize(total, 0);
+    let eps = input.endpoints;
+    let mut at = [0usize; 4];
+    let mut i = 0;
+    while i + 4 <= total {
+        let (r0, r1, r2, r3) = (closest(&eps[i]), closest(&eps[i + 1]), closest(&eps[i + 2]), closest(&eps[i + 3]));
+        at[r0] += 1;
+        at[r1] += 1;
+        at[r2] += 1;
+        at[r3] += 1;
+        ranks[i..i + 4].copy_from_slice(&[r0 as u8, r1 as u8, r2 as u8, r3 as u8]);
+        i += 4;
+    }
+    while i < total {
+        let r = closest(&eps[i]);
         at[r] += 1;
         ranks[i] = r as u8;
+        i += 1;
     }
     let within = [at[0], at[0] + at[1], at[0] + at[1] + at[2], total];
     for &l in &c.levels {
@@ -128,11 +144,7 @@ fn evaluate(input: &Input, out: &mut Output) -> Result<(), &'static str> {
         if n == 0 || (n < c.min_endpoints && l != ANY) {
             continue;
         }
-        for (w, &r) in out.weights.iter_mut().zip(ranks.iter()) {
-            if r as usize > l {
-                *w = 0;
-            }
-        }
+        drop_beyond(&mut out.weights, ranks, l as u8);
         out.reason.extend_from_slice(LEVEL_NAMES[l].as_bytes());
         out.reason.extend_from_slice(b": ");
         itoa(&mut out.reason, n);
@@ -143,6 +155,25 @@ fn evaluate(input: &Input, out: &mut Output) -> Result<(), &'static str> {
     }
     out.reason.extend_from_slice(b"no level matched; all endpoints kept");
     Ok(())
+}
+
+/// Zeroes the weights of endpoints whose rank is beyond level l, four at
+/// a time.
+fn drop_beyond(weights: &mut [u32], ranks: &[u8], l: u8) {
+    let keep = |w: u32, r: u8| if r > l { 0 } else { w };
+    let n = weights.len().min(ranks.len());
+    let mut i = 0;
+    while i + 4 <= n {
+        weights[i] = keep(weights[i], ranks[i]);
+        weights[i + 1] = keep(weights[i + 1], ranks[i + 1]);
+        weights[i + 2] = keep(weights[i + 2], ranks[i + 2]);
+        weights[i + 3] = keep(weights[i + 3], ranks[i + 3]);
+        i += 4;
+    }
+    while i < n {
+        weights[i] = keep(weights[i], ranks[i]);
+        i += 1;
+    }
 }
 
 fn itoa(b: &mut Vec<u8>, mut n: usize) {
