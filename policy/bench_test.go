@@ -265,3 +265,33 @@ func BenchmarkGuestDecode(b *testing.B) {
 		}
 	})
 }
+
+// BenchmarkLoadWarm is what start-up costs per module once the on-disk
+// compilation cache is warm (a restart): a new host over the same cache
+// directory, then Load — compile (read from the cache), instantiate, the
+// probes and the batch check, and the instance that is kept.
+func BenchmarkLoadWarm(b *testing.B) {
+	ctx := context.Background()
+	for _, m := range []struct{ lang, dir string }{{"go", "modules/topology"}, {"rust", "modules/rust/topology"}, {"c", "modules/c/zoneweight.c"}} {
+		b.Run(m.lang, func(b *testing.B) {
+			wasm := build(b, m.dir)
+			dir := filepath.Join(b.TempDir(), "cache")
+			load := func() {
+				h, err := policy.NewHost(ctx, policy.Options{CacheDir: dir})
+				if err != nil {
+					b.Fatal(err)
+				}
+				inst, rep, err := h.Load(ctx, policy.Spec{Name: m.lang, Wasm: wasm})
+				if err != nil {
+					b.Fatal(err, rep)
+				}
+				inst.Close(ctx)
+				h.Close(ctx)
+			}
+			load() // warms the cache
+			for b.Loop() {
+				load()
+			}
+		})
+	}
+}
