@@ -37,7 +37,7 @@ if [ -x /usr/bin/clang ]; then
 	for f in modules/c/*.c; do
 		name=$(basename "$f" .c)
 		echo "building c/$name -> $out/$name.wasm"
-		(cd modules/c && /usr/bin/clang --target=wasm32-wasi -mexec-model=reactor -O2 -Wall -Wextra -Werror \
+		(cd modules/c && /usr/bin/clang --target=wasm32-wasi -mexec-model=reactor -mbulk-memory -O2 -Wall -Wextra -Werror \
 			-Wl,--strip-all -o "$out/$name.wasm" "$name.c")
 	done
 else

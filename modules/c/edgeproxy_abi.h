@@ -4,7 +4,7 @@
  * small inline readers and writers for the wire encoding. No library
  * beyond the C standard headers; a module builds with
  *
- *   clang --target=wasm32-wasi -mexec-model=reactor -O2 -o m.wasm m.c
+ *   clang --target=wasm32-wasi -mexec-model=reactor -mbulk-memory -O2 -o m.wasm m.c
  *
  * and exports ep_alloc, ep_init and ep_evaluate with EP_EXPORT (and, for
  * ABI 1.1, optionally ep_evaluate_batch).

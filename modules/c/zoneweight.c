@@ -5,7 +5,7 @@
  * theirs. It implements ABI 1.0 only (no batch export), to show that the
  * host still calls such a module, one call per service port.
  *
- *   clang --target=wasm32-wasi -mexec-model=reactor -O2 -o zoneweight.wasm zoneweight.c
+ *   clang --target=wasm32-wasi -mexec-model=reactor -mbulk-memory -O2 -o zoneweight.wasm zoneweight.c
  */
 #include <stdlib.h>
 

@@ -267,7 +267,7 @@ func RustCommand(targetDir, name string) *exec.Cmd {
 // CCommand returns the command, to run in modules/c, that builds the C
 // module file into out with clang for wasm32-wasi as a reactor.
 func CCommand(out, file string) *exec.Cmd {
-	return exec.Command(Clang, "--target=wasm32-wasi", "-mexec-model=reactor", "-O2", "-Wall", "-Wextra", "-Werror",
+	return exec.Command(Clang, "--target=wasm32-wasi", "-mexec-model=reactor", "-mbulk-memory", "-O2", "-Wall", "-Wextra", "-Werror",
 		"-Wl,--strip-all", "-o", out, file)
 }
 
