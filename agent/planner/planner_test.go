@@ -78,12 +78,7 @@ func (p *threeToOne) Weigh(_ context.Context, reqs []planner.Request) []planner.
 	var out []planner.Weighing
 	for _, r := range reqs {
 		p.calls++
-		w := make([]uint32, len(r.Endpoints))
-		for i := range w {
-			w[i] = 1
-		}
-		w[0] = 3
-		out = append(out, planner.Weighing{Weights: w, Scheduler: "wrr", Explain: "first gets 3"})
+		out = append(out, planner.Weighing{Weights: firstThen(len(r.Endpoints), 3), Scheduler: "wrr", Explain: "first gets 3"})
 	}
 	return out
 }
@@ -133,16 +128,11 @@ func (p *failingOnce) Weigh(_ context.Context, reqs []planner.Request) []planner
 	var out []planner.Weighing
 	for _, r := range reqs {
 		p.calls++
-		w := make([]uint32, len(r.Endpoints))
-		for i := range w {
-			w[i] = 1
-		}
 		if p.calls == 1 {
-			out = append(out, planner.Weighing{Weights: w, Retry: true})
+			out = append(out, planner.Weighing{Weights: firstThen(len(r.Endpoints), 1), Retry: true})
 			continue
 		}
-		w[0] = 7
-		out = append(out, planner.Weighing{Weights: w})
+		out = append(out, planner.Weighing{Weights: firstThen(len(r.Endpoints), 7)})
 	}
 	return out
 }
@@ -169,6 +159,16 @@ func TestFallbackIsRetriedNextSync(t *testing.T) {
 	if third := p.Build(context.Background(), st.Snapshot()); third.Evaluated != 0 {
 		t.Fatalf("evaluated %d ports after a success, want 0", third.Evaluated)
 	}
+}
+
+// firstThen returns n weights: first, then 1 for the rest.
+func firstThen(n int, first uint32) []uint32 {
+	w := make([]uint32, n)
+	for i := range w {
+		w[i] = 1
+	}
+	w[0] = first
+	return w
 }
 
 // panicking is a policy that panics.

@@ -51,12 +51,7 @@ func epEvaluate(ptr, n int32) int64 {
 	if n < 0 || int(n) > len(inBuf) {
 		return 0
 	}
-	res := evaluate(inBuf[:n])
-	if len(res) == 0 {
-		return 0
-	}
-	p := uint32(uintptr(unsafe.Pointer(unsafe.SliceData(res))))
-	return int64(uint64(p)<<32 | uint64(len(res)))
+	return packed(evaluate(inBuf[:n]))
 }
 
 //go:wasmexport ep_evaluate_batch
@@ -64,7 +59,11 @@ func epEvaluateBatch(ptr, n int32) int64 {
 	if n < 0 || int(n) > len(inBuf) {
 		return 0
 	}
-	res := evaluateBatch(inBuf[:n])
+	return packed(evaluateBatch(inBuf[:n]))
+}
+
+// packed returns ptr<<32 | len of res, 0 for a failure (no res).
+func packed(res []byte) int64 {
 	if len(res) == 0 {
 		return 0
 	}
