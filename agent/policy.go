@@ -8,7 +8,6 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
-	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 )
 
@@ -24,13 +23,21 @@ func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, r
 	return &chainPolicy{ev: ev}, nil
 }
 
-func (p *chainPolicy) Weigh(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) planner.Weighing {
-	v := p.ev.Evaluate(ctx, svc, port, node, eps)
-	w := planner.Weighing{Weights: v.Weights, Scheduler: v.Scheduler, SchedulerFlags: v.SchedulerFlags, Retry: v.Fallback != ""}
-	if v.Chain != "" {
-		w.Explain = v
+// Weigh evaluates every request in one go, so that each chain step calls
+// its module in batches.
+func (p *chainPolicy) Weigh(ctx context.Context, reqs []planner.Request) []planner.Weighing {
+	creqs := make([]chain.Request, len(reqs))
+	for i, r := range reqs {
+		creqs[i] = chain.Request(r)
 	}
-	return w
+	out := make([]planner.Weighing, len(reqs))
+	for i, v := range p.ev.EvaluateBatch(ctx, creqs) {
+		out[i] = planner.Weighing{Weights: v.Weights, Scheduler: v.Scheduler, SchedulerFlags: v.SchedulerFlags, Retry: v.Fallback != ""}
+		if v.Chain != "" {
+			out[i].Explain = v
+		}
+	}
+	return out
 }
 
 func (p *chainPolicy) Reload(ctx context.Context, cfg config.Policy) error {

@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -45,28 +46,33 @@ func fill(n int) *state.State {
 // endpoints from scratch (what a sync costs after a node change): with
 // built-in selection only, and with a one-module chain (topology) on every
 // port — "chain-cold" with every module input new, "chain-resync" with the
-// inputs of the previous sync (answered from the chain's cache). ns/op is
-// one whole computation; the datapath apply comes on top and is the same
-// for all three.
+// inputs of the previous sync (answered from the chain's cache); the Go
+// module, and the Rust one ("-rust"). The planner hands the chain every
+// port at once, so the module is called in batches. ns/op is one whole
+// computation; the datapath apply comes on top and is the same for all.
 func BenchmarkFullSync5k(b *testing.B) {
 	ctx := context.Background()
 	st := fill(5000)
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 
-	mod := filepath.Join(b.TempDir(), "topology.wasm")
-	if err := os.WriteFile(mod, modbuild.Build(b, "modules/topology"), 0o644); err != nil {
-		b.Fatal(err)
+	chainPolicy := func(dir string) *chainPolicy {
+		mod := filepath.Join(b.TempDir(), "topology.wasm")
+		if err := os.WriteFile(mod, modbuild.Build(b, dir), 0o644); err != nil {
+			b.Fatal(err)
+		}
+		cfg := config.Default()
+		cfg.StateDir = b.TempDir()
+		cfg.Policy.Modules = []config.Module{{Name: "topology", Path: mod}}
+		cfg.Policy.Chains = []config.Chain{{Name: "near", Match: config.Match{Namespaces: []string{"shop"}},
+			Modules: []config.ChainStep{{Module: "topology"}}, Failure: config.FailureKeepBuiltin}}
+		cp, err := newChainPolicy(ctx, &cfg, quiet, prometheus.NewRegistry())
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { cp.Close(ctx) })
+		return cp
 	}
-	cfg := config.Default()
-	cfg.StateDir = b.TempDir()
-	cfg.Policy.Modules = []config.Module{{Name: "topology", Path: mod}}
-	cfg.Policy.Chains = []config.Chain{{Name: "near", Match: config.Match{Namespaces: []string{"shop"}},
-		Modules: []config.ChainStep{{Module: "topology"}}, Failure: config.FailureKeepBuiltin}}
-	cp, err := newChainPolicy(ctx, &cfg, quiet, prometheus.NewRegistry())
-	if err != nil {
-		b.Fatal(err)
-	}
-	b.Cleanup(func() { cp.Close(ctx) })
+	cp, rust := chainPolicy("modules/topology"), chainPolicy("modules/rust/topology")
 
 	// Each iteration moves the node to a new zone: every port is computed
 	// again, and every module input is new.
@@ -78,6 +84,16 @@ func BenchmarkFullSync5k(b *testing.B) {
 		p := planner.New(planner.Options{}, pol)
 		p.Build(ctx, moveNode(-1))
 		i := 0
+		var ru0 syscall.Rusage
+		syscall.Getrusage(syscall.RUSAGE_SELF, &ru0)
+		defer func() {
+			// CPU time as well as wall time: on a shared machine it is the
+			// steadier of the two.
+			var ru syscall.Rusage
+			syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+			cpu := ru.Utime.Nano() + ru.Stime.Nano() - ru0.Utime.Nano() - ru0.Stime.Nano()
+			b.ReportMetric(float64(cpu)/float64(b.N), "cpu-ns/op")
+		}()
 		for b.Loop() {
 			if cold {
 				i++
@@ -92,4 +108,5 @@ func BenchmarkFullSync5k(b *testing.B) {
 	b.Run("chain-cold", func(b *testing.B) { run(b, cp, true) })
 	b.Run("builtin-resync", func(b *testing.B) { run(b, nil, false) })
 	b.Run("chain-resync", func(b *testing.B) { run(b, cp, false) })
+	b.Run("chain-cold-rust", func(b *testing.B) { run(b, rust, true) })
 }

@@ -36,38 +36,69 @@ func benchInput(n int) *abi.Input {
 	return in
 }
 
-// BenchmarkEvaluateTopology10 is one evaluation of the topology module on
-// a 10-endpoint service port: encode, copy in, call, copy out, decode,
-// validate. The input changes every iteration so the result cache never
-// answers. Reports the median as p50-ns.
+// BenchmarkEvaluateTopology10 is one evaluation of the topology module,
+// in Go and in Rust, on a 10-endpoint service port: encode, copy in, call,
+// copy out, decode, validate. The input changes every iteration so the
+// result cache never answers. "batch64" evaluates 64 inputs per
+// EvaluateBatch (one ep_evaluate_batch call) and reports per input.
+// Reports the median as p50-ns (per call; per input for batch64).
 func BenchmarkEvaluateTopology10(b *testing.B) {
-	for _, engine := range engines {
-		b.Run(engine, func(b *testing.B) {
-			ctx := context.Background()
-			h, _ := newHost(b, engine, func(o *policy.Options) { o.Timeout = time.Second })
-			inst, _, err := h.Load(ctx, policy.Spec{Name: "topology", Wasm: build(b, "modules/topology")})
-			if err != nil {
-				b.Fatal(err)
+	for _, m := range []struct{ lang, dir string }{{"go", "modules/topology"}, {"rust", "modules/rust/topology"}} {
+		for _, engine := range engines {
+			b.Run(m.lang+"/"+engine, func(b *testing.B) { benchEvaluate(b, m.dir, engine, 1) })
+		}
+		b.Run(m.lang+"/batch64", func(b *testing.B) { benchEvaluate(b, m.dir, policy.Compiler, 64) })
+	}
+}
+
+// BenchmarkEvaluateC10 is BenchmarkEvaluateTopology10 for the C example
+// (zoneweight: a different decision, the same input), for the per-call
+// cost of a module with no language runtime at all.
+func BenchmarkEvaluateC10(b *testing.B) {
+	b.Run("compiler", func(b *testing.B) { benchEvaluate(b, "modules/c/zoneweight.c", policy.Compiler, 1) })
+}
+
+func benchEvaluate(b *testing.B, dir, engine string, batch int) {
+	ctx := context.Background()
+	h, _ := newHost(b, engine, func(o *policy.Options) { o.Timeout = time.Second })
+	inst, _, err := h.Load(ctx, policy.Spec{Name: "m", Wasm: build(b, dir)})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer inst.Close(ctx)
+	ins := make([]*abi.Input, batch)
+	for k := range ins {
+		ins[k] = benchInput(10)
+	}
+	times := make([]time.Duration, 0, b.N)
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	port := 0
+	for b.Loop() {
+		for _, in := range ins {
+			port++
+			in.Service.Port = uint16(1 + port%60000) // defeat the cache
+		}
+		start := time.Now()
+		if batch == 1 {
+			res, err := inst.Evaluate(ctx, ins[0])
+			if err != nil || res.Cached {
+				b.Fatal(err, res.Cached)
 			}
-			defer inst.Close(ctx)
-			in := benchInput(10)
-			times := make([]time.Duration, 0, b.N)
-			cpu0 := cpuTime()
-			b.ResetTimer()
-			for i := 0; b.Loop(); i++ {
-				in.Service.Port = uint16(1 + i%60000) // defeat the cache
-				start := time.Now()
-				res, err := inst.Evaluate(ctx, in)
-				times = append(times, time.Since(start))
-				if err != nil || res.Cached {
-					b.Fatal(err, res.Cached)
+		} else {
+			for _, r := range inst.EvaluateBatch(ctx, ins) {
+				if r.Err != nil || r.Cached {
+					b.Fatal(r.Err, r.Cached)
 				}
 			}
-			b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/float64(len(times)), "cpu-ns/op")
-			slices.Sort(times)
-			b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns")
-		})
+		}
+		times = append(times, time.Since(start)/time.Duration(batch))
 	}
+	n := float64(len(times) * batch)
+	b.ReportMetric(float64((cpuTime()-cpu0).Nanoseconds())/n, "cpu-ns/input")
+	b.ReportMetric(b.Elapsed().Seconds()*1e9/n, "ns/input")
+	slices.Sort(times)
+	b.ReportMetric(float64(times[len(times)/2].Nanoseconds()), "p50-ns")
 }
 
 // cpuTime is the process's user+system CPU time: on a machine shared with
@@ -233,4 +264,34 @@ func BenchmarkGuestDecode(b *testing.B) {
 			}
 		}
 	})
+}
+
+// BenchmarkLoadWarm is what start-up costs per module once the on-disk
+// compilation cache is warm (a restart): a new host over the same cache
+// directory, then Load — compile (read from the cache), instantiate, the
+// probes and the batch check, and the instance that is kept.
+func BenchmarkLoadWarm(b *testing.B) {
+	ctx := context.Background()
+	for _, m := range []struct{ lang, dir string }{{"go", "modules/topology"}, {"rust", "modules/rust/topology"}, {"c", "modules/c/zoneweight.c"}} {
+		b.Run(m.lang, func(b *testing.B) {
+			wasm := build(b, m.dir)
+			dir := filepath.Join(b.TempDir(), "cache")
+			load := func() {
+				h, err := policy.NewHost(ctx, policy.Options{CacheDir: dir})
+				if err != nil {
+					b.Fatal(err)
+				}
+				inst, rep, err := h.Load(ctx, policy.Spec{Name: m.lang, Wasm: wasm})
+				if err != nil {
+					b.Fatal(err, rep)
+				}
+				inst.Close(ctx)
+				h.Close(ctx)
+			}
+			load() // warms the cache
+			for b.Loop() {
+				load()
+			}
+		})
+	}
 }

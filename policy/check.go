@@ -184,7 +184,11 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 		abiErr = sigMismatch(f, abi.Signature{})
 	}
 	ok = r.add("abi", abiErr, fmt.Sprintf("declares ABI version %d", abi.Version)) && ok
-	ok = r.add("exports", checkExports(exports), "ep_alloc, ep_init, ep_evaluate with exact signatures") && ok
+	exported := "ep_alloc, ep_init, ep_evaluate"
+	if _, found := exports[abi.BatchExport]; found {
+		exported += ", " + abi.BatchExport
+	}
+	ok = r.add("exports", checkExports(exports), exported+" with exact signatures") && ok
 	var memErr error
 	if _, found := cm.ExportedMemories()[abi.MemoryExport]; !found {
 		memErr = fmt.Errorf("no exported memory named %q", abi.MemoryExport)

@@ -48,6 +48,12 @@ type Options struct {
 	// 100×Timeout, at least 1s); check-time probes ProbeTimeout (default
 	// 10×Timeout, at least 100ms).
 	Timeout, InitTimeout, ProbeTimeout time.Duration
+	// BatchSize and BatchBytes bound one ep_evaluate_batch call (ABI 1.1):
+	// at most BatchSize inputs (default 64) of at most BatchBytes encoded
+	// bytes together (default 256 KiB); both are capped at the ABI's
+	// limits. A batch's deadline is Timeout per input in it.
+	BatchSize  int
+	BatchBytes int
 	// MaxModuleSize refuses bigger files (default 8 MiB).
 	MaxModuleSize int64
 	// CacheEntries bounds the per-instance result cache (default 16384: a
@@ -97,6 +103,14 @@ func (o *Options) defaults() {
 	if o.ProbeTimeout <= 0 {
 		o.ProbeTimeout = max(10*o.Timeout, 100*time.Millisecond)
 	}
+	if o.BatchSize <= 0 {
+		o.BatchSize = 64
+	}
+	o.BatchSize = min(o.BatchSize, abi.MaxBatchCount)
+	if o.BatchBytes <= 0 {
+		o.BatchBytes = 256 << 10
+	}
+	o.BatchBytes = min(o.BatchBytes, abi.MaxBatchBytes-8-4*o.BatchSize)
 	if o.MaxModuleSize <= 0 {
 		o.MaxModuleSize = 8 << 20
 	}
@@ -310,14 +324,14 @@ const (
 
 // hostLog implements edgeproxy.log: copy at most maxLogLine bytes of guest
 // memory and log them with the module's name, at most maxLogsPerCall times
-// per call.
+// per evaluation (a batch call makes several).
 func hostLog(ctx context.Context, m api.Module, level, ptr, n uint32) {
 	inst, _ := ctx.Value(callKey{}).(*Instance)
 	if inst == nil {
 		return
 	}
 	inst.logs++
-	if inst.logs > maxLogsPerCall {
+	if inst.logs > inst.logLimit {
 		return
 	}
 	n = min(n, maxLogLine)

@@ -33,8 +33,10 @@ type Instance struct {
 	mod         api.Module // nil while discarded
 	mem         api.Memory
 	alloc, eval api.Function
+	batch       api.Function // nil when the module does not export it
 	stderr      tailBuffer
 	logs        int    // log lines in the current call
+	logLimit    int    // log lines kept in the current call
 	lastLog     string // the latest line the module logged
 
 	failures  int // consecutive
@@ -50,6 +52,12 @@ type Instance struct {
 	// inPtr/inCap: the guest buffer from the last ep_alloc, reused while
 	// inputs fit (ABI.md: valid until the next ep_alloc).
 	inPtr, inCap uint32
+	// For EvaluateBatch: the encoded inputs back to back, the inputs
+	// still to evaluate, a batch's framing, and its output items.
+	encoded []byte
+	todo    []pending
+	frame   []byte
+	items   [][]byte
 }
 
 // Result is a successful evaluation.
@@ -120,7 +128,7 @@ func (i *Instance) discard(ctx context.Context) {
 	if i.mod != nil {
 		_ = i.mod.Close(ctx) // may already be closed by a deadline
 	}
-	i.mod, i.mem, i.alloc, i.eval = nil, nil, nil, nil
+	i.mod, i.mem, i.alloc, i.eval, i.batch = nil, nil, nil, nil, nil
 	i.inPtr, i.inCap = 0, 0
 }
 
@@ -138,7 +146,7 @@ func (i *Instance) instantiate(ctx context.Context, warm bool) error {
 	ictx, cancel := context.WithTimeout(ctx, i.h.opts.InitTimeout)
 	defer cancel()
 	ictx = context.WithValue(ictx, callKey{}, i)
-	i.logs = 0
+	i.logs, i.logLimit = 0, maxLogsPerCall
 	mod, err := i.h.rt.InstantiateModule(ictx, i.compiled, cfg)
 	if err != nil {
 		return fmt.Errorf("instantiate: %w", shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
@@ -154,6 +162,7 @@ func (i *Instance) instantiate(ctx context.Context, warm bool) error {
 	}
 	i.mod, i.mem = mod, mod.ExportedMemory(abi.MemoryExport)
 	i.alloc, i.eval = mod.ExportedFunction(abi.AllocExport), mod.ExportedFunction(abi.EvaluateExport)
+	i.batch = mod.ExportedFunction(abi.BatchExport)
 	ptr, err := i.write(ictx, i.spec.Config)
 	if err != nil {
 		i.discard(ctx)
@@ -219,30 +228,55 @@ func (i *Instance) Evaluate(ctx context.Context, in *abi.Input) (Result, error) 
 	if out, ok := i.cache.get(key); ok {
 		return Result{Output: cloneOutput(out), Cached: true}, nil
 	}
+	return i.evaluateEncoded(ctx, key, i.buf, len(in.Endpoints))
+}
+
+// evaluateEncoded calls ep_evaluate on one encoded input that is not in
+// the cache (whose sha256 is key), with the breaker's rules, and caches a
+// valid output.
+func (i *Instance) evaluateEncoded(ctx context.Context, key [32]byte, input []byte, endpoints int) (Result, error) {
 	now := i.h.opts.Now()
-	if now.Before(i.openUntil) {
-		return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w after %d consecutive failures, until %s", ErrCircuitOpen, i.failures, i.openUntil.Format(time.RFC3339)))
-	}
-	if i.compiled == nil {
-		return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance closed", ErrCircuitOpen))
-	}
-	if i.mod == nil {
-		if now.Before(i.retryAt) {
-			return Result{}, i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance discarded, re-created after %s", ErrCircuitOpen, i.retryAt.Format(time.RFC3339Nano)))
-		}
-		if err := i.instantiate(ctx, true); err != nil {
-			return Result{}, i.fail(ctx, now, i.classify(ctx, nil, err))
-		}
+	if err := i.admit(ctx, now); err != nil {
+		return Result{}, err
 	}
 	start := time.Now()
-	out, err := i.invokeEncoded(ctx, i.h.opts.Timeout, i.buf, len(in.Endpoints), !i.spec.AllowEmpty)
+	out, err := i.invokeEncoded(ctx, i.h.opts.Timeout, input, endpoints, !i.spec.AllowEmpty)
 	d := time.Since(start)
 	if err != nil {
 		return Result{Duration: d}, i.fail(ctx, now, err)
 	}
-	i.failures, i.openFor = 0, 0
+	i.succeed(now)
 	i.cache.put(key, out)
 	return Result{Output: cloneOutput(out), Duration: d}, nil
+}
+
+// admit returns nil when the module may be called now, instantiating it
+// when it was discarded and its backoff is over; otherwise the CallError
+// to report (an instantiation failure is counted by the breaker).
+func (i *Instance) admit(ctx context.Context, now time.Time) error {
+	if now.Before(i.openUntil) {
+		return i.callErr(ReasonCircuitOpen, fmt.Errorf("%w after %d consecutive failures, until %s", ErrCircuitOpen, i.failures, i.openUntil.Format(time.RFC3339)))
+	}
+	if i.compiled == nil {
+		return i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance closed", ErrCircuitOpen))
+	}
+	if i.mod == nil {
+		if now.Before(i.retryAt) {
+			return i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance discarded, re-created after %s", ErrCircuitOpen, i.retryAt.Format(time.RFC3339Nano)))
+		}
+		if err := i.instantiate(ctx, true); err != nil {
+			return i.fail(ctx, now, i.classify(ctx, nil, err))
+		}
+	}
+	return nil
+}
+
+// succeed records a valid answer: it closes the circuit.
+func (i *Instance) succeed(now time.Time) {
+	i.failures, i.openFor = 0, 0
+	if now.Before(i.openUntil) { // opened earlier in the same batch
+		i.openUntil = now
+	}
 }
 
 func (i *Instance) callErr(r Reason, err error) *CallError {
@@ -299,38 +333,57 @@ func (i *Instance) invoke(ctx context.Context, timeout time.Duration, in *abi.In
 // invokeEncoded calls ep_evaluate on the encoded input under a deadline,
 // copies the output out of guest memory and validates the copy.
 func (i *Instance) invokeEncoded(ctx context.Context, timeout time.Duration, input []byte, endpoints int, rejectEmpty bool) (abi.Output, *CallError) {
-	var out abi.Output
+	if err := i.call(ctx, timeout, i.eval, input, maxOutput(endpoints), 1); err != nil {
+		if err.Reason == ReasonInvalid && i.lastLog != "" {
+			err.Err = fmt.Errorf("%w: %s", err.Err, i.lastLog)
+		}
+		return abi.Output{}, err
+	}
+	return i.checkOutput(i.out, endpoints, rejectEmpty)
+}
+
+// errReported is the error of an output of length 0.
+var errReported = errors.New("the module reported a failure")
+
+// call writes input into the guest, calls fn (ep_evaluate or
+// ep_evaluate_batch) on it under a deadline and copies the output, at
+// most limit bytes, into i.out. calls is the number of evaluations the
+// call makes, for the log limit.
+func (i *Instance) call(ctx context.Context, timeout time.Duration, fn api.Function, input []byte, limit uint32, calls int) *CallError {
 	cctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	cctx = context.WithValue(cctx, callKey{}, i)
-	i.logs = 0
+	i.logs, i.logLimit = 0, maxLogsPerCall*calls
 	i.lastLog = ""
 	ptr, err := i.write(cctx, input)
 	if err != nil {
-		return out, i.classify(ctx, cctx, err)
+		return i.classify(ctx, cctx, err)
 	}
-	res, err := i.eval.Call(cctx, uint64(ptr), uint64(len(input)))
+	res, err := fn.Call(cctx, uint64(ptr), uint64(len(input)))
 	if err != nil {
-		return out, i.classify(ctx, cctx, err)
+		return i.classify(ctx, cctx, err)
 	}
 	optr, olen := uint32(res[0]>>32), uint32(res[0])
 	if olen == 0 {
-		msg := "the module reported a failure"
-		if i.lastLog != "" {
-			msg += ": " + i.lastLog
-		}
-		return out, i.callErr(ReasonInvalid, errors.New(msg))
+		return i.callErr(ReasonInvalid, errReported)
 	}
-	if limit := maxOutput(endpoints); olen > limit {
-		return out, i.callErr(ReasonInvalid, fmt.Errorf("output of %d bytes for %d endpoints (limit %d)", olen, endpoints, limit))
+	if olen > limit {
+		return i.callErr(ReasonInvalid, fmt.Errorf("output of %d bytes (limit %d)", olen, limit))
 	}
 	view, ok := i.mem.Read(optr, olen)
 	if !ok {
-		return out, i.callErr(ReasonInvalid, fmt.Errorf("output at %#x+%d is outside memory", optr, olen))
+		return i.callErr(ReasonInvalid, fmt.Errorf("output at %#x+%d is outside memory", optr, olen))
 	}
 	// Copy first: the checks must not look at memory the guest still owns.
 	i.out = append(i.out[:0], view...)
-	if err := abi.DecodeOutput(i.out, &out); err != nil {
+	return nil
+}
+
+// checkOutput decodes and validates one output (a copy the guest cannot
+// change) for an input of the given number of endpoints.
+func (i *Instance) checkOutput(b []byte, endpoints int, rejectEmpty bool) (abi.Output, *CallError) {
+	var out abi.Output
+	if err := abi.DecodeOutput(b, &out); err != nil {
 		return out, i.callErr(ReasonInvalid, err)
 	}
 	if err := out.Validate(endpoints); err != nil {

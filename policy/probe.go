@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"time"
 
 	"github.com/edgeproxy/edgeproxy/policy/abi"
 )
@@ -58,7 +59,7 @@ func probeCheckNames() []string {
 	for _, p := range ProbeInputs() {
 		names = append(names, "probe:"+p.Name)
 	}
-	return append(names, "deterministic")
+	return append(names, "deterministic", "batch")
 }
 
 // probe calls inst on every golden input twice: each output must validate,
@@ -90,24 +91,69 @@ func (h *Host) probe(ctx context.Context, inst *Instance, r *Report) bool {
 				for _, q := range inputs[i+1:] {
 					r.skip("not run: the instance failed", "probe:"+q.Name)
 				}
-				r.skip("not run: the instance failed", "deterministic")
+				r.skip("not run: the instance failed", "deterministic", "batch")
 				return false
 			}
 		}
 	}
 	if !ok {
-		r.skip("not run: a probe failed", "deterministic")
+		r.skip("not run: a probe failed", "deterministic", "batch")
 		return false
 	}
 	for i, p := range inputs {
 		out, _, ce := inst.invoke(ctx, h.opts.ProbeTimeout, &p.Input, false)
 		if ce != nil {
 			err := error(ce)
-			return r.add("deterministic", fmt.Errorf("second call on %s failed: %w", p.Name, err), "")
+			r.add("deterministic", fmt.Errorf("second call on %s failed: %w", p.Name, err), "")
+			r.skip("not run: a probe failed", "batch")
+			return false
 		}
 		if !bytes.Equal(abi.AppendOutput(nil, &out), first[i]) {
-			return r.add("deterministic", fmt.Errorf("second call on %s returned a different output", p.Name), "")
+			r.add("deterministic", fmt.Errorf("second call on %s returned a different output", p.Name), "")
+			r.skip("not run: a probe failed", "batch")
+			return false
 		}
 	}
-	return r.add("deterministic", nil, fmt.Sprintf("%d inputs, same outputs on a second call", len(inputs)))
+	r.add("deterministic", nil, fmt.Sprintf("%d inputs, same outputs on a second call", len(inputs)))
+	return h.probeBatch(ctx, inst, r, inputs, first)
+}
+
+// probeBatch calls ep_evaluate_batch, when the module exports it, on all
+// golden inputs at once: the batch must decode and answer each input with
+// the bytes ep_evaluate gave. A module whose batch disagrees with itself
+// is refused.
+func (h *Host) probeBatch(ctx context.Context, inst *Instance, r *Report, inputs []ProbeInput, first [][]byte) bool {
+	if inst.batch == nil {
+		r.skip("no "+abi.BatchExport+" export (ABI 1.0): one call per service port", "batch")
+		return true
+	}
+	frame := abi.AppendBatchHeader(nil, len(inputs))
+	limit := uint32(8)
+	for _, p := range inputs {
+		frame = abi.AppendBatchItem(frame, abi.AppendInput(nil, &p.Input))
+		limit += 4 + maxOutput(len(p.Input.Endpoints))
+	}
+	err := func() error {
+		if ce := inst.call(ctx, h.opts.ProbeTimeout*time.Duration(len(inputs)), inst.batch, frame, limit, len(inputs)); ce != nil {
+			if ce.Reason == ReasonTrap || ce.Reason == ReasonTimeout {
+				inst.discard(ctx)
+			}
+			return ce
+		}
+		items, err := abi.SplitBatch(nil, inst.out, len(inputs))
+		if err != nil {
+			return err
+		}
+		for k, p := range inputs {
+			out, ce := inst.checkOutput(items[k], len(p.Input.Endpoints), false)
+			if ce != nil {
+				return fmt.Errorf("%s: %w", p.Name, ce)
+			}
+			if !bytes.Equal(abi.AppendOutput(nil, &out), first[k]) {
+				return fmt.Errorf("%s: the batch answered differently from %s", p.Name, abi.EvaluateExport)
+			}
+		}
+		return nil
+	}()
+	return r.add("batch", err, fmt.Sprintf("%s answers %d inputs in one call as %s does one by one", abi.BatchExport, len(inputs), abi.EvaluateExport))
 }

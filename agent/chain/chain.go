@@ -491,77 +491,154 @@ func ones(n int) []uint32 {
 // changed since they last answered it (each module caches by input hash).
 // It never fails: a failing module gets its chain's failure policy.
 func (e *Evaluator) Evaluate(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) Verdict {
+	return e.EvaluateBatch(ctx, []Request{{Service: svc, Port: port, Node: node, Endpoints: eps}})[0]
+}
+
+// Request is one service port to evaluate: its endpoints after built-in
+// selection.
+type Request struct {
+	Service   *model.Service
+	Port      model.ServicePort
+	Node      *model.Node
+	Endpoints []model.PortEndpoint
+}
+
+// EvaluateBatch is Evaluate for many service ports at once, one Verdict
+// per request in order. The requests of each chain go through it step by
+// step, each step's module called with all of them together
+// (policy.Instance.EvaluateBatch: one call per batch when the module
+// exports ep_evaluate_batch); each port keeps its own result, cache entry
+// and failure policy, and one port's failure does not touch another's.
+func (e *Evaluator) EvaluateBatch(ctx context.Context, reqs []Request) []Verdict {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
-	if e.cur == nil {
-		return Verdict{Weights: ones(len(eps))}
+	out := make([]Verdict, len(reqs))
+	var groups map[*chain][]int
+	for k := range reqs {
+		var ch *chain
+		if e.cur != nil {
+			for _, c := range e.cur.chains {
+				if matches(c.cfg.Match, reqs[k].Service) {
+					ch = c
+					break
+				}
+			}
+		}
+		if ch == nil {
+			out[k] = Verdict{Weights: ones(len(reqs[k].Endpoints))}
+			continue
+		}
+		if groups == nil {
+			groups = make(map[*chain][]int)
+		}
+		groups[ch] = append(groups[ch], k)
 	}
-	var ch *chain
-	for _, c := range e.cur.chains {
-		if matches(c.cfg.Match, svc) {
-			ch = c
+	if groups == nil {
+		return out
+	}
+	for _, ch := range e.cur.chains {
+		if idx := groups[ch]; len(idx) > 0 {
+			e.runChain(ctx, ch, reqs, idx, out)
+		}
+	}
+	return out
+}
+
+// job is one service port going through a chain.
+type job struct {
+	k         int // index of the request
+	spn       model.ServicePortName
+	in        abi.Input
+	weights   []uint32
+	idx       []int // for each input endpoint of the current step, its request endpoint
+	allCached bool
+	done      bool // a step failed: out[k] holds the fallback
+}
+
+// runChain runs ch on the requests at idx and writes their verdicts.
+func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx []int, out []Verdict) {
+	jobs := make([]job, len(idx))
+	for j, k := range idx {
+		r := &reqs[k]
+		jobs[j] = job{k: k, spn: model.ServicePortName{Namespace: r.Service.Namespace, Name: r.Service.Name, Port: r.Port.Name},
+			in: e.input(r.Service, r.Port, r.Node), weights: ones(len(r.Endpoints)), allCached: true}
+		jobs[j].in.Endpoints = make([]abi.Endpoint, 0, len(r.Endpoints))
+		out[k] = Verdict{Chain: ch.cfg.Name}
+	}
+	ins := make([]*abi.Input, 0, len(jobs))
+	live := make([]*job, 0, len(jobs))
+	for _, st := range ch.steps {
+		ins, live = ins[:0], live[:0]
+		for j := range jobs {
+			jb := &jobs[j]
+			if jb.done {
+				continue
+			}
+			eps, node := reqs[jb.k].Endpoints, reqs[jb.k].Node
+			jb.idx, jb.in.Endpoints = jb.idx[:0], jb.in.Endpoints[:0]
+			for i := range eps {
+				if jb.weights[i] > 0 {
+					jb.idx = append(jb.idx, i)
+					jb.in.Endpoints = append(jb.in.Endpoints, endpoint(&eps[i], node, jb.weights[i]))
+				}
+			}
+			ins, live = append(ins, &jb.in), append(live, jb)
+		}
+		if len(ins) == 0 {
 			break
 		}
-	}
-	if ch == nil {
-		return Verdict{Weights: ones(len(eps))}
-	}
-	spn := model.ServicePortName{Namespace: svc.Namespace, Name: svc.Name, Port: port.Name}
-	v := Verdict{Chain: ch.cfg.Name}
-	in := e.input(svc, port, node)
-	in.Endpoints = make([]abi.Endpoint, 0, len(eps))
-	weights := ones(len(eps))
-	idx := make([]int, 0, len(eps))
-	allCached := true
-	for _, st := range ch.steps {
-		idx = idx[:0]
-		in.Endpoints = in.Endpoints[:0]
-		for i := range eps {
-			if weights[i] > 0 {
-				idx = append(idx, i)
-				in.Endpoints = append(in.Endpoints, endpoint(&eps[i], node, weights[i]))
+		st.calls.Add(float64(len(ins)))
+		for n, res := range st.inst.EvaluateBatch(ctx, ins) {
+			jb := live[n]
+			v := &out[jb.k]
+			s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
+			jb.allCached = jb.allCached && res.Cached
+			if res.Cached {
+				st.cacheHits.Inc()
+			} else if res.Duration > 0 {
+				st.duration.Observe(res.Duration.Seconds())
 			}
-		}
-		st.calls.Inc()
-		res, err := st.inst.Evaluate(ctx, &in)
-		s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
-		allCached = allCached && res.Cached
-		if res.Cached {
-			st.cacheHits.Inc()
-		} else if res.Duration > 0 {
-			st.duration.Observe(res.Duration.Seconds())
-		}
-		if err != nil {
-			s.Failure, s.Error = policy.ReasonOf(err), err.Error()
-			if s.Failure == "" {
-				s.Failure = policy.ReasonTrap
+			if res.Err != nil {
+				s.Failure, s.Error = policy.ReasonOf(res.Err), res.Err.Error()
+				if s.Failure == "" {
+					s.Failure = policy.ReasonTrap
+				}
+				v.Steps = append(v.Steps, s)
+				*v = e.fallback(ch, jb.spn, *v, reqs[jb.k].Endpoints, s, res.Err)
+				jb.done = true
+				continue
+			}
+			next := make([]uint32, len(jb.weights))
+			for i, ei := range jb.idx {
+				next[ei] = res.Output.Weights[i]
+			}
+			jb.weights = next
+			s.Weights, s.Reason, s.Scheduler = slices.Clone(next), res.Output.Reason, res.Output.Scheduler
+			if res.Output.Scheduler != "" {
+				v.Scheduler, v.SchedulerFlags = res.Output.Scheduler, res.Output.SchedulerFlags
 			}
 			v.Steps = append(v.Steps, s)
-			return e.fallback(ch, spn, v, eps, s, err)
 		}
-		next := make([]uint32, len(eps))
-		for k, i := range idx {
-			next[i] = res.Output.Weights[k]
-		}
-		weights = next
-		s.Weights, s.Reason, s.Scheduler = slices.Clone(next), res.Output.Reason, res.Output.Scheduler
-		if res.Output.Scheduler != "" {
-			v.Scheduler, v.SchedulerFlags = res.Output.Scheduler, res.Output.SchedulerFlags
-		}
-		v.Steps = append(v.Steps, s)
 	}
-	v.Weights = weights
-	if !allCached {
-		// A fully cached answer is the one already remembered.
-		lg := lastGood{addrs: make([]netip.AddrPort, len(eps)), weights: weights, scheduler: v.Scheduler, flags: v.SchedulerFlags}
+	for j := range jobs {
+		jb := &jobs[j]
+		if jb.done {
+			continue
+		}
+		v := &out[jb.k]
+		v.Weights = jb.weights
+		if jb.allCached {
+			continue // a fully cached answer is the one already remembered
+		}
+		eps := reqs[jb.k].Endpoints
+		lg := lastGood{addrs: make([]netip.AddrPort, len(eps)), weights: jb.weights, scheduler: v.Scheduler, flags: v.SchedulerFlags}
 		for i := range eps {
 			lg.addrs[i] = eps[i].AddrPort()
 		}
 		e.lgMu.Lock()
-		e.lastGood[lastGoodKey{ch.cfg.Name, spn}] = lg
+		e.lastGood[lastGoodKey{ch.cfg.Name, jb.spn}] = lg
 		e.lgMu.Unlock()
 	}
-	return v
 }
 
 // fallback applies the chain's failure policy after step s failed.

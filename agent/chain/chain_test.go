@@ -409,3 +409,39 @@ func (c *fakeClock) Add(d time.Duration) {
 	defer c.mu.Unlock()
 	c.t = c.t.Add(d)
 }
+
+// TestEvaluateBatch: a batch over two chains and no chain gives each port
+// the verdict Evaluate gives it alone; in a two-step chain whose second
+// module fails on one port, that port alone falls back, its batch-mates
+// keep the weights of both steps.
+func TestEvaluateBatch(t *testing.T) {
+	ctx := context.Background()
+	topo, trap := modulePath(t, "modules/topology"), modulePath(t, "modules/testdata/hostile/trap")
+	cfg := policyConfig(map[string]string{"topology": topo, "trap": trap},
+		config.Chain{Name: "close", Match: config.Match{Namespaces: []string{"shop"}}, Modules: []config.ChainStep{{Module: "topology"}}},
+		config.Chain{Name: "two", Match: config.Match{Namespaces: []string{"hostile", "calm"}},
+			Modules: []config.ChainStep{{Module: "topology"}, {Module: "trap", Config: map[string]any{"only": "hostile"}}}})
+	e, _, _ := newEvaluator(t, cfg)
+	alone, _, _ := newEvaluator(t, cfg)
+	eps := endpoints("zone-a", "zone-b", "zone-a")
+	var reqs []chain.Request
+	for _, ns := range []string{"shop", "calm", "other", "hostile", "calm", "shop"} {
+		reqs = append(reqs, chain.Request{Service: service(ns, nil), Port: port, Node: node, Endpoints: eps})
+	}
+	reqs[4].Port.Port, reqs[5].Endpoints = 81, endpoints("zone-b", "zone-a")
+	got := e.EvaluateBatch(ctx, reqs)
+	for k, r := range reqs {
+		want := alone.Evaluate(ctx, r.Service, r.Port, r.Node, r.Endpoints)
+		if got[k].String() != want.String() {
+			t.Errorf("request %d (%s): batch %s, alone %s", k, r.Service.Namespace, got[k], want)
+		}
+		switch ns := r.Service.Namespace; {
+		case ns == "hostile" && (got[k].Fallback != chain.KeepBuiltin || len(got[k].Steps) != 2 || got[k].Steps[1].Failure != policy.ReasonTrap):
+			t.Errorf("hostile port: %s, want a trap in step 2 and keep-builtin", got[k])
+		case ns != "hostile" && got[k].Fallback != "":
+			t.Errorf("request %d (%s) fell back: %s", k, ns, got[k])
+		case ns == "calm" && len(got[k].Steps) != 2:
+			t.Errorf("calm port: %s, want two steps", got[k])
+		}
+	}
+}

@@ -34,10 +34,23 @@ type Weighing struct {
 	Retry bool
 }
 
-// Policy weighs the endpoints that built-in selection chose. It must return
-// exactly one weight per endpoint; a nil Policy weighs every endpoint 1.
+// Request is one service port and family to weigh: the endpoints that
+// built-in selection chose for it (internal and external together).
+type Request struct {
+	Service   *model.Service
+	Port      model.ServicePort
+	Node      *model.Node
+	Endpoints []model.PortEndpoint
+}
+
+// Policy weighs the endpoints that built-in selection chose. A Build hands
+// it the service ports and families it recomputes many at a time (up to
+// 256 per call, from a goroutine of its own), so that a policy can evaluate
+// them in batches; it returns one Weighing per request, in order, each
+// with exactly one weight per endpoint. A nil Policy weighs every endpoint
+// 1.
 type Policy interface {
-	Weigh(ctx context.Context, svc *model.Service, port model.ServicePort, node *model.Node, eps []model.PortEndpoint) Weighing
+	Weigh(ctx context.Context, reqs []Request) []Weighing
 }
 
 // Options are the settings that shape frontends.
@@ -136,12 +149,22 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			delete(p.ports, name)
 		}
 	}
+	var work []*portWork
+	wg := p.startWeigher(ctx)
 	for name, port := range snap.Ports {
 		old, cached := p.ports[name]
 		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
 		}
-		pp := p.planPort(ctx, port, snap.Node)
+		pw := p.selectPort(port, snap.Node)
+		work = append(work, pw)
+		wg.add(pw, snap.Node)
+	}
+	wg.wait()
+	for _, pw := range work {
+		name := pw.port.Name
+		old, cached := p.ports[name]
+		pp := p.planPort(pw)
 		if !cached || !reflect.DeepEqual(old.frontends, pp.frontends) {
 			changed[name.String()] = true
 		}
@@ -184,28 +207,133 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	return res
 }
 
-func (p *Planner) planPort(ctx context.Context, port *state.Port, node *model.Node) *portPlan {
-	pp := &portPlan{}
-	svc := port.Service
-	name := port.Name.String()
+// portWork is a service port being recomputed: built-in selection done
+// per family, policy weighing pending.
+type portWork struct {
+	port *state.Port
+	fams []famWork
+}
+
+type famWork struct {
+	fam   model.Family
+	vips  []netip.Addr
+	eps   []model.PortEndpoint
+	sel   selection.Result
+	union []model.PortEndpoint
+	w     Weighing
+}
+
+// selectPort runs built-in selection for each family the service serves.
+func (p *Planner) selectPort(port *state.Port, node *model.Node) *portWork {
+	pw := &portWork{port: port}
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
-		vips := ofFamily(svc.ClusterIPs, fam)
+		vips := ofFamily(port.Service.ClusterIPs, fam)
 		if len(vips) == 0 {
 			// A Service serves only the families it has ClusterIPs for.
 			continue
 		}
 		eps := port.Endpoints(fam)
-		sel := selection.Select(svc, port.Port, eps, node)
+		sel := selection.Select(port.Service, port.Port, eps, node)
 		union := unionOf(sel.Internal, sel.External)
-		if svc.ExternalLocal {
+		if port.Service.ExternalLocal {
 			// The short-circuit set is weighed with the rest.
 			union = unionOf(sel.Internal, sel.External, sel.Cluster)
 		}
-		w := Weighing{Weights: ones(len(union))}
-		if p.policy != nil && len(union) > 0 {
-			w = p.policy.Weigh(ctx, svc, port.Port, node, union)
-			pp.retry = pp.retry || w.Retry
+		pw.fams = append(pw.fams, famWork{fam: fam, vips: vips, eps: eps, sel: sel, union: union, w: Weighing{Weights: ones(len(union))}})
+	}
+	return pw
+}
+
+// weighChunk is how many requests the planner hands the policy at once.
+const weighChunk = 256
+
+// weigher hands the policy the ports Build recomputes, weighChunk requests
+// per call, on a goroutine of its own while Build goes on with built-in
+// selection: on a node with more than one CPU the policy's cost (Wasm
+// calls) then overlaps the selection's instead of adding to it. Build owns
+// it and waits for it; the policy bounds each call (module deadlines), so
+// the wait is bounded too.
+type weigher struct {
+	reqs  []Request
+	dst   []*Weighing
+	ch    chan weighBatch
+	done  chan struct{}
+	panic any // re-raised on Build's goroutine
+}
+
+type weighBatch struct {
+	reqs []Request
+	dst  []*Weighing
+}
+
+// startWeigher returns nil when there is no policy (every weight stays 1).
+func (p *Planner) startWeigher(ctx context.Context) *weigher {
+	if p.policy == nil {
+		return nil
+	}
+	w := &weigher{ch: make(chan weighBatch, 4), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		defer func() {
+			if r := recover(); r != nil {
+				w.panic = r
+				for range w.ch { // let Build finish sending
+				}
+			}
+		}()
+		for b := range w.ch {
+			for i, res := range p.policy.Weigh(ctx, b.reqs) {
+				if i < len(b.dst) {
+					*b.dst[i] = res
+				}
+			}
 		}
+	}()
+	return w
+}
+
+// add queues every family of pw that has endpoints.
+func (w *weigher) add(pw *portWork, node *model.Node) {
+	if w == nil {
+		return
+	}
+	for i := range pw.fams {
+		f := &pw.fams[i]
+		if len(f.union) > 0 {
+			w.reqs = append(w.reqs, Request{Service: pw.port.Service, Port: pw.port.Port, Node: node, Endpoints: f.union})
+			w.dst = append(w.dst, &f.w)
+		}
+	}
+	if len(w.reqs) >= weighChunk {
+		w.ch <- weighBatch{w.reqs, w.dst}
+		w.reqs, w.dst = nil, nil
+	}
+}
+
+// wait hands over what is queued and returns when every request is
+// weighed.
+func (w *weigher) wait() {
+	if w == nil {
+		return
+	}
+	if len(w.reqs) > 0 {
+		w.ch <- weighBatch{w.reqs, w.dst}
+	}
+	close(w.ch)
+	<-w.done
+	if w.panic != nil {
+		panic(w.panic)
+	}
+}
+
+func (p *Planner) planPort(pw *portWork) *portPlan {
+	pp := &portPlan{}
+	port := pw.port
+	svc := port.Service
+	name := port.Name.String()
+	for _, fw := range pw.fams {
+		fam, vips, eps, sel, union, w := fw.fam, fw.vips, fw.eps, fw.sel, fw.union, fw.w
+		pp.retry = pp.retry || w.Retry
 		weight := make(map[netip.AddrPort]uint32, len(union))
 		for i, e := range union {
 			if i < len(w.Weights) {

@@ -70,17 +70,18 @@ func TestDemoPlanGolden(t *testing.T) {
 	}
 }
 
-// threeToOne weighs the first endpoint 3 and the rest 1, and names a scheduler.
-type threeToOne struct{ calls int }
+// threeToOne weighs the first endpoint 3 and the rest 1, and names a
+// scheduler. calls counts requests, batches calls.
+type threeToOne struct{ calls, batches int }
 
-func (p *threeToOne) Weigh(_ context.Context, _ *model.Service, _ model.ServicePort, _ *model.Node, eps []model.PortEndpoint) planner.Weighing {
-	p.calls++
-	w := make([]uint32, len(eps))
-	for i := range w {
-		w[i] = 1
+func (p *threeToOne) Weigh(_ context.Context, reqs []planner.Request) []planner.Weighing {
+	p.batches++
+	var out []planner.Weighing
+	for _, r := range reqs {
+		p.calls++
+		out = append(out, planner.Weighing{Weights: firstThen(len(r.Endpoints), 3), Scheduler: "wrr", Explain: "first gets 3"})
 	}
-	w[0] = 3
-	return planner.Weighing{Weights: w, Scheduler: "wrr", Explain: "first gets 3"}
+	return out
 }
 
 func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
@@ -93,6 +94,10 @@ func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
 	}
 	if first.Evaluated != 5 || len(first.Plan.Changed) != 5 {
 		t.Errorf("first build evaluated %d ports, changed %d; want 5 and 5", first.Evaluated, len(first.Plan.Changed))
+	}
+	// Every port with endpoints, handed to the policy in one call.
+	if pol.batches != 1 || pol.calls < 2 {
+		t.Errorf("first build: %d policy calls for %d requests, want one call for all", pol.batches, pol.calls)
 	}
 
 	// One service changes: only its ports are evaluated again.
@@ -120,17 +125,17 @@ func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
 // is the fallback and asks for a retry.
 type failingOnce struct{ calls int }
 
-func (p *failingOnce) Weigh(_ context.Context, _ *model.Service, _ model.ServicePort, _ *model.Node, eps []model.PortEndpoint) planner.Weighing {
-	p.calls++
-	w := make([]uint32, len(eps))
-	for i := range w {
-		w[i] = 1
+func (p *failingOnce) Weigh(_ context.Context, reqs []planner.Request) []planner.Weighing {
+	var out []planner.Weighing
+	for _, r := range reqs {
+		p.calls++
+		if p.calls == 1 {
+			out = append(out, planner.Weighing{Weights: firstThen(len(r.Endpoints), 1), Retry: true})
+			continue
+		}
+		out = append(out, planner.Weighing{Weights: firstThen(len(r.Endpoints), 7)})
 	}
-	if p.calls == 1 {
-		return planner.Weighing{Weights: w, Retry: true}
-	}
-	w[0] = 7
-	return planner.Weighing{Weights: w}
+	return out
 }
 
 func TestFallbackIsRetriedNextSync(t *testing.T) {
@@ -220,4 +225,34 @@ func TestServingForConntrack(t *testing.T) {
 	if len(f.Endpoints) != 1 || !slices.Equal(f.Serving, want) {
 		t.Errorf("endpoints %v, serving %v; want one endpoint and serving %v", f.Endpoints, f.Serving, want)
 	}
+}
+
+// firstThen returns n weights: first, then 1 for the rest.
+func firstThen(n int, first uint32) []uint32 {
+	w := make([]uint32, n)
+	for i := range w {
+		w[i] = 1
+	}
+	w[0] = first
+	return w
+}
+
+// panicking is a policy that panics.
+type panicking struct{}
+
+func (panicking) Weigh(context.Context, []planner.Request) []planner.Weighing { panic("policy bug") }
+
+// TestPolicyPanicReachesBuild: the policy runs on a goroutine of Build's,
+// but its panic surfaces in Build (where the sync runner recovers it),
+// not as a crash of the process.
+func TestPolicyPanicReachesBuild(t *testing.T) {
+	st := loadDemo(t)
+	p := planner.New(planner.Options{}, panicking{})
+	defer func() {
+		if r := recover(); r != "policy bug" {
+			t.Fatalf("recovered %v, want the policy's panic", r)
+		}
+	}()
+	p.Build(context.Background(), st.Snapshot())
+	t.Fatal("Build returned")
 }

@@ -18,7 +18,8 @@
 //
 //	func main() {}
 //
-// The SDK provides the exports policy/abi/ABI.md requires, decodes the
+// The SDK provides the exports policy/abi/ABI.md requires (and the
+// optional batch export of ABI 1.1), decodes the
 // input, hands Evaluate an output whose weights are pre-filled with the
 // input weights, encodes the result and turns errors and panics into a clean
 // failure that the host counts and logs. The same code compiles for the
@@ -100,6 +101,9 @@ var (
 	out    abi.Output
 	outBuf []byte
 	dec    abi.Decoder
+	// For batches: the items of the input, and the batch of outputs.
+	items    [][]byte
+	batchBuf []byte
 )
 
 func doInit(config []byte) (err error) {
@@ -116,15 +120,43 @@ func doInit(config []byte) (err error) {
 // evaluate decodes an input, runs the module and returns the encoded
 // output, or nil on failure.
 func evaluate(b []byte) []byte {
-	res, err := call(b)
+	res, err := appendEvaluation(outBuf[:0], b)
 	if err != nil {
 		hostLogString(Error, err.Error())
 		return nil
 	}
+	outBuf = res
 	return res
 }
 
-func call(b []byte) (res []byte, err error) {
+// evaluateBatch evaluates every input of a batch (ABI 1.1) and returns the
+// batch of outputs, with an empty item for each input the module failed
+// on; nil when the batch itself does not decode.
+func evaluateBatch(b []byte) []byte {
+	var err error
+	if items, err = abi.SplitBatch(items, b, -1); err != nil {
+		hostLogString(Error, err.Error())
+		return nil
+	}
+	batchBuf = abi.AppendBatchHeader(batchBuf[:0], len(items))
+	for _, it := range items {
+		at := len(batchBuf)
+		batchBuf = append(batchBuf, 0, 0, 0, 0) // the item's length, set below
+		res, err := appendEvaluation(batchBuf, it)
+		if err != nil {
+			hostLogString(Error, err.Error())
+			continue // an empty item: this input failed, the others stand
+		}
+		n := len(res) - at - 4
+		res[at], res[at+1], res[at+2], res[at+3] = byte(n), byte(n>>8), byte(n>>16), byte(n>>24)
+		batchBuf = res
+	}
+	return batchBuf
+}
+
+// appendEvaluation decodes input b, runs the module and appends the
+// encoded output to dst.
+func appendEvaluation(dst, b []byte) (res []byte, err error) {
 	defer recoverInto(&err)
 	if registered.Evaluate == nil {
 		return nil, fmt.Errorf("sdk: no module registered")
@@ -140,7 +172,7 @@ func call(b []byte) (res []byte, err error) {
 	if err := registered.Evaluate(&in, &out); err != nil {
 		return nil, err
 	}
-	outBuf = abi.AppendOutput(outBuf[:0], &out)
+	res = abi.AppendOutput(dst, &out)
 	// The guest's garbage collector runs its background workers only when
 	// this goroutine yields, which an exported function otherwise never
 	// does; a cycle then advances only through allocation assists and
@@ -150,7 +182,7 @@ func call(b []byte) (res []byte, err error) {
 	if calls++; calls%64 == 0 {
 		runtime.Gosched()
 	}
-	return outBuf, nil
+	return res, nil
 }
 
 var calls int // evaluations so far, for the periodic yield above
@@ -170,7 +202,7 @@ func Call(config []byte, input *Input) (*Output, error) {
 			return nil, err
 		}
 	}
-	res, err := call(abi.AppendInput(nil, input))
+	res, err := appendEvaluation(nil, abi.AppendInput(nil, input))
 	if err != nil {
 		return nil, err
 	}

@@ -51,7 +51,19 @@ func epEvaluate(ptr, n int32) int64 {
 	if n < 0 || int(n) > len(inBuf) {
 		return 0
 	}
-	res := evaluate(inBuf[:n])
+	return packed(evaluate(inBuf[:n]))
+}
+
+//go:wasmexport ep_evaluate_batch
+func epEvaluateBatch(ptr, n int32) int64 {
+	if n < 0 || int(n) > len(inBuf) {
+		return 0
+	}
+	return packed(evaluateBatch(inBuf[:n]))
+}
+
+// packed returns ptr<<32 | len of res, 0 for a failure (no res).
+func packed(res []byte) int64 {
 	if len(res) == 0 {
 		return 0
 	}

@@ -1,4 +1,4 @@
-// Package abi is version 1 of the edgeproxy policy ABI: the values a policy
+// Package abi is version 1.1 of the edgeproxy policy ABI: the values a policy
 // module receives and returns, their wire encoding, the names and
 // signatures of the exports a module provides and the imports it may use,
 // and the rules every output must follow. ABI.md is the contract for module
@@ -12,6 +12,10 @@ package abi
 // Version is the ABI version this package implements. A module declares it by
 // exporting MarkerExport; the input and output encodings start with it.
 const Version = 1
+
+// Minor is the ABI's minor version. Minor versions only add optional
+// exports: 1.1 adds BatchExport. A module built for 1.0 runs unchanged.
+const Minor = 1
 
 // MaxWeight is the largest weight a module may give an endpoint. It equals
 // datapath.MaxWeight and fits IPVS's signed 32-bit weight.
@@ -39,6 +43,13 @@ const (
 	// encoded Input; returns ptr<<32 | len of the encoded Output in guest
 	// memory. A length of 0 means failure.
 	EvaluateExport = "ep_evaluate"
+	// BatchExport: (ptr i32, len i32) -> (packed i64), optional (ABI
+	// 1.1). Evaluates a batch of encoded Inputs (see AppendBatch) in one
+	// call; returns ptr<<32 | len of the encoded batch of Outputs, in
+	// which an empty item reports a failure for that input only. A length
+	// of 0 fails the whole batch (the host then calls EvaluateExport once
+	// per input).
+	BatchExport = "ep_evaluate_batch"
 	// InitializeExport: () -> (), optional. The WASI reactor initializer
 	// (Go's -buildmode=c-shared, Rust cdylib); called once before anything
 	// else.
@@ -88,6 +99,7 @@ var Exports = []struct {
 	{AllocExport, Signature{[]ValType{I32}, []ValType{I32}}, true},
 	{InitExport, Signature{[]ValType{I32, I32}, []ValType{I32}}, true},
 	{EvaluateExport, Signature{[]ValType{I32, I32}, []ValType{I64}}, true},
+	{BatchExport, Signature{[]ValType{I32, I32}, []ValType{I64}}, false},
 	{InitializeExport, Signature{}, false},
 }
 
