@@ -3,12 +3,13 @@
 # missing: iptables (nft and legacy), ipset, conntrack, iproute2 and kmod
 # for the kernel tiers; qemu, Debian's kernel and busybox for the IPVS VM;
 # systemd for unit verification; gcc for -race; nftables and binutils for
-# the benchmark harness (test/bench). As another user than root
+# the benchmark harness (test/bench); lintian, rpm, zsh and fish to check the
+# packages and shell completions (deploy/package). As another user than root
 # it only says what is missing (those tiers then skip and say why).
 set -eu
 pkgs="iptables ipset conntrack iproute2 kmod procps file make gcc libc6-dev
 qemu-system-x86 linux-image-amd64 busybox-static systemd ca-certificates
-nftables binutils"
+nftables binutils lintian rpm zsh fish"
 missing=""
 for p in $pkgs; do
 	dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
