@@ -274,7 +274,10 @@ func fishAction(a argSpec) string {
 	case valueDir:
 		return "-x -a '(__fish_complete_directories)'"
 	case valueWasm:
-		return "-x -a '(__fish_complete_suffix .wasm)'"
+		// Directories and *.wasm only (__fish_complete_suffix lists every
+		// file, the suffix first). Each path comes with a tab and a
+		// description.
+		return `-x -a '(__fish_complete_path (commandline -ct) | string match -r -- "^[^\t]*(?:/|\.wasm)\t.*\$")'`
 	case valueWords:
 		return "-x -a " + zshQuote(strings.Join(a.words, " "))
 	}
