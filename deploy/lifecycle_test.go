@@ -20,11 +20,9 @@ import (
 // shell are; systemctl is a state-keeping stand-in.
 func TestPackageLifecycle(t *testing.T) {
 	gate.Binaries(t, "chroot", "dpkg-query")
-	oldDeb := debroot.Package(t, "edgeproxy_*_amd64.deb")
-	oldV := debroot.Field(t, oldDeb, "Version")
-	newV := oldV + "+upgrade"
 	r := debroot.New(t)
-	newDeb := debroot.BuildDeb(t, newV)
+	u := debroot.NewUpgrade(t)
+	oldDeb, oldV, newDeb, newV := u.Old, u.OldVersion, u.New, u.NewVersion
 
 	// Install: files in place, nothing enabled or started, and it says so.
 	out := r.MustDpkg(t, "-i", oldDeb)

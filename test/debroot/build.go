@@ -85,3 +85,20 @@ func dirExists(p string) bool {
 	fi, err := os.Stat(p)
 	return err == nil && fi.IsDir()
 }
+
+// Upgrade is a pair of amd64 packages: Old from `make package`, New a
+// second build of a higher version (Old's with "+upgrade").
+type Upgrade struct {
+	Old, OldVersion string
+	New, NewVersion string
+}
+
+// NewUpgrade finds Old and builds New.
+func NewUpgrade(t *testing.T) Upgrade {
+	t.Helper()
+	u := Upgrade{Old: Package(t, "edgeproxy_*_amd64.deb")}
+	u.OldVersion = Field(t, u.Old, "Version")
+	u.NewVersion = u.OldVersion + "+upgrade"
+	u.New = BuildDeb(t, u.NewVersion)
+	return u
+}

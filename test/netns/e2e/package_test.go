@@ -31,12 +31,10 @@ import (
 func TestPackageUpgradeUnderStream(t *testing.T) {
 	gate.Root(t)
 	gate.Binaries(t, "iptables", "iptables-restore")
-	oldDeb := debroot.Package(t, "edgeproxy_*_amd64.deb")
-	oldV := debroot.Field(t, oldDeb, "Version")
-	newV := oldV + "+upgrade"
 	r := debroot.New(t)
-	newDeb := debroot.BuildDeb(t, newV)
-	r.MustDpkg(t, "-i", oldDeb)
+	u := debroot.NewUpgrade(t)
+	newV := u.NewVersion
+	r.MustDpkg(t, "-i", u.Old)
 
 	node := netns.NewNode(t, "node")
 	a := node.AddPod("a")
@@ -45,11 +43,7 @@ func TestPackageUpgradeUnderStream(t *testing.T) {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
+	manifests := manifestDir(t, dir)
 	writeFile(t, filepath.Join(manifests, "web.yaml"), webManifest(a.IP, nodeName))
 	// The packaged conffile, as an admin would edit it for this node.
 	cfg := r.Path("etc/edgeproxy/config.yaml")
@@ -92,7 +86,7 @@ func TestPackageUpgradeUnderStream(t *testing.T) {
 	})
 
 	underStream(t, client, nodePort, "a package upgrade and restart", func() {
-		out := r.MustDpkg(t, "-i", newDeb)
+		out := r.MustDpkg(t, "-i", u.New)
 		if s := r.Service(); s.Running != "edgeproxy "+newV {
 			t.Fatalf("after dpkg -i the service manager runs %q, want a restart onto edgeproxy %s\n%s", s.Running, newV, out)
 		}
