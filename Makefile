@@ -5,9 +5,11 @@
 #   make test    every test tier (unit, kernel in network namespaces, real
 #                kube-apiserver, the IPVS VM) plus go vet
 #   make bench   edgeproxy vs kube-proxy side by side (test/bench)
+#   make package .deb and .rpm for amd64 and arm64 into bin/pkg (deploy/package)
 SHELL   := /bin/bash
 GO      ?= go
 VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+COMMIT  ?= $(shell git describe --always --dirty --abbrev=12 --match=NONE 2>/dev/null)
 BIN     := bin/edgeproxy
 CACHE   ?= $(HOME)/.cache/edgeproxy
 # As root every tier can run, so a skipped tier is a failure (see test/gate);
@@ -16,12 +18,12 @@ REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 TEST_FLAGS  ?= -race -timeout 40m
 DESTDIR ?=
 
-.PHONY: all build modules cluster-bins deps demo test vet fuzz fuzz-smoke bench bench-micro install clean
+.PHONY: all build modules cluster-bins deps demo test vet fuzz fuzz-smoke bench bench-micro install package clean
 
 all: build
 
 build:
-	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION)" -o $(BIN) ./agent/cmd/edgeproxy
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags "-s -w -X main.version=$(VERSION) -X main.commit=$(COMMIT)" -o $(BIN) ./agent/cmd/edgeproxy
 	@file $(BIN) | grep -q "statically linked" || { echo "$(BIN) is not statically linked" >&2; exit 1; }
 
 # Example policy modules, built from source (never checked in).
@@ -50,6 +52,8 @@ demo: build
 vet:
 	$(GO) vet ./...
 	$(GO) mod tidy -diff
+	$(GO) -C deploy/package vet ./...
+	$(GO) -C deploy/package mod tidy -diff
 
 # Debian packages the tiers need (installed when missing and root).
 deps:
@@ -68,8 +72,10 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} || exit 1; done
 
-test: deps build modules cluster-bins vet fuzz-smoke
+test: deps build modules cluster-bins vet package fuzz-smoke
+	$(GO) -C deploy/package test -count=1 ./...
 	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
+		EDGEPROXY_PACKAGES=$(CURDIR)/$(PKG_OUT) EDGEPROXY_PACKAGER=$(CURDIR)/$(PACKAGER) \
 		CGO_ENABLED=1 $(GO) test $(TEST_FLAGS) ./...
 
 # edgeproxy against upstream kube-proxy v1.36.3, one at a time, on a real
@@ -89,6 +95,30 @@ bench-micro: build
 
 install: build modules
 	deploy/install.sh DESTDIR=$(DESTDIR) BINARY=$(BIN) MODULES=bin/modules
+
+# Packages for a fleet (deploy/package, an nfpm program in its own Go
+# module): edgeproxy_<version>_<arch>.deb and edgeproxy-<version>-1.<arch>.rpm.
+# The version is the first release heading of CHANGELOG.md, as is when HEAD
+# is tagged v<version>, else <version>~dev.<commits>.g<commit> (sorts before
+# the release). The man page and completions come from bin/edgeproxy.
+PKG_ARCHES  ?= amd64 arm64
+PKG_OUT     ?= bin/pkg
+PKG_BASE    := $(shell sed -n 's/^## \([0-9][0-9.]*\).*/\1/p' CHANGELOG.md | head -n 1)
+PKG_VERSION ?= $(shell if git describe --exact-match --tags --match 'v$(PKG_BASE)' >/dev/null 2>&1; then echo $(PKG_BASE); \
+	else echo "$(PKG_BASE)~dev.$$(git rev-list --count HEAD 2>/dev/null || echo 0).g$$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi)
+PKG_DATE    ?= $(shell git log -1 --format=%cs 2>/dev/null || date -u +%F)
+PACKAGER    := bin/edgeproxy-package
+package: build modules
+	$(GO) -C deploy/package build -o $(CURDIR)/$(PACKAGER) .
+	rm -f $(PKG_OUT)/*.deb $(PKG_OUT)/*.rpm
+	@set -e; for a in $(PKG_ARCHES); do \
+		echo "building $(PKG_OUT)/$$a/edgeproxy ($(PKG_VERSION))"; \
+		CGO_ENABLED=0 GOOS=linux GOARCH=$$a $(GO) build -trimpath -ldflags "-s -w -X main.version=$(PKG_VERSION) -X main.commit=$(COMMIT)" \
+			-o $(PKG_OUT)/$$a/edgeproxy ./agent/cmd/edgeproxy; \
+		file $(PKG_OUT)/$$a/edgeproxy | grep -q "statically linked" || { echo "$(PKG_OUT)/$$a/edgeproxy is not statically linked" >&2; exit 1; }; \
+		$(PACKAGER) -src $(CURDIR) -version '$(PKG_VERSION)' -arch $$a -binary $(PKG_OUT)/$$a/edgeproxy \
+			-cli $(BIN) -modules bin/modules -out $(PKG_OUT) -date $(PKG_DATE); \
+	done
 
 clean:
 	rm -rf bin

@@ -24,7 +24,8 @@
 # The config file is installed only when none exists, so re-running the script
 # (an upgrade) keeps the node's settings; the new example is put next to it as
 # config.yaml.example. The unit's ExecStart and --config follow BINDIR and
-# SYSCONFDIR. Nothing is started: the script prints the commands that do it.
+# SYSCONFDIR, the module paths in the config's comments MODULEDIR. Nothing is
+# started: the script prints the commands that do it.
 set -eu
 
 src=$(cd "$(dirname "$0")/.." && pwd)
@@ -90,11 +91,14 @@ install -m 0644 "$tmp" "$DESTDIR$UNITDIR/edgeproxy.service"
 install -m 0644 "$src/deploy/modules-load.d/edgeproxy-ipvs.conf" "$DESTDIR$MODULESLOADDIR/edgeproxy-ipvs.conf"
 install -m 0644 "$src/deploy/tmpfiles.d/edgeproxy.conf" "$DESTDIR$TMPFILESDIR/edgeproxy.conf"
 
+# The example config, with the module paths in its comments following
+# MODULEDIR.
+sed -e "s|/usr/local/lib/edgeproxy/modules|$MODULEDIR|g" "$src/configs/edgeproxy.yaml" >"$tmp"
 if [ -e "$DESTDIR$confdir/config.yaml" ]; then
 	echo "keeping existing $confdir/config.yaml; the new example is config.yaml.example"
-	install -m 0644 "$src/configs/edgeproxy.yaml" "$DESTDIR$confdir/config.yaml.example"
+	install -m 0644 "$tmp" "$DESTDIR$confdir/config.yaml.example"
 else
-	install -m 0644 "$src/configs/edgeproxy.yaml" "$DESTDIR$confdir/config.yaml"
+	install -m 0644 "$tmp" "$DESTDIR$confdir/config.yaml"
 fi
 
 install -m 0644 "$src/deploy/rbac.yaml" "$src/deploy/kubeconfig.template" "$DESTDIR$DATADIR/"

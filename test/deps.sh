@@ -4,12 +4,14 @@
 # for the kernel tiers; qemu, Debian's kernel and busybox for the IPVS VM;
 # systemd for unit verification; gcc for -race; nftables and binutils for
 # the benchmark harness (test/bench); rustc, cargo, the wasm32 Rust std,
-# clang, lld and wasi-libc for the Rust and C policy modules. As another user than root
+# clang, lld and wasi-libc for the Rust and C policy modules; lintian, rpm,
+# zsh and fish to check the packages and shell completions (deploy/package).
+# As another user than root
 # it only says what is missing (those tiers then skip and say why).
 set -eu
 pkgs="iptables ipset conntrack iproute2 kmod procps file make gcc libc6-dev
 qemu-system-x86 linux-image-amd64 busybox-static systemd ca-certificates
-nftables binutils
+nftables binutils lintian rpm zsh fish
 rustc cargo libstd-rust-dev-wasm32 clang lld wasi-libc libclang-rt-14-dev-wasm32"
 missing=""
 for p in $pkgs; do

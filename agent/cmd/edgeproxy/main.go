@@ -35,7 +35,8 @@ Usage:
   edgeproxy explain NAMESPACE/NAME   why each endpoint of a service got its weight
   edgeproxy cleanup [flags]          remove every kernel object edgeproxy created
   edgeproxy module check FILE        check a policy module without loading it
-  edgeproxy version
+  edgeproxy version [-o text|json]   version, commit, Go version, policy ABI versions
+  edgeproxy completion bash|zsh|fish shell completion script
 
 Flags of run, plan and cleanup:
   --config FILE  --kubeconfig FILE | --manifests DIR  --node-name NAME  --mode iptables|ipvs|plan
@@ -66,7 +67,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	case "module":
 		err = runModule(args, stdout)
 	case "version":
-		fmt.Fprintln(stdout, "edgeproxy", version)
+		err = runVersion(args, stdout)
+	case "completion":
+		err = runCompletion(args, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 	default:

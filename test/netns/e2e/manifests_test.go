@@ -36,6 +36,17 @@ status:
   addresses: [{type: InternalIP, address: 192.168.77.1}]
 `
 
+// manifestDir makes dir/manifests holding this node's Node and returns it.
+func manifestDir(t *testing.T, dir string) string {
+	t.Helper()
+	manifests := filepath.Join(dir, "manifests")
+	if err := os.Mkdir(manifests, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
+	return manifests
+}
+
 // webManifest is a NodePort service (TCP and UDP on one port) and a
 // LoadBalancer service with externalTrafficPolicy Local, both backed by the
 // pod at ip on node epNode.
@@ -135,11 +146,7 @@ func TestIPTablesAgentManifests(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
+	manifests := manifestDir(t, dir)
 	web := filepath.Join(manifests, "web.yaml")
 	writeFile(t, web, webManifest(a.IP, nodeName))
 	cfg := filepath.Join(dir, "config.yaml")

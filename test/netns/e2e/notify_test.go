@@ -113,11 +113,7 @@ func TestIPTablesNotifyWatchdog(t *testing.T) {
 		}
 	}
 	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
+	manifests := manifestDir(t, dir)
 	web := filepath.Join(manifests, "web.yaml")
 	writeFile(t, web, webManifest(a.IP, nodeName))
 	cfg := filepath.Join(dir, "config.yaml")

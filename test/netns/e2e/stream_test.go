@@ -18,6 +18,21 @@ import (
 // it), and fails t if any connection failed across the kill and restart.
 func killRestartUnderStream(t *testing.T, node *netns.Node, client *netns.NS, dst netip.AddrPort, ag *agent, bin, cfg, logPath string) {
 	t.Helper()
+	underStream(t, client, dst, "SIGKILL and restart", func() {
+		if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+			t.Fatal(err)
+		}
+		_ = ag.cmd.Wait()
+		startAgent(t, node, bin, cfg, logPath)
+		waitFor(t, 60*time.Second, "restarted agent healthy (healthz 200)", func() error { return healthz(node) })
+	})
+}
+
+// underStream opens a bounded stream of connections from client to dst,
+// runs disrupt once 20 have succeeded, waits for 50 more, and fails t if
+// any connection failed. It returns how many succeeded.
+func underStream(t *testing.T, client *netns.NS, dst netip.AddrPort, what string, disrupt func()) int64 {
+	t.Helper()
 	var okN, failN atomic.Int64
 	var firstErr atomic.Value
 	stop := make(chan struct{})
@@ -40,25 +55,23 @@ func killRestartUnderStream(t *testing.T, node *netns.Node, client *netns.NS, ds
 			}
 		}
 	}()
+	defer func() { // also when disrupt fails t
+		close(stop)
+		wg.Wait()
+	}()
 	for okN.Load() < 20 && failN.Load() == 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = ag.cmd.Wait()
+	disrupt()
 	mid := okN.Load()
-	startAgent(t, node, bin, cfg, logPath)
-	waitFor(t, 60*time.Second, "restarted agent healthy (healthz 200)", func() error { return healthz(node) })
 	for okN.Load() < mid+50 && failN.Load() == 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
-	close(stop)
-	wg.Wait()
 	if failN.Load() != 0 {
-		t.Fatalf("%d of %d connections failed across SIGKILL and restart: %v", failN.Load(), okN.Load()+failN.Load(), firstErr.Load())
+		t.Fatalf("%d of %d connections failed across %s: %v", failN.Load(), okN.Load()+failN.Load(), what, firstErr.Load())
 	}
-	t.Logf("%d connections across SIGKILL and restart, none failed", okN.Load())
+	t.Logf("%d connections across %s, none failed", okN.Load(), what)
+	return okN.Load()
 }
 
 // waitRefused waits until dst refuses connections from client.
