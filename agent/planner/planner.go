@@ -174,7 +174,11 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 
 	p.gen++
 	plan := &datapath.Plan{Generation: p.gen, Changed: changed}
-	local := make(map[string][][]model.PortEndpoint)
+	// Local endpoints per service and family: each family is counted on
+	// its own and the larger count is the answer, as kube-proxy's
+	// dual-stack proxiers each report their family's count to one health
+	// server (a dual-stack pod is one endpoint, not two).
+	local := make(map[string][2][][]model.PortEndpoint)
 	for name, pp := range p.ports {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
 		res.Explain[name.String()] = pp.explain
@@ -184,7 +188,9 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		}
 		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
 			key := svc.Namespace + "/" + svc.Name
-			local[key] = append(local[key], pp.localV4, pp.localV6)
+			l := local[key]
+			l[0], l[1] = append(l[0], pp.localV4), append(l[1], pp.localV6)
+			local[key] = l
 			res.HealthChecks[svc.HealthCheckNodePort] = HealthCheck{Service: key}
 		}
 	}
@@ -193,7 +199,8 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		nodeName = snap.Node.Name
 	}
 	for port, hc := range res.HealthChecks {
-		hc.LocalEndpoints = selection.CountLocalReady(nodeName, local[hc.Service]...)
+		l := local[hc.Service]
+		hc.LocalEndpoints = max(selection.CountLocalReady(nodeName, l[0]...), selection.CountLocalReady(nodeName, l[1]...))
 		res.HealthChecks[port] = hc
 	}
 	if snap.Node != nil {

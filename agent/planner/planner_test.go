@@ -256,3 +256,27 @@ func TestPolicyPanicReachesBuild(t *testing.T) {
 	p.Build(context.Background(), st.Snapshot())
 	t.Fatal("Build returned")
 }
+
+// A dual-stack pod is one local endpoint for the healthCheckNodePort, not
+// one per family (kube-proxy answers localEndpoints 1).
+func TestHealthCheckCountsDualStackPodOnce(t *testing.T) {
+	st := state.New(nil)
+	st.SetNode(&model.Node{Name: "n1"})
+	st.SetService("ns/a", &model.Service{Namespace: "ns", Name: "a",
+		ClusterIPs:    []netip.Addr{netip.MustParseAddr("10.96.0.1"), netip.MustParseAddr("fd00:96::1")},
+		ExternalLocal: true, HealthCheckNodePort: 31000,
+		Ports: []model.ServicePort{{Protocol: "TCP", Port: 80, NodePort: 30080}}})
+	for _, s := range []struct {
+		name string
+		fam  model.Family
+		addr string
+	}{{"a-4", model.IPv4, "10.0.0.1"}, {"a-6", model.IPv6, "fd00::1"}} {
+		st.SetSlice("ns/"+s.name, &model.EndpointSlice{Namespace: "ns", Name: s.name, Service: "a", Family: s.fam,
+			Ports:     []model.EndpointPort{{Protocol: "TCP", Port: 80}},
+			Endpoints: []model.Endpoint{{Addr: netip.MustParseAddr(s.addr), Ready: true, Serving: true, NodeName: "n1"}}})
+	}
+	res := planner.New(planner.Options{}, nil).Build(context.Background(), st.Snapshot())
+	if got := res.HealthChecks[31000].LocalEndpoints; got != 1 {
+		t.Errorf("local endpoints %d, want 1 (one dual-stack pod)", got)
+	}
+}
