@@ -239,13 +239,14 @@ func (w *Watcher) reload(reason string, always bool) error {
 	if errors.Is(err, ErrEmpty) {
 		// Usually an editor's save caught half-way (truncate, then
 		// write): refused, and the write that follows is reloaded.
-		w.reloads.WithLabelValues("empty").Inc()
 		w.log.Warn("config: the file is empty; keeping the running config", "reason", reason)
+		w.reloads.WithLabelValues("empty").Inc()
 		return err
 	}
 	if err != nil {
-		w.reloads.WithLabelValues("error").Inc()
+		// Log before counting: whoever watches the counter finds the reason.
 		w.log.Error("config: reload rejected; keeping the running config", "reason", reason, "err", err)
+		w.reloads.WithLabelValues("error").Inc()
 		return err
 	}
 	prev := w.cur.Load()
@@ -277,8 +278,8 @@ func (w *Watcher) reload(reason string, always bool) error {
 	if w.opts.OnChange != nil {
 		if err := w.opts.OnChange(prev, next); err != nil {
 			w.cur.Store(prev)
-			w.reloads.WithLabelValues("error").Inc()
 			w.log.Error("config: reload applied only in part", "reason", reason, "changed", changed, "err", err)
+			w.reloads.WithLabelValues("error").Inc()
 			return err
 		}
 	}
