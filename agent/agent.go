@@ -271,14 +271,14 @@ func (a *Agent) Run(ctx context.Context) error {
 	select {
 	case <-ctx.Done():
 	case err = <-errc:
-		a.log.Error("stopping", "error", err)
+		a.log.Error("stopping", "err", err)
 	}
 	_ = a.notifier.Stopping()
 	cancel()
 	wg.Wait()
 	if a.chains != nil {
 		if cerr := a.chains.Close(context.Background()); cerr != nil {
-			a.log.Warn("closing the policy engine", "error", cerr)
+			a.log.Warn("closing the policy engine", "err", cerr)
 		}
 	}
 	return err
@@ -302,7 +302,7 @@ func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
 		}
 		bad, err := m.Tampered(ctx)
 		if err != nil {
-			a.log.Warn("cannot check the datapath for tampering", "error", err)
+			a.log.Warn("cannot check the datapath for tampering", "err", err)
 			continue
 		}
 		if bad {
@@ -327,7 +327,7 @@ func (a *Agent) reconfigure(prev, next *config.Config) error {
 		Reload(context.Context, config.Policy) error
 	}); ok && !reflect.DeepEqual(prev.Policy, next.Policy) {
 		if perr = r.Reload(context.Background(), next.Policy); perr != nil {
-			a.log.Error("policy reload failed; the running chains stay in force", "error", perr)
+			a.log.Error("policy reload failed; the running chains stay in force", "err", perr)
 			kept := *next
 			kept.Policy = prev.Policy
 			next = &kept

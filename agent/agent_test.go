@@ -201,9 +201,9 @@ func TestExternalIPsIgnoredWarnedOnce(t *testing.T) {
 	if c := counter(); c != 1 {
 		t.Fatalf("edgeproxy_external_ips_ignored_total = %v, want 1", c)
 	}
-	a.SyncNow()
+	a.runner.Run()
 	gen := a.Last().Plan.Generation
-	eventually(t, "another sync", func() bool { a.SyncNow(); return a.Last().Plan.Generation > gen })
+	eventually(t, "another sync", func() bool { a.runner.Run(); return a.Last().Plan.Generation > gen })
 	if c := counter(); c != 1 {
 		t.Fatalf("edgeproxy_external_ips_ignored_total = %v after another sync, want still 1", c)
 	}

@@ -22,7 +22,7 @@ func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger)
 		// iptables mode's chains; IPVS mode's own EP-IPVS- chains are not
 		// iptables mode's and stay.
 		if err := iptables.CleanupAll(ctx, log); err != nil {
-			log.Warn("could not remove iptables mode's rules left from an earlier run", "error", err)
+			log.Warn("could not remove iptables mode's rules left from an earlier run", "err", err)
 		}
 	case "iptables":
 		// IPVS mode always creates its dummy link: without it there is
@@ -31,7 +31,7 @@ func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger)
 			return
 		}
 		if err := cleanupIPVS(ctx, cfg, log); err != nil {
-			log.Warn("could not remove IPVS mode's objects left from an earlier run", "error", err)
+			log.Warn("could not remove IPVS mode's objects left from an earlier run", "err", err)
 			return
 		}
 		log.Info("removed IPVS mode's virtual servers, addresses, sets and rules left from an earlier run")

@@ -35,7 +35,7 @@ func (a *Agent) saveSnapshot(res *planner.Result, now time.Time) {
 		}
 	}
 	if err := snapshot.Save(a.Config().StateDir, s); err != nil {
-		a.log.Warn("cannot write the snapshot; the previous one stays", "dir", a.Config().StateDir, "error", err)
+		a.log.Warn("cannot write the snapshot; the previous one stays", "dir", a.Config().StateDir, "err", err)
 		return
 	}
 	a.snapWritten, a.snapDirty = now, false
@@ -53,7 +53,7 @@ func (a *Agent) startFromSnapshot() bool {
 		a.log.Warn("the API server is unreachable and there is no snapshot yet; waiting for the API server", "dir", dir)
 		return false
 	case err != nil:
-		a.log.Error("the API server is unreachable and the snapshot is refused; waiting for the API server", "dir", dir, "error", err)
+		a.log.Error("the API server is unreachable and the snapshot is refused; waiting for the API server", "dir", dir, "err", err)
 		return false
 	}
 	a.log.Warn("the API server is unreachable; programming the last known state",

@@ -64,7 +64,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.generation.Set(float64(res.Plan.Generation))
 	if a.health != nil {
 		if err := a.health.Update(healthChecks(res)); err != nil {
-			a.log.Warn("health check servers", "error", err)
+			a.log.Warn("health check servers", "err", err)
 		}
 	}
 	a.warnExternalIPs(res.ExternalIPsIgnored)
@@ -78,7 +78,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		a.log.Info("first sync done", "frontends", len(res.Plan.Frontends), "took", now.Sub(start).Round(time.Millisecond))
 		close(a.synced)
 		if err := a.notifier.MarkReady(fmt.Sprintf("programmed %d frontends", len(res.Plan.Frontends))); err != nil {
-			a.log.Warn("systemd notify", "error", err)
+			a.log.Warn("systemd notify", "err", err)
 		}
 	})
 	status := fmt.Sprintf("generation %d: %d frontends", res.Plan.Generation, len(res.Plan.Frontends))
@@ -122,9 +122,6 @@ func (a *Agent) Refused() []datapath.Refusal {
 	}
 	return nil
 }
-
-// SyncNow asks for a sync soon (used by tests and the CLI's one-shot plan).
-func (a *Agent) SyncNow() { a.runner.Run() }
 
 // warnExternalIPs logs once per Service that its externalIPs are ignored
 // (they are opt-in: CVE-2020-8554) and counts it. Called under a.mu.

@@ -49,7 +49,6 @@ type options struct {
 	prefix     string
 	nodeLabels []string
 	now        func() time.Time
-	breaker    policy.Breaker
 }
 
 // WithServiceKeyPrefix sets which service labels and annotations modules
@@ -64,9 +63,6 @@ func WithNodeLabels(keys []string) Option {
 
 // WithClock sets the clock of the modules' circuit breakers (tests).
 func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
-
-// WithBreaker tunes the modules' circuit breakers (tests).
-func WithBreaker(b policy.Breaker) Option { return func(o *options) { o.breaker = b } }
 
 // Evaluator evaluates service ports through the configured chains. It is
 // safe for concurrent use.
@@ -181,7 +177,7 @@ func (e *Evaluator) Reload(ctx context.Context, cfg config.Policy, opts ...Optio
 func hostOptions(cfg config.Policy, stateDir string, log *slog.Logger, o options) policy.Options {
 	ho := policy.Options{
 		Engine: cfg.Engine, Timeout: cfg.Timeout, MemoryLimit: int64(cfg.MemoryLimit),
-		MaxModuleSize: int64(cfg.MaxModuleSize), Log: log, Now: o.now, Breaker: o.breaker,
+		MaxModuleSize: int64(cfg.MaxModuleSize), Log: log, Now: o.now,
 	}
 	// Without modules there is nothing to compile: no cache directory is
 	// needed, so `plan` runs as any user without a writable stateDir.

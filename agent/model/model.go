@@ -25,9 +25,6 @@ func (n ServicePortName) String() string {
 	return s
 }
 
-// ServiceName returns "namespace/name".
-func (n ServicePortName) ServiceName() string { return n.Namespace + "/" + n.Name }
-
 // TrafficDistribution values the selection understands.
 const (
 	PreferSameZone = "PreferSameZone"

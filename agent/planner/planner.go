@@ -109,8 +109,10 @@ type portPlan struct {
 	retry     bool // weigh again next time: the policy fell back
 	frontends []datapath.Frontend
 	explain   []Explain
-	localV4   []model.PortEndpoint // for health checks
-	localV6   []model.PortEndpoint
+	// The port's endpoints of each family, all of them: the
+	// healthCheckNodePort count keeps the ready ones on this node.
+	epsV4 []model.PortEndpoint
+	epsV6 []model.PortEndpoint
 }
 
 // Planner keeps per-port results between calls. Not safe for concurrent use.
@@ -189,7 +191,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
 			key := svc.Namespace + "/" + svc.Name
 			l := local[key]
-			l[0], l[1] = append(l[0], pp.localV4), append(l[1], pp.localV6)
+			l[0], l[1] = append(l[0], pp.epsV4), append(l[1], pp.epsV6)
 			local[key] = l
 			res.HealthChecks[svc.HealthCheckNodePort] = HealthCheck{Service: key}
 		}
@@ -412,9 +414,9 @@ func (p *Planner) planPort(pw *portWork) *portPlan {
 		}
 		pp.explain = append(pp.explain, ex)
 		if fam == model.IPv4 {
-			pp.localV4 = eps
+			pp.epsV4 = eps
 		} else {
-			pp.localV6 = eps
+			pp.epsV6 = eps
 		}
 	}
 	return pp

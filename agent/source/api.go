@@ -82,7 +82,7 @@ func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink 
 		// without their endpoints) until the next.
 		a.synced = append(a.synced, reg.HasSynced)
 		if err := h.inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-			log.Warn("watch failed; retrying", "error", err)
+			log.Warn("watch failed; retrying", "err", err)
 		}); err != nil {
 			return nil, fmt.Errorf("source: set watch error handler: %w", err)
 		}
@@ -126,7 +126,7 @@ func (a *API) heartbeat(ctx context.Context) {
 		case ctx.Err() != nil:
 			return
 		case !a.down.Swap(true):
-			a.log.Warn("the API server does not answer; keeping the rules in place", "error", err)
+			a.log.Warn("the API server does not answer; keeping the rules in place", "err", err)
 		}
 	}
 }

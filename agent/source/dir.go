@@ -107,7 +107,7 @@ func (d *Dir) Run(ctx context.Context) error {
 				// one goes with it).
 				_ = w.Remove(d.path)
 				if err := w.Add(d.path); err != nil {
-					d.log.Warn("manifest directory gone; keeping what was loaded until it is back", "dir", d.path, "error", err)
+					d.log.Warn("manifest directory gone; keeping what was loaded until it is back", "dir", d.path, "err", err)
 				}
 				timer.Reset(quiet)
 			case filepath.Dir(ev.Name) == parent:
@@ -118,7 +118,7 @@ func (d *Dir) Run(ctx context.Context) error {
 			if !ok {
 				return nil
 			}
-			d.log.Warn("manifest watch error", "dir", d.path, "error", err)
+			d.log.Warn("manifest watch error", "dir", d.path, "err", err)
 		case <-timer.C:
 			d.Load()
 		}
@@ -145,7 +145,7 @@ func (d *Dir) Load() {
 
 	entries, err := os.ReadDir(d.path)
 	if err != nil {
-		d.log.Warn("cannot read manifest directory; keeping what was loaded", "dir", d.path, "error", err)
+		d.log.Warn("cannot read manifest directory; keeping what was loaded", "dir", d.path, "err", err)
 		return
 	}
 	// Where each object came from, to report one defined in two files.

@@ -186,9 +186,9 @@ func (s *State) poke() {
 }
 
 // Retain deletes every Service and EndpointSlice whose key is not in the
-// given sets. After a start from the on-disk snapshot, the API source calls
-// it once it has listed everything: objects deleted while the agent was
-// offline never produce a delete event.
+// given sets. After a start from the on-disk snapshot, the agent calls it
+// (reconcileAfterOffline) once the API source has listed everything: objects
+// deleted while the agent was offline never produce a delete event.
 func (s *State) Retain(services, slices map[string]bool) (removed int) {
 	s.mu.Lock()
 	var drop, dropSlices []string
