@@ -47,7 +47,7 @@ func (b *ipvsBackend) Apply(ctx context.Context, p *datapath.Plan) error {
 		return err
 	}
 	if _, err := b.ct.Reconcile(ctx, p.Frontends, p.Full); err != nil {
-		b.log.Warn("conntrack cleanup after the IPVS apply failed; retried next sync", "error", err)
+		b.log.Warn("conntrack cleanup after the IPVS apply failed; retried next sync", "err", err)
 	}
 	return nil
 }

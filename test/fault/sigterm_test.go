@@ -74,7 +74,9 @@ sync: {minPeriod: 100ms, period: 1h}
 	}
 }
 
-func serviceIP(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, byte(1 + i/250), byte(1 + i%250)}) }
+func serviceIP(i int) netip.Addr {
+	return netip.AddrFrom4([4]byte{10, 96, byte(1 + i/250), byte(1 + i%250)})
+}
 
 // manyServices is n ClusterIP Services on port 80, each with pod ip as
 // its one endpoint.
