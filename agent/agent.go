@@ -86,6 +86,7 @@ type Agent struct {
 	notifier     *notify.Notifier
 	snapWritten  time.Time // under mu
 	snapDirty    bool      // under mu
+	snapFailing  bool      // under mu: the last snapshot write failed
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
 	// nodeIneligible mirrors the last synced Node's Ineligible.

@@ -12,17 +12,18 @@ import (
 // metrics uses kube-proxy's names where the meaning is the same, so existing
 // dashboards and alerts keep working.
 type metrics struct {
-	syncDuration     prometheus.Histogram
-	programming      prometheus.Histogram
-	lastSync         prometheus.Gauge
-	lastQueued       prometheus.Gauge
-	syncErrors       prometheus.Counter
-	frontends        prometheus.Gauge
-	generation       prometheus.Gauge
-	portsEvaluated   prometheus.Counter
-	apiserverContact prometheus.GaugeFunc
-	tamperedRepairs  prometheus.Counter
-	healthz, livez   *prometheus.CounterVec // by HTTP status code
+	syncDuration          prometheus.Histogram
+	programming           prometheus.Histogram
+	lastSync              prometheus.Gauge
+	lastQueued            prometheus.Gauge
+	syncErrors            prometheus.Counter
+	snapshotWriteFailures prometheus.Counter
+	frontends             prometheus.Gauge
+	generation            prometheus.Gauge
+	portsEvaluated        prometheus.Counter
+	apiserverContact      prometheus.GaugeFunc
+	tamperedRepairs       prometheus.Counter
+	healthz, livez        *prometheus.CounterVec // by HTTP status code
 	// noLocalEndpoints: service ports whose Local traffic policy leaves
 	// this node without endpoints, by traffic_policy and ip_family.
 	noLocalEndpoints *prometheus.GaugeVec
@@ -86,13 +87,17 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Name: "edgeproxy_external_ips_ignored_total",
 			Help: "Services found with spec.externalIPs while externalIPs is off (each counted once until it drops them).",
 		}),
+		snapshotWriteFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeproxy_snapshot_write_failures_total",
+			Help: "Snapshot writes that failed (full disk, read-only state directory); the previous snapshot stays.",
+		}),
 		apiserverContact: prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_apiserver_last_contact_seconds",
 			Help: "Seconds since the API server last delivered anything (list or watch event); -1 when never, 0 with a manifest source.",
 		}, lastContact),
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
-		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints,
+		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints, m.snapshotWriteFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_snapshot_age_seconds",
 			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",

@@ -34,12 +34,32 @@ func (a *Agent) saveSnapshot(res *planner.Result, now time.Time) {
 			s.Modules[m.Module] = m.SHA256
 		}
 	}
-	if err := snapshot.Save(a.Config().StateDir, s); err != nil {
-		a.log.Warn("cannot write the snapshot; the previous one stays", "dir", a.Config().StateDir, "err", err)
-		return
+	if a.writeSnapshot(s) {
+		a.snapWritten, a.snapDirty = now, false
 	}
-	a.snapWritten, a.snapDirty = now, false
-	a.snapAge.Store(now.UnixNano())
+}
+
+// writeSnapshot saves s to the state directory. A failure (a full disk, a
+// read-only directory) keeps the previous snapshot, is counted in
+// edgeproxy_snapshot_write_failures_total and logged once until a write
+// succeeds again: the caller keeps the snapshot dirty, so every later sync
+// tries again. Called with a.mu held.
+func (a *Agent) writeSnapshot(s *snapshot.Snapshot) bool {
+	dir := a.Config().StateDir
+	if err := snapshot.Save(dir, s); err != nil {
+		a.metrics.snapshotWriteFailures.Inc()
+		if !a.snapFailing {
+			a.log.Warn("cannot write the snapshot; the previous one stays, retrying on every sync", "dir", dir, "err", err)
+		}
+		a.snapFailing = true
+		return false
+	}
+	if a.snapFailing {
+		a.log.Info("the snapshot is written again", "dir", dir)
+	}
+	a.snapFailing = false
+	a.snapAge.Store(s.Written.UnixNano())
+	return true
 }
 
 // startFromSnapshot loads the on-disk snapshot into the state, so the sync
@@ -94,5 +114,8 @@ func (a *Agent) snapshotAgeSeconds() float64 {
 	if n == 0 {
 		return -1
 	}
-	return time.Since(time.Unix(0, n)).Seconds()
+	// A wall-clock age: the snapshot may come from before a restart. A
+	// clock stepped back makes it look written in the future; say 0, not
+	// a negative age.
+	return max(0, time.Since(time.Unix(0, n)).Seconds())
 }

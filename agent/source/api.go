@@ -18,16 +18,22 @@ import (
 
 // API watches Services, EndpointSlices and this Node on a kube-apiserver.
 type API struct {
-	conv     *Converter
-	sink     Sink
-	report   *reporter
-	log      *slog.Logger
-	factory  informers.SharedInformerFactory
-	nodes    informers.SharedInformerFactory
-	synced   []cache.InformerSynced
-	svcInf   cache.SharedIndexInformer
-	epsInf   cache.SharedIndexInformer
-	contact  atomic.Int64 // unix nanoseconds of the last event, list or heartbeat
+	conv    *Converter
+	sink    Sink
+	report  *reporter
+	log     *slog.Logger
+	factory informers.SharedInformerFactory
+	nodes   informers.SharedInformerFactory
+	synced  []cache.InformerSynced
+	svcInf  cache.SharedIndexInformer
+	epsInf  cache.SharedIndexInformer
+	// contact is when the last event, list or heartbeat came, in
+	// nanoseconds after born (0: never). An offset from a time.Now() keeps
+	// Go's monotonic clock: a wall clock stepped back or forward does not
+	// make the API server look heard from in the future (which stopped the
+	// heartbeat for as long as the step) or long gone.
+	contact  atomic.Int64
+	born     time.Time
 	nodeName string
 	client   kubernetes.Interface
 	down     atomic.Bool // the last heartbeat failed
@@ -44,7 +50,7 @@ const (
 
 // NewAPI prepares informers; nothing is started until Run.
 func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
-	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client}
+	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now()}
 	// No periodic informer resync: the sync runner owns timing.
 	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip))
 	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip),
@@ -163,11 +169,11 @@ func (a *API) LastContact() time.Time {
 	if n == 0 {
 		return time.Time{}
 	}
-	return time.Unix(0, n)
+	return a.born.Add(time.Duration(n))
 }
 
 func (a *API) touch() {
-	a.contact.Store(time.Now().UnixNano())
+	a.contact.Store(max(1, int64(time.Since(a.born))))
 	a.down.Store(false)
 }
 

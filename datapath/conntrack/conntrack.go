@@ -63,6 +63,7 @@ type Cleaner struct {
 	last map[datapath.Key]string // endpoint signature per UDP frontend at the last successful pass
 
 	deleted  prometheus.Counter
+	failures prometheus.Counter
 	duration prometheus.Histogram
 }
 
@@ -70,6 +71,7 @@ type Cleaner struct {
 const (
 	MetricDeleted  = "edgeproxy_conntrack_deleted_entries_total"
 	MetricDuration = "edgeproxy_conntrack_reconcile_duration_seconds"
+	MetricFailures = "edgeproxy_conntrack_reconcile_failures_total"
 )
 
 // New returns a Cleaner. It opens nothing until the first Reconcile.
@@ -81,6 +83,10 @@ func New(opts Options) (*Cleaner, error) {
 		deleted: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: MetricDeleted,
 			Help: "UDP conntrack entries deleted because their service endpoint is gone or they bypassed the service rules.",
+		}),
+		failures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricFailures,
+			Help: "Conntrack cleanups that failed (a dump or a delete refused, e.g. a full or busy table); the sync goes on and the next one tries again.",
 		}),
 		duration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    MetricDuration,
@@ -96,7 +102,7 @@ func New(opts Options) (*Cleaner, error) {
 		c.localAddrs = netlinkAddrs
 	}
 	if opts.Registerer != nil {
-		for _, m := range []prometheus.Collector{c.deleted, c.duration} {
+		for _, m := range []prometheus.Collector{c.deleted, c.failures, c.duration} {
 			if err := opts.Registerer.Register(m); err != nil {
 				return nil, fmt.Errorf("conntrack: register metrics: %w", err)
 			}
@@ -164,6 +170,7 @@ func (c *Cleaner) Reconcile(ctx context.Context, frontends []datapath.Frontend, 
 	c.duration.Observe(time.Since(start).Seconds())
 	c.deleted.Add(float64(n))
 	if err != nil {
+		c.failures.Inc()
 		c.last = nil // try everything again next time
 		return n, err
 	}

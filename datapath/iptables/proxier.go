@@ -390,9 +390,11 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		}
 		f.log.Debug("applied plan", "generation", plan.Generation, "full", full, "written", st.written, "units", st.units, "bytes", st.bytes, "took", time.Since(start))
 	}
+	// A failed conntrack cleanup does not fail the apply: the rules are
+	// right, the cleaner counts the failure, and the next sync tries again.
 	if ok && p.ct != nil {
 		if _, err := p.ct.Reconcile(ctx, plan.Frontends, plan.Full); err != nil {
-			errs = append(errs, fmt.Errorf("iptables: conntrack cleanup: %w", err))
+			p.log.Warn("conntrack cleanup after the apply failed; retried next sync", "err", err)
 		}
 	}
 	return errors.Join(errs...)

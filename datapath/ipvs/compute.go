@@ -72,8 +72,10 @@ type desired struct {
 }
 
 // compute turns a plan into the kernel state it asks for. It is pure.
-// Frontends it cannot program (IPv6, for now; unknown scheduler flags)
-// are reported in the error and left out; the rest is returned.
+// Frontends it cannot program (IPv6, for now; unknown scheduler flags; a
+// virtual server another service port already claims) are left out and
+// reported as datapath.PortErrors of their service port; the rest is
+// returned.
 func compute(cfg config, p *datapath.Plan) (*desired, error) {
 	d := &desired{Servers: map[Key]*desiredServer{}, VIPs: map[netip.Addr]bool{}, Entries: map[string][]ipset.Entry{}}
 	for _, s := range sets() {
@@ -84,12 +86,12 @@ func compute(cfg config, p *datapath.Plan) (*desired, error) {
 	for i := range p.Frontends {
 		f := &p.Frontends[i]
 		if f.Family != datapath.IPv4 {
-			errs = append(errs, fmt.Errorf("ipvs: %s %s (%s): IPv6 is not supported yet", f.Protocol, f.AddrString(), f.Service))
+			errs = append(errs, portError(f.Service, fmt.Errorf("ipvs: %s %s (%s): IPv6 is not supported yet", f.Protocol, f.AddrString(), f.Service)))
 			continue
 		}
 		vs, weighted, err := virtualServer(cfg, f)
 		if err != nil {
-			errs = append(errs, err)
+			errs = append(errs, portError(f.Service, err))
 			continue
 		}
 		reals := make([]RealServer, 0, len(f.Endpoints))
@@ -117,7 +119,7 @@ func compute(cfg config, p *datapath.Plan) (*desired, error) {
 			v := vs
 			v.Addr = a
 			if prev, dup := d.Servers[v.Key()]; dup {
-				errs = append(errs, fmt.Errorf("ipvs: %s of %s is also claimed by %s", v.Key(), f.Service, prev.Service))
+				errs = append(errs, portError(f.Service, fmt.Errorf("ipvs: %s of %s is also claimed by %s", v.Key(), f.Service, prev.Service)))
 				continue
 			}
 			d.Servers[v.Key()] = &desiredServer{VS: v, Reals: reals, Service: f.Service, Weighted: weighted}
@@ -185,4 +187,10 @@ func equalWeights(es []datapath.Endpoint) bool {
 		}
 	}
 	return true
+}
+
+// portError marks err as concerning service port service alone, so that
+// the agent shows it as refused and counts the rest of the sync as done.
+func portError(service string, err error) error {
+	return &datapath.PortError{Service: service, Err: err}
 }

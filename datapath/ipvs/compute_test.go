@@ -90,6 +90,10 @@ func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 	if err == nil || !strings.Contains(err.Error(), "IPv6") || !strings.Contains(err.Error(), "sh-bogus") {
 		t.Errorf("err = %v, want both problems named", err)
 	}
+	ports, rest := datapath.SplitPortErrors(err)
+	if rest != nil || len(ports) != 2 || ports[0].Service != "a/v6:http" || ports[1].Service != "a/bad:http" {
+		t.Errorf("port errors = %v, rest = %v; want one PortError each for a/v6 and a/bad", ports, rest)
+	}
 	if len(d.Servers) != 1 {
 		t.Errorf("servers = %v, want only a/ok", d.Servers)
 	}

@@ -97,10 +97,14 @@ type Proxier struct {
 	lastVIPs    map[netip.Addr]bool
 	lastEntries map[string][]ipset.Entry
 	terminating map[Key]map[netip.AddrPort]time.Time
-	logged      map[string]bool
-	rulesOK     bool
-	last        Stats
-	sysctlErr   error
+	// retry holds the virtual servers the kernel refused (or refused a real
+	// server of) in the last Apply: partial syncs revisit them until they
+	// are programmed.
+	retry     map[Key]bool
+	logged    map[string]bool
+	rulesOK   bool
+	last      Stats
+	sysctlErr error
 }
 
 var (
@@ -148,6 +152,7 @@ func New(opts Options) (*Proxier, error) {
 		log:         opts.Logger.With("datapath", "ipvs"),
 		applied:     map[Key]*desiredServer{},
 		terminating: map[Key]map[netip.AddrPort]time.Time{},
+		retry:       map[Key]bool{},
 		logged:      map[string]bool{},
 	}
 	m, err := newMetrics(opts.Registerer)
@@ -267,19 +272,16 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if err != nil {
 		return err
 	}
+	// Frontends that cannot be programmed are left out as PortErrors
+	// (shown as refused in status); the rest is programmed.
 	want, cerr := compute(config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
-	if cerr != nil {
-		// Frontends that cannot be programmed are left out; retrying
-		// does not help, so they are logged, not returned.
-		p.logOnce("frontends left out", "err", cerr)
-	}
 	for _, ds := range want.Servers {
 		if ds.Weighted {
 			p.logOnce("weighted scheduler", "service", ds.Service, "scheduler", ds.VS.Scheduler,
 				"why", "endpoint weights differ and the chosen scheduler ignores weights")
 		}
 	}
-	var errs []error
+	errs := []error{cerr}
 	var bound map[netip.Addr]bool
 	if full || !maps.Equal(want.VIPs, p.lastVIPs) {
 		var err error
@@ -318,12 +320,15 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	if err := errors.Join(errs...); err != nil {
+	// Refused service ports do not fail the sync: the rest is in the
+	// kernel, and the refused ones are in p.retry for the next Apply.
+	all := errors.Join(errs...)
+	if _, rest := datapath.SplitPortErrors(all); rest != nil {
 		p.rulesOK = false
-		return err
+		return all
 	}
 	p.synced, p.lastVIPs, p.lastEntries = true, want.VIPs, want.Entries
-	return nil
+	return all
 }
 
 // nodeAddrs returns where NodePorts are served (Options.NodeAddresses).
@@ -384,27 +389,26 @@ func (p *Proxier) fullSyncServers(want *desired, bound map[netip.Addr]bool, node
 	}
 	var errs []error
 	applied := make(map[Key]*desiredServer, len(want.Servers))
+	p.retry = map[Key]bool{}
 	for key, ds := range want.Servers {
 		kv, exists := kernel[key]
 		if !exists {
-			if err := p.addServer(ds, st); err != nil {
-				errs = append(errs, err)
-				continue
+			added, err := p.addServer(ds, st)
+			if added {
+				applied[key] = ds
 			}
-			applied[key] = ds
+			errs = append(errs, p.refused(ds, err))
 			continue
 		}
 		applied[key] = ds
 		if kv != ds.VS {
 			if err := p.k.UpdateVirtualServer(ds.VS); err != nil {
-				errs = append(errs, err)
+				errs = append(errs, p.refused(ds, err))
 			} else {
 				st.VirtualServers.Updated++
 			}
 		}
-		if err := p.syncReals(ds.VS, ds.Reals, st); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, p.refused(ds, p.syncReals(ds.VS, ds.Reals, st)))
 	}
 	for key, kv := range kernel {
 		if _, keep := want.Servers[key]; keep || !ours(key) {
@@ -427,30 +431,30 @@ func (p *Proxier) fullSyncServers(want *desired, bound map[netip.Addr]bool, node
 // a one-endpoint change costs one real-server dump and one update.
 func (p *Proxier) partialSyncServers(plan *datapath.Plan, want *desired, st *Stats) error {
 	var errs []error
+	retry := p.retry
+	p.retry = map[Key]bool{}
 	for key, ds := range want.Servers {
 		prev, had := p.applied[key]
-		if had && prev.Service == ds.Service && !plan.Changed[ds.Service] && len(p.terminating[key]) == 0 {
+		if had && prev.Service == ds.Service && !plan.Changed[ds.Service] && len(p.terminating[key]) == 0 && !retry[key] {
 			continue
 		}
 		if !had {
-			if err := p.addServer(ds, st); err != nil {
-				errs = append(errs, err)
-				continue
+			added, err := p.addServer(ds, st)
+			if added {
+				p.applied[key] = ds
 			}
-			p.applied[key] = ds
+			errs = append(errs, p.refused(ds, err))
 			continue
 		}
 		if prev.VS != ds.VS {
 			if err := p.k.UpdateVirtualServer(ds.VS); err != nil {
-				errs = append(errs, err)
+				errs = append(errs, p.refused(ds, err))
 				continue
 			}
 			st.VirtualServers.Updated++
 		}
 		p.applied[key] = ds
-		if err := p.syncReals(ds.VS, ds.Reals, st); err != nil {
-			errs = append(errs, err)
-		}
+		errs = append(errs, p.refused(ds, p.syncReals(ds.VS, ds.Reals, st)))
 	}
 	for key, prev := range p.applied {
 		if _, keep := want.Servers[key]; keep {
@@ -467,10 +471,23 @@ func (p *Proxier) partialSyncServers(plan *datapath.Plan, want *desired, st *Sta
 	return errors.Join(errs...)
 }
 
-// addServer creates a virtual server with all its real servers.
-func (p *Proxier) addServer(ds *desiredServer, st *Stats) error {
+// refused turns err, the kernel refusing ds or one of its real servers,
+// into a PortError of ds's service port and marks ds to be tried again
+// by the next Apply. It returns nil for a nil err.
+func (p *Proxier) refused(ds *desiredServer, err error) error {
+	if err == nil {
+		return nil
+	}
+	p.retry[ds.VS.Key()] = true
+	return portError(ds.Service, err)
+}
+
+// addServer creates a virtual server with all its real servers. added
+// reports whether the virtual server itself was created, even when some
+// of its real servers were refused.
+func (p *Proxier) addServer(ds *desiredServer, st *Stats) (added bool, err error) {
 	if err := p.k.AddVirtualServer(ds.VS); err != nil {
-		return err
+		return false, err
 	}
 	st.VirtualServers.Added++
 	var errs []error
@@ -481,7 +498,7 @@ func (p *Proxier) addServer(ds *desiredServer, st *Stats) error {
 		}
 		st.RealServers.Added++
 	}
-	return errors.Join(errs...)
+	return true, errors.Join(errs...)
 }
 
 // syncReals makes the real servers of vs match want. A TCP or SCTP real

@@ -1,6 +1,7 @@
 package ipvs
 
 import (
+	"errors"
 	"net/netip"
 	"slices"
 	"testing"
@@ -13,6 +14,10 @@ import (
 type fakeKernel struct {
 	vs    map[Key]VirtualServer
 	reals map[Key]map[netip.AddrPort]RealServer
+	// refuseVS and refuseReal make the kernel refuse those objects, as
+	// netlink does (e.g. an unknown scheduler module, ENOMEM).
+	refuseVS   map[Key]error
+	refuseReal map[netip.AddrPort]error
 }
 
 func newFakeKernel() *fakeKernel {
@@ -27,6 +32,9 @@ func (f *fakeKernel) VirtualServers() ([]VirtualServer, error) {
 	return out, nil
 }
 func (f *fakeKernel) AddVirtualServer(v VirtualServer) error {
+	if err := f.refuseVS[v.Key()]; err != nil {
+		return err
+	}
 	f.vs[v.Key()] = v
 	f.reals[v.Key()] = map[netip.AddrPort]RealServer{}
 	return nil
@@ -46,6 +54,9 @@ func (f *fakeKernel) RealServers(v VirtualServer) ([]RealServer, error) {
 	return out, nil
 }
 func (f *fakeKernel) AddRealServer(v VirtualServer, r RealServer) error {
+	if err := f.refuseReal[r.Addr]; err != nil {
+		return err
+	}
 	f.reals[v.Key()][r.Addr] = r
 	return nil
 }
@@ -147,5 +158,76 @@ func TestSyncServersDrainsAndDeletes(t *testing.T) {
 	sync(plan(true, datapath.UDP, b))
 	if _, ok := k.vs[foreign.Key()]; !ok {
 		t.Error("a virtual server that edgeproxy never made was deleted")
+	}
+}
+
+// TestKernelRefusalsArePortErrors: a virtual or real server the kernel
+// refuses concerns its service port alone. It comes back as a
+// datapath.PortError of that service port, the other services are
+// programmed, and the next (partial) sync tries the refused one again.
+func TestKernelRefusalsArePortErrors(t *testing.T) {
+	k := newFakeKernel()
+	p, err := New(Options{Kernel: k})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ep := func(s string) datapath.Endpoint {
+		return datapath.Endpoint{Addr: netip.MustParseAddrPort(s), Weight: 1}
+	}
+	fe := func(svc, vip string, eps ...datapath.Endpoint) datapath.Frontend {
+		return datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr(vip), Family: datapath.IPv4, Port: 80, Endpoints: eps}
+	}
+	goodKey := Key{netip.MustParseAddr("10.96.0.1"), datapath.TCP, 80}
+	vsKey := Key{netip.MustParseAddr("10.96.0.2"), datapath.TCP, 80}
+	realKey := Key{netip.MustParseAddr("10.96.0.3"), datapath.TCP, 80}
+	badReal := netip.MustParseAddrPort("10.244.0.9:80")
+	k.refuseVS = map[Key]error{vsKey: errors.New("ipvs: add virtual server: no such file or directory")}
+	k.refuseReal = map[netip.AddrPort]error{badReal: errors.New("ipvs: add real server: cannot allocate memory")}
+	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		fe("a/good:http", "10.96.0.1", ep("10.244.0.2:80")),
+		fe("a/vs:http", "10.96.0.2", ep("10.244.0.3:80")),
+		fe("a/real:http", "10.96.0.3", ep("10.244.0.4:80"), ep(badReal.String())),
+	}}
+	d, err := compute(config{}, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st Stats
+	err = p.fullSyncServers(d, map[netip.Addr]bool{}, nil, &st)
+	ports, rest := datapath.SplitPortErrors(err)
+	if rest != nil {
+		t.Fatalf("a refused server failed the sync: %v", rest)
+	}
+	got := map[string]bool{}
+	for _, pe := range ports {
+		got[pe.Service] = true
+	}
+	if len(got) != 2 || !got["a/vs:http"] || !got["a/real:http"] {
+		t.Fatalf("port errors for %v, want a/vs:http and a/real:http", got)
+	}
+	if _, ok := k.vs[goodKey]; !ok || len(k.reals[goodKey]) != 1 {
+		t.Errorf("the good service was not programmed: %v", k.vs)
+	}
+	if _, ok := k.vs[vsKey]; ok {
+		t.Errorf("a refused virtual server is in the kernel")
+	}
+	if len(k.reals[realKey]) != 1 {
+		t.Errorf("the real servers the kernel took were not kept: %v", k.reals[realKey])
+	}
+	// The kernel takes them now: an unchanged partial plan programs both.
+	k.refuseVS, k.refuseReal = nil, nil
+	p.synced = true
+	plan.Full, plan.Changed = false, nil
+	if err := p.partialSyncServers(plan, d, &st); err != nil {
+		t.Fatalf("retry: %v", err)
+	}
+	if _, ok := k.vs[vsKey]; !ok {
+		t.Error("the refused virtual server was not tried again")
+	}
+	if len(k.reals[realKey]) != 2 {
+		t.Errorf("the refused real server was not tried again: %v", k.reals[realKey])
+	}
+	if len(p.retry) != 0 {
+		t.Errorf("retry = %v after everything was programmed", p.retry)
 	}
 }
