@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -27,20 +26,22 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
-// Variant is an iptables backend.
-type Variant string
+// Variant is an iptables backend (see datapath/xtables, which drives the
+// tools for both datapaths).
+type Variant = xtables.Variant
 
 const (
-	Auto   Variant = ""       // whatever "iptables" resolves to
-	Legacy Variant = "legacy" // iptables-legacy: x_tables
-	NFT    Variant = "nft"    // iptables-nft: nf_tables with the xtables compat layer
+	Auto   = xtables.Auto   // whatever "iptables" resolves to
+	Legacy = xtables.Legacy // iptables-legacy: x_tables
+	NFT    = xtables.NFT    // iptables-nft: nf_tables with the xtables compat layer
 )
 
 // ErrBothBackends is returned by New when edgeproxy chains exist under both
 // iptables-legacy and iptables-nft: packets would traverse both sets.
-var ErrBothBackends = errors.New("iptables: edgeproxy chains exist in both iptables-legacy and iptables-nft; run `edgeproxy cleanup` with each variant, then start again")
+var ErrBothBackends = xtables.ErrBothBackends
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
 // *conntrack.Cleaner implements it.
@@ -120,14 +121,10 @@ var (
 
 // family is the state of one IP family's rules.
 type family struct {
-	cfg         Config
-	variant     Variant
-	ipt         *goipt.IPTables
-	restorePath string
-	iptPath     string
-	savePath    string
-	wait        time.Duration
-	log         *slog.Logger
+	cfg Config
+	x   *xtables.Tool   // the backend's tools: restore, save, listings
+	ipt *goipt.IPTables // rule-by-rule edits of the jumps
+	log *slog.Logger
 
 	applied     bool                // a plan was applied since start
 	needFull    bool                // the last apply failed
@@ -220,81 +217,30 @@ func (p *Proxier) SysctlErrors() error { return p.sysctlErr }
 func (p *Proxier) Name() string { return "iptables" }
 
 // Variant reports the backend in use, as detected by New.
-func (p *Proxier) Variant() Variant { return p.fams[0].variant }
+func (p *Proxier) Variant() Variant { return p.fams[0].x.Variant }
 
-func binaries(v Variant, fam datapath.Family) (ipt, restore string) {
-	base := "iptables"
-	if fam == datapath.IPv6 {
-		base = "ip6tables"
-	}
-	if v == Auto {
-		return base, base + "-restore"
-	}
-	return base + "-" + string(v), base + "-" + string(v) + "-restore"
-}
-
-// openFamily finds the binaries of variant v for fam and detects which
-// backend Auto resolves to.
+// openFamily opens the tools of variant v for fam (xtables.Open) and
+// go-iptables on the same binary.
 func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Logger) (*family, error) {
-	secs := int((wait + time.Second - 1) / time.Second)
-	iptBin, restoreBin := binaries(v, fam)
-	iptPath, err := exec.LookPath(iptBin)
+	x, err := xtables.Open(v, fam, wait)
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
 	}
-	ipt, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(iptPath), goipt.Timeout(secs))
+	ipt, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(x.IPTables), goipt.Timeout(x.WaitSeconds()))
 	if err != nil {
-		return nil, fmt.Errorf("iptables: %s: %w", iptBin, err)
+		return nil, fmt.Errorf("iptables: %s: %w", x.IPTables, err)
 	}
-	restorePath, err := exec.LookPath(restoreBin)
-	if err != nil {
-		return nil, fmt.Errorf("iptables: %w", err)
-	}
-	savePath, err := exec.LookPath(strings.TrimSuffix(restoreBin, "-restore") + "-save")
-	if err != nil {
-		return nil, fmt.Errorf("iptables: %w", err)
-	}
-	variant := v
-	if variant == Auto {
-		out, err := exec.Command(iptPath, "--version").CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("iptables: %s --version: %w: %s", iptBin, err, out)
-		}
-		variant = Legacy
-		if bytes.Contains(out, []byte("nf_tables")) {
-			variant = NFT
-		}
-	}
-	return &family{
-		cfg: Config{Family: fam}, variant: variant, ipt: ipt, restorePath: restorePath, iptPath: iptPath, savePath: savePath,
-		wait: wait, log: log.With("family", fmt.Sprintf("IPv%d", fam)),
-	}, nil
+	return &family{cfg: Config{Family: fam}, x: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
 }
 
 func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
-	secs := int((opts.LockWait + time.Second - 1) / time.Second)
 	f, err := openFamily(opts.Variant, fam, opts.LockWait, log)
 	if err != nil {
 		return nil, err
 	}
-	ipt, variant := f.ipt, f.variant
 	// Refuse to run when both backends hold our chains.
-	other := NFT
-	if variant == NFT {
-		other = Legacy
-	}
-	otherBin, _ := binaries(other, fam)
-	if _, err := exec.LookPath(otherBin); err == nil {
-		if o, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(otherBin), goipt.Timeout(secs)); err == nil {
-			theirs, _ := o.ChainExists(tableNAT, chainServices)
-			mine, _ := ipt.ChainExists(tableNAT, chainServices)
-			switch {
-			case theirs && mine:
-				return nil, fmt.Errorf("%w (IPv%d)", ErrBothBackends, fam)
-			case theirs:
-				log.Warn("edgeproxy chains exist under the other iptables backend; they stay until `edgeproxy cleanup`", "using", variant, "other", other)
-			}
-		}
+	if err := f.x.CheckOtherBackend(context.Background(), tableNAT, chainServices, log); err != nil {
+		return nil, err
 	}
 	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
 	f.cfg = Config{
@@ -304,9 +250,9 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
 		TCPBeLiberal:       opts.TCPBeLiberal,
-		RandomFully:        ipt.HasRandomFully(),
+		RandomFully:        f.ipt.HasRandomFully(),
 	}
-	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", f.iptPath, "restore", f.restorePath)
+	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", f.x.Variant, "iptables", f.x.IPTables, "restore", f.x.Restore)
 	return f, nil
 }
 
@@ -559,15 +505,14 @@ func (f *family) ourChains() ([]tableChain, error) {
 // listOurs lists, with one `iptables -S` per table, the chains with our
 // prefix and the jumps from built-in chains (jumps()) that are missing.
 func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
-	secs := int((f.wait + time.Second - 1) / time.Second)
 	rules := map[string]string{}
 	for _, t := range []string{tableNAT, tableFilter} {
-		out, err := exec.Command(f.iptPath, "-t", t, "-S", "--wait", strconv.Itoa(secs)).Output()
+		out, err := f.x.Run(context.Background(), "-t", t, "-S")
 		if err != nil {
 			return nil, nil, fmt.Errorf("iptables: list the chains of %s: %w", t, err)
 		}
-		rules[t] = string(out)
-		for _, l := range strings.Split(string(out), "\n") {
+		rules[t] = out
+		for _, l := range strings.Split(out, "\n") {
 			if name, ok := strings.CutPrefix(l, "-N "); ok && ours(name) {
 				chains = append(chains, tableChain{t, name})
 			}
@@ -607,14 +552,8 @@ func hasRule(listing string, j jump) bool {
 }
 
 func (f *family) restore(ctx context.Context, text []byte) error {
-	secs := int((f.wait + time.Second - 1) / time.Second)
-	cmd := exec.CommandContext(ctx, f.restorePath, "--noflush", "-w", strconv.Itoa(secs))
-	cmd.Stdin = bytes.NewReader(text)
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("iptables: %s --noflush: %w: %s", f.restorePath, err, strings.TrimSpace(out.String()))
+	if err := f.x.RestoreNoFlush(ctx, text); err != nil {
+		return fmt.Errorf("iptables: %w", err)
 	}
 	return nil
 }

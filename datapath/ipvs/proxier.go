@@ -30,6 +30,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // Options configure a Proxier. Zero values take the defaults noted.
@@ -52,9 +53,11 @@ type Options struct {
 	MasqueradeBit int // 0..31; 14
 	// IPVS connection timeouts; zero keeps the kernel's.
 	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
-	// IPTables is the iptables binary ("iptables"); its -restore and
-	// -save siblings are used too.
-	IPTables string
+	// Variant selects the iptables backend of the static rules; Auto
+	// uses whatever "iptables" resolves to (datapath/xtables).
+	Variant xtables.Variant
+	// LockWait bounds the wait for the xtables lock (default 5s).
+	LockWait time.Duration
 	// Kernel, if set, replaces the netlink IPVS handle (unit tests).
 	Kernel     Kernel
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered
@@ -128,9 +131,6 @@ func New(opts Options) (*Proxier, error) {
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("ipvs: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
 	}
-	if opts.IPTables == "" {
-		opts.IPTables = "iptables"
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -144,7 +144,6 @@ func New(opts Options) (*Proxier, error) {
 	}
 	p := &Proxier{
 		opts: opts, link: dummy{opts.Interface},
-		ipt:         iptables{bin: opts.IPTables, restore: opts.IPTables + "-restore"},
 		log:         opts.Logger.With("datapath", "ipvs"),
 		applied:     map[Key]*desiredServer{},
 		terminating: map[Key]map[netip.AddrPort]time.Time{},
@@ -169,6 +168,10 @@ func New(opts Options) (*Proxier, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNoIPVS, err)
 		}
 		p.k = k
+		if err := p.openIPTables(); err != nil {
+			k.Close()
+			return nil, err
+		}
 		want := map[string]string{
 			"net/ipv4/vs/conntrack":                 "1", // NAT with conntrack, so iptables SNAT and REJECT see IPVS flows
 			"net/ipv4/vs/expire_nodest_conn":        "1", // drop connections to deleted real servers at once
@@ -191,6 +194,20 @@ func New(opts Options) (*Proxier, error) {
 		}
 	}
 	return p, nil
+}
+
+// openIPTables opens the iptables tools for the static rules and refuses
+// to run when our chains exist under both backends, as iptables mode does.
+func (p *Proxier) openIPTables() error {
+	x, err := xtables.Open(p.opts.Variant, datapath.IPv4, p.opts.LockWait)
+	if err != nil {
+		return fmt.Errorf("ipvs: %w", err)
+	}
+	if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
+		return fmt.Errorf("ipvs: %w", err)
+	}
+	p.ipt = iptables{x: x}
+	return nil
 }
 
 // LoadModules makes sure the named kernel modules are present (loaded or
