@@ -114,8 +114,8 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 			continue
 		}
 		f = unmapped(f)
-		if err := checkFrontend(f); err != nil {
-			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: err})
+		if err := datapath.CheckFrontend(f); err != nil {
+			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: fmt.Errorf("iptables: %w", err)})
 			continue
 		}
 		id := f.Service + " " + strings.ToLower(string(f.Protocol))
@@ -169,30 +169,6 @@ func unmapEndpoints(eps []datapath.Endpoint) []datapath.Endpoint {
 
 // renderHook, when set (by tests only), may change a unit after rendering.
 var renderHook func(u *unit)
-
-func checkFrontend(f *datapath.Frontend) error {
-	where := fmt.Sprintf("iptables: frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)
-	switch f.Protocol {
-	case datapath.TCP, datapath.UDP, datapath.SCTP:
-	default:
-		return fmt.Errorf("%s: unsupported protocol", where)
-	}
-	if f.Port == 0 {
-		return fmt.Errorf("%s: port 0", where)
-	}
-	if !f.Addr.IsValid() && f.Kind != datapath.NodePort {
-		return fmt.Errorf("%s: no address", where)
-	}
-	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
-		if e.Weight == 0 || e.Weight > datapath.MaxWeight {
-			return fmt.Errorf("%s: endpoint %s: weight %d out of range", where, e.Addr, e.Weight)
-		}
-		if datapath.FamilyOf(e.Addr.Addr()) != f.Family || e.Addr.Port() == 0 {
-			return fmt.Errorf("%s: bad endpoint %s", where, e.Addr)
-		}
-	}
-	return nil
-}
 
 // group is a set of frontends of one unit that share their endpoints and
 // affinity, and so one SVC chain.
