@@ -674,18 +674,27 @@ func (rs *Ruleset) drop(id string) {
 // is the unit that line i+1 belongs to ("" for fixed rules), so a failing
 // line can be traced to its service.
 func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain][32]byte) {
-	var b bytes.Buffer
-	head, tail := staticRules(&rs.cfg)
-	masq := "-j MASQUERADE"
-	if rs.cfg.RandomFully {
-		masq += " --random-fully"
+	fixed := rs.fixedRules()
+	digests = fixedDigests(fixed)
+	w := &restoreWriter{rs: rs, ws: ws, fixed: fixed, digests: digests}
+	w.stale = slices.Clone(ws.stale)
+	slices.SortFunc(w.stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
+	w.grow()
+	for _, table := range []string{tableFilter, tableNAT} {
+		w.writeTable(table)
 	}
-	stale := slices.Clone(ws.stale)
-	slices.SortFunc(stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
+	return w.b.Bytes(), w.owner, digests
+}
 
-	// The fixed chains' rules in their fixed order: head rules, the
-	// units' dispatch rules, tail rules.
-	type fixedRule struct{ own, spec string }
+// fixedRule is a rule of a fixed chain and the unit it belongs to ("" for
+// the static rules).
+type fixedRule struct{ own, spec string }
+
+// fixedRules returns the fixed chains' rules in their fixed order: head
+// rules, the units' dispatch rules, tail rules; the hairpin rules. Every
+// fixed chain is present, empty ones too, so that each gets a digest.
+func (rs *Ruleset) fixedRules() map[tableChain][]fixedRule {
+	head, tail := staticRules(&rs.cfg)
 	fixed := map[tableChain][]fixedRule{}
 	for _, r := range head {
 		tc := tableChain{r.table, r.chain}
@@ -701,17 +710,25 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 		tc := tableChain{r.table, r.chain}
 		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
 	}
+	masq := "-j MASQUERADE"
+	if rs.cfg.RandomFully {
+		masq += " --random-fully"
+	}
 	hp := tableChain{tableNAT, chainHairpin}
 	for _, a := range rs.hairpin() {
 		m := rs.cfg.hostMask()
 		fixed[hp] = append(fixed[hp], fixedRule{"", "-s " + a.String() + m + " -d " + a.String() + m + " " + masq})
 	}
-	digests = map[tableChain][32]byte{}
 	for table, names := range fixedChains {
 		for _, name := range names {
-			fixed[tableChain{table, name}] = fixed[tableChain{table, name}] // empty chains get a digest too
+			fixed[tableChain{table, name}] = fixed[tableChain{table, name}]
 		}
 	}
+	return fixed
+}
+
+func fixedDigests(fixed map[tableChain][]fixedRule) map[tableChain][32]byte {
+	digests := make(map[tableChain][32]byte, len(fixed))
 	for tc, rules := range fixed {
 		h := sha256.New()
 		for _, r := range rules {
@@ -722,28 +739,48 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 		copy(d[:], h.Sum(nil))
 		digests[tc] = d
 	}
-	// A partial write leaves out fixed chains whose content is unchanged.
-	writeFixed := func(tc tableChain) bool {
-		if ws.write == nil || ws.fixed == nil {
-			return true
-		}
-		d, ok := ws.fixed[tc]
-		return !ok || d != digests[tc]
-	}
+	return digests
+}
 
-	// Size the output for what is written only: a partial sync of one
-	// service must not allocate for the whole rule set.
+// restoreWriter writes one iptables-restore text and, per line, the unit
+// that owns it (for naming the service whose rule the kernel refused).
+type restoreWriter struct {
+	rs      *Ruleset
+	ws      writeSpec
+	fixed   map[tableChain][]fixedRule
+	digests map[tableChain][32]byte
+	stale   []tableChain
+	b       bytes.Buffer
+	owner   []string
+}
+
+// writeFixed says whether a fixed chain is written: a partial write
+// leaves out those whose content is unchanged.
+func (w *restoreWriter) writeFixed(tc tableChain) bool {
+	if w.ws.write == nil || w.ws.fixed == nil {
+		return true
+	}
+	d, ok := w.ws.fixed[tc]
+	return !ok || d != w.digests[tc]
+}
+
+// writeUnit says whether a unit's chains are written.
+func (w *restoreWriter) writeUnit(u *unit) bool { return w.ws.write == nil || w.ws.write[u.id] }
+
+// grow sizes the output for what is written only: a partial sync of one
+// service must not allocate for the whole rule set.
+func (w *restoreWriter) grow() {
 	size, lines := 4096, 64
-	for tc, rules := range fixed {
-		if writeFixed(tc) {
+	for tc, rules := range w.fixed {
+		if w.writeFixed(tc) {
 			for _, r := range rules {
 				lines++
 				size += len(tc.name) + len(r.spec) + 5
 			}
 		}
 	}
-	for _, u := range rs.units {
-		if ws.write != nil && !ws.write[u.id] {
+	for _, u := range w.rs.units {
+		if !w.writeUnit(u) {
 			continue
 		}
 		for _, c := range u.chains {
@@ -754,74 +791,81 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 			}
 		}
 	}
-	b.Grow(size)
-	owner = make([]string, 0, lines)
-	line := func(own string, parts ...string) {
-		for _, p := range parts {
-			b.WriteString(p)
-		}
-		b.WriteByte('\n')
-		owner = append(owner, own)
-	}
+	w.b.Grow(size)
+	w.owner = make([]string, 0, lines)
+}
 
-	for _, table := range []string{tableFilter, tableNAT} {
-		line("", "*", table)
-		for _, c := range fixedChains[table] {
-			if writeFixed(tableChain{table, c}) {
-				line("", ":", c, " - [0:0]")
-			}
-		}
-		for _, u := range rs.units {
-			if ws.write != nil && !ws.write[u.id] {
-				continue
-			}
-			for _, c := range u.chains {
-				if c.table == table {
-					line(u.id, ":", c.name, " - [0:0]")
-				}
-			}
-		}
-		for _, s := range stale {
-			if s.table == table {
-				line("", ":", s.name, " - [0:0]")
-			}
-		}
-		for _, c := range fixedChains[table] {
-			tc := tableChain{table, c}
-			if !writeFixed(tc) {
-				continue
-			}
-			for _, r := range fixed[tc] {
-				line(r.own, "-A ", c, " ", r.spec)
-			}
-		}
-		for _, u := range rs.units {
-			if ws.write != nil && !ws.write[u.id] {
-				continue
-			}
-			for _, c := range u.chains {
-				if c.table != table {
-					continue
-				}
-				for _, r := range c.rules {
-					line(u.id, "-A ", c.name, " ", r)
-				}
-			}
-		}
-		for _, s := range stale {
-			if s.table == table {
-				line("", "-X ", s.name)
-			}
-		}
-		// Inserted at the top in reverse, so that they end up in order.
-		for i := len(ws.jumps) - 1; i >= 0; i-- {
-			if j := ws.jumps[i]; j.table == table {
-				line("", "-I ", j.chain, " 1 ", joinSpec(j.spec))
-			}
-		}
-		line("", "COMMIT")
+func (w *restoreWriter) line(own string, parts ...string) {
+	for _, p := range parts {
+		w.b.WriteString(p)
 	}
-	return b.Bytes(), owner, digests
+	w.b.WriteByte('\n')
+	w.owner = append(w.owner, own)
+}
+
+// writeTable writes one table's transaction: chain declarations (fixed,
+// units', stale), rules, deletions of stale chains, missing jumps.
+func (w *restoreWriter) writeTable(table string) {
+	w.line("", "*", table)
+	w.declareChains(table)
+	for _, c := range fixedChains[table] {
+		tc := tableChain{table, c}
+		if !w.writeFixed(tc) {
+			continue
+		}
+		for _, r := range w.fixed[tc] {
+			w.line(r.own, "-A ", c, " ", r.spec)
+		}
+	}
+	for _, u := range w.rs.units {
+		if !w.writeUnit(u) {
+			continue
+		}
+		for _, c := range u.chains {
+			if c.table != table {
+				continue
+			}
+			for _, r := range c.rules {
+				w.line(u.id, "-A ", c.name, " ", r)
+			}
+		}
+	}
+	for _, s := range w.stale {
+		if s.table == table {
+			w.line("", "-X ", s.name)
+		}
+	}
+	// Inserted at the top in reverse, so that they end up in order.
+	for i := len(w.ws.jumps) - 1; i >= 0; i-- {
+		if j := w.ws.jumps[i]; j.table == table {
+			w.line("", "-I ", j.chain, " 1 ", joinSpec(j.spec))
+		}
+	}
+	w.line("", "COMMIT")
+}
+
+// declareChains declares (and so empties) every chain of table written.
+func (w *restoreWriter) declareChains(table string) {
+	for _, c := range fixedChains[table] {
+		if w.writeFixed(tableChain{table, c}) {
+			w.line("", ":", c, " - [0:0]")
+		}
+	}
+	for _, u := range w.rs.units {
+		if !w.writeUnit(u) {
+			continue
+		}
+		for _, c := range u.chains {
+			if c.table == table {
+				w.line(u.id, ":", c.name, " - [0:0]")
+			}
+		}
+	}
+	for _, s := range w.stale {
+		if s.table == table {
+			w.line("", ":", s.name, " - [0:0]")
+		}
+	}
 }
 
 // hairpin returns the local endpoint addresses of all units, sorted and
