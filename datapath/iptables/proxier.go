@@ -358,93 +358,36 @@ var lineRE = regexp.MustCompile(`line:? (\d+)`)
 
 func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAll bool) (applyStats, error) {
 	var st applyStats
-	// Units of service ports the plan says did not change are taken from
-	// the last apply instead of being rendered again.
-	var reuse func(id, service string) *unit
-	if !full && !compareAll && plan.Changed != nil {
-		reuse = func(id, service string) *unit {
-			if plan.Changed[service] {
-				return nil
-			}
-			return f.units[id]
-		}
-	}
-	rs := render(f.cfg, plan.Frontends, reuse)
+	rs := render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
 	errs := rs.Errors
-	// A full sync removes every chain of ours that the plan does not
-	// want. What the kernel holds is listed on the first apply (adopting a
-	// previous run's chains) and after a failure; otherwise what we wrote
-	// last is known, and listing a large table is costly.
-	var existing []tableChain
-	// Jumps from built-in chains that are missing, when known: they are
-	// written in the same restore as the chains they lead to, so that
-	// rules are live the moment they are in the kernel.
-	var missing []jump
-	listed := false
-	switch {
-	case full && (!f.applied || f.needFull):
-		var err error
-		listed = true
-		if existing, missing, err = f.listOurs(); err != nil {
-			f.needFull = true
-			st.fatal = true
-			return st, errors.Join(append(errs, err)...)
-		}
-	case full:
-		for c := range f.lastChains {
-			existing = append(existing, c)
-		}
+	existing, missing, listed, err := f.existingChains(full)
+	if err != nil {
+		f.needFull = true
+		st.fatal = true
+		return st, errors.Join(append(errs, err)...)
 	}
 	// Each round either succeeds or drops the unit that a failed line
 	// belongs to; the bound keeps a systematic failure from looping.
 	const maxRounds = 8
 	var desired map[tableChain]string
 	var ws writeSpec
-	var fixedDigests map[tableChain][32]byte
-	var restoreErr error
+	var fixed map[tableChain][32]byte
 	for round := 0; ; round++ {
 		desired = rs.chains()
-		ws = writeSpec{jumps: missing}
-		if full {
-			for _, c := range existing {
-				if _, ok := desired[c]; !ok && !isFixed(c) {
-					ws.stale = append(ws.stale, c)
-				}
-			}
-		} else {
-			ws.write = map[string]bool{}
-			for _, u := range rs.units {
-				if d, ok := f.last[u.id]; !ok || d != u.digest {
-					ws.write[u.id] = true
-				}
-			}
-			for c := range f.lastChains {
-				if _, ok := desired[c]; !ok {
-					ws.stale = append(ws.stale, c)
-				}
-			}
-		}
-		if !full {
-			ws.fixed = f.lastFixed
-		}
+		ws = f.writeSpec(rs, desired, existing, missing, full)
 		var text []byte
 		var owner []string
-		text, owner, fixedDigests = rs.restoreText(ws)
+		text, owner, fixed = rs.restoreText(ws)
 		st.bytes = len(text)
 		if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
 			break // nothing changed
 		}
-		restoreErr = f.restore(ctx, text)
+		restoreErr := f.restore(ctx, text)
 		if restoreErr == nil {
 			break
 		}
 		st.failures++
-		id := ""
-		if m := lineRE.FindStringSubmatch(restoreErr.Error()); m != nil {
-			if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(owner) {
-				id = owner[n-1]
-			}
-		}
+		id := failedUnit(restoreErr, owner)
 		if id == "" || round == maxRounds-1 {
 			f.needFull = true
 			st.fatal = true
@@ -467,6 +410,91 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	} else {
 		st.written = len(ws.write)
 	}
+	f.remember(rs, desired, fixed, full)
+	st.rules = rs.ruleCounts()
+	return st, errors.Join(errs...)
+}
+
+// reuse returns how render takes units from the last apply: those of
+// service ports the plan says did not change are not rendered again. Nil
+// (render everything) on a full or compare-all sync.
+func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id, service string) *unit {
+	if full || compareAll || plan.Changed == nil {
+		return nil
+	}
+	return func(id, service string) *unit {
+		if plan.Changed[service] {
+			return nil
+		}
+		return f.units[id]
+	}
+}
+
+// existingChains returns, for a full sync, the chains of ours that exist
+// (a full sync removes those the plan does not want). What the kernel
+// holds is listed on the first apply (adopting a previous run's chains)
+// and after a failure, and then the missing jumps from built-in chains
+// are known too: they are written in the same restore as the chains they
+// lead to, so that rules are live the moment they are in the kernel.
+// Otherwise what we wrote last is known, and listing a large table is
+// costly.
+func (f *family) existingChains(full bool) (existing []tableChain, missing []jump, listed bool, err error) {
+	switch {
+	case full && (!f.applied || f.needFull):
+		existing, missing, err = f.listOurs()
+		return existing, missing, true, err
+	case full:
+		for c := range f.lastChains {
+			existing = append(existing, c)
+		}
+	}
+	return existing, nil, false, nil
+}
+
+// writeSpec says what one restore writes: on a full sync everything, and
+// the existing chains not desired are deleted; otherwise only units whose
+// digest changed, fixed chains whose content changed, and deletions of
+// the chains written last that are no longer desired.
+func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]string, existing []tableChain, missing []jump, full bool) writeSpec {
+	ws := writeSpec{jumps: missing}
+	if full {
+		for _, c := range existing {
+			if _, ok := desired[c]; !ok && !isFixed(c) {
+				ws.stale = append(ws.stale, c)
+			}
+		}
+		return ws
+	}
+	ws.write = map[string]bool{}
+	for _, u := range rs.units {
+		if d, ok := f.last[u.id]; !ok || d != u.digest {
+			ws.write[u.id] = true
+		}
+	}
+	for c := range f.lastChains {
+		if _, ok := desired[c]; !ok {
+			ws.stale = append(ws.stale, c)
+		}
+	}
+	ws.fixed = f.lastFixed
+	return ws
+}
+
+// failedUnit returns the unit that owns the line iptables-restore names in
+// its error, or "" when the line is not known or not a unit's.
+func failedUnit(restoreErr error, owner []string) string {
+	m := lineRE.FindStringSubmatch(restoreErr.Error())
+	if m == nil {
+		return ""
+	}
+	if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(owner) {
+		return owner[n-1]
+	}
+	return ""
+}
+
+// remember records what a successful apply wrote, for the next one.
+func (f *family) remember(rs *Ruleset, desired map[tableChain]string, fixed map[tableChain][32]byte, full bool) {
 	f.last = make(map[string][32]byte, len(rs.units))
 	f.units = make(map[string]*unit, len(rs.units))
 	for _, u := range rs.units {
@@ -477,14 +505,12 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	for c := range desired {
 		f.lastChains[c] = true
 	}
-	f.lastFixed = fixedDigests
+	f.lastFixed = fixed
 	if full {
 		f.lastRewrite = time.Now()
 	}
 	f.applied = true
 	f.needFull = false
-	st.rules = rs.ruleCounts()
-	return st, errors.Join(errs...)
 }
 
 func isFixed(c tableChain) bool {
