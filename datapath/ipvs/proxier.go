@@ -260,25 +260,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	// Apply succeeds, the next one is full.
 	full := plan.Full || !p.synced
 	p.synced = false
-	defer func() {
-		st.Duration = time.Since(start)
-		p.last = st
-		if full {
-			p.m.fullDuration.Observe(st.Duration.Seconds())
-		} else {
-			p.m.partialDuration.Observe(st.Duration.Seconds())
-		}
-		if !p.synced {
-			p.m.failures.Inc()
-		}
-		p.m.ops.Set(float64(st.Ops()))
-		p.m.virtualServers.Set(float64(len(p.applied)))
-		n := 0
-		for _, t := range p.terminating {
-			n += len(t)
-		}
-		p.m.draining.Set(float64(n))
-	}()
+	defer func() { p.record(&st, start, full) }()
 
 	nodeAddrs, err := p.nodeAddrs()
 	if err != nil {
@@ -309,16 +291,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, s := range sets() {
-		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
-			continue
-		}
-		ss, err := ipset.Sync(ipset.Netlink{}, s, want.Entries[s.Name])
-		st.SetEntries += ss.Added + ss.Deleted + ss.Created + ss.Replaced
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, p.syncSets(want, full, &st)...)
 	if full || !p.rulesOK {
 		p.rulesOK = false
 		if err := p.ipt.ensure(ctx, p.ruleText()); err != nil {
@@ -341,6 +314,44 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	p.synced, p.lastVIPs, p.lastEntries = true, want.VIPs, want.Entries
 	return nil
+}
+
+// record keeps an Apply's stats and updates the metrics.
+func (p *Proxier) record(st *Stats, start time.Time, full bool) {
+	st.Duration = time.Since(start)
+	p.last = *st
+	if full {
+		p.m.fullDuration.Observe(st.Duration.Seconds())
+	} else {
+		p.m.partialDuration.Observe(st.Duration.Seconds())
+	}
+	if !p.synced {
+		p.m.failures.Inc()
+	}
+	p.m.ops.Set(float64(st.Ops()))
+	p.m.virtualServers.Set(float64(len(p.applied)))
+	n := 0
+	for _, t := range p.terminating {
+		n += len(t)
+	}
+	p.m.draining.Set(float64(n))
+}
+
+// syncSets makes the ipsets hold want's entries: all of them on a full
+// sync, otherwise those whose entries changed since the last success.
+func (p *Proxier) syncSets(want *desired, full bool, st *Stats) []error {
+	var errs []error
+	for _, s := range sets() {
+		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
+			continue
+		}
+		ss, err := ipset.Sync(ipset.Netlink{}, s, want.Entries[s.Name])
+		st.SetEntries += ss.Added + ss.Deleted + ss.Created + ss.Replaced
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // nodeAddrs returns where NodePorts are served (Options.NodeAddresses).
