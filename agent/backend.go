@@ -72,6 +72,7 @@ func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 		ClusterCIDRs:   parsePrefixes(splitList(cfg.ClusterCIDR)...),
 		MasqueradeAll:  cfg.MasqueradeAll,
 		MasqueradeBit:  cfg.IPTables.MasqueradeBit,
+		LockWait:       cfg.IPTables.LockWait,
 		TCPTimeout:     cfg.IPVS.TCPTimeout,
 		TCPFinTimeout:  cfg.IPVS.TCPFinTimeout,
 		UDPTimeout:     cfg.IPVS.UDPTimeout,

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 )
@@ -21,6 +22,23 @@ const (
 	UDP  Protocol = "UDP"
 	SCTP Protocol = "SCTP"
 )
+
+// IP protocol numbers (IANA), as netlink (IPVS, ipset) carries them.
+var protocolNumbers = map[Protocol]uint8{TCP: 6, UDP: 17, SCTP: 132}
+
+// Number is p's IP protocol number, or 0 for a protocol we do not know.
+func (p Protocol) Number() uint8 { return protocolNumbers[p] }
+
+// ProtocolOf returns the protocol with IP protocol number n; an unknown
+// number comes back as "proto-<n>", which no Protocol constant equals.
+func ProtocolOf(n uint16) Protocol {
+	for p, num := range protocolNumbers {
+		if uint16(num) == n {
+			return p
+		}
+	}
+	return Protocol("proto-" + strconv.Itoa(int(n)))
+}
 
 // Kind says how traffic reaches a frontend; it decides masquerading and
 // which traffic policy applies.
@@ -192,7 +210,10 @@ func writeEndpoints(b *strings.Builder, eps []Endpoint) {
 	}
 }
 
-// Plan is everything the node must program, as one immutable value.
+// Plan is everything the node must program. The agent completes it (the
+// planner builds and sorts it; Sanitize, Changed and Full are set before
+// Apply) and then hands it over: from Apply on it is read-only, and a
+// Backend never modifies a plan it is given (it copies what it adjusts).
 type Plan struct {
 	// Generation increases with every plan the agent computes.
 	Generation uint64

@@ -67,6 +67,17 @@ func SplitPortErrors(err error) (ports []*PortError, rest error) {
 	return ports, errors.Join(others...)
 }
 
+// CheckFrontend returns the problems of one frontend (see Plan.Validate)
+// as one error, or nil: the one home of the per-frontend invariants, for
+// backends that refuse a bad frontend alone rather than the whole plan.
+func CheckFrontend(f *Frontend) error {
+	probs := frontendProblems(f)
+	if len(probs) == 0 {
+		return nil
+	}
+	return fmt.Errorf("frontend %s %s (%s): %s", f.Protocol, f.AddrString(), f.Service, strings.Join(probs, "; "))
+}
+
 // frontendProblems lists what breaks the invariants a Backend relies on in
 // one frontend, taken alone.
 func frontendProblems(f *Frontend) []string {
@@ -108,6 +119,9 @@ func frontendProblems(f *Frontend) []string {
 		}
 		if !e.Addr.Addr().IsValid() || FamilyOf(e.Addr.Addr()) != f.Family {
 			out = append(out, fmt.Sprintf("endpoint %s is not IPv%d", e.Addr, f.Family))
+		}
+		if e.Addr.Port() == 0 {
+			out = append(out, fmt.Sprintf("endpoint %s has port 0", e.Addr))
 		}
 	}
 	return out

@@ -473,14 +473,6 @@ func (v Verdict) String() string {
 	return b.String()
 }
 
-func ones(n int) []uint32 {
-	w := make([]uint32, n)
-	for i := range w {
-		w[i] = 1
-	}
-	return w
-}
-
 // Evaluate runs the first chain matching svc on eps, the endpoints of port
 // after built-in selection (internal and external choices together), and
 // returns a weight per endpoint. Modules are called only when their input
@@ -521,7 +513,7 @@ func (e *Evaluator) EvaluateBatch(ctx context.Context, reqs []Request) []Verdict
 			}
 		}
 		if ch == nil {
-			out[k] = Verdict{Weights: ones(len(reqs[k].Endpoints))}
+			out[k] = Verdict{Weights: model.EqualWeights(len(reqs[k].Endpoints))}
 			continue
 		}
 		if groups == nil {
@@ -557,7 +549,7 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 	for j, k := range idx {
 		r := &reqs[k]
 		jobs[j] = job{k: k, spn: model.ServicePortName{Namespace: r.Service.Namespace, Name: r.Service.Name, Port: r.Port.Name},
-			in: e.input(r.Service, r.Port, r.Node), weights: ones(len(r.Endpoints)), allCached: true}
+			in: e.input(r.Service, r.Port, r.Node), weights: model.EqualWeights(len(r.Endpoints)), allCached: true}
 		jobs[j].in.Endpoints = make([]abi.Endpoint, 0, len(r.Endpoints))
 		out[k] = Verdict{Chain: ch.cfg.Name}
 	}
@@ -640,7 +632,7 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 // fallback applies the chain's failure policy after step s failed.
 func (e *Evaluator) fallback(ch *chain, spn model.ServicePortName, v Verdict, eps []model.PortEndpoint, s Step, err error) Verdict {
 	v.Fallback = KeepBuiltin
-	v.Weights = ones(len(eps))
+	v.Weights = model.EqualWeights(len(eps))
 	v.Scheduler, v.SchedulerFlags = "", nil
 	if ch.cfg.Failure == LastGood {
 		e.lgMu.Lock()

@@ -133,3 +133,13 @@ type Node struct {
 	// balancers drain it, as kube-proxy's.
 	Ineligible bool
 }
+
+// EqualWeights returns n weights of 1: every endpoint alike, the weighing
+// before (or without) any policy.
+func EqualWeights(n int) []uint32 {
+	w := make([]uint32, n)
+	for i := range w {
+		w[i] = 1
+	}
+	return w
+}

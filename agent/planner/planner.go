@@ -248,7 +248,7 @@ func (p *Planner) selectPort(port *state.Port, node *model.Node) *portWork {
 			// The short-circuit set is weighed with the rest.
 			union = unionOf(sel.Internal, sel.External, sel.Cluster)
 		}
-		pw.fams = append(pw.fams, famWork{fam: fam, vips: vips, eps: eps, sel: sel, union: union, w: Weighing{Weights: ones(len(union))}})
+		pw.fams = append(pw.fams, famWork{fam: fam, vips: vips, eps: eps, sel: sel, union: union, w: Weighing{Weights: model.EqualWeights(len(union))}})
 	}
 	return pw
 }
@@ -503,14 +503,6 @@ func dedupe(fs []datapath.Frontend) []datapath.Frontend {
 		seen[k] = true
 		return false
 	})
-}
-
-func ones(n int) []uint32 {
-	w := make([]uint32, n)
-	for i := range w {
-		w[i] = 1
-	}
-	return w
 }
 
 func ofFamily(as []netip.Addr, f model.Family) []netip.Addr {

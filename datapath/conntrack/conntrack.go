@@ -181,13 +181,6 @@ func (c *Cleaner) Reconcile(ctx context.Context, frontends []datapath.Frontend, 
 	return n, nil
 }
 
-// Forget makes the next Reconcile a full pass.
-func (c *Cleaner) Forget() {
-	c.mu.Lock()
-	c.last = nil
-	c.mu.Unlock()
-}
-
 func (c *Cleaner) sweep(ctx context.Context, targets []*target) (int, error) {
 	if len(targets) == 0 {
 		return 0, nil

@@ -127,7 +127,7 @@ func normalize(t Type, e Entry) (Entry, error) {
 		return n, need(n.Port != 0, "a port")
 	case HashIPPort, HashIPPortIP, HashIPPortNet:
 		n.Addr, n.Protocol, n.Port = e.Addr.Unmap(), e.Protocol, e.Port
-		if err := need(n.Addr.IsValid() && n.Port != 0 && protoNum(n.Protocol) != 0, "an address, protocol and port"); err != nil {
+		if err := need(n.Addr.IsValid() && n.Port != 0 && n.Protocol.Number() != 0, "an address, protocol and port"); err != nil {
 			return n, err
 		}
 		switch t {
@@ -140,30 +140,6 @@ func normalize(t Type, e Entry) (Entry, error) {
 		}
 	}
 	return n, nil
-}
-
-func protoNum(p datapath.Protocol) uint8 {
-	switch p {
-	case datapath.TCP:
-		return unix.IPPROTO_TCP
-	case datapath.UDP:
-		return unix.IPPROTO_UDP
-	case datapath.SCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return 0
-}
-
-func protoName(n uint8) datapath.Protocol {
-	switch n {
-	case unix.IPPROTO_TCP:
-		return datapath.TCP
-	case unix.IPPROTO_UDP:
-		return datapath.UDP
-	case unix.IPPROTO_SCTP:
-		return datapath.SCTP
-	}
-	return datapath.Protocol("proto-" + strconv.Itoa(int(n)))
 }
 
 // ErrInUse is wrapped when a set cannot be destroyed because a kernel
@@ -227,7 +203,7 @@ func (Netlink) Get(name string) (Set, []Entry, bool, error) {
 			e.Port = *ne.Port
 		}
 		if ne.Protocol != nil && s.Type != BitmapPort {
-			e.Protocol = protoName(*ne.Protocol)
+			e.Protocol = datapath.ProtocolOf(uint16(*ne.Protocol))
 		}
 		if ne.IP2 != nil {
 			a, _ := netip.AddrFromSlice(ne.IP2)
@@ -296,7 +272,7 @@ func toNetlink(e Entry) *netlink.IPSetEntry {
 	if e.Port != 0 {
 		port := e.Port
 		ne.Port = &port
-		proto := protoNum(e.Protocol)
+		proto := e.Protocol.Number()
 		if proto == 0 {
 			proto = unix.IPPROTO_TCP // bitmap:port ignores it; netlink sets one anyway
 		}

@@ -110,7 +110,7 @@ func xtablesInfo(fam datapath.Family, tables ...string) (uint64, error) {
 // fingerprint of this family's tables; ok is false when it cannot be read
 // (then every check runs in full).
 func (f *family) fingerprint() (uint64, bool) {
-	if f.variant == NFT {
+	if f.x.Variant == NFT {
 		g, err := NFTGeneration()
 		return uint64(g), err == nil
 	}

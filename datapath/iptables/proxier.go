@@ -13,7 +13,6 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"os/exec"
 	"regexp"
 	"slices"
 	"strconv"
@@ -27,20 +26,22 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
-// Variant is an iptables backend.
-type Variant string
+// Variant is an iptables backend (see datapath/xtables, which drives the
+// tools for both datapaths).
+type Variant = xtables.Variant
 
 const (
-	Auto   Variant = ""       // whatever "iptables" resolves to
-	Legacy Variant = "legacy" // iptables-legacy: x_tables
-	NFT    Variant = "nft"    // iptables-nft: nf_tables with the xtables compat layer
+	Auto   = xtables.Auto   // whatever "iptables" resolves to
+	Legacy = xtables.Legacy // iptables-legacy: x_tables
+	NFT    = xtables.NFT    // iptables-nft: nf_tables with the xtables compat layer
 )
 
 // ErrBothBackends is returned by New when edgeproxy chains exist under both
 // iptables-legacy and iptables-nft: packets would traverse both sets.
-var ErrBothBackends = errors.New("iptables: edgeproxy chains exist in both iptables-legacy and iptables-nft; run `edgeproxy cleanup` with each variant, then start again")
+var ErrBothBackends = xtables.ErrBothBackends
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
 // *conntrack.Cleaner implements it.
@@ -120,14 +121,10 @@ var (
 
 // family is the state of one IP family's rules.
 type family struct {
-	cfg         Config
-	variant     Variant
-	ipt         *goipt.IPTables
-	restorePath string
-	iptPath     string
-	savePath    string
-	wait        time.Duration
-	log         *slog.Logger
+	cfg Config
+	x   *xtables.Tool   // the backend's tools: restore, save, listings
+	ipt *goipt.IPTables // rule-by-rule edits of the jumps
+	log *slog.Logger
 
 	applied     bool                // a plan was applied since start
 	needFull    bool                // the last apply failed
@@ -220,81 +217,30 @@ func (p *Proxier) SysctlErrors() error { return p.sysctlErr }
 func (p *Proxier) Name() string { return "iptables" }
 
 // Variant reports the backend in use, as detected by New.
-func (p *Proxier) Variant() Variant { return p.fams[0].variant }
+func (p *Proxier) Variant() Variant { return p.fams[0].x.Variant }
 
-func binaries(v Variant, fam datapath.Family) (ipt, restore string) {
-	base := "iptables"
-	if fam == datapath.IPv6 {
-		base = "ip6tables"
-	}
-	if v == Auto {
-		return base, base + "-restore"
-	}
-	return base + "-" + string(v), base + "-" + string(v) + "-restore"
-}
-
-// openFamily finds the binaries of variant v for fam and detects which
-// backend Auto resolves to.
+// openFamily opens the tools of variant v for fam (xtables.Open) and
+// go-iptables on the same binary.
 func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Logger) (*family, error) {
-	secs := int((wait + time.Second - 1) / time.Second)
-	iptBin, restoreBin := binaries(v, fam)
-	iptPath, err := exec.LookPath(iptBin)
+	x, err := xtables.Open(v, fam, wait)
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %w", err)
 	}
-	ipt, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(iptPath), goipt.Timeout(secs))
+	ipt, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(x.IPTables), goipt.Timeout(x.WaitSeconds()))
 	if err != nil {
-		return nil, fmt.Errorf("iptables: %s: %w", iptBin, err)
+		return nil, fmt.Errorf("iptables: %s: %w", x.IPTables, err)
 	}
-	restorePath, err := exec.LookPath(restoreBin)
-	if err != nil {
-		return nil, fmt.Errorf("iptables: %w", err)
-	}
-	savePath, err := exec.LookPath(strings.TrimSuffix(restoreBin, "-restore") + "-save")
-	if err != nil {
-		return nil, fmt.Errorf("iptables: %w", err)
-	}
-	variant := v
-	if variant == Auto {
-		out, err := exec.Command(iptPath, "--version").CombinedOutput()
-		if err != nil {
-			return nil, fmt.Errorf("iptables: %s --version: %w: %s", iptBin, err, out)
-		}
-		variant = Legacy
-		if bytes.Contains(out, []byte("nf_tables")) {
-			variant = NFT
-		}
-	}
-	return &family{
-		cfg: Config{Family: fam}, variant: variant, ipt: ipt, restorePath: restorePath, iptPath: iptPath, savePath: savePath,
-		wait: wait, log: log.With("family", fmt.Sprintf("IPv%d", fam)),
-	}, nil
+	return &family{cfg: Config{Family: fam}, x: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
 }
 
 func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
-	secs := int((opts.LockWait + time.Second - 1) / time.Second)
 	f, err := openFamily(opts.Variant, fam, opts.LockWait, log)
 	if err != nil {
 		return nil, err
 	}
-	ipt, variant := f.ipt, f.variant
 	// Refuse to run when both backends hold our chains.
-	other := NFT
-	if variant == NFT {
-		other = Legacy
-	}
-	otherBin, _ := binaries(other, fam)
-	if _, err := exec.LookPath(otherBin); err == nil {
-		if o, err := goipt.New(goipt.IPFamily(protoOf(fam)), goipt.Path(otherBin), goipt.Timeout(secs)); err == nil {
-			theirs, _ := o.ChainExists(tableNAT, chainServices)
-			mine, _ := ipt.ChainExists(tableNAT, chainServices)
-			switch {
-			case theirs && mine:
-				return nil, fmt.Errorf("%w (IPv%d)", ErrBothBackends, fam)
-			case theirs:
-				log.Warn("edgeproxy chains exist under the other iptables backend; they stay until `edgeproxy cleanup`", "using", variant, "other", other)
-			}
-		}
+	if err := f.x.CheckOtherBackend(context.Background(), tableNAT, chainServices, log); err != nil {
+		return nil, err
 	}
 	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
 	f.cfg = Config{
@@ -304,9 +250,9 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
 		TCPBeLiberal:       opts.TCPBeLiberal,
-		RandomFully:        ipt.HasRandomFully(),
+		RandomFully:        f.ipt.HasRandomFully(),
 	}
-	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", variant, "iptables", f.iptPath, "restore", f.restorePath)
+	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", f.x.Variant, "iptables", f.x.IPTables, "restore", f.x.Restore)
 	return f, nil
 }
 
@@ -414,93 +360,36 @@ var lineRE = regexp.MustCompile(`line:? (\d+)`)
 
 func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAll bool) (applyStats, error) {
 	var st applyStats
-	// Units of service ports the plan says did not change are taken from
-	// the last apply instead of being rendered again.
-	var reuse func(id, service string) *unit
-	if !full && !compareAll && plan.Changed != nil {
-		reuse = func(id, service string) *unit {
-			if plan.Changed[service] {
-				return nil
-			}
-			return f.units[id]
-		}
-	}
-	rs := render(f.cfg, plan.Frontends, reuse)
+	rs := render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
 	errs := rs.Errors
-	// A full sync removes every chain of ours that the plan does not
-	// want. What the kernel holds is listed on the first apply (adopting a
-	// previous run's chains) and after a failure; otherwise what we wrote
-	// last is known, and listing a large table is costly.
-	var existing []tableChain
-	// Jumps from built-in chains that are missing, when known: they are
-	// written in the same restore as the chains they lead to, so that
-	// rules are live the moment they are in the kernel.
-	var missing []jump
-	listed := false
-	switch {
-	case full && (!f.applied || f.needFull):
-		var err error
-		listed = true
-		if existing, missing, err = f.listOurs(); err != nil {
-			f.needFull = true
-			st.fatal = true
-			return st, errors.Join(append(errs, err)...)
-		}
-	case full:
-		for c := range f.lastChains {
-			existing = append(existing, c)
-		}
+	existing, missing, listed, err := f.existingChains(full)
+	if err != nil {
+		f.needFull = true
+		st.fatal = true
+		return st, errors.Join(append(errs, err)...)
 	}
 	// Each round either succeeds or drops the unit that a failed line
 	// belongs to; the bound keeps a systematic failure from looping.
 	const maxRounds = 8
 	var desired map[tableChain]string
 	var ws writeSpec
-	var fixedDigests map[tableChain][32]byte
-	var restoreErr error
+	var fixed map[tableChain][32]byte
 	for round := 0; ; round++ {
 		desired = rs.chains()
-		ws = writeSpec{jumps: missing}
-		if full {
-			for _, c := range existing {
-				if _, ok := desired[c]; !ok && !isFixed(c) {
-					ws.stale = append(ws.stale, c)
-				}
-			}
-		} else {
-			ws.write = map[string]bool{}
-			for _, u := range rs.units {
-				if d, ok := f.last[u.id]; !ok || d != u.digest {
-					ws.write[u.id] = true
-				}
-			}
-			for c := range f.lastChains {
-				if _, ok := desired[c]; !ok {
-					ws.stale = append(ws.stale, c)
-				}
-			}
-		}
-		if !full {
-			ws.fixed = f.lastFixed
-		}
+		ws = f.writeSpec(rs, desired, existing, missing, full)
 		var text []byte
 		var owner []string
-		text, owner, fixedDigests = rs.restoreText(ws)
+		text, owner, fixed = rs.restoreText(ws)
 		st.bytes = len(text)
 		if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
 			break // nothing changed
 		}
-		restoreErr = f.restore(ctx, text)
+		restoreErr := f.restore(ctx, text)
 		if restoreErr == nil {
 			break
 		}
 		st.failures++
-		id := ""
-		if m := lineRE.FindStringSubmatch(restoreErr.Error()); m != nil {
-			if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(owner) {
-				id = owner[n-1]
-			}
-		}
+		id := failedUnit(restoreErr, owner)
 		if id == "" || round == maxRounds-1 {
 			f.needFull = true
 			st.fatal = true
@@ -523,6 +412,91 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	} else {
 		st.written = len(ws.write)
 	}
+	f.remember(rs, desired, fixed, full)
+	st.rules = rs.ruleCounts()
+	return st, errors.Join(errs...)
+}
+
+// reuse returns how render takes units from the last apply: those of
+// service ports the plan says did not change are not rendered again. Nil
+// (render everything) on a full or compare-all sync.
+func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id, service string) *unit {
+	if full || compareAll || plan.Changed == nil {
+		return nil
+	}
+	return func(id, service string) *unit {
+		if plan.Changed[service] {
+			return nil
+		}
+		return f.units[id]
+	}
+}
+
+// existingChains returns, for a full sync, the chains of ours that exist
+// (a full sync removes those the plan does not want). What the kernel
+// holds is listed on the first apply (adopting a previous run's chains)
+// and after a failure, and then the missing jumps from built-in chains
+// are known too: they are written in the same restore as the chains they
+// lead to, so that rules are live the moment they are in the kernel.
+// Otherwise what we wrote last is known, and listing a large table is
+// costly.
+func (f *family) existingChains(full bool) (existing []tableChain, missing []jump, listed bool, err error) {
+	switch {
+	case full && (!f.applied || f.needFull):
+		existing, missing, err = f.listOurs()
+		return existing, missing, true, err
+	case full:
+		for c := range f.lastChains {
+			existing = append(existing, c)
+		}
+	}
+	return existing, nil, false, nil
+}
+
+// writeSpec says what one restore writes: on a full sync everything, and
+// the existing chains not desired are deleted; otherwise only units whose
+// digest changed, fixed chains whose content changed, and deletions of
+// the chains written last that are no longer desired.
+func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]string, existing []tableChain, missing []jump, full bool) writeSpec {
+	ws := writeSpec{jumps: missing}
+	if full {
+		for _, c := range existing {
+			if _, ok := desired[c]; !ok && !isFixed(c) {
+				ws.stale = append(ws.stale, c)
+			}
+		}
+		return ws
+	}
+	ws.write = map[string]bool{}
+	for _, u := range rs.units {
+		if d, ok := f.last[u.id]; !ok || d != u.digest {
+			ws.write[u.id] = true
+		}
+	}
+	for c := range f.lastChains {
+		if _, ok := desired[c]; !ok {
+			ws.stale = append(ws.stale, c)
+		}
+	}
+	ws.fixed = f.lastFixed
+	return ws
+}
+
+// failedUnit returns the unit that owns the line iptables-restore names in
+// its error, or "" when the line is not known or not a unit's.
+func failedUnit(restoreErr error, owner []string) string {
+	m := lineRE.FindStringSubmatch(restoreErr.Error())
+	if m == nil {
+		return ""
+	}
+	if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(owner) {
+		return owner[n-1]
+	}
+	return ""
+}
+
+// remember records what a successful apply wrote, for the next one.
+func (f *family) remember(rs *Ruleset, desired map[tableChain]string, fixed map[tableChain][32]byte, full bool) {
 	f.last = make(map[string][32]byte, len(rs.units))
 	f.units = make(map[string]*unit, len(rs.units))
 	for _, u := range rs.units {
@@ -533,14 +507,12 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	for c := range desired {
 		f.lastChains[c] = true
 	}
-	f.lastFixed = fixedDigests
+	f.lastFixed = fixed
 	if full {
 		f.lastRewrite = time.Now()
 	}
 	f.applied = true
 	f.needFull = false
-	st.rules = rs.ruleCounts()
-	return st, errors.Join(errs...)
 }
 
 func isFixed(c tableChain) bool {
@@ -561,15 +533,14 @@ func (f *family) ourChains() ([]tableChain, error) {
 // listOurs lists, with one `iptables -S` per table, the chains with our
 // prefix and the jumps from built-in chains (jumps()) that are missing.
 func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
-	secs := int((f.wait + time.Second - 1) / time.Second)
 	rules := map[string]string{}
 	for _, t := range []string{tableNAT, tableFilter} {
-		out, err := exec.Command(f.iptPath, "-t", t, "-S", "--wait", strconv.Itoa(secs)).Output()
+		out, err := f.x.Run(context.Background(), "-t", t, "-S")
 		if err != nil {
 			return nil, nil, fmt.Errorf("iptables: list the chains of %s: %w", t, err)
 		}
-		rules[t] = string(out)
-		for _, l := range strings.Split(string(out), "\n") {
+		rules[t] = out
+		for _, l := range strings.Split(out, "\n") {
 			if name, ok := strings.CutPrefix(l, "-N "); ok && ours(name) {
 				chains = append(chains, tableChain{t, name})
 			}
@@ -609,14 +580,8 @@ func hasRule(listing string, j jump) bool {
 }
 
 func (f *family) restore(ctx context.Context, text []byte) error {
-	secs := int((f.wait + time.Second - 1) / time.Second)
-	cmd := exec.CommandContext(ctx, f.restorePath, "--noflush", "-w", strconv.Itoa(secs))
-	cmd.Stdin = bytes.NewReader(text)
-	var out bytes.Buffer
-	cmd.Stdout = &out
-	cmd.Stderr = &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("iptables: %s --noflush: %w: %s", f.restorePath, err, strings.TrimSpace(out.String()))
+	if err := f.x.RestoreNoFlush(ctx, text); err != nil {
+		return fmt.Errorf("iptables: %w", err)
 	}
 	return nil
 }

@@ -1,8 +1,6 @@
 package iptables
 
 import (
-	"bytes"
-	"cmp"
 	"crypto/sha256"
 	"fmt"
 	"net/netip"
@@ -114,8 +112,8 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 			continue
 		}
 		f = unmapped(f)
-		if err := checkFrontend(f); err != nil {
-			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: err})
+		if err := datapath.CheckFrontend(f); err != nil {
+			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: fmt.Errorf("iptables: %w", err)})
 			continue
 		}
 		id := f.Service + " " + strings.ToLower(string(f.Protocol))
@@ -170,30 +168,6 @@ func unmapEndpoints(eps []datapath.Endpoint) []datapath.Endpoint {
 // renderHook, when set (by tests only), may change a unit after rendering.
 var renderHook func(u *unit)
 
-func checkFrontend(f *datapath.Frontend) error {
-	where := fmt.Sprintf("iptables: frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)
-	switch f.Protocol {
-	case datapath.TCP, datapath.UDP, datapath.SCTP:
-	default:
-		return fmt.Errorf("%s: unsupported protocol", where)
-	}
-	if f.Port == 0 {
-		return fmt.Errorf("%s: port 0", where)
-	}
-	if !f.Addr.IsValid() && f.Kind != datapath.NodePort {
-		return fmt.Errorf("%s: no address", where)
-	}
-	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
-		if e.Weight == 0 || e.Weight > datapath.MaxWeight {
-			return fmt.Errorf("%s: endpoint %s: weight %d out of range", where, e.Addr, e.Weight)
-		}
-		if datapath.FamilyOf(e.Addr.Addr()) != f.Family || e.Addr.Port() == 0 {
-			return fmt.Errorf("%s: bad endpoint %s", where, e.Addr)
-		}
-	}
-	return nil
-}
-
 // group is a set of frontends of one unit that share their endpoints and
 // affinity, and so one SVC chain.
 type group struct {
@@ -214,34 +188,50 @@ func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
 }
 
 func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
-	u := &unit{id: id, service: fs[0].Service}
-	proto := strings.ToLower(string(fs[0].Protocol))
-
-	// Group frontends by endpoint set. The SVC chain name depends on the
-	// group's role, not on its endpoints, so an endpoint change rewrites
-	// the same chain instead of renaming it.
-	var groups []*group
-	bySig := map[string]*group{}
-	names := map[string]bool{}
-	groupFor := func(f *datapath.Frontend, eps []datapath.Endpoint, role string) *group {
-		sig := groupSig(f.Affinity, eps)
-		if g := bySig[sig]; g != nil {
-			return g
-		}
-		name := ChainName(kindSvc, id+" "+role)
-		if names[name] {
-			name = ChainName(kindSvc, id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
-		}
-		names[name] = true
-		g := &group{svc: name, sig: sig, endpoints: eps, affinity: min(f.Affinity, maxAffinity)}
-		bySig[sig] = g
-		groups = append(groups, g)
-		return g
+	ub := &unitBuilder{
+		cfg: cfg, id: id, proto: strings.ToLower(string(fs[0].Protocol)),
+		u:     &unit{id: id, service: fs[0].Service},
+		bySig: map[string]*group{}, names: map[string]bool{},
+		groupOf: map[*datapath.Frontend]*group{}, shortCircuit: map[*datapath.Frontend]*group{},
+		ext: map[extKey]string{},
 	}
-	groupOf := map[*datapath.Frontend]*group{}
-	// The cluster-wide group that a Local frontend short-circuits pod and
-	// node traffic to; often the ClusterIP's own group.
-	shortCircuit := map[*datapath.Frontend]*group{}
+	ub.groupFrontends(fs)
+	for _, g := range ub.groups {
+		if len(g.endpoints) > 0 {
+			ub.u.chains = append(ub.u.chains, renderGroup(cfg, ub.u, g, ub.proto)...)
+		}
+	}
+	for _, f := range fs {
+		ub.frontendRules(f)
+	}
+	if renderHook != nil {
+		renderHook(ub.u)
+	}
+	ub.u.digest = unitDigest(ub.u)
+	return ub.u
+}
+
+// extKey names an EXT chain: one per pair of groups (external,
+// short-circuit).
+type extKey struct{ g, sc *group }
+
+// unitBuilder holds what renderUnit works out while rendering one unit.
+type unitBuilder struct {
+	cfg   *Config
+	id    string
+	proto string
+	u     *unit
+
+	groups       []*group
+	bySig        map[string]*group
+	names        map[string]bool
+	groupOf      map[*datapath.Frontend]*group
+	shortCircuit map[*datapath.Frontend]*group // the cluster-wide group a Local frontend short-circuits pod and node traffic to; often the ClusterIP's own group
+	ext          map[extKey]string
+}
+
+// groupFrontends groups the frontends by endpoint set.
+func (ub *unitBuilder) groupFrontends(fs []*datapath.Frontend) {
 	for _, f := range fs {
 		role := "cluster"
 		if f.Kind.External() {
@@ -250,130 +240,174 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 				role = "local"
 			}
 		}
-		g := groupFor(f, f.Endpoints, role)
+		g := ub.groupFor(f, f.Endpoints, role)
 		g.frontends = append(g.frontends, f)
-		groupOf[f] = g
+		ub.groupOf[f] = g
 		if f.LocalOnly && f.Kind.External() && len(f.Cluster) > 0 {
-			shortCircuit[f] = groupFor(f, f.Cluster, "cluster")
+			ub.shortCircuit[f] = ub.groupFor(f, f.Cluster, "cluster")
 		}
 	}
+}
 
-	for _, g := range groups {
-		if len(g.endpoints) > 0 {
-			u.chains = append(u.chains, renderGroup(cfg, u, g, proto)...)
-		}
+// groupFor returns the group of endpoint set eps, new or shared. The SVC
+// chain name depends on the group's role, not on its endpoints, so an
+// endpoint change rewrites the same chain instead of renaming it.
+func (ub *unitBuilder) groupFor(f *datapath.Frontend, eps []datapath.Endpoint, role string) *group {
+	sig := groupSig(f.Affinity, eps)
+	if g := ub.bySig[sig]; g != nil {
+		return g
 	}
-
-	// EXT chain per pair of groups (external, short-circuit).
-	type extKey struct{ g, sc *group }
-	ext := map[extKey]string{}
-	comment := func(f *datapath.Frontend, what string) string {
-		return fmt.Sprintf("-m comment --comment %q", sanitize(f.Service)+" "+what)
+	name := ChainName(kindSvc, ub.id+" "+role)
+	if ub.names[name] {
+		name = ChainName(kindSvc, ub.id+" "+role+" "+string(f.Kind)+" "+f.AddrString())
 	}
-	for _, f := range fs {
-		g := groupOf[f]
-		match := fmt.Sprintf("-p %s -m %s --dport %d", proto, proto, f.Port)
-		dst := ""
-		if f.Addr.IsValid() {
-			dst = "-d " + f.Addr.String() + cfg.hostMask() + " "
-		}
-		// No endpoints at all: refused. Endpoints elsewhere that a Local
-		// traffic policy keeps from this frontend: dropped (kube-proxy).
-		noEndpoints, noWhat := "REJECT", " has no endpoints"
-		if f.Drop {
-			noEndpoints, noWhat = "DROP", " has no local endpoints"
-		}
-		if f.Kind == datapath.ClusterIP {
-			if len(f.Endpoints) == 0 {
-				u.top = append(u.top, topRule{tableFilter, chainServices,
-					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"+noWhat), noEndpoints)})
-				continue
-			}
-			if cfg.MasqueradeAll {
-				u.top = append(u.top, topRule{tableNAT, chainServices,
-					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainMarkMasq)})
-			} else if len(cfg.ClusterCIDRs) > 0 {
-				u.top = append(u.top, topRule{tableNAT, chainServices,
-					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainClusterMasq)})
-			}
-			u.top = append(u.top, topRule{tableNAT, chainServices,
-				fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), g.svc)})
-			continue
-		}
+	ub.names[name] = true
+	g := &group{svc: name, sig: sig, endpoints: eps, affinity: min(f.Affinity, maxAffinity)}
+	ub.bySig[sig] = g
+	ub.groups = append(ub.groups, g)
+	return g
+}
 
-		// External frontends: NodePort, ExternalIP, LoadBalancer.
-		what := strings.ToLower(string(f.Kind))
-		sc := shortCircuit[f]
-		extChain, ok := ext[extKey{g, sc}]
-		if !ok {
-			var rules []string
-			if f.LocalOnly {
-				// kube-proxy's short-circuit: pods (by clusterCIDR) and
-				// the node itself reach the cluster-wide set; the node's
-				// traffic is masqueraded, its source being a local
-				// address (often the very address it reaches).
-				if sc != nil {
-					for _, c := range cfg.ClusterCIDRs {
-						rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c.Masked(), sanitize(f.Service), sc.svc))
-					}
-				}
-				if sc != nil || len(g.endpoints) > 0 {
-					rules = append(rules, "-m addrtype --src-type LOCAL -j "+chainMarkMasq)
-				}
-				if sc != nil {
-					rules = append(rules, "-m addrtype --src-type LOCAL -j "+sc.svc)
-				}
-				if len(g.endpoints) > 0 {
-					rules = append(rules, "-j "+g.svc)
-				}
-			} else if len(g.endpoints) > 0 {
-				rules = append(rules, "-j "+chainMarkMasq, "-j "+g.svc)
-			}
-			if len(rules) > 0 {
-				extChain = ChainName(kindExt, g.svc)
-				u.chains = append(u.chains, chain{tableNAT, extChain, rules})
-			}
-			ext[extKey{g, sc}] = extChain
-		}
-		top := chainServices
+func comment(f *datapath.Frontend, what string) string {
+	return fmt.Sprintf("-m comment --comment %q", sanitize(f.Service)+" "+what)
+}
+
+// frontendMatch is the destination part of f's rules: "-d ADDR " (with the
+// trailing space, empty for a NodePort without address) and the port match.
+func (ub *unitBuilder) frontendMatch(f *datapath.Frontend) (dst, match string) {
+	match = fmt.Sprintf("-p %s -m %s --dport %d", ub.proto, ub.proto, f.Port)
+	if f.Addr.IsValid() {
+		dst = "-d " + f.Addr.String() + ub.cfg.hostMask() + " "
+	}
+	return dst, match
+}
+
+// noEndpoints is the verdict for f when it has no endpoints: refused when
+// there are none at all, dropped when a Local traffic policy keeps
+// endpoints elsewhere from it (kube-proxy).
+func noEndpoints(f *datapath.Frontend) (target, what string) {
+	if f.Drop {
+		return "DROP", " has no local endpoints"
+	}
+	return "REJECT", " has no endpoints"
+}
+
+func (ub *unitBuilder) addTop(table, chain, rule string) {
+	ub.u.top = append(ub.u.top, topRule{table, chain, rule})
+}
+
+// frontendRules renders f's rules in the top chains, and its EXT and FW
+// chains.
+func (ub *unitBuilder) frontendRules(f *datapath.Frontend) {
+	if f.Kind == datapath.ClusterIP {
+		ub.clusterIPRules(f)
+		return
+	}
+	// External frontends: NodePort, ExternalIP, LoadBalancer.
+	dst, match := ub.frontendMatch(f)
+	what := strings.ToLower(string(f.Kind))
+	top := chainServices
+	if f.Kind == datapath.NodePort {
+		top = chainNodePorts
+	}
+	if extChain := ub.extChain(f); extChain != "" {
+		ub.addTop(tableNAT, top, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what), extChain))
+	}
+	if len(f.Endpoints) == 0 {
+		target, noWhat := noEndpoints(f)
 		if f.Kind == datapath.NodePort {
-			top = chainNodePorts
-		}
-		if extChain != "" {
-			u.top = append(u.top, topRule{tableNAT, top,
-				fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what), extChain)})
-		}
-		if len(f.Endpoints) == 0 {
-			if f.Kind == datapath.NodePort {
-				// Any local destination, whatever nodePortAddresses says,
-				// as kube-proxy: unit rules must not depend on addresses.
-				u.top = append(u.top, topRule{tableFilter, chainExternal,
-					fmt.Sprintf("-m addrtype --dst-type LOCAL %s %s -j %s", match, comment(f, what+noWhat), noEndpoints)})
-			} else {
-				// Arriving or routed traffic only, as kube-proxy's
-				// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
-				u.top = append(u.top, topRule{tableFilter, chainExternal,
-					fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), noEndpoints)})
-			}
-		}
-		if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {
-			fw := ChainName(kindFw, id+" "+f.AddrString())
-			var rules []string
-			for _, r := range f.SourceRanges {
-				if datapath.FamilyOf(r.Addr()) == cfg.Family {
-					rules = append(rules, "-s "+r.Masked().String()+" -j RETURN")
-				}
-			}
-			rules = append(rules, fmt.Sprintf("-m comment --comment %q -j DROP", sanitize(f.Service)+" source not in loadBalancerSourceRanges"))
-			u.chains = append(u.chains, chain{tableFilter, fw, rules})
-			u.top = append(u.top, topRule{tableFilter, chainFirewall,
-				fmt.Sprintf("-m conntrack --ctorigdst %s --ctorigdstport %d --ctproto %s %s -j %s", f.Addr, f.Port, proto, comment(f, "source ranges"), fw)})
+			// Any local destination, whatever nodePortAddresses says,
+			// as kube-proxy: unit rules must not depend on addresses.
+			ub.addTop(tableFilter, chainExternal, fmt.Sprintf("-m addrtype --dst-type LOCAL %s %s -j %s", match, comment(f, what+noWhat), target))
+		} else {
+			// Arriving or routed traffic only, as kube-proxy's
+			// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
+			ub.addTop(tableFilter, chainExternal, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), target))
 		}
 	}
+	if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {
+		ub.firewallRules(f)
+	}
+}
 
-	if renderHook != nil {
-		renderHook(u)
+func (ub *unitBuilder) clusterIPRules(f *datapath.Frontend) {
+	dst, match := ub.frontendMatch(f)
+	if len(f.Endpoints) == 0 {
+		target, noWhat := noEndpoints(f)
+		ub.addTop(tableFilter, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"+noWhat), target))
+		return
 	}
+	if ub.cfg.MasqueradeAll {
+		ub.addTop(tableNAT, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainMarkMasq))
+	} else if len(ub.cfg.ClusterCIDRs) > 0 {
+		ub.addTop(tableNAT, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainClusterMasq))
+	}
+	ub.addTop(tableNAT, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), ub.groupOf[f].svc))
+}
+
+// extChain returns the EXT chain of an external frontend, rendering it the
+// first time its pair of groups is seen; "" when it would be empty.
+func (ub *unitBuilder) extChain(f *datapath.Frontend) string {
+	g, sc := ub.groupOf[f], ub.shortCircuit[f]
+	if name, ok := ub.ext[extKey{g, sc}]; ok {
+		return name
+	}
+	var rules []string
+	if f.LocalOnly {
+		rules = ub.localExtRules(f, g, sc)
+	} else if len(g.endpoints) > 0 {
+		rules = append(rules, "-j "+chainMarkMasq, "-j "+g.svc)
+	}
+	name := ""
+	if len(rules) > 0 {
+		name = ChainName(kindExt, g.svc)
+		ub.u.chains = append(ub.u.chains, chain{tableNAT, name, rules})
+	}
+	ub.ext[extKey{g, sc}] = name
+	return name
+}
+
+// localExtRules is kube-proxy's short-circuit: pods (by clusterCIDR) and
+// the node itself reach the cluster-wide set sc; the node's traffic is
+// masqueraded, its source being a local address (often the very address
+// it reaches). Everyone else reaches the local endpoints g.
+func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []string {
+	var rules []string
+	if sc != nil {
+		for _, c := range ub.cfg.ClusterCIDRs {
+			rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c.Masked(), sanitize(f.Service), sc.svc))
+		}
+	}
+	if sc != nil || len(g.endpoints) > 0 {
+		rules = append(rules, "-m addrtype --src-type LOCAL -j "+chainMarkMasq)
+	}
+	if sc != nil {
+		rules = append(rules, "-m addrtype --src-type LOCAL -j "+sc.svc)
+	}
+	if len(g.endpoints) > 0 {
+		rules = append(rules, "-j "+g.svc)
+	}
+	return rules
+}
+
+// firewallRules renders a load balancer's FW chain (its source ranges)
+// and the rule that leads to it.
+func (ub *unitBuilder) firewallRules(f *datapath.Frontend) {
+	fw := ChainName(kindFw, ub.id+" "+f.AddrString())
+	var rules []string
+	for _, r := range f.SourceRanges {
+		if datapath.FamilyOf(r.Addr()) == ub.cfg.Family {
+			rules = append(rules, "-s "+r.Masked().String()+" -j RETURN")
+		}
+	}
+	rules = append(rules, fmt.Sprintf("-m comment --comment %q -j DROP", sanitize(f.Service)+" source not in loadBalancerSourceRanges"))
+	ub.u.chains = append(ub.u.chains, chain{tableFilter, fw, rules})
+	ub.addTop(tableFilter, chainFirewall,
+		fmt.Sprintf("-m conntrack --ctorigdst %s --ctorigdstport %d --ctproto %s %s -j %s", f.Addr, f.Port, ub.proto, comment(f, "source ranges"), fw))
+}
+
+// unitDigest is the digest of a unit's chains as written.
+func unitDigest(u *unit) [32]byte {
 	h := sha256.New()
 	for _, c := range u.chains {
 		fmt.Fprintf(h, "%s %s\n", c.table, c.name)
@@ -381,8 +415,9 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 			fmt.Fprintf(h, "%s\n", r)
 		}
 	}
-	copy(u.digest[:], h.Sum(nil))
-	return u
+	var d [32]byte
+	copy(d[:], h.Sum(nil))
+	return d
 }
 
 // renderGroup writes a group's SVC chain: one DNAT rule per endpoint,
@@ -631,160 +666,6 @@ func (rs *Ruleset) serviceOf(id string) string {
 
 func (rs *Ruleset) drop(id string) {
 	rs.units = slices.DeleteFunc(rs.units, func(u *unit) bool { return u.id == id })
-}
-
-// restoreText renders the iptables-restore --noflush input for ws. owner[i]
-// is the unit that line i+1 belongs to ("" for fixed rules), so a failing
-// line can be traced to its service.
-func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain][32]byte) {
-	var b bytes.Buffer
-	head, tail := staticRules(&rs.cfg)
-	masq := "-j MASQUERADE"
-	if rs.cfg.RandomFully {
-		masq += " --random-fully"
-	}
-	stale := slices.Clone(ws.stale)
-	slices.SortFunc(stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
-
-	// The fixed chains' rules in their fixed order: head rules, the
-	// units' dispatch rules, tail rules.
-	type fixedRule struct{ own, spec string }
-	fixed := map[tableChain][]fixedRule{}
-	for _, r := range head {
-		tc := tableChain{r.table, r.chain}
-		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
-	}
-	for _, u := range rs.units {
-		for _, r := range u.top {
-			tc := tableChain{r.table, r.chain}
-			fixed[tc] = append(fixed[tc], fixedRule{u.id, r.spec})
-		}
-	}
-	for _, r := range tail {
-		tc := tableChain{r.table, r.chain}
-		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
-	}
-	hp := tableChain{tableNAT, chainHairpin}
-	for _, a := range rs.hairpin() {
-		m := rs.cfg.hostMask()
-		fixed[hp] = append(fixed[hp], fixedRule{"", "-s " + a.String() + m + " -d " + a.String() + m + " " + masq})
-	}
-	digests = map[tableChain][32]byte{}
-	for table, names := range fixedChains {
-		for _, name := range names {
-			fixed[tableChain{table, name}] = fixed[tableChain{table, name}] // empty chains get a digest too
-		}
-	}
-	for tc, rules := range fixed {
-		h := sha256.New()
-		for _, r := range rules {
-			h.Write([]byte(r.spec))
-			h.Write([]byte{'\n'})
-		}
-		var d [32]byte
-		copy(d[:], h.Sum(nil))
-		digests[tc] = d
-	}
-	// A partial write leaves out fixed chains whose content is unchanged.
-	writeFixed := func(tc tableChain) bool {
-		if ws.write == nil || ws.fixed == nil {
-			return true
-		}
-		d, ok := ws.fixed[tc]
-		return !ok || d != digests[tc]
-	}
-
-	// Size the output for what is written only: a partial sync of one
-	// service must not allocate for the whole rule set.
-	size, lines := 4096, 64
-	for tc, rules := range fixed {
-		if writeFixed(tc) {
-			for _, r := range rules {
-				lines++
-				size += len(tc.name) + len(r.spec) + 5
-			}
-		}
-	}
-	for _, u := range rs.units {
-		if ws.write != nil && !ws.write[u.id] {
-			continue
-		}
-		for _, c := range u.chains {
-			lines += 1 + len(c.rules)
-			size += 40 + len(c.rules)*(len(c.name)+4)
-			for _, r := range c.rules {
-				size += len(r)
-			}
-		}
-	}
-	b.Grow(size)
-	owner = make([]string, 0, lines)
-	line := func(own string, parts ...string) {
-		for _, p := range parts {
-			b.WriteString(p)
-		}
-		b.WriteByte('\n')
-		owner = append(owner, own)
-	}
-
-	for _, table := range []string{tableFilter, tableNAT} {
-		line("", "*", table)
-		for _, c := range fixedChains[table] {
-			if writeFixed(tableChain{table, c}) {
-				line("", ":", c, " - [0:0]")
-			}
-		}
-		for _, u := range rs.units {
-			if ws.write != nil && !ws.write[u.id] {
-				continue
-			}
-			for _, c := range u.chains {
-				if c.table == table {
-					line(u.id, ":", c.name, " - [0:0]")
-				}
-			}
-		}
-		for _, s := range stale {
-			if s.table == table {
-				line("", ":", s.name, " - [0:0]")
-			}
-		}
-		for _, c := range fixedChains[table] {
-			tc := tableChain{table, c}
-			if !writeFixed(tc) {
-				continue
-			}
-			for _, r := range fixed[tc] {
-				line(r.own, "-A ", c, " ", r.spec)
-			}
-		}
-		for _, u := range rs.units {
-			if ws.write != nil && !ws.write[u.id] {
-				continue
-			}
-			for _, c := range u.chains {
-				if c.table != table {
-					continue
-				}
-				for _, r := range c.rules {
-					line(u.id, "-A ", c.name, " ", r)
-				}
-			}
-		}
-		for _, s := range stale {
-			if s.table == table {
-				line("", "-X ", s.name)
-			}
-		}
-		// Inserted at the top in reverse, so that they end up in order.
-		for i := len(ws.jumps) - 1; i >= 0; i-- {
-			if j := ws.jumps[i]; j.table == table {
-				line("", "-I ", j.chain, " 1 ", joinSpec(j.spec))
-			}
-		}
-		line("", "COMMIT")
-	}
-	return b.Bytes(), owner, digests
 }
 
 // hairpin returns the local endpoint addresses of all units, sorted and

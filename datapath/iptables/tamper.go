@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os/exec"
 	"strings"
 	"time"
 
@@ -98,7 +97,7 @@ func (f *family) verifiedNow() (uint64, bool) {
 // x_tables cannot tell our write from another made in the same instant.
 func (f *family) trustOwnWrite(pre uint64) {
 	post, ok := f.fingerprint()
-	if !ok || (f.variant == NFT && (post < pre || post > pre+2)) {
+	if !ok || (f.x.Variant == NFT && (post < pre || post > pre+2)) {
 		f.verified = false
 		return
 	}
@@ -112,7 +111,7 @@ func (f *family) tampered(ctx context.Context) (bool, error) {
 	f.fullChecks++
 	var bad bool
 	var err error
-	if f.variant == Legacy {
+	if f.x.Variant == Legacy {
 		bad, err = f.tamperedSave(ctx)
 	} else {
 		bad, err = f.tamperedCheck(ctx)
@@ -153,11 +152,11 @@ func (f *family) tamperedCheck(ctx context.Context) (bool, error) {
 func (f *family) tamperedSave(ctx context.Context) (bool, error) {
 	dumps := map[string]string{}
 	for _, t := range []string{tableNAT, tableFilter} {
-		out, err := exec.CommandContext(ctx, f.savePath, "-t", t).Output()
+		out, err := f.x.SaveTable(ctx, t)
 		if err != nil {
-			return false, fmt.Errorf("iptables: %s -t %s: %w", f.savePath, t, err)
+			return false, fmt.Errorf("iptables: %w", err)
 		}
-		dumps[t] = string(out)
+		dumps[t] = out
 	}
 	for _, s := range f.sentinels() {
 		found := hasRule(dumps[s.table], s)

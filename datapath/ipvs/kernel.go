@@ -118,32 +118,10 @@ func Open() (*Netlink, error) {
 
 func (n *Netlink) Close() error { n.h.Close(); return nil }
 
-func protoNum(p datapath.Protocol) uint16 {
-	switch p {
-	case datapath.UDP:
-		return unix.IPPROTO_UDP
-	case datapath.SCTP:
-		return unix.IPPROTO_SCTP
-	}
-	return unix.IPPROTO_TCP
-}
-
-func protoName(n uint16) datapath.Protocol {
-	switch n {
-	case unix.IPPROTO_UDP:
-		return datapath.UDP
-	case unix.IPPROTO_SCTP:
-		return datapath.SCTP
-	case unix.IPPROTO_TCP:
-		return datapath.TCP
-	}
-	return datapath.Protocol(fmt.Sprint("proto-", n))
-}
-
 func toMobyService(v VirtualServer) *mobyipvs.Service {
 	s := &mobyipvs.Service{
 		Address:   net.IP(v.Addr.AsSlice()),
-		Protocol:  protoNum(v.Protocol),
+		Protocol:  uint16(v.Protocol.Number()),
 		Port:      v.Port,
 		SchedName: v.Scheduler,
 		Flags:     uint32(v.Flags &^ flagHashed),
@@ -166,7 +144,7 @@ func fromMobyService(s *mobyipvs.Service) (VirtualServer, bool) {
 		a = a.Unmap()
 	}
 	return VirtualServer{
-		Addr: a, Protocol: protoName(s.Protocol), Port: s.Port,
+		Addr: a, Protocol: datapath.ProtocolOf(s.Protocol), Port: s.Port,
 		Scheduler: s.SchedName, Flags: Flags(s.Flags) &^ flagHashed, Timeout: s.Timeout,
 	}, true
 }

@@ -30,6 +30,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // Options configure a Proxier. Zero values take the defaults noted.
@@ -52,9 +53,11 @@ type Options struct {
 	MasqueradeBit int // 0..31; 14
 	// IPVS connection timeouts; zero keeps the kernel's.
 	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
-	// IPTables is the iptables binary ("iptables"); its -restore and
-	// -save siblings are used too.
-	IPTables string
+	// Variant selects the iptables backend of the static rules; Auto
+	// uses whatever "iptables" resolves to (datapath/xtables).
+	Variant xtables.Variant
+	// LockWait bounds the wait for the xtables lock (default 5s).
+	LockWait time.Duration
 	// Kernel, if set, replaces the netlink IPVS handle (unit tests).
 	Kernel     Kernel
 	Registerer prometheus.Registerer // nil: metrics are kept but not registered
@@ -132,9 +135,6 @@ func New(opts Options) (*Proxier, error) {
 	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("ipvs: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
 	}
-	if opts.IPTables == "" {
-		opts.IPTables = "iptables"
-	}
 	if opts.Logger == nil {
 		opts.Logger = slog.Default()
 	}
@@ -148,7 +148,6 @@ func New(opts Options) (*Proxier, error) {
 	}
 	p := &Proxier{
 		opts: opts, link: dummy{opts.Interface},
-		ipt:         iptables{bin: opts.IPTables, restore: opts.IPTables + "-restore"},
 		log:         opts.Logger.With("datapath", "ipvs"),
 		applied:     map[Key]*desiredServer{},
 		terminating: map[Key]map[netip.AddrPort]time.Time{},
@@ -174,6 +173,10 @@ func New(opts Options) (*Proxier, error) {
 			return nil, fmt.Errorf("%w: %w", ErrNoIPVS, err)
 		}
 		p.k = k
+		if err := p.openIPTables(); err != nil {
+			k.Close()
+			return nil, err
+		}
 		want := map[string]string{
 			"net/ipv4/vs/conntrack":                 "1", // NAT with conntrack, so iptables SNAT and REJECT see IPVS flows
 			"net/ipv4/vs/expire_nodest_conn":        "1", // drop connections to deleted real servers at once
@@ -196,6 +199,20 @@ func New(opts Options) (*Proxier, error) {
 		}
 	}
 	return p, nil
+}
+
+// openIPTables opens the iptables tools for the static rules and refuses
+// to run when our chains exist under both backends, as iptables mode does.
+func (p *Proxier) openIPTables() error {
+	x, err := xtables.Open(p.opts.Variant, datapath.IPv4, p.opts.LockWait)
+	if err != nil {
+		return fmt.Errorf("ipvs: %w", err)
+	}
+	if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
+		return fmt.Errorf("ipvs: %w", err)
+	}
+	p.ipt = iptables{x: x}
+	return nil
 }
 
 // LoadModules makes sure the named kernel modules are present (loaded or
@@ -248,25 +265,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	// Apply succeeds, the next one is full.
 	full := plan.Full || !p.synced
 	p.synced = false
-	defer func() {
-		st.Duration = time.Since(start)
-		p.last = st
-		if full {
-			p.m.fullDuration.Observe(st.Duration.Seconds())
-		} else {
-			p.m.partialDuration.Observe(st.Duration.Seconds())
-		}
-		if !p.synced {
-			p.m.failures.Inc()
-		}
-		p.m.ops.Set(float64(st.Ops()))
-		p.m.virtualServers.Set(float64(len(p.applied)))
-		n := 0
-		for _, t := range p.terminating {
-			n += len(t)
-		}
-		p.m.draining.Set(float64(n))
-	}()
+	defer func() { p.record(&st, start, full) }()
 
 	nodeAddrs, err := p.nodeAddrs()
 	if err != nil {
@@ -294,16 +293,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			errs = append(errs, err)
 		}
 	}
-	for _, s := range sets() {
-		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
-			continue
-		}
-		ss, err := ipset.Sync(ipset.Netlink{}, s, want.Entries[s.Name])
-		st.SetEntries += ss.Added + ss.Deleted + ss.Created + ss.Replaced
-		if err != nil {
-			errs = append(errs, err)
-		}
-	}
+	errs = append(errs, p.syncSets(want, full, &st)...)
 	if full || !p.rulesOK {
 		p.rulesOK = false
 		if err := p.ipt.ensure(ctx, p.ruleText()); err != nil {
@@ -329,6 +319,44 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	p.synced, p.lastVIPs, p.lastEntries = true, want.VIPs, want.Entries
 	return all
+}
+
+// record keeps an Apply's stats and updates the metrics.
+func (p *Proxier) record(st *Stats, start time.Time, full bool) {
+	st.Duration = time.Since(start)
+	p.last = *st
+	if full {
+		p.m.fullDuration.Observe(st.Duration.Seconds())
+	} else {
+		p.m.partialDuration.Observe(st.Duration.Seconds())
+	}
+	if !p.synced {
+		p.m.failures.Inc()
+	}
+	p.m.ops.Set(float64(st.Ops()))
+	p.m.virtualServers.Set(float64(len(p.applied)))
+	n := 0
+	for _, t := range p.terminating {
+		n += len(t)
+	}
+	p.m.draining.Set(float64(n))
+}
+
+// syncSets makes the ipsets hold want's entries: all of them on a full
+// sync, otherwise those whose entries changed since the last success.
+func (p *Proxier) syncSets(want *desired, full bool, st *Stats) []error {
+	var errs []error
+	for _, s := range sets() {
+		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
+			continue
+		}
+		ss, err := ipset.Sync(ipset.Netlink{}, s, want.Entries[s.Name])
+		st.SetEntries += ss.Added + ss.Deleted + ss.Created + ss.Replaced
+		if err != nil {
+			errs = append(errs, err)
+		}
+	}
+	return errs
 }
 
 // nodeAddrs returns where NodePorts are served (Options.NodeAddresses).

@@ -1,12 +1,12 @@
 package ipvs
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"net/netip"
-	"os/exec"
 	"strings"
+
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // Chains. The rules in them match the sets, never single services, so
@@ -113,35 +113,32 @@ func jumps() []jump {
 	}
 }
 
-// iptables runs the iptables tools of the calling thread's namespace.
+// iptables writes our static rules with the shared xtables driver (the
+// same backend detection, lock wait and restore as iptables mode).
 type iptables struct {
-	bin, restore string // e.g. "iptables", "iptables-restore"
+	x *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
 }
 
-func (t iptables) run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
-	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
-	out, err := cmd.CombinedOutput()
+func (t iptables) run(ctx context.Context, args ...string) (string, error) {
+	out, err := t.x.Run(ctx, args...)
 	if err != nil {
-		return string(out), fmt.Errorf("ipvs: %s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(out))
+		return out, fmt.Errorf("ipvs: %w", err)
 	}
-	return string(out), nil
+	return out, nil
 }
 
 // ensure writes our chains and makes sure every jump exists.
 func (t iptables) ensure(ctx context.Context, text string) error {
-	if _, err := t.run(ctx, []byte(text), t.restore, "-w", "--noflush"); err != nil {
-		return err
+	if err := t.x.RestoreNoFlush(ctx, []byte(text)); err != nil {
+		return fmt.Errorf("ipvs: %w", err)
 	}
 	for _, j := range jumps() {
-		args := append([]string{"-w", "-t", j.table, "-C", j.chain}, j.spec...)
-		if _, err := t.run(ctx, nil, t.bin, args...); err == nil {
+		args := append([]string{"-t", j.table, "-C", j.chain}, j.spec...)
+		if _, err := t.run(ctx, args...); err == nil {
 			continue
 		}
-		args = append([]string{"-w", "-t", j.table, "-I", j.chain, "1"}, j.spec...)
-		if _, err := t.run(ctx, nil, t.bin, args...); err != nil {
+		args = append([]string{"-t", j.table, "-I", j.chain, "1"}, j.spec...)
+		if _, err := t.run(ctx, args...); err != nil {
 			return err
 		}
 	}
@@ -152,8 +149,8 @@ func (t iptables) ensure(ctx context.Context, text string) error {
 func (t iptables) remove(ctx context.Context) error {
 	for _, j := range jumps() {
 		for range 10 { // a jump inserted twice is removed twice; bounded
-			args := append([]string{"-w", "-t", j.table, "-D", j.chain}, j.spec...)
-			if _, err := t.run(ctx, nil, t.bin, args...); err != nil {
+			args := append([]string{"-t", j.table, "-D", j.chain}, j.spec...)
+			if _, err := t.run(ctx, args...); err != nil {
 				break
 			}
 		}
@@ -163,10 +160,10 @@ func (t iptables) remove(ctx context.Context) error {
 	for _, pass := range []string{"-F", "-X"} {
 		for table, chains := range map[string][]string{"nat": natChains, "filter": filterChains} {
 			for _, ch := range chains {
-				if _, err := t.run(ctx, nil, t.bin, "-w", "-t", table, "-n", "-L", ch); err != nil {
+				if _, err := t.run(ctx, "-t", table, "-n", "-L", ch); err != nil {
 					continue // not there
 				}
-				if _, err := t.run(ctx, nil, t.bin, "-w", "-t", table, pass, ch); err != nil && firstErr == nil {
+				if _, err := t.run(ctx, "-t", table, pass, ch); err != nil && firstErr == nil {
 					firstErr = err
 				}
 			}
@@ -178,10 +175,9 @@ func (t iptables) remove(ctx context.Context) error {
 // countRules returns how many rules the tables hold in our chains and the
 // jumps into them, as iptables-save reports them.
 func (t iptables) countRules(ctx context.Context) (int, error) {
-	save := strings.TrimSuffix(t.restore, "-restore") + "-save"
-	out, err := t.run(ctx, nil, save)
+	out, err := t.x.SaveTable(ctx, "")
 	if err != nil {
-		return 0, err
+		return 0, fmt.Errorf("ipvs: %w", err)
 	}
 	n := 0
 	for _, line := range strings.Split(out, "\n") {

@@ -1,0 +1,178 @@
+// Package xtables is the one driver of the iptables command-line tools that
+// both datapaths use: it finds the binaries of a backend (iptables-legacy
+// or iptables-nft) for an IP family, detects which backend "iptables"
+// resolves to, refuses to run when our chains exist under both, and runs
+// iptables, iptables-restore and iptables-save with a bounded wait for the
+// xtables lock. It knows nothing about which rules are written.
+package xtables
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os/exec"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// Variant is an iptables backend.
+type Variant string
+
+const (
+	Auto   Variant = ""       // whatever "iptables" resolves to
+	Legacy Variant = "legacy" // iptables-legacy: x_tables
+	NFT    Variant = "nft"    // iptables-nft: nf_tables with the xtables compat layer
+)
+
+// Other returns the backend that is not v (Legacy for NFT and Auto).
+func (v Variant) Other() Variant {
+	if v == Legacy {
+		return NFT
+	}
+	return Legacy
+}
+
+// ErrBothBackends is returned when edgeproxy chains exist under both
+// iptables-legacy and iptables-nft: packets would traverse both sets.
+var ErrBothBackends = errors.New("iptables: edgeproxy chains exist in both iptables-legacy and iptables-nft; run `edgeproxy cleanup` with each variant, then start again")
+
+// DefaultWait bounds the wait for the xtables lock when none is given.
+const DefaultWait = 5 * time.Second
+
+// Tool runs the iptables tools of one backend and one IP family in the
+// calling thread's network namespace.
+type Tool struct {
+	Family  datapath.Family
+	Variant Variant // as detected: never Auto
+	// Absolute paths of iptables, iptables-restore and iptables-save.
+	IPTables, Restore, Save string
+	Wait                    time.Duration // for the xtables lock
+}
+
+// Binaries returns the names of iptables and iptables-restore of variant v
+// for fam, e.g. "ip6tables-nft" and "ip6tables-nft-restore".
+func Binaries(v Variant, fam datapath.Family) (ipt, restore string) {
+	base := "iptables"
+	if fam == datapath.IPv6 {
+		base = "ip6tables"
+	}
+	if v != Auto {
+		base += "-" + string(v)
+	}
+	return base, base + "-restore"
+}
+
+// Open finds the binaries of variant v for fam and, for Auto, detects which
+// backend they are. An error wrapping *exec.Error means a binary is not
+// installed.
+func Open(v Variant, fam datapath.Family, wait time.Duration) (*Tool, error) {
+	if wait <= 0 {
+		wait = DefaultWait
+	}
+	iptBin, restoreBin := Binaries(v, fam)
+	t := &Tool{Family: fam, Variant: v, Wait: wait}
+	for _, b := range []struct {
+		name string
+		path *string
+	}{{iptBin, &t.IPTables}, {restoreBin, &t.Restore}, {strings.TrimSuffix(restoreBin, "-restore") + "-save", &t.Save}} {
+		p, err := exec.LookPath(b.name)
+		if err != nil {
+			return nil, fmt.Errorf("xtables: %w", err)
+		}
+		*b.path = p
+	}
+	if v == Auto {
+		out, err := exec.Command(t.IPTables, "--version").CombinedOutput()
+		if err != nil {
+			return nil, fmt.Errorf("xtables: %s --version: %w: %s", iptBin, err, bytes.TrimSpace(out))
+		}
+		t.Variant = Legacy
+		if bytes.Contains(out, []byte("nf_tables")) {
+			t.Variant = NFT
+		}
+	}
+	return t, nil
+}
+
+// WaitSeconds is the lock wait as the tools' -w argument: whole seconds,
+// rounded up.
+func (t *Tool) WaitSeconds() int { return int((t.Wait + time.Second - 1) / time.Second) }
+
+func (t *Tool) waitArg() string { return strconv.Itoa(t.WaitSeconds()) }
+
+// Run runs iptables with the lock wait and args and returns its output.
+func (t *Tool) Run(ctx context.Context, args ...string) (string, error) {
+	if t == nil {
+		return "", errors.New("xtables: no iptables tool opened")
+	}
+	return run(ctx, nil, t.IPTables, append([]string{"-w", t.waitArg()}, args...)...)
+}
+
+// RestoreNoFlush writes text with iptables-restore --noflush: chains it
+// declares are emptied and refilled, all others are left alone; the whole
+// text is one transaction.
+func (t *Tool) RestoreNoFlush(ctx context.Context, text []byte) error {
+	if t == nil {
+		return errors.New("xtables: no iptables tool opened")
+	}
+	_, err := run(ctx, text, t.Restore, "--noflush", "-w", t.waitArg())
+	return err
+}
+
+// SaveTable returns iptables-save's listing of one table ("" for all).
+func (t *Tool) SaveTable(ctx context.Context, table string) (string, error) {
+	if t == nil {
+		return "", errors.New("xtables: no iptables tool opened")
+	}
+	var args []string
+	if table != "" {
+		args = []string{"-t", table}
+	}
+	return run(ctx, nil, t.Save, args...)
+}
+
+// ChainExists reports whether table holds chain.
+func (t *Tool) ChainExists(ctx context.Context, table, chain string) bool {
+	_, err := t.Run(ctx, "-t", table, "-S", chain)
+	return err == nil
+}
+
+// CheckOtherBackend looks for marker (a chain only edgeproxy creates) in
+// table under the other backend: present under both is ErrBothBackends;
+// present under the other one only is logged, as it stays until cleanup.
+// An other backend that is not installed holds nothing.
+func (t *Tool) CheckOtherBackend(ctx context.Context, table, marker string, log *slog.Logger) error {
+	other, err := Open(t.Variant.Other(), t.Family, t.Wait)
+	if err != nil {
+		return nil //nolint:nilerr // not installed: it holds no chains
+	}
+	theirs := other.ChainExists(ctx, table, marker)
+	mine := t.ChainExists(ctx, table, marker)
+	switch {
+	case theirs && mine:
+		return fmt.Errorf("%w (IPv%d)", ErrBothBackends, t.Family)
+	case theirs:
+		log.Warn("edgeproxy chains exist under the other iptables backend; they stay until `edgeproxy cleanup`", "using", t.Variant, "other", other.Variant)
+	}
+	return nil
+}
+
+func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
+	cmd := exec.CommandContext(ctx, name, args...)
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	// Stderr apart: iptables-nft-save warns there about legacy tables,
+	// which must not reach a parsed listing.
+	var out, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &stderr
+	if err := cmd.Run(); err != nil {
+		return out.String(), fmt.Errorf("xtables: %s %s: %w: %s", name, strings.Join(args, " "), err, bytes.TrimSpace(append(stderr.Bytes(), out.Bytes()...)))
+	}
+	return out.String(), nil
+}
