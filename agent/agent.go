@@ -222,6 +222,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, s := range servers {
 		goRun("http "+s.name, s.serve)
 	}
+	rebooted := a.startAfterReboot(ctx)
 	goRun("source", a.source.Run)
 	if a.watcher != nil {
 		goRun("config watcher", a.watcher.Run)
@@ -247,7 +248,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		goRun("sync", func(ctx context.Context) error { a.runner.Loop(ctx); return nil })
 		a.runner.Run()
 	}
-	if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
+	if rebooted {
+		_ = a.notifier.Status("serving the last known state until the API server is listed")
+		startLoop()
+		goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })
+	} else if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
 		wctx, wcancel := context.WithTimeout(ctx, wait)
 		synced := a.source.WaitForSync(wctx)
 		wcancel()
@@ -255,7 +260,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case synced:
 			a.log.Info("source synced; starting the sync loop")
 			startLoop()
-		case ctx.Err() == nil && a.startFromSnapshot():
+		case ctx.Err() == nil && a.startFromSnapshot("the API server is unreachable"):
 			_ = a.notifier.Status("API server unreachable: serving the last known state")
 			startLoop()
 			goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })

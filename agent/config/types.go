@@ -131,7 +131,9 @@ type ChainStep struct {
 // cannot be reached.
 type Offline struct {
 	// StartTimeout is how long the agent waits at start for the API server
-	// before it programs the last snapshot; 0 never uses the snapshot.
+	// before it programs the last snapshot when the kernel still holds our
+	// rules (after a reboot it programs the snapshot at once); 0 never uses
+	// the snapshot.
 	StartTimeout time.Duration `koanf:"startTimeout"`
 	// SnapshotInterval is the least time between two snapshot writes (each
 	// write is the whole state: spare the flash of small edge nodes).
