@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/notify"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
@@ -53,6 +54,8 @@ type Options struct {
 	Policy planner.Policy
 	// Version is reported on /debug/status.
 	Version string
+	// ProbeDial overrides the endpoint probe (tests); nil: TCP connect.
+	ProbeDial health.DialFunc
 }
 
 // Agent is one running edgeproxy.
@@ -88,6 +91,7 @@ type Agent struct {
 	snapDirty    bool      // under mu
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
+	probes       *probing // nil with health.mode: off
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
 	// externalIPsWarned: Services already warned about ignored
@@ -154,6 +158,7 @@ func New(opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
 	}
+	a.probes = a.newProbing(opts.Registry)
 	if cfg.Mode != "plan" {
 		applyConntrack(cfg.Conntrack, a.log)
 		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck"),
@@ -224,6 +229,9 @@ func (a *Agent) Run(ctx context.Context) error {
 	}
 	rebooted := a.startAfterReboot(ctx)
 	goRun("source", a.source.Run)
+	if a.probes != nil {
+		goRun("endpoint prober", func(ctx context.Context) error { a.runProbing(ctx); return nil })
+	}
 	if a.watcher != nil {
 		goRun("config watcher", a.watcher.Run)
 	}

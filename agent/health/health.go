@@ -62,6 +62,7 @@ type Options struct {
 	Concurrency      int           // cap on probes in flight
 	Jitter           float64       // each wait is spread by ± this fraction of Interval (0..1)
 	Dial             DialFunc      // default: TCP connect
+	OnChange         func()        // called (outside the lock) when an endpoint changes state
 }
 
 // Defaults are the values of health.* in configs/edgeproxy.yaml.
@@ -94,7 +95,7 @@ func (o Options) withDefaults() Options {
 	if o.Jitter > 0 && o.Jitter <= 1 {
 		d.Jitter = o.Jitter
 	}
-	d.Dial = o.Dial
+	d.Dial, d.OnChange = o.Dial, o.OnChange
 	if d.Dial == nil {
 		d.Dial = DialTCP
 	}
@@ -254,7 +255,9 @@ func (p *Prober) Run(ctx context.Context) {
 				p.release(addr)
 				return
 			}
-			p.record(addr, err, time.Now())
+			if p.record(addr, err, time.Now()) && p.opts.OnChange != nil {
+				p.opts.OnChange()
+			}
 		}()
 	}
 }
@@ -306,14 +309,16 @@ func (p *Prober) release(addr netip.AddrPort) {
 }
 
 // record counts one probe's result against the thresholds and schedules
-// the next probe one jittered interval later.
-func (p *Prober) record(addr netip.AddrPort, err error, now time.Time) {
+// the next probe one jittered interval later. It reports whether the
+// endpoint's state changed.
+func (p *Prober) record(addr netip.AddrPort, err error, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	t, ok := p.targets[addr]
 	if !ok {
-		return // dropped while the probe ran
+		return false // dropped while the probe ran
 	}
+	was := t.State
 	t.inFlight = false
 	t.next = now.Add(p.jittered())
 	if err != nil {
@@ -326,7 +331,7 @@ func (p *Prober) record(addr netip.AddrPort, err error, now time.Time) {
 		if t.Failures >= p.opts.FailureThreshold {
 			t.State = Failed
 		}
-		return
+		return t.State != was
 	}
 	if t.passes == 0 {
 		t.Since = now
@@ -336,6 +341,7 @@ func (p *Prober) record(addr netip.AddrPort, err error, now time.Time) {
 	if t.passes >= p.opts.SuccessThreshold {
 		t.State = Healthy
 	}
+	return t.State != was
 }
 
 func (p *Prober) jittered() time.Duration {
