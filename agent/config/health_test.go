@@ -11,7 +11,7 @@ func TestValidateHealth(t *testing.T) {
 	for key, mutate := range map[string]func(*Health){
 		"health.mode":             func(h *Health) { h.Mode = "sometimes" },
 		"health.after":            func(h *Health) { h.After = -time.Second },
-		"health.interval":         func(h *Health) { h.Interval = time.Millisecond },
+		"health.interval":         func(h *Health) { h.Interval, h.Timeout = time.Millisecond, time.Millisecond },
 		"health.timeout":          func(h *Health) { h.Timeout = time.Minute },
 		"health.failureThreshold": func(h *Health) { h.FailureThreshold = 0 },
 		"health.successThreshold": func(h *Health) { h.SuccessThreshold = 101 },
