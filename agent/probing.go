@@ -197,3 +197,31 @@ func tcpEndpoints(plan *datapath.Plan) []netip.AddrPort {
 	}
 	return out
 }
+
+// ProbeStatus is the probing part of /debug/status.
+type ProbeStatus struct {
+	// Active: the last sync applied probe verdicts.
+	Active bool `json:"active"`
+	// States counts the probed endpoints by state.
+	States map[string]int `json:"states"`
+	// LeftOut names each endpoint the last sync left out, with the reason
+	// ("probe: 3 failures since 12:04:31 (...)").
+	LeftOut map[string]string `json:"leftOut,omitempty"`
+}
+
+func (a *Agent) probeStatus() *ProbeStatus {
+	if a.probes == nil {
+		return nil
+	}
+	st := &ProbeStatus{Active: a.probes.active.Load(), States: map[string]int{}}
+	for s, n := range a.probes.prober.Counts() {
+		st.States[s.String()] = n
+	}
+	for addr, v := range a.ProbeVerdicts() {
+		if st.LeftOut == nil {
+			st.LeftOut = map[string]string{}
+		}
+		st.LeftOut[addr.String()] = v.Reason()
+	}
+	return st
+}

@@ -6,10 +6,12 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -119,6 +121,11 @@ endpoints:
 	})
 	if v, ok := a.ProbeVerdicts()[addrs[1]]; !ok || v.Reason() == "" {
 		t.Errorf("no reason for the endpoint left out: %v", a.ProbeVerdicts())
+	}
+	rec := httptest.NewRecorder()
+	a.serveStatus(rec, httptest.NewRequest("GET", "/debug/status", nil))
+	if body := rec.Body.String(); !strings.Contains(body, `"10.244.0.3:8080": "probe: `) {
+		t.Errorf("status does not name the endpoint left out:\n%s", body)
 	}
 	servers[1].start(t)
 	eventually(t, "the endpoint back", func() bool { return slices.Equal(clusterIPEndpoints(b), addrs) })
