@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/notify"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
@@ -53,6 +54,8 @@ type Options struct {
 	Policy planner.Policy
 	// Version is reported on /debug/status.
 	Version string
+	// ProbeDial overrides the endpoint probe (tests); nil: TCP connect.
+	ProbeDial health.DialFunc
 }
 
 // Agent is one running edgeproxy.
@@ -89,6 +92,7 @@ type Agent struct {
 	snapFailing  bool      // under mu: the last snapshot write failed
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
+	probes       *probing // nil with health.mode: off
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
 	// externalIPsWarned: Services already warned about ignored
@@ -155,6 +159,7 @@ func New(opts Options) (*Agent, error) {
 			return nil, fmt.Errorf("agent: %w", err)
 		}
 	}
+	a.probes = a.newProbing(opts.Registry)
 	if cfg.Mode != "plan" {
 		applyConntrack(cfg.Conntrack, a.log)
 		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck"),
@@ -223,7 +228,11 @@ func (a *Agent) Run(ctx context.Context) error {
 	for _, s := range servers {
 		goRun("http "+s.name, s.serve)
 	}
+	rebooted := a.startAfterReboot(ctx)
 	goRun("source", a.source.Run)
+	if a.probes != nil {
+		goRun("endpoint prober", func(ctx context.Context) error { a.runProbing(ctx); return nil })
+	}
 	if a.watcher != nil {
 		goRun("config watcher", a.watcher.Run)
 	}
@@ -248,7 +257,11 @@ func (a *Agent) Run(ctx context.Context) error {
 		goRun("sync", func(ctx context.Context) error { a.runner.Loop(ctx); return nil })
 		a.runner.Run()
 	}
-	if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
+	if rebooted {
+		_ = a.notifier.Status("serving the last known state until the API server is listed")
+		startLoop()
+		goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })
+	} else if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
 		wctx, wcancel := context.WithTimeout(ctx, wait)
 		synced := a.source.WaitForSync(wctx)
 		wcancel()
@@ -256,7 +269,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		case synced:
 			a.log.Info("source synced; starting the sync loop")
 			startLoop()
-		case ctx.Err() == nil && a.startFromSnapshot():
+		case ctx.Err() == nil && a.startFromSnapshot("the API server is unreachable"):
 			_ = a.notifier.Status("API server unreachable: serving the last known state")
 			startLoop()
 			goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })

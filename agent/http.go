@@ -195,6 +195,9 @@ type Status struct {
 	// (frontend conflicts, invalid frontends, rules the kernel refused);
 	// everything else was programmed.
 	Refused []datapath.Refusal `json:"refused,omitempty"`
+	// Probes is endpoint probing while the API server is away; nil with
+	// health.mode: off.
+	Probes *ProbeStatus `json:"probes,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -223,6 +226,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	st.FromSnapshot = a.fromSnapshot.Load()
 	st.APIReachable = a.api == nil || a.api.Reachable()
 	st.Refused = a.Refused()
+	st.Probes = a.probeStatus()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		st.ExternalIPsIgnored = res.ExternalIPsIgnored

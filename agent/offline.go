@@ -63,20 +63,21 @@ func (a *Agent) writeSnapshot(s *snapshot.Snapshot) bool {
 }
 
 // startFromSnapshot loads the on-disk snapshot into the state, so the sync
-// loop programs the last known state while the API server is unreachable.
+// loop programs the last known state while the API server is unreachable
+// (or not yet listed after a reboot); why says which, for the log.
 // A missing, corrupt or incompatible snapshot is refused whole.
-func (a *Agent) startFromSnapshot() bool {
+func (a *Agent) startFromSnapshot(why string) bool {
 	dir := a.Config().StateDir
 	s, err := snapshot.Load(dir)
 	switch {
 	case errors.Is(err, snapshot.ErrNotFound):
-		a.log.Warn("the API server is unreachable and there is no snapshot yet; waiting for the API server", "dir", dir)
+		a.log.Warn(why+" and there is no snapshot yet; waiting for the API server", "dir", dir)
 		return false
 	case err != nil:
-		a.log.Error("the API server is unreachable and the snapshot is refused; waiting for the API server", "dir", dir, "err", err)
+		a.log.Error(why+" and the snapshot is refused; waiting for the API server", "dir", dir, "err", err)
 		return false
 	}
-	a.log.Warn("the API server is unreachable; programming the last known state",
+	a.log.Warn(why+"; programming the last known state",
 		"written", s.Written.Format(time.RFC3339), "services", len(s.Services), "slices", len(s.Slices), "frontends", len(s.Plan.Frontends))
 	for i := range s.Services {
 		svc := &s.Services[i]

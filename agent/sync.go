@@ -29,6 +29,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	res := a.planner.Build(ctx, snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
+	if a.applyProbeVerdicts(res.Plan) {
+		a.needFull = true
+	}
 	period := a.Config().Sync.Period
 	res.Plan.Full = a.needFull || (period > 0 && start.Sub(a.lastFull) >= period)
 	a.metrics.portsEvaluated.Add(float64(res.Evaluated))

@@ -26,6 +26,7 @@ type Config struct {
 	Policy   Policy   `koanf:"policy"`
 	StateDir string   `koanf:"stateDir"`
 	Offline  Offline  `koanf:"offline"`
+	Health   Health   `koanf:"health"`
 	Server   Server   `koanf:"server"`
 	Log      Log      `koanf:"log"`
 	// Labels lists the node labels, and ServiceKeyPrefix the service label
@@ -126,12 +127,39 @@ type ChainStep struct {
 	Config map[string]any `koanf:"config"`
 }
 
+// Health configures endpoint probing while the API server is away (see
+// agent/health): EndpointSlices are frozen then, and a dead pod would keep
+// its share of traffic until the link returns.
+type Health struct {
+	// Mode is "offline" (probe once the API server has been unreachable
+	// for After, or at a start from the snapshot), "always" or "off".
+	Mode               string        `koanf:"mode"`
+	After              time.Duration `koanf:"after"`
+	Interval           time.Duration `koanf:"interval"`
+	Timeout            time.Duration `koanf:"timeout"`
+	FailureThreshold   int           `koanf:"failureThreshold"`
+	SuccessThreshold   int           `koanf:"successThreshold"`
+	ProbesPerSecond    int           `koanf:"probesPerSecond"`
+	Concurrency        int           `koanf:"concurrency"`
+	JitterPercent      int           `koanf:"jitterPercent"`
+	PerEndpointMetrics bool          `koanf:"perEndpointMetrics"`
+}
+
+// Health modes.
+const (
+	HealthOffline = "offline"
+	HealthAlways  = "always"
+	HealthOff     = "off"
+)
+
 // Offline governs running without the API server: the last known state is
 // written to stateDir and programmed from at start when the API server
 // cannot be reached.
 type Offline struct {
 	// StartTimeout is how long the agent waits at start for the API server
-	// before it programs the last snapshot; 0 never uses the snapshot.
+	// before it programs the last snapshot when the kernel still holds our
+	// rules (after a reboot it programs the snapshot at once); 0 never uses
+	// the snapshot.
 	StartTimeout time.Duration `koanf:"startTimeout"`
 	// SnapshotInterval is the least time between two snapshot writes (each
 	// write is the whole state: spare the flash of small edge nodes).
@@ -175,8 +203,10 @@ func Default() Config {
 			Engine: "compiler", Timeout: 50 * time.Millisecond,
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
 		},
-		StateDir:         "/var/lib/edgeproxy",
-		Offline:          Offline{StartTimeout: 10 * time.Second, SnapshotInterval: 10 * time.Second},
+		StateDir: "/var/lib/edgeproxy",
+		Offline:  Offline{StartTimeout: 10 * time.Second, SnapshotInterval: 10 * time.Second},
+		Health: Health{Mode: HealthOffline, After: 30 * time.Second, Interval: 5 * time.Second, Timeout: time.Second,
+			FailureThreshold: 3, SuccessThreshold: 1, ProbesPerSecond: 100, Concurrency: 16, JitterPercent: 20},
 		Server:           Server{Healthz: "0.0.0.0:10256", Metrics: "127.0.0.1:10249"},
 		Log:              Log{Level: "info", Format: "text"},
 		ServiceKeyPrefix: "edgeproxy.io/",

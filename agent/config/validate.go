@@ -104,6 +104,7 @@ func (c *Config) Validate() error {
 	nonNegative("sync.minPeriod", s.MinPeriod, s.MinPeriod < 0)
 	nonNegative("offline.startTimeout", c.Offline.StartTimeout, c.Offline.StartTimeout < 0)
 	nonNegative("offline.snapshotInterval", c.Offline.SnapshotInterval, c.Offline.SnapshotInterval < 0)
+	validateHealth(c.Health, bad)
 	if s.Period < MinSyncPeriod {
 		bad("sync.period", "%s is shorter than %s", s.Period, MinSyncPeriod)
 	} else if s.MinPeriod > s.Period {
