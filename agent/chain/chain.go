@@ -33,12 +33,6 @@ import (
 	"github.com/edgeproxy/edgeproxy/policy/abi"
 )
 
-// Failure policies of a chain.
-const (
-	KeepBuiltin = "keep-builtin"
-	LastGood    = "last-good"
-)
-
 // DefaultServiceKeyPrefix is used when WithServiceKeyPrefix is not given.
 const DefaultServiceKeyPrefix = "edgeproxy.io/"
 
@@ -193,8 +187,8 @@ func sameHost(a, b policy.Options) bool {
 }
 
 func (e *Evaluator) load(ctx context.Context, cfg config.Policy, old *loaded, o options) (_ *loaded, err error) {
-	if err := validate(cfg); err != nil {
-		return nil, err
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("chain: invalid policy config: %w", err)
 	}
 	want := hostOptions(cfg, e.stateDir, e.log, o)
 	next := &loaded{cfg: cfg}
@@ -266,46 +260,6 @@ func (l *loaded) close(ctx context.Context, keepHost *policy.Host) {
 	if l.host != nil && l.host != keepHost {
 		l.host.Close(ctx)
 	}
-}
-
-func validate(cfg config.Policy) error {
-	var errs []error
-	mods := map[string]bool{}
-	for _, m := range cfg.Modules {
-		switch {
-		case m.Name == "":
-			errs = append(errs, fmt.Errorf("module with path %q has no name", m.Path))
-		case mods[m.Name]:
-			errs = append(errs, fmt.Errorf("module %s defined twice", m.Name))
-		case m.Path == "":
-			errs = append(errs, fmt.Errorf("module %s has no path", m.Name))
-		}
-		mods[m.Name] = true
-	}
-	chains := map[string]bool{}
-	for _, c := range cfg.Chains {
-		if c.Name == "" || chains[c.Name] {
-			errs = append(errs, fmt.Errorf("chain name %q empty or repeated", c.Name))
-		}
-		chains[c.Name] = true
-		switch c.Failure {
-		case "", KeepBuiltin, LastGood:
-		default:
-			errs = append(errs, fmt.Errorf("chain %s: failure policy %q (want %s or %s)", c.Name, c.Failure, KeepBuiltin, LastGood))
-		}
-		if len(c.Modules) == 0 {
-			errs = append(errs, fmt.Errorf("chain %s runs no module", c.Name))
-		}
-		for _, s := range c.Modules {
-			if !mods[s.Module] {
-				errs = append(errs, fmt.Errorf("chain %s: unknown module %q", c.Name, s.Module))
-			}
-		}
-	}
-	if err := errors.Join(errs...); err != nil {
-		return fmt.Errorf("chain: invalid policy config: %w", err)
-	}
-	return nil
 }
 
 func readModule(path string, limit int64) ([]byte, error) {
@@ -416,7 +370,7 @@ type Verdict struct {
 	// Steps are the modules' verdicts, in chain order, up to the first
 	// failure.
 	Steps []Step `json:"steps,omitempty"`
-	// Fallback is the failure policy applied (KeepBuiltin or LastGood)
+	// Fallback is the failure policy applied (config.FailureKeepBuiltin or config.FailureLastGood)
 	// when a module failed; empty otherwise.
 	Fallback string `json:"fallback,omitempty"`
 }
@@ -631,10 +585,10 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 
 // fallback applies the chain's failure policy after step s failed.
 func (e *Evaluator) fallback(ch *chain, spn model.ServicePortName, v Verdict, eps []model.PortEndpoint, s Step, err error) Verdict {
-	v.Fallback = KeepBuiltin
+	v.Fallback = config.FailureKeepBuiltin
 	v.Weights = model.EqualWeights(len(eps))
 	v.Scheduler, v.SchedulerFlags = "", nil
-	if ch.cfg.Failure == LastGood {
+	if ch.cfg.Failure == config.FailureLastGood {
 		e.lgMu.Lock()
 		lg, ok := e.lastGood[lastGoodKey{ch.cfg.Name, spn}]
 		e.lgMu.Unlock()
@@ -652,7 +606,7 @@ func (e *Evaluator) fallback(ch *chain, spn model.ServicePortName, v Verdict, ep
 			// The last good answer may not know today's endpoints; it is
 			// used only if it keeps the service non-empty (or may empty it).
 			if any || ch.cfg.AllowEmpty || len(eps) == 0 {
-				v.Fallback, v.Weights, v.Scheduler, v.SchedulerFlags = LastGood, w, lg.scheduler, lg.flags
+				v.Fallback, v.Weights, v.Scheduler, v.SchedulerFlags = config.FailureLastGood, w, lg.scheduler, lg.flags
 			}
 		}
 	}

@@ -283,12 +283,12 @@ func TestHostileContained(t *testing.T) {
 		reason  policy.Reason
 		failure string
 	}{
-		{"loop", policy.ReasonTimeout, chain.KeepBuiltin},
-		{"trap", policy.ReasonTrap, chain.KeepBuiltin},
-		{"range", policy.ReasonInvalid, chain.KeepBuiltin},
-		{"wronglen", policy.ReasonInvalid, chain.LastGood},
-		{"zero", policy.ReasonInvalid, chain.KeepBuiltin},
-		{"memory", policy.ReasonTrap, chain.KeepBuiltin}, // or timeout, see below
+		{"loop", policy.ReasonTimeout, config.FailureKeepBuiltin},
+		{"trap", policy.ReasonTrap, config.FailureKeepBuiltin},
+		{"range", policy.ReasonInvalid, config.FailureKeepBuiltin},
+		{"wronglen", policy.ReasonInvalid, config.FailureLastGood},
+		{"zero", policy.ReasonInvalid, config.FailureKeepBuiltin},
+		{"memory", policy.ReasonTrap, config.FailureKeepBuiltin}, // or timeout, see below
 	}
 	for _, c := range cases {
 		t.Run(c.module, func(t *testing.T) {
@@ -298,7 +298,7 @@ func TestHostileContained(t *testing.T) {
 			e, logs, reg := newEvaluator(t, cfg, chain.WithClock(clk.Now))
 			eps := endpoints("zone-a", "zone-b", "zone-a")
 			v := e.Evaluate(ctx, service("hostile", nil), port, node, eps)
-			if v.Fallback != chain.KeepBuiltin || !slices.Equal(v.Weights, []uint32{1, 1, 1}) {
+			if v.Fallback != config.FailureKeepBuiltin || !slices.Equal(v.Weights, []uint32{1, 1, 1}) {
 				t.Fatalf("%s, want keep-builtin (no last good yet)", v)
 			}
 			last := v.Steps[len(v.Steps)-1]
@@ -337,7 +337,7 @@ func TestLastGood(t *testing.T) {
 	ctx := context.Background()
 	topo := modulePath(t, "modules/topology")
 	cfg := policyConfig(map[string]string{"m": topo},
-		config.Chain{Name: "c", Failure: chain.LastGood, Modules: []config.ChainStep{{Module: "m"}}})
+		config.Chain{Name: "c", Failure: config.FailureLastGood, Modules: []config.ChainStep{{Module: "m"}}})
 	e, _, _ := newEvaluator(t, cfg)
 	svc := service("hostile", nil)
 	eps := endpoints("zone-a", "zone-b", "zone-a")
@@ -351,7 +351,7 @@ func TestLastGood(t *testing.T) {
 		t.Fatal(err)
 	}
 	v := e.Evaluate(ctx, svc, port, node, eps)
-	if v.Fallback != chain.LastGood || !slices.Equal(v.Weights, []uint32{1, 0, 1}) {
+	if v.Fallback != config.FailureLastGood || !slices.Equal(v.Weights, []uint32{1, 0, 1}) {
 		t.Fatalf("%s, want last-good [1 0 1]", v)
 	}
 }
@@ -436,7 +436,7 @@ func TestEvaluateBatch(t *testing.T) {
 			t.Errorf("request %d (%s): batch %s, alone %s", k, r.Service.Namespace, got[k], want)
 		}
 		switch ns := r.Service.Namespace; {
-		case ns == "hostile" && (got[k].Fallback != chain.KeepBuiltin || len(got[k].Steps) != 2 || got[k].Steps[1].Failure != policy.ReasonTrap):
+		case ns == "hostile" && (got[k].Fallback != config.FailureKeepBuiltin || len(got[k].Steps) != 2 || got[k].Steps[1].Failure != policy.ReasonTrap):
 			t.Errorf("hostile port: %s, want a trap in step 2 and keep-builtin", got[k])
 		case ns != "hostile" && got[k].Fallback != "":
 			t.Errorf("request %d (%s) fell back: %s", k, ns, got[k])

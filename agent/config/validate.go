@@ -181,6 +181,10 @@ func (c *Config) Validate() error {
 	return errors.Join(errs...)
 }
 
+// Validate checks the policy section alone, as a reload of the policy engine
+// does (agent/chain): every problem, each naming its key.
+func (p Policy) Validate() error { return errors.Join(p.validate()...) }
+
 func (p Policy) validate() []error {
 	var errs []error
 	bad := func(key, format string, args ...any) {
@@ -239,7 +243,7 @@ func (p Policy) validate() []error {
 				bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is not defined in policy.modules", step.Module)
 			}
 		}
-		if !slices.Contains(ChainFailures, c.Failure) {
+		if c.Failure != "" && !slices.Contains(ChainFailures, c.Failure) { // "" is keep-builtin
 			bad(key+".failure", "%q is not one of %s", c.Failure, strings.Join(ChainFailures, ", "))
 		}
 		for j, ns := range c.Match.Namespaces {
