@@ -160,7 +160,7 @@ func New(opts Options) (*Agent, error) {
 		}
 	}
 	a.probes = a.newProbing(opts.Registry)
-	if cfg.Mode != "plan" {
+	if cfg.Mode != config.ModePlan {
 		applyConntrack(cfg.Conntrack, a.log)
 		a.health = healthcheck.New(healthcheck.Options{Logger: a.log.With("component", "healthcheck"),
 			ProxyHealthy: func() bool { return a.HealthNow(time.Now()).Healthy }})
@@ -337,10 +337,9 @@ func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
 // the watcher count the reload as failed.
 func (a *Agent) reconfigure(prev, next *config.Config) error {
 	var perr error
-	if r, ok := a.opts.Policy.(interface {
-		Reload(context.Context, config.Policy) error
-	}); ok && !reflect.DeepEqual(prev.Policy, next.Policy) {
-		if perr = r.Reload(context.Background(), next.Policy); perr != nil {
+	// The agent's own chains reload; a policy the caller supplied does not.
+	if a.chains != nil && !reflect.DeepEqual(prev.Policy, next.Policy) {
+		if perr = a.chains.Reload(context.Background(), next.Policy); perr != nil {
 			a.log.Error("policy reload failed; the running chains stay in force", "err", perr)
 			kept := *next
 			kept.Policy = prev.Policy
@@ -357,7 +356,7 @@ func (a *Agent) reconfigure(prev, next *config.Config) error {
 	if prev.Sync != next.Sync {
 		a.runner.SetIntervals(next.Sync.MinPeriod, next.Sync.MinPeriod, next.Sync.Period)
 	}
-	if prev.Conntrack != next.Conntrack && next.Mode != "plan" {
+	if prev.Conntrack != next.Conntrack && next.Mode != config.ModePlan {
 		applyConntrack(next.Conntrack, a.log)
 	}
 	a.mu.Lock()

@@ -21,11 +21,11 @@ import (
 // NewBackend builds the datapath backend for cfg.Mode.
 func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (datapath.Backend, error) {
 	switch cfg.Mode {
-	case "plan":
+	case config.ModePlan:
 		return recorder.New(), nil
-	case "iptables":
+	case config.ModeIPTables:
 		return iptables.New(iptablesOptions(cfg, log, reg))
-	case "ipvs":
+	case config.ModeIPVS:
 		return newIPVSBackend(cfg, log, reg)
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)

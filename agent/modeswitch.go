@@ -18,13 +18,13 @@ import (
 // logged, not fatal: the mode in force must still start.
 func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger) {
 	switch cfg.Mode {
-	case "ipvs":
+	case config.ModeIPVS:
 		// iptables mode's chains; IPVS mode's own EP-IPVS- chains are not
 		// iptables mode's and stay.
 		if err := iptables.CleanupAll(ctx, log); err != nil {
 			log.Warn("could not remove iptables mode's rules left from an earlier run", "err", err)
 		}
-	case "iptables":
+	case config.ModeIPTables:
 		// IPVS mode always creates its dummy link: without it there is
 		// nothing to remove, and ip_vs is not loaded just to look.
 		if _, err := netlink.LinkByName(cfg.IPVS.Interface); err != nil {

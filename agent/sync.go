@@ -74,7 +74,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.saveSnapshot(res, now)
 	// IPVS real servers that left the plan drain at weight 0; keep syncing
 	// until they are gone, so they are removed when their connections end.
-	if d, ok := a.backend.(interface{ Draining() int }); ok && d.Draining() > 0 {
+	if d, ok := a.backend.(datapath.Drainer); ok && d.Draining() > 0 {
 		a.runner.Run()
 	}
 	a.syncOnce.Do(func() {

@@ -309,3 +309,11 @@ type Backend interface {
 type Monitor interface {
 	Tampered(ctx context.Context) (bool, error)
 }
+
+// Drainer is implemented by backends that keep removed endpoints for a while
+// (IPVS real servers at weight 0 until their connections end). While
+// Draining reports more than zero, the agent keeps syncing so they are
+// removed as soon as they may be.
+type Drainer interface {
+	Draining() int
+}

@@ -9,7 +9,7 @@ type Config struct {
 	NodeName   string `koanf:"nodeName"`
 	Kubeconfig string `koanf:"kubeconfig"`
 	Manifests  string `koanf:"manifests"`
-	Mode       string `koanf:"mode"` // iptables | ipvs | plan
+	Mode       Mode   `koanf:"mode"` // iptables | ipvs | plan
 	// ProxyName is matched against the service.kubernetes.io/service-proxy-name
 	// label: Services carrying the label are skipped unless it names us.
 	ProxyName         string   `koanf:"proxyName"`
@@ -189,7 +189,7 @@ type Size int64
 // Default returns the configuration used when nothing else is said.
 func Default() Config {
 	return Config{
-		Mode:      "iptables",
+		Mode:      ModeIPTables,
 		ProxyName: "edgeproxy",
 		Sync:      Sync{MinPeriod: time.Second, Period: 30 * time.Second, HealthTimeout: 60 * time.Second},
 		IPTables:  IPTables{MasqueradeBit: 14, LocalhostNodePorts: true, LockWait: 5 * time.Second},
@@ -213,3 +213,13 @@ func Default() Config {
 		MaxManifestSize:  64 << 20,
 	}
 }
+
+// Mode is the datapath the agent programs.
+type Mode string
+
+// The modes (config key mode).
+const (
+	ModeIPTables Mode = "iptables"
+	ModeIPVS     Mode = "ipvs"
+	ModePlan     Mode = "plan" // compute and publish the plan, program nothing
+)

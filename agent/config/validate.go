@@ -14,7 +14,7 @@ import (
 
 // Allowed values of the enumerated keys.
 var (
-	Modes          = []string{"iptables", "ipvs", "plan"}
+	Modes          = []string{string(ModeIPTables), string(ModeIPVS), string(ModePlan)}
 	PolicyEngines  = []string{"compiler", "interpreter"}
 	ChainFailures  = []string{FailureKeepBuiltin, FailureLastGood}
 	LogLevels      = []string{"debug", "info", "warn", "error"}
@@ -68,7 +68,7 @@ func (c *Config) Validate() error {
 	if strings.TrimSpace(c.NodeName) == "" {
 		bad("nodeName", "must not be empty")
 	}
-	oneOf("mode", c.Mode, Modes)
+	oneOf("mode", string(c.Mode), Modes)
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		bad("manifests", "%q cannot be used together with kubeconfig %q: pick one source", c.Manifests, c.Kubeconfig)
 	}

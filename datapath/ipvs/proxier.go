@@ -113,6 +113,7 @@ type Proxier struct {
 var (
 	_ datapath.Backend = (*Proxier)(nil)
 	_ datapath.Monitor = (*Proxier)(nil)
+	_ datapath.Drainer = (*Proxier)(nil)
 )
 
 // New prepares the IPVS datapath in the calling thread's network

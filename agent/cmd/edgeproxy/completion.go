@@ -5,6 +5,8 @@ import (
 	"io"
 	"slices"
 	"strings"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
 )
 
 // Shell completion: one table of the command line (commands, their flags,
@@ -57,7 +59,7 @@ var (
 		{"kubeconfig", "kubeconfig of the API server", argSpec{kind: valueFile}},
 		{"manifests", "directory of manifests instead of an API server", argSpec{kind: valueDir}},
 		{"node-name", "name of this node", argSpec{}},
-		{"mode", "datapath mode", argSpec{kind: valueWords, words: []string{"iptables", "ipvs", "plan"}}},
+		{"mode", "datapath mode", argSpec{kind: valueWords, words: config.Modes}},
 	}
 	// The flags of the commands that ask a running agent (clientFlags).
 	clientFlagSpecs = []flagSpec{outputFlag, {"server", "HOST:PORT of the agent's metrics server", argSpec{}}, configFlag}

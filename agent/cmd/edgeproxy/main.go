@@ -209,7 +209,7 @@ func runPlan(args []string, stdout, stderr io.Writer) error {
 		return err
 	}
 	// One-shot: compute, touch nothing, serve nothing.
-	cfg.Mode = "plan"
+	cfg.Mode = config.ModePlan
 	cfg.Server = config.Server{}
 	level := new(slog.LevelVar)
 	level.Set(slog.LevelWarn)
