@@ -22,19 +22,23 @@ type buildInfo struct {
 	GoVersion string `json:"goVersion"`
 	Platform  string `json:"platform"`
 	// PolicyABI lists the policy module ABI versions this binary loads, and
-	// MarkerExports the export each of them is declared by.
-	PolicyABI     []int    `json:"policyABI"`
-	MarkerExports []string `json:"policyABIMarkers"`
+	// MarkerExports the export each of them is declared by. Minor versions
+	// only add optional exports, so every minor from 0 to PolicyABIMinor of
+	// a major loads.
+	PolicyABI      []int    `json:"policyABI"`
+	PolicyABIMinor int      `json:"policyABIMinor"`
+	MarkerExports  []string `json:"policyABIMarkers"`
 }
 
 func currentBuild() buildInfo {
 	b := buildInfo{
-		Version:       version,
-		Commit:        commit,
-		GoVersion:     runtime.Version(),
-		Platform:      runtime.GOOS + "/" + runtime.GOARCH,
-		PolicyABI:     []int{abi.Version},
-		MarkerExports: []string{abi.MarkerExport},
+		Version:        version,
+		Commit:         commit,
+		GoVersion:      runtime.Version(),
+		Platform:       runtime.GOOS + "/" + runtime.GOARCH,
+		PolicyABI:      []int{abi.Version},
+		PolicyABIMinor: abi.Minor,
+		MarkerExports:  []string{abi.MarkerExport},
 	}
 	if b.Commit == "" {
 		b.Commit = vcsRevision()
@@ -87,7 +91,7 @@ func runVersion(args []string, stdout io.Writer) error {
 		// The first line stays "edgeproxy VERSION" as before, for scripts.
 		fmt.Fprintf(stdout, "edgeproxy %s\ncommit: %s\ngo: %s %s\n", b.Version, b.Commit, b.GoVersion, b.Platform)
 		for i, v := range b.PolicyABI {
-			fmt.Fprintf(stdout, "policy ABI: %d (modules exporting %s)\n", v, b.MarkerExports[i])
+			fmt.Fprintf(stdout, "policy ABI: %d.0 to %d.%d (modules exporting %s)\n", v, v, b.PolicyABIMinor, b.MarkerExports[i])
 		}
 		return nil
 	default:

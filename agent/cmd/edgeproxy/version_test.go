@@ -19,7 +19,7 @@ func TestVersion(t *testing.T) {
 		t.Fatalf("version: exit %d: %s", code, errb.String())
 	}
 	want := "edgeproxy 1.2.3\ncommit: abcdef012345\ngo: " + runtime.Version() + " " + runtime.GOOS + "/" + runtime.GOARCH +
-		"\npolicy ABI: 1 (modules exporting edgeproxy_abi_v1)\n"
+		"\npolicy ABI: 1.0 to 1.1 (modules exporting edgeproxy_abi_v1)\n"
 	if out.String() != want {
 		t.Errorf("version:\n%s\nwant:\n%s", out.String(), want)
 	}
@@ -33,7 +33,7 @@ func TestVersion(t *testing.T) {
 		t.Fatal(err)
 	}
 	if b.Version != "1.2.3" || b.Commit != "abcdef012345" || b.GoVersion != runtime.Version() ||
-		len(b.PolicyABI) != 1 || b.PolicyABI[0] != abi.Version || b.MarkerExports[0] != abi.MarkerExport {
+		len(b.PolicyABI) != 1 || b.PolicyABI[0] != abi.Version || b.PolicyABIMinor != abi.Minor || b.MarkerExports[0] != abi.MarkerExport {
 		t.Errorf("version -o json: %+v", b)
 	}
 
