@@ -1,27 +1,16 @@
 // Command loop is a hostile policy module for the tests: it never returns.
-//
-// It misbehaves on every call unless its config says {"only": "NS"}, in
-// which case it behaves (passes the weights through) except for services
-// in namespace NS — so the same module shows both a refusal at check time
-// and containment at run time.
+// It misbehaves as package misbehave says (all calls, or those of one namespace).
 package main
 
 import (
 	"github.com/edgeproxy/edgeproxy/modules/sdk"
+	"github.com/edgeproxy/edgeproxy/modules/testdata/hostile/misbehave"
 )
 
-var cfg struct {
-	Only string `json:"only"`
-}
+func init() { misbehave.Run(evaluate) }
 
-func init() { sdk.Run(sdk.Module{Init: sdk.JSON(&cfg), Evaluate: evaluate}) }
-
-func evaluate(in *sdk.Input, out *sdk.Output) error {
-	if cfg.Only != "" && in.Service.Namespace != cfg.Only {
-		return nil
-	}
+func evaluate(_ *sdk.Input, _ *sdk.Output) {
 	spin()
-	return nil
 }
 
 var sink int
