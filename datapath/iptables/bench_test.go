@@ -49,7 +49,11 @@ func BenchmarkRender(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			var size int
 			for b.Loop() {
-				size = len(iptables.Render(cfg, plan.Frontends).RestoreText())
+				text, err := iptables.Render(cfg, plan.Frontends).RestoreText()
+				if err != nil {
+					b.Fatal(err)
+				}
+				size = len(text)
 			}
 			b.ReportMetric(float64(size), "restore-bytes")
 		})
