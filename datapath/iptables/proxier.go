@@ -121,6 +121,7 @@ var (
 type family struct {
 	cfg Config
 	x   *xtables.Tool   // the backend's tools: restore, save, listings
+	io  tablesIO        // f.x, or a fake in unit tests
 	ipt *goipt.IPTables // rule-by-rule edits of the jumps
 	log *slog.Logger
 
@@ -144,6 +145,14 @@ type family struct {
 	readFP     uint64 // read before the running full check
 	readOK     bool
 	fullChecks int // how many ran, for tests
+}
+
+// tablesIO is what a sync needs of the tables: restores and listings
+// (iptables -t TABLE -S). *xtables.Tool implements it; unit tests use a
+// fake.
+type tablesIO interface {
+	RestoreNoFlush(ctx context.Context, text []byte) error
+	Run(ctx context.Context, args ...string) (string, error)
 }
 
 // New detects the iptables backend, checks that our chains are not held by
@@ -230,7 +239,7 @@ func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %s: %w", x.IPTables, err)
 	}
-	return &family{cfg: Config{Family: fam}, x: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
+	return &family{cfg: Config{Family: fam}, x: x, io: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
 }
 
 func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
@@ -529,7 +538,7 @@ func (f *family) ourChains() ([]tableChain, error) {
 func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 	rules := map[string]string{}
 	for _, t := range []string{tableNAT, tableFilter} {
-		out, err := f.x.Run(context.Background(), "-t", t, "-S")
+		out, err := f.io.Run(context.Background(), "-t", t, "-S")
 		if err != nil {
 			return nil, nil, fmt.Errorf("iptables: list the chains of %s: %w", t, err)
 		}
@@ -568,7 +577,7 @@ func hasRule(listing string, j jump) bool {
 }
 
 func (f *family) restore(ctx context.Context, text []byte) error {
-	if err := f.x.RestoreNoFlush(ctx, text); err != nil {
+	if err := f.io.RestoreNoFlush(ctx, text); err != nil {
 		return fmt.Errorf("iptables: %w", err)
 	}
 	return nil

@@ -433,28 +433,35 @@ func (u *unit) seal() {
 	u.topDigest = h.sum()
 }
 
-// digester hashes rules as they are written.
+// digester hashes rules as they are written, through a buffer (no
+// allocation per string).
 type digester struct {
 	h    hash.Hash
-	line []byte
+	buf  []byte
 	args []string
 }
 
-func (d *digester) str(ss ...string) {
+func (d *digester) flush(force bool) {
 	if d.h == nil {
 		d.h = sha256.New()
 	}
-	for _, s := range ss {
-		d.h.Write([]byte(s))
+	if force || len(d.buf) > 32<<10 {
+		d.h.Write(d.buf)
+		d.buf = d.buf[:0]
 	}
 }
 
-func (d *digester) rule(r *rule) {
-	if d.h == nil {
-		d.h = sha256.New()
+func (d *digester) str(ss ...string) {
+	for _, s := range ss {
+		d.buf = append(d.buf, s...)
 	}
-	d.line, d.args = appendRule(d.line[:0], d.args, r)
-	d.h.Write(append(d.line, '\n'))
+	d.flush(false)
+}
+
+func (d *digester) rule(r *rule) {
+	d.buf, d.args = appendRule(d.buf, d.args, r)
+	d.buf = append(d.buf, '\n')
+	d.flush(false)
 }
 
 func (d *digester) rules(rs []rule) {
@@ -465,11 +472,9 @@ func (d *digester) rules(rs []rule) {
 
 // sum returns the digest of what was written and starts anew.
 func (d *digester) sum() digest {
+	d.flush(true)
 	var out digest
-	if d.h == nil {
-		d.h = sha256.New()
-	}
-	copy(out[:], d.h.Sum(nil))
+	copy(out[:], d.h.Sum(d.buf[:0]))
 	d.h.Reset()
 	return out
 }
