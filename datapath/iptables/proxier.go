@@ -367,59 +367,21 @@ var emptyRestore = []byte("*filter\nCOMMIT\n*nat\nCOMMIT\n")
 
 func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAll bool) (applyStats, error) {
 	var st applyStats
-	rs := render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
-	keepFixed := !full && rs.fixedSum() == f.lastFixedSum
-	if !keepFixed && rs.summaries() {
-		// The fixed chains are rewritten, with every unit's rules in
-		// them: render the units taken from the last sync again.
-		rs = render(f.cfg, plan.Frontends, nil)
-	}
-	errs := rs.Errors
 	existing, missing, listed, err := f.existingChains(full)
 	if err != nil {
 		f.needFull = true
 		st.fatal = true
-		return st, errors.Join(append(errs, err)...)
+		return st, err
 	}
-	// Each round either succeeds or drops the unit that a failed line
-	// belongs to; the bound keeps a systematic failure from looping.
-	const maxRounds = 8
-	var desired map[tableChain]string
-	var ws writeSpec
-	var fixed map[tableChain]digest
-	for round := 0; ; round++ {
-		desired = rs.chains()
-		ws = f.writeSpec(rs, desired, existing, missing, full)
-		ws.keepFixed = keepFixed
-		text, owner, digests, restoreErr := rs.restoreText(ws)
-		fixed = digests
-		st.bytes = len(text)
-		if restoreErr == nil {
-			if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
-				break // nothing changed
-			}
-			restoreErr = f.restore(ctx, text)
-		}
-		if restoreErr == nil {
-			break
-		}
-		st.failures++
-		id := failedOwner(restoreErr, owner)
-		if id == "" || round == maxRounds-1 {
-			f.needFull = true
-			st.fatal = true
-			return st, errors.Join(append(errs, restoreErr)...)
-		}
-		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: fmt.Errorf("iptables: unit %s: %w", id, restoreErr)})
-		rs.drop(id)
-	}
-	if full && !listed {
+	rs, ws, fixed, errs, err := f.write(ctx, &st, plan, full, compareAll, existing, missing)
+	if err == nil && full && !listed {
 		// A periodic rewrite: the jumps are checked one by one.
-		if err := f.ensureJumps(); err != nil {
-			f.needFull = true
-			st.fatal = true
-			return st, errors.Join(append(errs, err)...)
-		}
+		err = f.ensureJumps()
+	}
+	if err != nil {
+		f.needFull = true
+		st.fatal = true
+		return st, errors.Join(append(errs, err)...)
 	}
 	st.units = len(rs.units)
 	if ws.write == nil {
@@ -430,6 +392,63 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	f.remember(rs, fixed, full)
 	st.rules = rs.ruleCounts()
 	return st, errors.Join(errs...)
+}
+
+// write renders the plan and writes it in one restore. When the restore
+// fails on a unit's line, that unit is left out (its error in errs) and
+// the rest written again; err is a failure no unit is to blame for, or
+// the last one after maxRounds.
+func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan, full, compareAll bool, existing []tableChain, missing []jump) (
+	rs *Ruleset, ws writeSpec, fixed map[tableChain]digest, errs []error, err error) {
+	// Each round either succeeds or drops the unit that a failed line
+	// belongs to; the bound keeps a systematic failure from looping.
+	const maxRounds = 8
+	dropped := map[string]bool{}
+	for round := 0; ; round++ {
+		var keepFixed bool
+		rs, keepFixed = f.ruleset(plan, full, compareAll, dropped)
+		if round == 0 {
+			errs = rs.Errors
+		}
+		ws = f.writeSpec(rs, rs.chains(), existing, missing, full)
+		ws.keepFixed = keepFixed
+		var text []byte
+		var owner []string
+		text, owner, fixed, err = rs.restoreText(ws)
+		st.bytes = len(text)
+		if err == nil {
+			if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
+				return rs, ws, fixed, errs, nil // nothing changed
+			}
+			err = f.restore(ctx, text)
+		}
+		if err == nil {
+			return rs, ws, fixed, errs, nil
+		}
+		st.failures++
+		id := failedOwner(err, owner)
+		if id == "" || round == maxRounds-1 {
+			return rs, ws, fixed, errs, err
+		}
+		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: fmt.Errorf("iptables: unit %s: %w", id, err)})
+		dropped[id] = true
+	}
+}
+
+// ruleset renders the plan, reusing the units of the last sync that did
+// not change (see reuse) and leaving out the dropped ones. keepFixed says
+// the fixed chains are as last written; when they are not, units taken
+// from the last sync are rendered again, as the fixed chains hold rules
+// of every unit.
+func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map[string]bool) (rs *Ruleset, keepFixed bool) {
+	rs = render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
+	rs.dropAll(dropped)
+	keepFixed = !full && rs.fixedSum() == f.lastFixedSum
+	if !keepFixed && rs.summaries() {
+		rs = render(f.cfg, plan.Frontends, nil)
+		rs.dropAll(dropped)
+	}
+	return rs, keepFixed
 }
 
 // reuse returns how render takes units from the last apply: those of
