@@ -122,4 +122,3 @@ func jumps(fam datapath.Family) []jump {
 func obsoleteJumps() []jump {
 	return []jump{{tableFilter, "OUTPUT", rule{[]match{ctState("NEW")}, "edgeproxy node ports", jumpTo(chainExternal)}}}
 }
-
