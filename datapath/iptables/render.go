@@ -436,31 +436,31 @@ func (u *unit) seal() {
 // digester hashes rules as they are written, through a buffer (no
 // allocation per string).
 type digester struct {
-	h    hash.Hash
-	buf  []byte
-	args []string
+	h hash.Hash
+	w argWriter
 }
 
 func (d *digester) flush(force bool) {
 	if d.h == nil {
 		d.h = sha256.New()
 	}
-	if force || len(d.buf) > 32<<10 {
-		d.h.Write(d.buf)
-		d.buf = d.buf[:0]
+	if force || len(d.w.b) > 32<<10 {
+		d.h.Write(d.w.b)
+		d.w.b = d.w.b[:0]
 	}
 }
 
 func (d *digester) str(ss ...string) {
 	for _, s := range ss {
-		d.buf = append(d.buf, s...)
+		d.w.b = append(d.w.b, s...)
 	}
 	d.flush(false)
 }
 
 func (d *digester) rule(r *rule) {
-	d.buf, d.args = appendRule(d.buf, d.args, r)
-	d.buf = append(d.buf, '\n')
+	d.w.text, d.w.n = true, 0
+	r.write(&d.w)
+	d.w.b = append(d.w.b, '\n')
 	d.flush(false)
 }
 
@@ -474,7 +474,7 @@ func (d *digester) rules(rs []rule) {
 func (d *digester) sum() digest {
 	d.flush(true)
 	var out digest
-	copy(out[:], d.h.Sum(d.buf[:0]))
+	copy(out[:], d.h.Sum(d.w.b[:0]))
 	d.h.Reset()
 	return out
 }
@@ -538,8 +538,8 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 	return out
 }
 
-func formatProbability(p float64) string {
-	return strconv.FormatFloat(p, 'f', 10, 64)
+func appendProbability(b []byte, p float64) []byte {
+	return strconv.AppendFloat(b, p, 'f', 10, 64)
 }
 
 func sanitize(s string) string {

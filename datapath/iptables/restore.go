@@ -105,13 +105,13 @@ func (w *restoreWriter) writeUnit(u *unit) bool { return w.ws.write == nil || w.
 // writeTable writes one table's part: chain declarations (fixed, units',
 // stale), rules, deletions of stale chains, missing jumps.
 func (w *restoreWriter) writeTable(table string) {
+	w.tx.grow(table, w.size(table))
 	w.declareChains(table)
 	for _, c := range fixedChains[table] {
 		tc := tableChain{table, c}
 		if !w.writeFixed(tc) {
 			continue
 		}
-		w.tx.grow(table, len(w.fixed[tc]))
 		for _, r := range w.fixed[tc] {
 			w.tx.add(r.own, tc, r.rule)
 		}
@@ -140,6 +140,23 @@ func (w *restoreWriter) writeTable(table string) {
 			w.tx.insert(tableChain{j.table, j.chain}, &j.rule)
 		}
 	}
+}
+
+// size is about how many operations writeTable adds for table (not
+// less), so that the transaction grows once.
+func (w *restoreWriter) size(table string) int {
+	n := 2*len(w.stale) + len(w.ws.jumps)
+	for _, c := range fixedChains[table] {
+		if tc := (tableChain{table, c}); w.writeFixed(tc) {
+			n += 1 + len(w.fixed[tc])
+		}
+	}
+	for _, u := range w.rs.units {
+		if w.writeUnit(u) {
+			n += len(u.names) + int(u.rules[tableIndex(table)])
+		}
+	}
+	return n
 }
 
 // declareChains declares (and so empties) every chain of table written.

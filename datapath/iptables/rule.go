@@ -58,15 +58,12 @@ const (
 type match struct {
 	kind   matchKind
 	not    bool
-	src    bool // mAddrType: the source, not the destination
-	prefix netip.Prefix
-	addr   netip.Addr
-	port   uint16
-	proto  string // "tcp", "udp", "sctp"
-	mark   uint32
-	prob   float64
-	secs   int64
-	name   string // mCtState: the states; mRecent*: the list
+	src    bool         // mAddrType: the source, not the destination
+	port   uint16       // mProto (0: no port match), mCtOrigDst
+	prefix netip.Prefix // mSrc, mDst; mCtOrigDst: the address (all bits)
+	name   string       // mProto, mCtOrigDst: the protocol ("tcp", "udp", "sctp"); mCtState: the states; mRecent*: the list
+	n      int64        // mMark: the mark; mRecentSeen: seconds
+	prob   float64      // mStatistic
 }
 
 func srcIn(p netip.Prefix) match     { return match{kind: mSrc, prefix: p} }
@@ -75,23 +72,23 @@ func dstIn(p netip.Prefix) match     { return match{kind: mDst, prefix: p} }
 func dstNotIn(p netip.Prefix) match  { return match{kind: mDst, prefix: p, not: true} }
 func dstHost(a netip.Addr) match     { return dstIn(netip.PrefixFrom(a, a.BitLen())) }
 func srcHost(a netip.Addr) match     { return srcIn(netip.PrefixFrom(a, a.BitLen())) }
-func protoIs(proto string) match     { return match{kind: mProto, proto: proto} }
+func protoIs(proto string) match     { return match{kind: mProto, name: proto} }
 func srcLocal() match                { return match{kind: mAddrType, src: true} }
 func dstLocal() match                { return match{kind: mAddrType} }
 func ctState(states string) match    { return match{kind: mCtState, name: states} }
 func ctStateNot(states string) match { return match{kind: mCtState, name: states, not: true} }
-func markSet(m uint32) match         { return match{kind: mMark, mark: m} }
-func markNotSet(m uint32) match      { return match{kind: mMark, mark: m, not: true} }
+func markSet(m uint32) match         { return match{kind: mMark, n: int64(m)} }
+func markNotSet(m uint32) match      { return match{kind: mMark, n: int64(m), not: true} }
 func probability(p float64) match    { return match{kind: mStatistic, prob: p} }
 
-func dport(proto string, port uint16) match { return match{kind: mProto, proto: proto, port: port} }
+func dport(proto string, port uint16) match { return match{kind: mProto, name: proto, port: port} }
 
 func ctOrigDst(a netip.Addr, port uint16, proto string) match {
-	return match{kind: mCtOrigDst, addr: a, port: port, proto: proto}
+	return match{kind: mCtOrigDst, prefix: netip.PrefixFrom(a, a.BitLen()), port: port, name: proto}
 }
 
 func recentSeen(list string, secs int64) match {
-	return match{kind: mRecentSeen, name: list, secs: secs}
+	return match{kind: mRecentSeen, name: list, n: secs}
 }
 
 func recentSet(list string) match { return match{kind: mRecentSet, name: list} }
@@ -103,10 +100,10 @@ func (m *match) validate() error {
 			return errors.New("invalid address prefix")
 		}
 	case mProto, mCtOrigDst:
-		if m.proto != "tcp" && m.proto != "udp" && m.proto != "sctp" {
-			return fmt.Errorf("unknown protocol %q", m.proto)
+		if m.name != "tcp" && m.name != "udp" && m.name != "sctp" {
+			return fmt.Errorf("unknown protocol %q", m.name)
 		}
-		if m.kind == mCtOrigDst && (!m.addr.IsValid() || m.port == 0) {
+		if m.kind == mCtOrigDst && (!m.prefix.IsValid() || m.port == 0) {
 			return errors.New("conntrack original destination without address or port")
 		}
 	case mCtState:
@@ -114,8 +111,8 @@ func (m *match) validate() error {
 			return errors.New("conntrack match without states")
 		}
 	case mStatistic:
-		if !(m.prob > 0 && m.prob < 1) {
-			return fmt.Errorf("probability %v out of (0, 1)", m.prob)
+		if !(m.prob >= 0 && m.prob <= 1) {
+			return fmt.Errorf("probability %v out of [0, 1]", m.prob)
 		}
 	case mRecentSeen, mRecentSet:
 		if err := validChainName(m.name); err != nil {
@@ -128,48 +125,59 @@ func (m *match) validate() error {
 	return nil
 }
 
-// mask is how a mark match and the masquerade bit are written.
-func mask(m uint32) string { return "0x" + strconv.FormatUint(uint64(m), 16) }
-
-func not(neg bool, a []string) []string {
-	if neg {
-		return append(a, "!")
+// args writes the match's arguments to w.
+func (m *match) args(w *argWriter) {
+	if m.not && (m.kind == mSrc || m.kind == mDst) {
+		w.arg("!")
 	}
-	return a
-}
-
-// args appends the match's arguments to a.
-func (m *match) args(a []string) []string {
 	switch m.kind {
 	case mSrc:
-		return append(not(m.not, a), "-s", m.prefix.String())
+		w.arg("-s")
+		w.prefix(m.prefix)
 	case mDst:
-		return append(not(m.not, a), "-d", m.prefix.String())
+		w.arg("-d")
+		w.prefix(m.prefix)
 	case mProto:
-		a = append(a, "-p", m.proto)
+		w.args("-p", m.name)
 		if m.port != 0 {
-			a = append(a, "-m", m.proto, "--dport", strconv.Itoa(int(m.port)))
+			w.args("-m", m.name, "--dport")
+			w.uint(uint64(m.port), 10)
 		}
-		return a
 	case mAddrType:
 		if m.src {
-			return append(a, "-m", "addrtype", "--src-type", "LOCAL")
+			w.args("-m", "addrtype", "--src-type", "LOCAL")
+		} else {
+			w.args("-m", "addrtype", "--dst-type", "LOCAL")
 		}
-		return append(a, "-m", "addrtype", "--dst-type", "LOCAL")
 	case mCtState:
-		return append(not(m.not, append(a, "-m", "conntrack")), "--ctstate", m.name)
+		w.args("-m", "conntrack")
+		if m.not {
+			w.arg("!")
+		}
+		w.args("--ctstate", m.name)
 	case mCtOrigDst:
-		return append(a, "-m", "conntrack", "--ctorigdst", m.addr.String(), "--ctorigdstport", strconv.Itoa(int(m.port)), "--ctproto", m.proto)
+		w.args("-m", "conntrack", "--ctorigdst")
+		w.addr(m.prefix.Addr())
+		w.arg("--ctorigdstport")
+		w.uint(uint64(m.port), 10)
+		w.args("--ctproto", m.name)
 	case mMark:
-		return append(not(m.not, append(a, "-m", "mark")), "--mark", mask(m.mark)+"/"+mask(m.mark))
+		w.args("-m", "mark")
+		if m.not {
+			w.arg("!")
+		}
+		w.arg("--mark")
+		w.mask(uint32(m.n), true)
 	case mStatistic:
-		return append(a, "-m", "statistic", "--mode", "random", "--probability", formatProbability(m.prob))
+		w.args("-m", "statistic", "--mode", "random", "--probability")
+		w.probability(m.prob)
 	case mRecentSeen:
-		return append(a, "-m", "recent", "--name", m.name, "--rcheck", "--seconds", strconv.FormatInt(m.secs, 10), "--reap")
+		w.args("-m", "recent", "--name", m.name, "--rcheck", "--seconds")
+		w.uint(uint64(m.n), 10)
+		w.arg("--reap")
 	case mRecentSet:
-		return append(a, "-m", "recent", "--name", m.name, "--set", "--rsource")
+		w.args("-m", "recent", "--name", m.name, "--set", "--rsource")
 	}
-	return a
 }
 
 // targetKind is the closed set of targets edgeproxy writes.
@@ -196,13 +204,17 @@ type target struct {
 	randomFully bool           // tMasquerade
 }
 
-func jumpTo(chain string) target          { return target{kind: tJump, chain: chain} }
-func dnatTo(to netip.AddrPort) target     { return target{kind: tDNAT, to: to} }
-func masquerade(randomFully bool) target  { return target{kind: tMasquerade, randomFully: randomFully} }
-func verdict(k targetKind) target         { return target{kind: k} }
-func markOr(m uint32) target              { return target{kind: tMarkOr, mark: m} }
-func markXor(m uint32) target             { return target{kind: tMarkXor, mark: m} }
-func (t *target) name() string            { return t.args(nil)[1] }
+func jumpTo(chain string) target         { return target{kind: tJump, chain: chain} }
+func dnatTo(to netip.AddrPort) target    { return target{kind: tDNAT, to: to} }
+func masquerade(randomFully bool) target { return target{kind: tMasquerade, randomFully: randomFully} }
+func verdict(k targetKind) target        { return target{kind: k} }
+func markOr(m uint32) target             { return target{kind: tMarkOr, mark: m} }
+func markXor(m uint32) target            { return target{kind: tMarkXor, mark: m} }
+func (t *target) name() string {
+	var w argWriter
+	t.args(&w)
+	return w.argv[1]
+}
 func (t *target) jumps(chain string) bool { return t.kind == tJump && t.chain == chain }
 
 func (t *target) validate() error {
@@ -227,31 +239,33 @@ func (t *target) validate() error {
 	return nil
 }
 
-func (t *target) args(a []string) []string {
+func (t *target) args(w *argWriter) {
 	switch t.kind {
 	case tJump:
-		return append(a, "-j", t.chain)
+		w.args("-j", t.chain)
 	case tDNAT:
-		return append(a, "-j", "DNAT", "--to-destination", t.to.String())
+		w.args("-j", "DNAT", "--to-destination")
+		w.addrPort(t.to)
 	case tMarkOr:
-		return append(a, "-j", "MARK", "--or-mark", mask(t.mark))
+		w.args("-j", "MARK", "--or-mark")
+		w.mask(t.mark, false)
 	case tMarkXor:
-		return append(a, "-j", "MARK", "--xor-mark", mask(t.mark))
+		w.args("-j", "MARK", "--xor-mark")
+		w.mask(t.mark, false)
 	case tMasquerade:
+		w.args("-j", "MASQUERADE")
 		if t.randomFully {
-			return append(a, "-j", "MASQUERADE", "--random-fully")
+			w.arg("--random-fully")
 		}
-		return append(a, "-j", "MASQUERADE")
 	case tReturn:
-		return append(a, "-j", "RETURN")
+		w.args("-j", "RETURN")
 	case tAccept:
-		return append(a, "-j", "ACCEPT")
+		w.args("-j", "ACCEPT")
 	case tDrop:
-		return append(a, "-j", "DROP")
+		w.args("-j", "DROP")
 	case tReject:
-		return append(a, "-j", "REJECT")
+		w.args("-j", "REJECT")
 	}
-	return a
 }
 
 // rule is one rule: matches in the order written, an optional comment
@@ -280,28 +294,109 @@ func (r *rule) validate() error {
 // args returns the rule as the arguments of an iptables command after
 // "-A CHAIN" (go-iptables' rulespec).
 func (r *rule) args() []string {
-	return r.appendArgs(make([]string, 0, 16), false)
-}
-
-// appendArgs appends the rule's arguments to a; quote puts the comment in
-// double quotes, as iptables-restore reads it.
-func (r *rule) appendArgs(a []string, quote bool) []string {
-	for i := range r.matches {
-		a = r.matches[i].args(a)
-	}
-	if r.comment != "" {
-		c := r.comment
-		if quote {
-			c = `"` + c + `"`
-		}
-		a = append(a, "-m", "comment", "--comment", c)
-	}
-	return r.target.args(a)
+	w := argWriter{argv: make([]string, 0, 16)}
+	r.write(&w)
+	return w.argv
 }
 
 // text is the rule as iptables-restore reads it after "-A CHAIN ".
 func (r *rule) text() string {
-	return strings.Join(r.appendArgs(make([]string, 0, 16), true), " ")
+	w := argWriter{text: true}
+	r.write(&w)
+	return string(w.b)
+}
+
+// write writes the rule's arguments to w.
+func (r *rule) write(w *argWriter) {
+	for i := range r.matches {
+		r.matches[i].args(w)
+	}
+	if r.comment != "" {
+		w.args("-m", "comment", "--comment")
+		w.quoted(r.comment)
+	}
+	r.target.args(w)
+}
+
+// argWriter collects a rule's arguments either as restore text (text set:
+// appended to b, space-separated, the comment in double quotes) or as
+// argv: one writer, so the two forms cannot disagree.
+type argWriter struct {
+	text bool
+	b    []byte
+	argv []string
+	n    int // arguments written
+}
+
+// sep starts an argument in text mode.
+func (w *argWriter) sep() {
+	if w.n > 0 {
+		w.b = append(w.b, ' ')
+	}
+	w.n++
+}
+
+func (w *argWriter) arg(s string) {
+	if !w.text {
+		w.argv = append(w.argv, s)
+		return
+	}
+	w.sep()
+	w.b = append(w.b, s...)
+}
+
+func (w *argWriter) args(ss ...string) {
+	for _, s := range ss {
+		w.arg(s)
+	}
+}
+
+func (w *argWriter) quoted(s string) {
+	if !w.text {
+		w.argv = append(w.argv, s)
+		return
+	}
+	w.sep()
+	w.b = append(append(append(w.b, '"'), s...), '"')
+}
+
+// appendArg writes an argument that appendFn formats.
+func (w *argWriter) appendArg(appendFn func([]byte) []byte) {
+	if !w.text {
+		w.argv = append(w.argv, string(appendFn(nil)))
+		return
+	}
+	w.sep()
+	w.b = appendFn(w.b)
+}
+
+func (w *argWriter) prefix(p netip.Prefix) {
+	w.appendArg(func(b []byte) []byte { b, _ = p.AppendText(b); return b })
+}
+func (w *argWriter) addr(a netip.Addr) {
+	w.appendArg(func(b []byte) []byte { b, _ = a.AppendText(b); return b })
+}
+func (w *argWriter) addrPort(a netip.AddrPort) {
+	w.appendArg(func(b []byte) []byte { b, _ = a.AppendText(b); return b })
+}
+
+func (w *argWriter) uint(n uint64, base int) {
+	w.appendArg(func(b []byte) []byte { return strconv.AppendUint(b, n, base) })
+}
+
+// mask writes a mark as 0xHEX, or 0xHEX/0xHEX.
+func (w *argWriter) mask(m uint32, withMask bool) {
+	w.appendArg(func(b []byte) []byte {
+		b = strconv.AppendUint(append(b, "0x"...), uint64(m), 16)
+		if withMask {
+			b = strconv.AppendUint(append(b, "/0x"...), uint64(m), 16)
+		}
+		return b
+	})
+}
+
+func (w *argWriter) probability(p float64) {
+	w.appendArg(func(b []byte) []byte { return appendProbability(b, p) })
 }
 
 // jump is a rule in a built-in chain that leads to one of ours (or, for

@@ -6,7 +6,6 @@
 package iptables
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
@@ -147,54 +146,40 @@ func (tx *transaction) render() (text []byte, owner []string, err error) {
 	lines, size := 2*len(tables), 16
 	for i := range tx.ops {
 		lines += len(tx.ops[i])
-		size += 96 * len(tx.ops[i])
+		size += 140 * len(tx.ops[i])
 	}
-	var b bytes.Buffer
-	b.Grow(size)
+	w := argWriter{text: true, b: make([]byte, 0, size)}
 	owner = make([]string, 0, lines)
-	var scratch []byte
-	var args []string
 	for i, table := range tables {
-		b.WriteString("*" + table + "\n")
+		w.b = append(append(append(w.b, '*'), table...), '\n')
 		owner = append(owner, "")
-		for _, o := range tx.ops[i] {
-			scratch, args = o.appendText(scratch[:0], args)
-			b.Write(scratch)
-			owner = append(owner, o.owner)
+		for j := range tx.ops[i] {
+			tx.ops[i][j].appendText(&w)
+			owner = append(owner, tx.ops[i][j].owner)
 		}
-		b.WriteString("COMMIT\n")
+		w.b = append(w.b, "COMMIT\n"...)
 		owner = append(owner, "")
 	}
-	return b.Bytes(), owner, nil
+	return w.b, owner, nil
 }
 
-// appendText appends the operation's line to dst; args is scratch space.
-func (o *op) appendText(dst []byte, args []string) ([]byte, []string) {
+// appendText appends the operation's line to w.b.
+func (o *op) appendText(w *argWriter) {
 	switch o.kind {
 	case opDeclare:
-		dst = append(append(append(dst, ':'), o.chain...), " - [0:0]"...)
+		w.b = append(append(append(w.b, ':'), o.chain...), " - [0:0]"...)
 	case opDelete:
-		dst = append(append(dst, "-X "...), o.chain...)
+		w.b = append(append(w.b, "-X "...), o.chain...)
 	case opAdd:
-		dst = append(append(dst, "-A "...), o.chain...)
-		dst, args = appendRule(append(dst, ' '), args, o.rule)
+		w.b = append(append(append(w.b, "-A "...), o.chain...), ' ')
+		w.n = 0
+		o.rule.write(w)
 	case opInsert:
-		dst = append(append(dst, "-I "...), o.chain...)
-		dst, args = appendRule(append(dst, " 1 "...), args, o.rule)
+		w.b = append(append(append(w.b, "-I "...), o.chain...), " 1 "...)
+		w.n = 0
+		o.rule.write(w)
 	}
-	return append(dst, '\n'), args
-}
-
-// appendRule appends r as iptables-restore reads it; args is scratch space.
-func appendRule(dst []byte, args []string, r *rule) ([]byte, []string) {
-	args = r.appendArgs(args[:0], true)
-	for i, a := range args {
-		if i > 0 {
-			dst = append(dst, ' ')
-		}
-		dst = append(dst, a...)
-	}
-	return dst, args
+	w.b = append(w.b, '\n')
 }
 
 // failedOwner returns the unit whose object made err: one refused when it
