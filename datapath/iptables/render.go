@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -416,7 +417,8 @@ func (ub *unitBuilder) firewallRules(f *datapath.Frontend) {
 
 // seal records the chains' names and the digests of a rendered unit.
 func (u *unit) seal() {
-	var h digester
+	h := digesters.Get().(*digester)
+	defer digesters.Put(h)
 	u.names = make([]tableChain, len(u.chains))
 	for i, c := range u.chains {
 		u.names[i] = tableChain{c.table, c.name}
@@ -432,6 +434,10 @@ func (u *unit) seal() {
 	}
 	u.topDigest = h.sum()
 }
+
+// digesters are reused across units: a digester's hash and buffer are
+// worth keeping.
+var digesters = sync.Pool{New: func() any { return new(digester) }}
 
 // digester hashes rules as they are written, through a buffer (no
 // allocation per string).
