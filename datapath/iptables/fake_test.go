@@ -6,6 +6,8 @@ import (
 	"maps"
 	"slices"
 	"strings"
+
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // fakeTables is an in-memory iptables for unit tests: tables of chains of
@@ -31,7 +33,7 @@ func (k *fakeTables) RestoreNoFlush(_ context.Context, text []byte) error {
 	table := ""
 	for i, l := range strings.Split(strings.TrimSuffix(string(text), "\n"), "\n") {
 		if err := fakeLine(next, &table, l); err != nil {
-			return fmt.Errorf("fake iptables-restore: line %d failed: %w", i+1, err)
+			return &xtables.RestoreError{Line: i + 1, Err: fmt.Errorf("fake iptables-restore: line %d failed: %w", i+1, err)}
 		}
 	}
 	k.chains = next

@@ -2,6 +2,7 @@ package iptables
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"net/netip"
 	"slices"
@@ -211,5 +212,41 @@ func TestSyncsLikeFull(t *testing.T) {
 				t.Fatalf("tables after the sync differ from a full sync of the plan:\n--- got\n%s\n--- want\n%s", got, want)
 			}
 		})
+	}
+}
+
+// TestSyncDropsRefusedUnit: when the tables refuse a line of one unit in a
+// partial sync, that unit is left out, the error names its service, and
+// the tables hold what a full sync of the plan without it writes.
+func TestSyncDropsRefusedUnit(t *testing.T) {
+	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14}
+	fs := samplePlan()
+	k := newFakeTables()
+	f := newFakeFamily(cfg, k)
+	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, true, true); err != nil {
+		t.Fatal(err)
+	}
+	renderHook = func(u *unit) {
+		if u.service == "default/web:http" && len(u.chains) > 0 {
+			u.chains[0].rules = append(u.chains[0].rules, rule{target: jumpTo("EP-NO-SUCH-CHAIN")})
+		}
+	}
+	defer func() { renderHook = nil }()
+	_, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Changed: map[string]bool{"default/web:http": true}}, false, false)
+	var pe *datapath.PortError
+	if !errors.As(err, &pe) || pe.Service != "default/web:http" {
+		t.Fatalf("apply error = %v, want a PortError for default/web:http", err)
+	}
+	if f.needFull {
+		t.Fatal("a refused unit failed the whole sync")
+	}
+	renderHook = nil
+	fresh := newFakeTables()
+	without := slices.DeleteFunc(slices.Clone(fs), func(f datapath.Frontend) bool { return f.Service == "default/web:http" })
+	if _, err := newFakeFamily(cfg, fresh).apply(context.Background(), &datapath.Plan{Frontends: without, Full: true}, true, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := k.Dump(), fresh.Dump(); got != want {
+		t.Fatalf("tables after the refused unit differ from a full sync without it:\n--- got\n%s\n--- want\n%s", got, want)
 	}
 }
