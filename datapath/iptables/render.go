@@ -188,13 +188,15 @@ type group struct {
 	frontends []*datapath.Frontend
 }
 
+// groupSig identifies an endpoint set with its affinity ("a=NS ADDR:PORT/WEIGHT...").
 func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "a=%d", affinity)
+	b := make([]byte, 0, 24+28*len(eps))
+	b = strconv.AppendInt(append(b, "a="...), int64(affinity), 10)
 	for _, e := range eps {
-		fmt.Fprintf(&b, " %s/%d", e.Addr, e.Weight)
+		b, _ = e.Addr.AppendText(append(b, ' '))
+		b = strconv.AppendUint(append(b, '/'), uint64(e.Weight), 10)
 	}
-	return b.String()
+	return string(b)
 }
 
 func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
@@ -439,8 +441,8 @@ func (u *unit) seal() {
 // worth keeping.
 var digesters = sync.Pool{New: func() any { return new(digester) }}
 
-// digester hashes rules as they are written, through a buffer (no
-// allocation per string).
+// digester hashes rules in their digest form (argWriter), through a
+// buffer (no allocation per string).
 type digester struct {
 	h hash.Hash
 	w argWriter
@@ -464,7 +466,7 @@ func (d *digester) str(ss ...string) {
 }
 
 func (d *digester) rule(r *rule) {
-	d.w.text, d.w.n = true, 0
+	d.w.mode, d.w.n = asDigest, 0
 	r.write(&d.w)
 	d.w.b = append(d.w.b, '\n')
 	d.flush(false)

@@ -6,8 +6,10 @@
 package iptables
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
+	"math"
 	"net/netip"
 	"strconv"
 	"strings"
@@ -301,7 +303,7 @@ func (r *rule) args() []string {
 
 // text is the rule as iptables-restore reads it after "-A CHAIN ".
 func (r *rule) text() string {
-	w := argWriter{text: true}
+	w := argWriter{mode: asText}
 	r.write(&w)
 	return string(w.b)
 }
@@ -318,26 +320,38 @@ func (r *rule) write(w *argWriter) {
 	r.target.args(w)
 }
 
-// argWriter collects a rule's arguments either as restore text (text set:
-// appended to b, space-separated, the comment in double quotes) or as
-// argv: one writer, so the two forms cannot disagree.
+// argWriter collects a rule's arguments as argv (go-iptables), as
+// restore text (appended to b, space-separated, the comment in double
+// quotes), or in a compact binary form for digests: one writer, so the
+// forms cannot disagree.
 type argWriter struct {
-	text bool
+	mode argMode
 	b    []byte
 	argv []string
 	n    int // arguments written
 }
 
-// sep starts an argument in text mode.
+type argMode uint8
+
+const (
+	asArgv   argMode = iota
+	asText           // iptables-restore syntax
+	asDigest         // unambiguous bytes, cheaper than text: only hashed
+)
+
+// sep starts an argument in text mode, ends one in digest mode.
 func (w *argWriter) sep() {
-	if w.n > 0 {
+	switch {
+	case w.mode == asDigest:
+		w.b = append(w.b, 0)
+	case w.n > 0:
 		w.b = append(w.b, ' ')
 	}
 	w.n++
 }
 
 func (w *argWriter) arg(s string) {
-	if !w.text {
+	if w.mode == asArgv {
 		w.argv = append(w.argv, s)
 		return
 	}
@@ -352,36 +366,47 @@ func (w *argWriter) args(ss ...string) {
 }
 
 func (w *argWriter) quoted(s string) {
-	if !w.text {
-		w.argv = append(w.argv, s)
+	if w.mode != asText {
+		w.arg(s)
 		return
 	}
 	w.sep()
 	w.b = append(append(append(w.b, '"'), s...), '"')
 }
 
-// appendArg writes an argument that appendFn formats.
-func (w *argWriter) appendArg(appendFn func([]byte) []byte) {
-	if !w.text {
-		w.argv = append(w.argv, string(appendFn(nil)))
-		return
+// appendArg writes an argument that text formats (as argv or text) or
+// bin encodes (for a digest).
+func (w *argWriter) appendArg(text, bin func([]byte) []byte) {
+	switch w.mode {
+	case asArgv:
+		w.argv = append(w.argv, string(text(nil)))
+	case asText:
+		w.sep()
+		w.b = text(w.b)
+	case asDigest:
+		w.sep()
+		w.b = bin(w.b)
 	}
-	w.sep()
-	w.b = appendFn(w.b)
 }
 
 func (w *argWriter) prefix(p netip.Prefix) {
-	w.appendArg(func(b []byte) []byte { b, _ = p.AppendText(b); return b })
+	w.appendArg(func(b []byte) []byte { b, _ = p.AppendText(b); return b },
+		func(b []byte) []byte { b, _ = p.AppendBinary(b); return b })
 }
+
 func (w *argWriter) addr(a netip.Addr) {
-	w.appendArg(func(b []byte) []byte { b, _ = a.AppendText(b); return b })
+	w.appendArg(func(b []byte) []byte { b, _ = a.AppendText(b); return b },
+		func(b []byte) []byte { b, _ = a.AppendBinary(b); return b })
 }
+
 func (w *argWriter) addrPort(a netip.AddrPort) {
-	w.appendArg(func(b []byte) []byte { b, _ = a.AppendText(b); return b })
+	w.appendArg(func(b []byte) []byte { b, _ = a.AppendText(b); return b },
+		func(b []byte) []byte { b, _ = a.AppendBinary(b); return b })
 }
 
 func (w *argWriter) uint(n uint64, base int) {
-	w.appendArg(func(b []byte) []byte { return strconv.AppendUint(b, n, base) })
+	w.appendArg(func(b []byte) []byte { return strconv.AppendUint(b, n, base) },
+		func(b []byte) []byte { return binary.AppendUvarint(b, n) })
 }
 
 // mask writes a mark as 0xHEX, or 0xHEX/0xHEX.
@@ -392,11 +417,17 @@ func (w *argWriter) mask(m uint32, withMask bool) {
 			b = strconv.AppendUint(append(b, "/0x"...), uint64(m), 16)
 		}
 		return b
+	}, func(b []byte) []byte {
+		if withMask {
+			b = append(b, '/')
+		}
+		return binary.AppendUvarint(b, uint64(m))
 	})
 }
 
 func (w *argWriter) probability(p float64) {
-	w.appendArg(func(b []byte) []byte { return appendProbability(b, p) })
+	w.appendArg(func(b []byte) []byte { return appendProbability(b, p) },
+		func(b []byte) []byte { return binary.LittleEndian.AppendUint64(b, math.Float64bits(p)) })
 }
 
 // jump is a rule in a built-in chain that leads to one of ours (or, for

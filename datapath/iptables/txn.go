@@ -148,7 +148,7 @@ func (tx *transaction) render() (text []byte, owner []string, err error) {
 		lines += len(tx.ops[i])
 		size += 140 * len(tx.ops[i])
 	}
-	w := argWriter{text: true, b: make([]byte, 0, size)}
+	w := argWriter{mode: asText, b: make([]byte, 0, size)}
 	owner = make([]string, 0, lines)
 	for i, table := range tables {
 		w.b = append(append(append(w.b, '*'), table...), '\n')
