@@ -430,7 +430,11 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 		if id == "" || round == maxRounds-1 {
 			return rs, ws, fixed, errs, err
 		}
-		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: fmt.Errorf("iptables: unit %s: %w", id, err)})
+		var oe *opError
+		if !errors.As(err, &oe) { // an opError names its unit already
+			err = fmt.Errorf("iptables: unit %s: %w", id, err)
+		}
+		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: err})
 		dropped[id] = true
 	}
 }

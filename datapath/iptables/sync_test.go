@@ -106,7 +106,13 @@ func TestTransactionOnState(t *testing.T) {
 				if err == nil || !strings.Contains(err.Error(), tc.buildErr) {
 					t.Fatalf("render error = %v, want one containing %q", err, tc.buildErr)
 				}
+				if !strings.HasPrefix(tx.String(), "invalid transaction: ") {
+					t.Fatalf("String() of a refused transaction = %q", tx.String())
+				}
 				return
+			}
+			if tx.String() != string(text) {
+				t.Fatalf("String() = %q, render = %q", tx.String(), text)
 			}
 			if err != nil {
 				t.Fatal(err)

@@ -163,6 +163,16 @@ func (tx *transaction) render() (text []byte, owner []string, err error) {
 	return w.b, owner, nil
 }
 
+// String is the transaction as iptables-restore reads it (what the
+// golden files hold), or its errors.
+func (tx *transaction) String() string {
+	text, _, err := tx.render()
+	if err != nil {
+		return "invalid transaction: " + err.Error()
+	}
+	return string(text)
+}
+
 // appendText appends the operation's line to w.b.
 func (o *op) appendText(w *argWriter) {
 	switch o.kind {
