@@ -77,14 +77,21 @@ type Agent struct {
 	quarantine *quarantine               // under mu
 	last       atomic.Pointer[published] // read without mu
 
-	mu        sync.Mutex // guards the fields below; held by sync
-	needFull  bool
-	lastFull  time.Time
-	triggers  []time.Time
-	lastErr   error
-	synced    chan struct{} // closed after the first successful apply
-	syncOnce  sync.Once
-	startTime time.Time
+	mu       sync.Mutex // guards the fields below; held by sync
+	needFull bool
+	lastFull time.Time
+	// Of the last successful apply: the snapshot generation it carried
+	// and whether it came from the on-disk snapshot; of the last full
+	// compare, the generation it compared; deferred: a compare that came
+	// due with changes waiting was left to the next sync (see periodic).
+	syncedGen, comparedGen uint64
+	syncedOffline          bool
+	deferred               bool
+	triggers               []time.Time
+	lastErr                error
+	synced                 chan struct{} // closed after the first successful apply
+	syncOnce               sync.Once
+	startTime              time.Time
 
 	notifier     *notify.Notifier
 	snapWritten  time.Time // under mu
