@@ -121,6 +121,9 @@ func New(opts Options) (*Agent, error) {
 	}
 	a := &Agent{opts: opts, log: opts.Logger, needFull: true, synced: make(chan struct{}), startTime: time.Now()}
 	a.cfg.Store(cfg)
+	if limit := setMemoryLimit(cfg.Memory, a.log); limit > 0 {
+		a.log.Info("Go memory limit set", "bytes", limit)
+	}
 	a.runner = runner.New("sync", a.sync, cfg.Sync.MinPeriod, cfg.Sync.MinPeriod, cfg.Sync.Period, nil)
 	a.runner.SetLogger(a.log)
 	a.state = state.New(a.runner.Run)
@@ -362,6 +365,9 @@ func (a *Agent) reconfigure(prev, next *config.Config) error {
 	}
 	if prev.Sync != next.Sync {
 		a.runner.SetIntervals(next.Sync.MinPeriod, next.Sync.MinPeriod, next.Sync.Period)
+	}
+	if prev.Memory != next.Memory {
+		setMemoryLimit(next.Memory, a.log)
 	}
 	if prev.Conntrack != next.Conntrack && next.Mode != config.ModePlan {
 		applyConntrack(next.Conntrack, a.log)
