@@ -80,6 +80,47 @@ func apiSlice(i, n int) *discovery.EndpointSlice {
 	return s
 }
 
+// BenchmarkPeriodicCompare5k is one sync.period compare on a quiet node
+// with 5,000 services (mode plan): "kernel-moved" when the datapath cannot
+// vouch for its tables (the plan is built again and handed over with Full
+// set; the iptables datapath then renders and compares every service, see
+// datapath/iptables BenchmarkSync/*/full), "quiet" when it can.
+func BenchmarkPeriodicCompare5k(b *testing.B) {
+	for _, quiet := range []bool{false, true} {
+		name := "kernel-moved"
+		if quiet {
+			name = "quiet"
+		}
+		b.Run(name, func(b *testing.B) {
+			ctx := context.Background()
+			cfg := config.Default()
+			cfg.NodeName, cfg.Manifests, cfg.Mode, cfg.StateDir = "edge-0", b.TempDir(), config.ModePlan, ""
+			cfg.Server = config.Server{}
+			backend := &watched{}
+			a, err := New(Options{Config: &cfg, Backend: backend, Registry: prometheus.NewRegistry(),
+				Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+			if err != nil {
+				b.Fatal(err)
+			}
+			a.state = fill(5000)
+			if err := a.sync(ctx); err != nil {
+				b.Fatal(err)
+			}
+			backend.unchanged.Store(quiet)
+			applied := len(backend.got())
+			for b.Loop() {
+				a.lastFull = time.Now().Add(-2 * cfg.Sync.Period)
+				if err := a.sync(ctx); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if quiet != (len(backend.got()) == applied) {
+				b.Fatalf("quiet=%v: %d plans applied", quiet, len(backend.got())-applied)
+			}
+		})
+	}
+}
+
 // footprint keeps what BenchmarkFootprint5k built alive until the heap
 // profile is written.
 var footprint []any
