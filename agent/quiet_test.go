@@ -45,12 +45,16 @@ func TestQuietPeriodicCompare(t *testing.T) {
 	<-a.Synced()
 	// The first apply was full; the compare that follows it a quiet one.
 	n := len(b.got())
+	a.metrics.lastSync.Set(0)
 	for i := range 3 {
 		dueCompare(a)
 		eventually(t, "a quiet compare", func() bool { return testutil.ToFloat64(a.metrics.quietCompares) == float64(i+1) })
 	}
 	if got := len(b.got()); got != n {
 		t.Fatalf("quiet compares applied %d plans", got-n)
+	}
+	if ts := testutil.ToFloat64(a.metrics.lastSync); ts == 0 {
+		t.Errorf("last sync timestamp %v not kept current by quiet syncs", ts)
 	}
 
 	b.unchanged.Store(false) // a foreign write to the tables

@@ -30,7 +30,10 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	compare, idle := a.periodic(snap, start)
 	if idle {
-		return nil // nothing moved: the last plan stands
+		// Nothing moved: the last plan stands, and the rules are as
+		// programmed as they were (alerts on a stale timestamp stay quiet).
+		a.metrics.lastSync.Set(float64(start.Unix()))
+		return nil
 	}
 	res := a.planner.Build(ctx, snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
