@@ -29,7 +29,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	res := a.planner.Build(ctx, snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
-	if a.applyProbeVerdicts(res.Plan) {
+	if a.applyProbeVerdicts(res.Plan, snap) {
 		a.needFull = true
 	}
 	period := a.Config().Sync.Period
