@@ -26,7 +26,7 @@ type probing struct {
 	active atomic.Bool // verdicts were applied by the last sync
 	// left is what the last sync left out; under the agent's mu.
 	left leftOut
-	// reasons is left as published for status and explain.
+	// reasons is left as published for status and explain, once applied.
 	reasons atomic.Pointer[leftOut]
 	// badSpecs remembers, per Service, the offline-probe value last
 	// warned about (logged once); under the agent's mu.
@@ -273,8 +273,17 @@ func (p *probing) setLeft(left leftOut) bool {
 		}
 	}
 	p.left = left
-	p.reasons.Store(&left)
 	return changed
+}
+
+// publish makes what the last sync left out visible to status and
+// explain; called once that sync's plan is in the kernel.
+func (p *probing) publish() {
+	if p == nil {
+		return
+	}
+	left := p.left
+	p.reasons.Store(&left)
 }
 
 // ProbeVerdicts returns what the last sync left out because of probes:

@@ -54,6 +54,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	a.quarantine.report(refused)
 	a.last.Store(&published{res: res, refused: refused})
+	a.probes.publish()
 	for _, t := range a.triggers {
 		if d := now.Sub(t); d >= 0 {
 			a.metrics.programming.Observe(d.Seconds())
