@@ -261,7 +261,7 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	out := map[string][]planner.Explain{}
 	for port, ex := range res.Explain {
 		if port == name || strings.HasPrefix(port, name+":") {
-			out[port] = withRefusals(ex, port, a.Refused())
+			out[port] = withNotes(ex, append(refusalNotes(port, a.Refused()), a.probeNotes(port)...))
 		}
 	}
 	if len(out) == 0 {
@@ -271,9 +271,8 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// withRefusals returns ex with a note for each refusal of port, copying
-// rather than changing the planner's cached explanations.
-func withRefusals(ex []planner.Explain, port string, refused []datapath.Refusal) []planner.Explain {
+// refusalNotes returns a note for each refusal of port.
+func refusalNotes(port string, refused []datapath.Refusal) []string {
 	var notes []string
 	for _, r := range refused {
 		if r.Service == port {
@@ -284,6 +283,12 @@ func withRefusals(ex []planner.Explain, port string, refused []datapath.Refusal)
 			notes = append(notes, what+": "+r.Reason)
 		}
 	}
+	return notes
+}
+
+// withNotes returns ex with notes added, copying rather than changing the
+// planner's cached explanations.
+func withNotes(ex []planner.Explain, notes []string) []planner.Explain {
 	if len(notes) == 0 {
 		return ex
 	}

@@ -29,7 +29,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	res := a.planner.Build(ctx, snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
-	if a.applyProbeVerdicts(res.Plan) {
+	if a.applyProbeVerdicts(res.Plan, snap) {
 		a.needFull = true
 	}
 	period := a.Config().Sync.Period
@@ -54,6 +54,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	a.quarantine.report(refused)
 	a.last.Store(&published{res: res, refused: refused})
+	a.probes.publish()
 	for _, t := range a.triggers {
 		if d := now.Sub(t); d >= 0 {
 			a.metrics.programming.Observe(d.Seconds())
