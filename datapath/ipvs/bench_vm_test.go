@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
-	"github.com/edgeproxy/edgeproxy/test/vm"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 )
 
 // benchPlan has n ClusterIP services with 10 endpoints each.

@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // Root is a throwaway dpkg root.
@@ -210,5 +210,5 @@ func Source(t *testing.T) string {
 	if !ok {
 		t.Fatal("no caller")
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }
