@@ -33,7 +33,7 @@ func benchPlan(n int) *datapath.Plan {
 // BenchmarkApply measures programming n services × 10 endpoints into an
 // empty kernel (full) and the sync after one endpoint's weight changed
 // (partial), with the netlink operations each made. It runs in the VM
-// (test/vm: EDGEPROXY_VM_BENCH=1 go test ./test/vm -run GuestBenchmarks).
+// (test/vm: EDGEPROXY_VM_BENCH=1 go -C test test ./vm -run GuestBenchmarks).
 func BenchmarkApply(b *testing.B) {
 	vm.Guest(b)
 	gate.Root(b)

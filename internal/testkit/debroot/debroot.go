@@ -37,7 +37,7 @@ type Root struct {
 // holds the first line of `edgeproxy version` of the running binary,
 // "enabled" marks an enabled unit, "log" lists the commands (for messages).
 const fakeSystemctl = `#!/bin/sh
-# Stand-in for systemctl in a throwaway root (test/debroot).
+# Stand-in for systemctl in a throwaway root (internal/testkit/debroot).
 s=/run/fake-systemd
 mkdir -p $s
 echo "systemctl $*" >>$s/log
