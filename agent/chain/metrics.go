@@ -13,6 +13,10 @@ type metrics struct {
 	duration  *prometheus.HistogramVec
 	fallbacks *prometheus.CounterVec
 	reloads   *prometheus.CounterVec
+
+	shadowCompared *prometheus.CounterVec
+	shadowDiffs    *prometheus.CounterVec
+	shadowFailures *prometheus.CounterVec
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -42,11 +46,24 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: "edgeproxy_policy_reloads_total",
 			Help: "Policy (re)loads by result; on failure the previous chains keep running.",
 		}, []string{"result"}),
+		shadowCompared: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeproxy_policy_shadow_compared_total",
+			Help: "Answers of a shadow module compared with those of the module it shadows (a repeated input counts once).",
+		}, []string{"module"}),
+		shadowDiffs: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeproxy_policy_shadow_diff_total",
+			Help: "Compared answers of a shadow module that differ from the shadowed module's (weights or scheduler).",
+		}, []string{"module"}),
+		shadowFailures: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "edgeproxy_policy_shadow_failures_total",
+			Help: "Failed shadow evaluations by reason: trap, timeout, invalid, circuit_open, skipped (the sync's shadow budget was spent), load. They never affect traffic.",
+		}, []string{"module", "reason"}),
 	}
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.calls, m.cacheHits, m.failures, m.duration, m.fallbacks, m.reloads} {
+	for _, c := range []prometheus.Collector{m.calls, m.cacheHits, m.failures, m.duration, m.fallbacks, m.reloads,
+		m.shadowCompared, m.shadowDiffs, m.shadowFailures} {
 		if err := reg.Register(c); err != nil {
 			var are prometheus.AlreadyRegisteredError
 			if !errors.As(err, &are) {
@@ -66,6 +83,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 					m.fallbacks = existing
 				case m.reloads:
 					m.reloads = existing
+				case m.shadowCompared:
+					m.shadowCompared = existing
+				case m.shadowDiffs:
+					m.shadowDiffs = existing
+				case m.shadowFailures:
+					m.shadowFailures = existing
 				}
 			case *prometheus.HistogramVec:
 				m.duration = existing
