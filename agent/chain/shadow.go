@@ -205,7 +205,7 @@ func budgetFrom(ctx context.Context, limit time.Duration) *shadowBudget {
 	return b
 }
 
-// take returns the time left, 0 when it is spent.
+// remaining returns the time left, 0 when it is spent.
 func (b *shadowBudget) remaining() time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -392,6 +392,9 @@ func outputOf(r policy.BatchResult) ShadowOutput {
 // modules' own reason texts are not compared). Empty when they agree.
 func differ(in *abi.Input, a policy.BatchResult, s abi.Output) string {
 	if a.Err != nil {
+		if policy.ReasonOf(a.Err) == policy.ReasonCanceled {
+			return "" // the sync was cancelled: nothing to compare
+		}
 		return fmt.Sprintf("the active module failed (%s), the shadow answered", policy.ReasonOf(a.Err))
 	}
 	var parts []string
