@@ -208,13 +208,19 @@ func TestShadowHostileChangesNothing(t *testing.T) {
 			if n := metric(t, reg, "edgeproxy_policy_fallbacks_total"); n != 0 {
 				t.Errorf("fallbacks %v, want 0", n)
 			}
+			// Every hostile evaluation failed as the shadow's, none was
+			// skipped; on a loaded machine a trap may run past its deadline
+			// first, so the reason is checked loosely.
+			total := metricSum(t, reg, "edgeproxy_policy_shadow_failures_total", "module", c.module)
+			open := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", c.module, "reason", string(policy.ReasonCircuitOpen))
 			var own float64
-			for _, r := range c.reason {
+			reasons := append(slices.Clone(c.reason), policy.ReasonTimeout)
+			slices.Sort(reasons)
+			for _, r := range slices.Compact(reasons) {
 				own += metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", c.module, "reason", string(r))
 			}
-			open := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", c.module, "reason", string(policy.ReasonCircuitOpen))
-			if own < 8 || own+open != 14 || open == 0 {
-				t.Errorf("shadow failures: %v as %v, %v circuit_open; want 14 in all, its circuit opened", own, c.reason, open)
+			if total != 14 || own+open != 14 || own < 5 || open == 0 {
+				t.Errorf("shadow failures: %v in all, %v as %v (or timeout), %v circuit_open; want 14, its circuit opened", total, own, c.reason, open)
 			}
 			if rep := e.ShadowReport(""); rep.Modules[0].LastFailure == "" {
 				t.Errorf("report without the last failure: %+v", rep.Modules)
