@@ -218,9 +218,10 @@ func (b *shadowBudget) charge(d time.Duration) {
 	b.mu.Unlock()
 }
 
-// loadShadows loads the shadows of module m for one chain step (whose
-// config is stepConf): a shadow that fails its checks is kept, without an
-// instance, to be shown and counted; it never refuses the policy.
+// loadShadows loads the shadows of module of for one chain step of chain c
+// (whose config is stepConf): a shadow that fails its checks is kept,
+// without an instance, to be shown and counted; it never refuses the
+// policy.
 func (e *Evaluator) loadShadows(ctx context.Context, next *loaded, c config.Chain, of string, stepConf map[string]any, wasm map[string][]byte) []shadowStep {
 	var out []shadowStep
 	for _, m := range next.cfg.Modules {
