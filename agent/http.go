@@ -64,6 +64,7 @@ func (a *Agent) listen() ([]server, error) {
 	metrics.HandleFunc("/debug/plan", a.servePlan)
 	metrics.HandleFunc("/debug/status", a.serveStatus)
 	metrics.HandleFunc("/debug/explain", a.serveExplain)
+	metrics.HandleFunc("/debug/shadow", a.serveShadow)
 	if cfg.Healthz == cfg.Metrics && cfg.Healthz != "" {
 		health.Handle("/", metrics)
 		return out, add("healthz+metrics", cfg.Healthz, health)
@@ -269,6 +270,22 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, out)
+}
+
+// serveShadow answers /debug/shadow[?service=NAMESPACE/NAME]: the shadow
+// policy modules, their counts and their latest differences from the
+// modules they shadow.
+func (a *Agent) serveShadow(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("service")
+	if name != "" && strings.Count(name, "/") != 1 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "service must be NAMESPACE/NAME"})
+		return
+	}
+	if a.chains == nil {
+		writeJSON(w, http.StatusOK, chain.ShadowReport{Modules: []chain.ShadowStatus{}, Diffs: []chain.ShadowDiff{}})
+		return
+	}
+	writeJSON(w, http.StatusOK, a.chains.ShadowReport(name))
 }
 
 // refusalNotes returns a note for each refusal of port.

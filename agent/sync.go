@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -27,7 +28,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	if !snap.Oldest.IsZero() {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
 	}
-	res := a.planner.Build(ctx, snap)
+	// One shadow budget for the whole sync (policy.shadowBudget): the
+	// planner weighs its ports in several batches.
+	res := a.planner.Build(chain.WithShadowBudget(ctx), snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
 	if a.applyProbeVerdicts(res.Plan, snap) {
 		a.needFull = true
