@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 )
 
 // shadowWorld is a ClusterIP service whose two endpoints are pods a and b,
