@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/agent/state"
@@ -35,9 +36,11 @@ func (a *Agent) sync(ctx context.Context) error {
 		a.metrics.lastSync.Set(float64(start.Unix()))
 		return nil
 	}
-	res := a.planner.Build(ctx, snap)
+	// One shadow budget for the whole sync (policy.shadowBudget): the
+	// planner weighs its ports in several batches.
+	res := a.planner.Build(chain.WithShadowBudget(ctx), snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
-	if a.applyProbeVerdicts(res.Plan) {
+	if a.applyProbeVerdicts(res.Plan, snap) {
 		a.needFull = true
 	}
 	res.Plan.Full = a.needFull || compare
@@ -62,6 +65,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	a.quarantine.report(refused)
 	a.last.Store(&published{res: res, refused: refused})
+	a.probes.publish()
 	for _, t := range a.triggers {
 		if d := now.Sub(t); d >= 0 {
 			a.metrics.programming.Observe(d.Seconds())

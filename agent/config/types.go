@@ -91,8 +91,12 @@ type Policy struct {
 	Timeout       time.Duration `koanf:"timeout"`
 	MemoryLimit   Size          `koanf:"memoryLimit"`
 	MaxModuleSize Size          `koanf:"maxModuleSize"`
-	Modules       []Module      `koanf:"modules"`
-	Chains        []Chain       `koanf:"chains"`
+	// ShadowBudget caps the time one sync spends on shadow modules (see
+	// Module.ShadowOf); shadows past it are skipped for that sync, and
+	// counted.
+	ShadowBudget time.Duration `koanf:"shadowBudget"`
+	Modules      []Module      `koanf:"modules"`
+	Chains       []Chain       `koanf:"chains"`
 }
 
 // Module names a Wasm module file.
@@ -100,6 +104,16 @@ type Module struct {
 	Name   string `koanf:"name"`
 	Path   string `koanf:"path"`
 	SHA256 string `koanf:"sha256"` // optional pin, hex
+	// ShadowOf makes this module a shadow of the named one: it runs after
+	// it, on the same inputs, in every chain step of that module; its
+	// output is checked and compared, never programmed. A shadow is not a
+	// chain step itself; promoting it is pointing the step at it and
+	// dropping shadowOf.
+	ShadowOf string `koanf:"shadowOf"`
+	// Config is a shadow's module config; when empty it gets the config of
+	// each step it shadows. Only a shadow takes it: a chain step has its
+	// own.
+	Config map[string]any `koanf:"config"`
 }
 
 // Chain runs modules, in order, for the services it matches.
@@ -215,7 +229,7 @@ func Default() Config {
 		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024,
 			TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 		Policy: Policy{
-			Engine: "compiler", Timeout: 50 * time.Millisecond,
+			Engine: "compiler", Timeout: 50 * time.Millisecond, ShadowBudget: 100 * time.Millisecond,
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
 		},
 		StateDir: "/var/lib/edgeproxy",
