@@ -29,6 +29,7 @@ type Config struct {
 	Health   Health   `koanf:"health"`
 	Server   Server   `koanf:"server"`
 	Log      Log      `koanf:"log"`
+	Memory   Memory   `koanf:"memory"`
 	// Labels lists the node labels, and ServiceKeyPrefix the service label
 	// and annotation prefix, that are kept and handed to policy modules.
 	NodeLabels       []string `koanf:"nodeLabels"`
@@ -191,6 +192,20 @@ type Log struct {
 	Level  string `koanf:"level"`  // debug | info | warn | error
 	Format string `koanf:"format"` // text | json
 }
+
+// Memory sets the Go runtime's memory use.
+type Memory struct {
+	// Limit is the Go runtime's soft memory limit (debug.SetMemoryLimit):
+	// near it the garbage collector runs more often rather than let the
+	// heap grow. 0 picks one: 90% of the memory.max of the agent's cgroup
+	// when it has one (systemd MemoryMax=, a container limit), else none
+	// (a GOMEMLIMIT in the environment then stays in force).
+	Limit Size `koanf:"limit"`
+}
+
+// MinMemoryLimit is the least memory.limit: below it the garbage
+// collector would run all the time.
+const MinMemoryLimit = Size(16 << 20)
 
 // NodePortPrimary in NodePortAddresses stands for the node's primary
 // addresses (its Node object's first InternalIP of each family), as

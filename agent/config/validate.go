@@ -150,6 +150,9 @@ func (c *Config) Validate() error {
 
 	errs = append(errs, c.Policy.validate()...)
 
+	if c.Memory.Limit != 0 && c.Memory.Limit < MinMemoryLimit {
+		bad("memory.limit", "%s is below %s (0 picks one)", c.Memory.Limit, MinMemoryLimit)
+	}
 	if c.MaxManifestSize <= 0 {
 		bad("maxManifestSize", "%s must be positive", c.MaxManifestSize)
 	}

@@ -37,6 +37,7 @@ func TestValidateAcceptsGoodValues(t *testing.T) {
 		func(c *Config) { c.Policy.ShadowBudget = 0 },
 		func(c *Config) { c.Log = Log{Level: "debug", Format: "json"} },
 		func(c *Config) { c.IPVS.Scheduler = "mh"; c.IPVS.Interface = "kube-ipvs0" },
+		func(c *Config) { c.Memory.Limit = MinMemoryLimit },
 	}
 	for i, mutate := range good {
 		c := validBase()
@@ -79,6 +80,8 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 		{func(c *Config) { c.Policy.Engine = "jit" }, `config: policy.engine: "jit" is not one of compiler, interpreter`},
 		{func(c *Config) { c.Policy.MemoryLimit = 1000 }, `config: policy.memoryLimit: 1000 is not in 64Ki..4Gi`},
 		{func(c *Config) { c.Policy.Timeout = 0 }, `config: policy.timeout: 0s must be positive`},
+		{func(c *Config) { c.Memory.Limit = 1 << 20 }, `config: memory.limit: 1Mi is below 16Mi (0 picks one)`},
+		{func(c *Config) { c.Memory.Limit = -1 }, `config: memory.limit: -1 is below 16Mi (0 picks one)`},
 		{func(c *Config) { c.Policy.Modules[1].Name = "m1" },
 			`config: policy.modules[1].name: "m1" is already the name of policy.modules[0]`},
 		{func(c *Config) { c.Policy.Modules[0].SHA256 = "abc" },
