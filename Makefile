@@ -3,7 +3,7 @@
 #   make demo    print the plan for the bundled demo manifests, then (root)
 #                answer a request through a ClusterIP in a throwaway namespace
 #   make test    every test tier (unit, kernel in network namespaces, real
-#                kube-apiserver, the IPVS VM) plus go vet
+#                kube-apiserver, the IPVS VM) in both Go modules, plus go vet
 #   make bench   edgeproxy vs kube-proxy side by side (test/bench)
 #   make package .deb and .rpm for amd64 and arm64 into bin/pkg (deploy/package)
 SHELL   := /bin/bash
@@ -12,11 +12,15 @@ VERSION ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 COMMIT  ?= $(shell git describe --always --dirty --abbrev=12 --match=NONE 2>/dev/null)
 BIN     := bin/edgeproxy
 CACHE   ?= $(HOME)/.cache/edgeproxy
-# As root every tier can run, so a skipped tier is a failure (see test/gate);
-# elsewhere tests that need root skip with their reason.
+# As root every tier can run, so a skipped tier is a failure (see
+# internal/testkit/gate); elsewhere tests that need root skip with their reason.
 REQUIRE_ALL ?= $(shell [ "$$(id -u)" = 0 ] && echo 1 || echo 0)
 TEST_FLAGS  ?= -race -timeout 40m
 DESTDIR ?=
+# The Go modules of the repository: the agent (.), the test harness (test:
+# the API, namespace, fault, VM, conformance and benchmark tiers, with their
+# heavier dependencies) and the packager (deploy/package).
+MODULES := . test deploy/package
 
 .PHONY: all build modules cluster-bins deps demo test vet fuzz fuzz-smoke bench bench-micro install package clean
 
@@ -45,15 +49,13 @@ demo: build
 	@if [ "$$(id -u)" != 0 ]; then \
 		echo "make demo: the namespace half needs root (network namespaces and iptables); run it as root" >&2; exit 1; fi
 	@test/deps.sh
-	@set -o pipefail; EDGEPROXY_REQUIRE_ALL=1 EDGEPROXY_BIN=$(CURDIR)/$(BIN) $(GO) test -count=1 -v -run TestDemo ./test/demo \
+	@set -o pipefail; EDGEPROXY_REQUIRE_ALL=1 EDGEPROXY_BIN=$(CURDIR)/$(BIN) $(GO) -C test test -count=1 -v -run TestDemo ./demo \
 		| grep -v '^\(=== \|--- PASS\|PASS\|ok \)' \
 		|| { echo "make demo: the namespace demo failed (see above)" >&2; exit 1; }
 
 vet:
-	$(GO) vet ./...
-	$(GO) mod tidy -diff
-	$(GO) -C deploy/package vet ./...
-	$(GO) -C deploy/package mod tidy -diff
+	@set -e; for m in $(MODULES); do \
+		echo "go vet, go mod tidy -diff: $$m"; $(GO) -C $$m vet ./...; $(GO) -C $$m mod tidy -diff; done
 
 # Debian packages the tiers need (installed when missing and root).
 deps:
@@ -75,11 +77,15 @@ fuzz:
 	@for t in $(FUZZ_TARGETS); do \
 		$(GO) test -run '^$$' -fuzz "^$${t#*:}$$" -fuzztime $(FUZZTIME) $${t%%:*} || exit 1; done
 
+# The agent's module, then the test harness's, with the same environment and
+# flags; both run even when the first fails, and either failing fails.
 test: deps build modules cluster-bins vet package fuzz-smoke
 	$(GO) -C deploy/package test -count=1 ./...
-	EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
+	@rc=0; for m in . test; do \
+		echo "go test $(TEST_FLAGS) ./... in module $$m"; \
+		EDGEPROXY_REQUIRE_ALL=$(REQUIRE_ALL) EDGEPROXY_BIN=$(CURDIR)/$(BIN) EDGEPROXY_CACHE=$(CACHE) \
 		EDGEPROXY_PACKAGES=$(CURDIR)/$(PKG_OUT) EDGEPROXY_PACKAGER=$(CURDIR)/$(PACKAGER) \
-		CGO_ENABLED=1 $(GO) test $(TEST_FLAGS) ./...
+		CGO_ENABLED=1 $(GO) -C $$m test $(TEST_FLAGS) ./... || rc=1; done; exit $$rc
 
 # edgeproxy against upstream kube-proxy v1.36.3, one at a time, on a real
 # API server (test/bench/README.md). BENCH_SIZE=quick (1k services, about
@@ -89,7 +95,8 @@ BENCH_SIZE  ?= quick
 BENCH_OUT   ?= bench-out
 BENCH_FLAGS ?=
 bench: deps build modules cluster-bins
-	EDGEPROXY_CACHE=$(CACHE) $(GO) run ./test/bench/cmd/epbench -size $(BENCH_SIZE) -out $(BENCH_OUT) \
+	$(GO) -C test build -o $(CURDIR)/bin/epbench ./bench/cmd/epbench
+	EDGEPROXY_CACHE=$(CACHE) bin/epbench -size $(BENCH_SIZE) -out $(BENCH_OUT) \
 		-edgeproxy $(BIN) -module bin/modules/topology.wasm $(BENCH_FLAGS)
 
 # The Go micro-benchmarks (render, sync, policy calls, snapshot).

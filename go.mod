@@ -17,7 +17,6 @@ require (
 	github.com/ti-mo/conntrack v0.5.2
 	github.com/vishvananda/netlink v1.3.1
 	github.com/vishvananda/netns v0.0.5
-	golang.org/x/image v0.46.0
 	golang.org/x/sys v0.48.0
 	k8s.io/api v0.36.3
 	k8s.io/apimachinery v0.36.3

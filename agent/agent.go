@@ -77,14 +77,21 @@ type Agent struct {
 	quarantine *quarantine               // under mu
 	last       atomic.Pointer[published] // read without mu
 
-	mu        sync.Mutex // guards the fields below; held by sync
-	needFull  bool
-	lastFull  time.Time
-	triggers  []time.Time
-	lastErr   error
-	synced    chan struct{} // closed after the first successful apply
-	syncOnce  sync.Once
-	startTime time.Time
+	mu       sync.Mutex // guards the fields below; held by sync
+	needFull bool
+	lastFull time.Time
+	// Of the last successful apply: the snapshot generation it carried
+	// and whether it came from the on-disk snapshot; of the last full
+	// compare, the generation it compared; deferred: a compare that came
+	// due with changes waiting was left to the next sync (see periodic).
+	syncedGen, comparedGen uint64
+	syncedOffline          bool
+	deferred               bool
+	triggers               []time.Time
+	lastErr                error
+	synced                 chan struct{} // closed after the first successful apply
+	syncOnce               sync.Once
+	startTime              time.Time
 
 	notifier     *notify.Notifier
 	snapWritten  time.Time // under mu
@@ -114,6 +121,9 @@ func New(opts Options) (*Agent, error) {
 	}
 	a := &Agent{opts: opts, log: opts.Logger, needFull: true, synced: make(chan struct{}), startTime: time.Now()}
 	a.cfg.Store(cfg)
+	if limit := setMemoryLimit(cfg.Memory, a.log); limit > 0 {
+		a.log.Info("Go memory limit set", "bytes", limit)
+	}
 	a.runner = runner.New("sync", a.sync, cfg.Sync.MinPeriod, cfg.Sync.MinPeriod, cfg.Sync.Period, nil)
 	a.runner.SetLogger(a.log)
 	a.state = state.New(a.runner.Run)
@@ -355,6 +365,9 @@ func (a *Agent) reconfigure(prev, next *config.Config) error {
 	}
 	if prev.Sync != next.Sync {
 		a.runner.SetIntervals(next.Sync.MinPeriod, next.Sync.MinPeriod, next.Sync.Period)
+	}
+	if prev.Memory != next.Memory {
+		setMemoryLimit(next.Memory, a.log)
 	}
 	if prev.Conntrack != next.Conntrack && next.Mode != config.ModePlan {
 		applyConntrack(next.Conntrack, a.log)

@@ -64,6 +64,7 @@ func (a *Agent) listen() ([]server, error) {
 	metrics.HandleFunc("/debug/plan", a.servePlan)
 	metrics.HandleFunc("/debug/status", a.serveStatus)
 	metrics.HandleFunc("/debug/explain", a.serveExplain)
+	metrics.HandleFunc("/debug/shadow", a.serveShadow)
 	if cfg.Healthz == cfg.Metrics && cfg.Healthz != "" {
 		health.Handle("/", metrics)
 		return out, add("healthz+metrics", cfg.Healthz, health)
@@ -261,7 +262,7 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	out := map[string][]planner.Explain{}
 	for port, ex := range res.Explain {
 		if port == name || strings.HasPrefix(port, name+":") {
-			out[port] = withRefusals(ex, port, a.Refused())
+			out[port] = withNotes(ex, append(refusalNotes(port, a.Refused()), a.probeNotes(port)...))
 		}
 	}
 	if len(out) == 0 {
@@ -271,9 +272,24 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, out)
 }
 
-// withRefusals returns ex with a note for each refusal of port, copying
-// rather than changing the planner's cached explanations.
-func withRefusals(ex []planner.Explain, port string, refused []datapath.Refusal) []planner.Explain {
+// serveShadow answers /debug/shadow[?service=NAMESPACE/NAME]: the shadow
+// policy modules, their counts and their latest differences from the
+// modules they shadow.
+func (a *Agent) serveShadow(w http.ResponseWriter, r *http.Request) {
+	name := r.URL.Query().Get("service")
+	if name != "" && strings.Count(name, "/") != 1 {
+		writeJSON(w, http.StatusBadRequest, map[string]string{"error": "service must be NAMESPACE/NAME"})
+		return
+	}
+	if a.chains == nil {
+		writeJSON(w, http.StatusOK, chain.ShadowReport{Modules: []chain.ShadowStatus{}, Diffs: []chain.ShadowDiff{}})
+		return
+	}
+	writeJSON(w, http.StatusOK, a.chains.ShadowReport(name))
+}
+
+// refusalNotes returns a note for each refusal of port.
+func refusalNotes(port string, refused []datapath.Refusal) []string {
 	var notes []string
 	for _, r := range refused {
 		if r.Service == port {
@@ -284,6 +300,12 @@ func withRefusals(ex []planner.Explain, port string, refused []datapath.Refusal)
 			notes = append(notes, what+": "+r.Reason)
 		}
 	}
+	return notes
+}
+
+// withNotes returns ex with notes added, copying rather than changing the
+// planner's cached explanations.
+func withNotes(ex []planner.Explain, notes []string) []planner.Explain {
 	if len(notes) == 0 {
 		return ex
 	}

@@ -23,6 +23,7 @@ type metrics struct {
 	portsEvaluated        prometheus.Counter
 	apiserverContact      prometheus.GaugeFunc
 	tamperedRepairs       prometheus.Counter
+	quietCompares         prometheus.Counter
 	healthz, livez        *prometheus.CounterVec // by HTTP status code
 	// noLocalEndpoints: service ports whose Local traffic policy leaves
 	// this node without endpoints, by traffic_policy and ip_family.
@@ -71,6 +72,10 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Name: "edgeproxy_datapath_tampered_total",
 			Help: "Times the datapath found its kernel objects changed behind its back and a full sync was forced.",
 		}),
+		quietCompares: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "edgeproxy_sync_quiet_compares_total",
+			Help: "Periodic full compares (sync.period) skipped because neither the state nor the kernel's tables moved since the last one.",
+		}),
 		healthz: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kubeproxy_proxy_healthz_total",
 			Help: "/healthz answers by HTTP status code.",
@@ -97,7 +102,7 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 		}, lastContact),
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
-		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints, m.snapshotWriteFailures,
+		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.quietCompares, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints, m.snapshotWriteFailures,
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_snapshot_age_seconds",
 			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",

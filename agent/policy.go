@@ -46,5 +46,11 @@ func (p *chainPolicy) Reload(ctx context.Context, cfg config.Policy) error {
 
 func (p *chainPolicy) Close(ctx context.Context) error { return p.ev.Close(ctx) }
 
+// ShadowReport is the /debug/shadow answer: the shadow modules and their
+// latest differences (of service "namespace/name" when not empty).
+func (p *chainPolicy) ShadowReport(service string) chain.ShadowReport {
+	return p.ev.ShadowReport(service)
+}
+
 // Modules reports each loaded module's health for /debug/status.
 func (p *chainPolicy) Modules() []chain.ModuleStatus { return p.ev.Modules() }

@@ -2,7 +2,11 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"net/netip"
+	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -10,6 +14,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/health"
+	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -20,9 +25,12 @@ type probing struct {
 	prober *health.Prober
 	active atomic.Bool // verdicts were applied by the last sync
 	// left is what the last sync left out; under the agent's mu.
-	left map[netip.AddrPort]health.Verdict
-	// reasons is left as published for status and explain.
-	reasons atomic.Pointer[map[netip.AddrPort]health.Verdict]
+	left leftOut
+	// reasons is left as published for status and explain, once applied.
+	reasons atomic.Pointer[leftOut]
+	// badSpecs remembers, per Service, the offline-probe value last
+	// warned about (logged once); under the agent's mu.
+	badSpecs map[string]string
 }
 
 // newProbing returns nil when health.mode is off. The prober's options
@@ -32,7 +40,7 @@ func (a *Agent) newProbing(reg prometheus.Registerer) *probing {
 	if h.Mode == config.HealthOff {
 		return nil
 	}
-	p := &probing{}
+	p := &probing{badSpecs: map[string]string{}}
 	p.prober = health.New(health.Options{
 		Interval: h.Interval, Timeout: h.Timeout,
 		FailureThreshold: h.FailureThreshold, SuccessThreshold: h.SuccessThreshold,
@@ -41,6 +49,9 @@ func (a *Agent) newProbing(reg prometheus.Registerer) *probing {
 		OnChange: func() { a.runner.Run() },
 		Dial:     a.opts.ProbeDial,
 	})
+	if reg != nil && h.PerEndpointMetrics {
+		reg.MustRegister(perEndpoint{p.prober})
+	}
 	if reg != nil {
 		for _, s := range health.States {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -51,6 +62,23 @@ func (a *Agent) newProbing(reg prometheus.Registerer) *probing {
 		}
 	}
 	return p
+}
+
+// perEndpoint exports one series per probed endpoint, the value 1 under
+// its state's label (health.perEndpointMetrics: as many series as
+// endpoints, so off by default).
+type perEndpoint struct{ prober *health.Prober }
+
+var perEndpointDesc = prometheus.NewDesc("edgeproxy_endpoint_probe_target_state",
+	"Each probed endpoint (address:port, /udp for UDP probes) with 1 under its state.",
+	[]string{"target", "state"}, nil)
+
+func (perEndpoint) Describe(ch chan<- *prometheus.Desc) { ch <- perEndpointDesc }
+
+func (c perEndpoint) Collect(ch chan<- prometheus.Metric) {
+	for t, v := range c.prober.Verdicts() {
+		ch <- prometheus.MustNewConstMetric(perEndpointDesc, prometheus.GaugeValue, 1, t.String(), v.State.String())
+	}
 }
 
 // probingWanted reports whether verdicts apply now: always, or in offline
@@ -90,14 +118,83 @@ func (a *Agent) runProbing(ctx context.Context) {
 	}
 }
 
+// AnnotationOfflineProbe chooses how a Service's endpoints are probed:
+// "false" never (they are never left out), "true" or absent the default
+// (TCP service ports, at the target port), "PORT", "PORT/tcp" or
+// "PORT/udp" that port and protocol on each endpoint's address instead,
+// for every protocol of the Service (a UDP Service is probed only so).
+const AnnotationOfflineProbe = "edgeproxy.io/offline-probe"
+
+// probeSpec is one Service's parsed edgeproxy.io/offline-probe.
+type probeSpec struct {
+	off  bool
+	port uint16 // 0: each endpoint's own (target) port, TCP ports only
+	udp  bool
+}
+
+// parseProbeSpec parses an edgeproxy.io/offline-probe value.
+func parseProbeSpec(v string) (probeSpec, error) {
+	v = strings.ToLower(strings.TrimSpace(v))
+	switch v {
+	case "", "true":
+		return probeSpec{}, nil
+	case "false":
+		return probeSpec{off: true}, nil
+	}
+	num, proto, _ := strings.Cut(v, "/")
+	n, err := strconv.ParseUint(num, 10, 16)
+	if err != nil || n == 0 || (proto != "" && proto != "tcp" && proto != "udp") {
+		return probeSpec{}, fmt.Errorf("%s: %q is none of true, false, PORT, PORT/tcp, PORT/udp", AnnotationOfflineProbe, v)
+	}
+	return probeSpec{port: uint16(n), udp: proto == "udp"}, nil
+}
+
+// target returns what probes endpoint e of a frontend of protocol proto,
+// and false when it is not probed.
+func (s probeSpec) target(e netip.AddrPort, proto datapath.Protocol) (health.Target, bool) {
+	switch {
+	case s.off:
+		return health.Target{}, false
+	case s.port != 0:
+		return health.Target{Addr: netip.AddrPortFrom(e.Addr(), s.port), UDP: s.udp}, true
+	case proto == datapath.TCP:
+		return health.Target{Addr: e}, true
+	}
+	return health.Target{}, false
+}
+
+// probeSpecs returns the probe spec of every service port of snap whose
+// Service sets edgeproxy.io/offline-probe, keyed as Frontend.Service. A
+// value that does not parse is logged once per Service and value, and the
+// default applies.
+func (a *Agent) probeSpecs(snap *state.Snapshot) map[string]probeSpec {
+	out := map[string]probeSpec{}
+	for name, port := range snap.Ports {
+		v, ok := port.Service.Annotations[AnnotationOfflineProbe]
+		if !ok {
+			continue
+		}
+		spec, err := parseProbeSpec(v)
+		if err != nil {
+			svc := port.Service.Namespace + "/" + port.Service.Name
+			if a.probes.badSpecs[svc] != v {
+				a.probes.badSpecs[svc] = v
+				a.log.Warn("Service annotation ignored, probing as by default", "service", svc, "err", err)
+			}
+		}
+		out[name.String()] = spec
+	}
+	return out
+}
+
 // applyProbeVerdicts leaves failed endpoints out of plan (a copy of each
 // frontend it changes: the planner may keep its frontends) and sets the
-// prober's targets to the plan's TCP endpoints. Once probing is no longer
-// wanted (the API server is back), every verdict is dropped in this same
-// sync. It reports whether what is left out changed, which makes this
-// sync a full one (the frontends it changed are not in plan.Changed).
+// prober's targets to what the plan's endpoints probe as. Once probing is
+// no longer wanted (the API server is back), every verdict is dropped in
+// this same sync. It reports whether what is left out changed, which makes
+// this sync a full one (the frontends it changed are not in plan.Changed).
 // Called under a.mu.
-func (a *Agent) applyProbeVerdicts(plan *datapath.Plan) bool {
+func (a *Agent) applyProbeVerdicts(plan *datapath.Plan, snap *state.Snapshot) bool {
 	p := a.probes
 	if p == nil {
 		return false
@@ -109,15 +206,14 @@ func (a *Agent) applyProbeVerdicts(plan *datapath.Plan) bool {
 		return p.setLeft(nil)
 	}
 	p.active.Store(true)
-	p.prober.SetTargets(tcpEndpoints(plan))
-	left := map[netip.AddrPort]health.Verdict{}
+	specs := a.probeSpecs(snap)
+	p.prober.SetTargets(probeTargets(plan, specs))
+	left := leftOut{}
 	for i := range plan.Frontends {
 		f := &plan.Frontends[i]
-		if f.Protocol != datapath.TCP {
-			continue
-		}
-		eps, lo := p.filter(f.Endpoints, left)
-		cl, cco := p.filter(f.Cluster, left)
+		spec := specs[f.Service]
+		eps, lo := p.filter(f, spec, f.Endpoints, left)
+		cl, cco := p.filter(f, spec, f.Cluster, left)
 		if lo || cco {
 			g := *f
 			g.Endpoints, g.Cluster = eps, cl
@@ -127,14 +223,21 @@ func (a *Agent) applyProbeVerdicts(plan *datapath.Plan) bool {
 	return p.setLeft(left)
 }
 
-// filter returns eps without the failed endpoints, all of them when every
-// one failed, and whether it left any out; what it leaves out goes to left.
-func (p *probing) filter(eps []datapath.Endpoint, left map[netip.AddrPort]health.Verdict) ([]datapath.Endpoint, bool) {
+// leftOut is what one sync left out: per service port, each endpoint with
+// its verdict.
+type leftOut map[string]map[netip.AddrPort]health.Verdict
+
+// filter returns eps of frontend f without the failed endpoints, all of
+// them when every one failed, and whether it left any out; what it leaves
+// out goes to left.
+func (p *probing) filter(f *datapath.Frontend, spec probeSpec, eps []datapath.Endpoint, left leftOut) ([]datapath.Endpoint, bool) {
 	failed := make([]bool, len(eps))
 	verdicts := make([]health.Verdict, len(eps))
 	any := false
 	for i, e := range eps {
-		verdicts[i] = p.prober.Verdict(e.Addr)
+		if t, ok := spec.target(e.Addr, f.Protocol); ok {
+			verdicts[i] = p.prober.Verdict(t)
+		}
 		failed[i] = verdicts[i].State == health.Failed
 		any = any || failed[i]
 	}
@@ -146,30 +249,47 @@ func (p *probing) filter(eps []datapath.Endpoint, left map[netip.AddrPort]health
 	for i, e := range eps {
 		if keep[i] {
 			out = append(out, e)
-		} else {
-			left[e.Addr] = verdicts[i]
+			continue
 		}
+		if left[f.Service] == nil {
+			left[f.Service] = map[netip.AddrPort]health.Verdict{}
+		}
+		left[f.Service][e.Addr] = verdicts[i]
 	}
 	return out, len(out) != len(eps)
 }
 
-// setLeft records what this sync leaves out and reports whether the set
-// of endpoints changed since the last sync.
-func (p *probing) setLeft(left map[netip.AddrPort]health.Verdict) bool {
+// setLeft records what this sync leaves out and reports whether it
+// changed since the last sync.
+func (p *probing) setLeft(left leftOut) bool {
 	changed := len(left) != len(p.left)
-	for a := range left {
-		if _, ok := p.left[a]; !ok {
-			changed = true
+	for svc, eps := range left {
+		was := p.left[svc]
+		changed = changed || len(eps) != len(was)
+		for a := range eps {
+			if _, ok := was[a]; !ok {
+				changed = true
+			}
 		}
 	}
 	p.left = left
-	p.reasons.Store(&left)
 	return changed
 }
 
-// ProbeVerdicts returns the endpoints the last sync left out because of
-// their probes, with the reason; nil when none.
-func (a *Agent) ProbeVerdicts() map[netip.AddrPort]health.Verdict {
+// publish makes what the last sync left out visible to status and
+// explain; called once that sync's plan is in the kernel.
+func (p *probing) publish() {
+	if p == nil {
+		return
+	}
+	left := p.left
+	p.reasons.Store(&left)
+}
+
+// ProbeVerdicts returns what the last sync left out because of probes:
+// per service port ("namespace/name:port"), each endpoint with its
+// verdict; nil when nothing.
+func (a *Agent) ProbeVerdicts() map[string]map[netip.AddrPort]health.Verdict {
 	if a.probes == nil {
 		return nil
 	}
@@ -179,18 +299,29 @@ func (a *Agent) ProbeVerdicts() map[netip.AddrPort]health.Verdict {
 	return nil
 }
 
-func tcpEndpoints(plan *datapath.Plan) []netip.AddrPort {
-	seen := map[netip.AddrPort]bool{}
-	var out []netip.AddrPort
+// probeNotes returns explain's notes for the endpoints of service port
+// svc that the last sync left out because of their probes.
+func (a *Agent) probeNotes(svc string) []string {
+	eps := a.ProbeVerdicts()[svc]
+	notes := make([]string, 0, len(eps))
+	for addr, v := range eps {
+		notes = append(notes, fmt.Sprintf("endpoint %s left out: %s", addr, v.Reason()))
+	}
+	slices.Sort(notes)
+	return notes
+}
+
+// probeTargets lists, once each, what the plan's endpoints probe as.
+func probeTargets(plan *datapath.Plan, specs map[string]probeSpec) []health.Target {
+	seen := map[health.Target]bool{}
+	var out []health.Target
 	for _, f := range plan.Frontends {
-		if f.Protocol != datapath.TCP {
-			continue
-		}
+		spec := specs[f.Service]
 		for _, list := range [][]datapath.Endpoint{f.Endpoints, f.Cluster} {
 			for _, e := range list {
-				if !seen[e.Addr] {
-					seen[e.Addr] = true
-					out = append(out, e.Addr)
+				if t, ok := spec.target(e.Addr, f.Protocol); ok && !seen[t] {
+					seen[t] = true
+					out = append(out, t)
 				}
 			}
 		}
@@ -217,11 +348,13 @@ func (a *Agent) probeStatus() *ProbeStatus {
 	for s, n := range a.probes.prober.Counts() {
 		st.States[s.String()] = n
 	}
-	for addr, v := range a.ProbeVerdicts() {
-		if st.LeftOut == nil {
-			st.LeftOut = map[string]string{}
+	for _, eps := range a.ProbeVerdicts() {
+		for addr, v := range eps {
+			if st.LeftOut == nil {
+				st.LeftOut = map[string]string{}
+			}
+			st.LeftOut[addr.String()] = v.Reason()
 		}
-		st.LeftOut[addr.String()] = v.Reason()
 	}
 	return st
 }

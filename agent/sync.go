@@ -5,8 +5,10 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -27,13 +29,21 @@ func (a *Agent) sync(ctx context.Context) error {
 	if !snap.Oldest.IsZero() {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
 	}
-	res := a.planner.Build(ctx, snap)
+	compare, idle := a.periodic(snap, start)
+	if idle {
+		// Nothing moved: the last plan stands, and the rules are as
+		// programmed as they were (alerts on a stale timestamp stay quiet).
+		a.metrics.lastSync.Set(float64(start.Unix()))
+		return nil
+	}
+	// One shadow budget for the whole sync (policy.shadowBudget): the
+	// planner weighs its ports in several batches.
+	res := a.planner.Build(chain.WithShadowBudget(ctx), snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
-	if a.applyProbeVerdicts(res.Plan) {
+	if a.applyProbeVerdicts(res.Plan, snap) {
 		a.needFull = true
 	}
-	period := a.Config().Sync.Period
-	res.Plan.Full = a.needFull || (period > 0 && start.Sub(a.lastFull) >= period)
+	res.Plan.Full = a.needFull || compare
 	a.metrics.portsEvaluated.Add(float64(res.Evaluated))
 
 	ports, err := datapath.SplitPortErrors(a.backend.Apply(ctx, res.Plan))
@@ -45,8 +55,9 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	now := time.Now()
 	if res.Plan.Full {
-		a.lastFull = now
+		a.lastFull, a.comparedGen, a.deferred = now, snap.Generation, false
 	}
+	a.syncedGen, a.syncedOffline = snap.Generation, a.fromSnapshot.Load()
 	a.needFull = false
 	a.lastErr = nil
 	for _, pe := range ports {
@@ -54,6 +65,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	a.quarantine.report(refused)
 	a.last.Store(&published{res: res, refused: refused})
+	a.probes.publish()
 	for _, t := range a.triggers {
 		if d := now.Sub(t); d >= 0 {
 			a.metrics.programming.Observe(d.Seconds())
@@ -92,6 +104,49 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
 		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start))
 	return nil
+}
+
+// kernelWatch is a backend that tells cheaply whether its kernel objects
+// are still as its last apply left them (*iptables.Proxier, through the
+// tables' fingerprint that its tamper monitor keeps verified).
+type kernelWatch interface {
+	Unchanged() bool
+}
+
+// periodic decides what this sync does about the sync.period compare,
+// which renders every service again and writes what differs: the guard
+// against a change the partial syncs missed. Called under a.mu.
+//
+// The compare runs only when something it guards may have moved since the
+// last one: the state (a newer snapshot generation) or the kernel (the
+// backend cannot vouch for its objects). Otherwise it is counted as done,
+// and a sync with nothing to do at all is idle: no plan, no apply. A quiet
+// node then pays a snapshot and a fingerprint read per period.
+//
+// A compare that comes due while changes wait is left to the next sync
+// (once): the changes are applied partially first and do not wait for it.
+func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle bool) {
+	moved := len(snap.Changed) > 0 || snap.NodeChanged || snap.Generation != a.syncedGen
+	idle = !moved && !a.needFull && a.planner.Settled() &&
+		(a.probes == nil || !a.probes.active.Load()) && a.fromSnapshot.Load() == a.syncedOffline
+	if d, ok := a.backend.(datapath.Drainer); ok && d.Draining() > 0 {
+		idle = false
+	}
+	period := a.Config().Sync.Period
+	if period <= 0 || start.Sub(a.lastFull) < period || a.needFull {
+		return false, idle
+	}
+	if moved && !a.deferred {
+		a.deferred = true
+		a.runner.Run()
+		return false, false
+	}
+	if w, ok := a.backend.(kernelWatch); ok && snap.Generation == a.comparedGen && w.Unchanged() {
+		a.lastFull = start
+		a.metrics.quietCompares.Inc()
+		return false, idle
+	}
+	return true, false
 }
 
 func healthChecks(res *planner.Result) map[uint16]healthcheck.Info {

@@ -17,7 +17,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // unitFile is the unit in the source tree.

@@ -8,8 +8,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/debroot"
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/debroot"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // TestPackageLifecycle installs the amd64 .deb from `make package` into a

@@ -7,8 +7,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/debroot"
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/debroot"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // packageFiles is what every package holds (zsh's directory differs:

@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"testing"
+	"time"
 
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 )
@@ -58,4 +60,42 @@ func BenchmarkSync5k(b *testing.B) {
 			sync(svcs, port)
 		}
 	})
+}
+
+// BenchmarkShadow weighs 256 service ports of 10 endpoints (one planner
+// batch) through EvaluateBatch, without and with a shadow of the topology
+// step (the same module, so every answer is compared and agrees): "cold"
+// has every input new, "warm" answers all from the caches. ns/op is one
+// batch; the difference between the pairs is the shadow's cost.
+func BenchmarkShadow(b *testing.B) {
+	topo := modulePath(b, "modules/topology")
+	base := policyConfig(map[string]string{"topology": topo},
+		config.Chain{Name: "close", Modules: []config.ChainStep{{Module: "topology"}}})
+	base.Timeout, base.ShadowBudget = 50*time.Millisecond, time.Minute // the default deadline; a budget that never cuts
+	withCopy := withShadow(base, "copy", topo, "topology", nil)
+	eps := endpoints("zone-a", "zone-b", "zone-c", "zone-a", "zone-b", "zone-c", "zone-a", "zone-b", "zone-c", "zone-a")
+	reqs := make([]chain.Request, 256)
+	for i := range reqs {
+		reqs[i] = chain.Request{Service: &model.Service{Namespace: "shop", Name: fmt.Sprint("svc-", i)}, Port: port, Node: node, Endpoints: eps}
+	}
+	for _, c := range []struct {
+		name string
+		cfg  config.Policy
+	}{{"none", base}, {"shadow", withCopy}} {
+		e, _, _ := newEvaluator(b, c.cfg)
+		b.Run(c.name+"/cold", func(b *testing.B) {
+			for b.Loop() {
+				for i := range reqs {
+					reqs[i].Port.Port++ // every input new
+				}
+				e.EvaluateBatch(context.Background(), reqs)
+			}
+		})
+		b.Run(c.name+"/warm", func(b *testing.B) {
+			e.EvaluateBatch(context.Background(), reqs)
+			for b.Loop() {
+				e.EvaluateBatch(context.Background(), reqs)
+			}
+		})
+	}
 }

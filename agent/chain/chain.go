@@ -71,6 +71,8 @@ type Evaluator struct {
 
 	lgMu     sync.Mutex
 	lastGood map[lastGoodKey]lastGood
+
+	shadows shadowLog
 }
 
 // loaded is one checked module set.
@@ -92,6 +94,8 @@ type step struct {
 	// labels on every call, and Evaluate runs once per service port.
 	calls, cacheHits prometheus.Counter
 	duration         prometheus.Observer
+	// shadows run after the step on its inputs (config.Module.ShadowOf).
+	shadows []shadowStep
 }
 
 // lastGoodKey is a chain and a service port: a struct, not a joined
@@ -164,7 +168,7 @@ func (e *Evaluator) Reload(ctx context.Context, cfg config.Policy, opts ...Optio
 	for i, c := range next.chains {
 		names[i] = c.cfg.Name
 	}
-	e.log.Info("policy: chains loaded", "engine", next.host.Engine(), "modules", len(cfg.Modules), "chains", names)
+	e.log.Info("policy: chains loaded", "engine", next.host.Engine(), "modules", len(cfg.Modules), "chains", names, "shadows", shadowCount(next))
 	return nil
 }
 
@@ -242,7 +246,8 @@ func (e *Evaluator) load(ctx context.Context, cfg config.Policy, old *loaded, o 
 			ch.steps = append(ch.steps, step{module: m.Name, inst: inst,
 				calls:     e.metrics.calls.WithLabelValues(m.Name),
 				cacheHits: e.metrics.cacheHits.WithLabelValues(m.Name),
-				duration:  e.metrics.duration.WithLabelValues(m.Name)})
+				duration:  e.metrics.duration.WithLabelValues(m.Name),
+				shadows:   e.loadShadows(ctx, next, c, m.Name, s.Config, wasm)})
 		}
 	}
 	if err := errors.Join(errs...); err != nil {
@@ -255,6 +260,11 @@ func (l *loaded) close(ctx context.Context, keepHost *policy.Host) {
 	for _, c := range l.chains {
 		for _, s := range c.steps {
 			s.inst.Close(ctx)
+			for _, sh := range s.shadows {
+				if sh.inst != nil {
+					sh.inst.Close(ctx)
+				}
+			}
 		}
 	}
 	if l.host != nil && l.host != keepHost {
@@ -305,13 +315,16 @@ func (e *Evaluator) Engine() string {
 	return e.cur.host.Engine()
 }
 
-// ModuleStatus describes one loaded chain step, for status output.
+// ModuleStatus describes one loaded chain step or shadow, for status
+// output.
 type ModuleStatus struct {
 	Chain, Module, SHA256 string
 	State                 policy.State
+	// ShadowOf is set on a shadow: the module it shadows.
+	ShadowOf string `json:",omitempty"`
 }
 
-// Modules lists every loaded chain step.
+// Modules lists every loaded chain step, each followed by its shadows.
 func (e *Evaluator) Modules() []ModuleStatus {
 	e.mu.RLock()
 	defer e.mu.RUnlock()
@@ -322,6 +335,11 @@ func (e *Evaluator) Modules() []ModuleStatus {
 	for _, c := range e.cur.chains {
 		for _, s := range c.steps {
 			out = append(out, ModuleStatus{Chain: c.cfg.Name, Module: s.module, SHA256: s.inst.SHA256(), State: s.inst.State()})
+			for _, sh := range s.shadows {
+				if sh.inst != nil {
+					out = append(out, ModuleStatus{Chain: c.cfg.Name, Module: sh.module, SHA256: sh.inst.SHA256(), State: sh.inst.State(), ShadowOf: sh.of})
+				}
+			}
 		}
 	}
 	return out
@@ -373,6 +391,9 @@ type Verdict struct {
 	// Fallback is the failure policy applied (config.FailureKeepBuiltin or config.FailureLastGood)
 	// when a module failed; empty otherwise.
 	Fallback string `json:"fallback,omitempty"`
+	// Shadows are the shadow modules' answers, in chain order; never
+	// used for Weights.
+	Shadows []Shadow `json:"shadows,omitempty"`
 }
 
 // Step is one module's verdict.
@@ -423,6 +444,9 @@ func (v Verdict) String() string {
 		if len(v.SchedulerFlags) > 0 {
 			fmt.Fprintf(&b, "(%s)", strings.Join(v.SchedulerFlags, ","))
 		}
+	}
+	for _, s := range v.Shadows {
+		fmt.Fprintf(&b, "; shadow %s of %s: %s", s.Module, s.Of, s.Summary())
 	}
 	return b.String()
 }
@@ -478,9 +502,10 @@ func (e *Evaluator) EvaluateBatch(ctx context.Context, reqs []Request) []Verdict
 	if groups == nil {
 		return out
 	}
+	b := budgetFrom(ctx, e.cur.budget())
 	for _, ch := range e.cur.chains {
 		if idx := groups[ch]; len(idx) > 0 {
-			e.runChain(ctx, ch, reqs, idx, out)
+			e.runChain(ctx, ch, reqs, idx, out, b)
 		}
 	}
 	return out
@@ -497,8 +522,9 @@ type job struct {
 	done      bool // a step failed: out[k] holds the fallback
 }
 
-// runChain runs ch on the requests at idx and writes their verdicts.
-func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx []int, out []Verdict) {
+// runChain runs ch on the requests at idx and writes their verdicts; each
+// step's shadows run right after it, within the budget b.
+func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx []int, out []Verdict, b *shadowBudget) {
 	jobs := make([]job, len(idx))
 	for j, k := range idx {
 		r := &reqs[k]
@@ -509,7 +535,8 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 	}
 	ins := make([]*abi.Input, 0, len(jobs))
 	live := make([]*job, 0, len(jobs))
-	for _, st := range ch.steps {
+	for si := range ch.steps {
+		st := &ch.steps[si]
 		ins, live = ins[:0], live[:0]
 		for j := range jobs {
 			jb := &jobs[j]
@@ -530,7 +557,8 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 			break
 		}
 		st.calls.Add(float64(len(ins)))
-		for n, res := range st.inst.EvaluateBatch(ctx, ins) {
+		results := st.inst.EvaluateBatch(ctx, ins)
+		for n, res := range results {
 			jb := live[n]
 			v := &out[jb.k]
 			s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
@@ -560,6 +588,9 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 				v.Scheduler, v.SchedulerFlags = res.Output.Scheduler, res.Output.SchedulerFlags
 			}
 			v.Steps = append(v.Steps, s)
+		}
+		if len(st.shadows) > 0 {
+			e.runShadows(ctx, ch, st, ins, live, results, out, b)
 		}
 	}
 	for j := range jobs {

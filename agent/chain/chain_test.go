@@ -96,10 +96,33 @@ func newEvaluator(t testing.TB, cfg config.Policy, opts ...chain.Option) (*chain
 // every given name=value pair.
 func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
 	t.Helper()
+	if v := metricValues(t, reg, name, labels...); len(v) > 0 {
+		return v[0]
+	}
+	return 0
+}
+
+// metricSum adds up every series of name whose labels include every given
+// name=value pair.
+func metricSum(t testing.TB, reg *prometheus.Registry, name string, labels ...string) float64 {
+	t.Helper()
+	var sum float64
+	for _, v := range metricValues(t, reg, name, labels...) {
+		sum += v
+	}
+	return sum
+}
+
+// metricValues returns the value of each series of name whose labels
+// include every given name=value pair: a counter's value, a histogram's
+// sample count.
+func metricValues(t testing.TB, reg *prometheus.Registry, name string, labels ...string) []float64 {
+	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
+	var out []float64
 	for _, mf := range mfs {
 		if mf.GetName() != name {
 			continue
@@ -117,13 +140,13 @@ func metric(t testing.TB, reg *prometheus.Registry, name string, labels ...strin
 			}
 			switch {
 			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
+				out = append(out, m.GetCounter().GetValue())
 			case m.GetHistogram() != nil:
-				return float64(m.GetHistogram().GetSampleCount())
+				out = append(out, float64(m.GetHistogram().GetSampleCount()))
 			}
 		}
 	}
-	return 0
+	return out
 }
 
 var (

@@ -110,7 +110,8 @@ func TestExampleConfigPolicyExample(t *testing.T) {
 	p := writeFile(t, t.TempDir(), "policy.yaml", strings.Join(out, "\n"))
 	c := mustLoad(t, LoadOptions{File: p})
 	pol := c.Policy
-	if len(pol.Modules) != 2 || len(pol.Chains) != 1 || len(pol.Chains[0].Modules) != 2 ||
+	if len(pol.Modules) != 3 || pol.Modules[2].ShadowOf != pol.Modules[0].Name || pol.Modules[2].Config["default"] != 50 ||
+		len(pol.Chains) != 1 || len(pol.Chains[0].Modules) != 2 ||
 		pol.Chains[0].Modules[0].Module != pol.Modules[0].Name || pol.Chains[0].Modules[1].Module != pol.Modules[1].Name ||
 		pol.Chains[0].Match.Namespaces[0] != "shop" || pol.Chains[0].Modules[0].Config["default"] != 100 ||
 		pol.Chains[0].Modules[1].Config["minEndpoints"] != 2 {

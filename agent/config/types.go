@@ -29,6 +29,7 @@ type Config struct {
 	Health   Health   `koanf:"health"`
 	Server   Server   `koanf:"server"`
 	Log      Log      `koanf:"log"`
+	Memory   Memory   `koanf:"memory"`
 	// Labels lists the node labels, and ServiceKeyPrefix the service label
 	// and annotation prefix, that are kept and handed to policy modules.
 	NodeLabels       []string `koanf:"nodeLabels"`
@@ -90,8 +91,12 @@ type Policy struct {
 	Timeout       time.Duration `koanf:"timeout"`
 	MemoryLimit   Size          `koanf:"memoryLimit"`
 	MaxModuleSize Size          `koanf:"maxModuleSize"`
-	Modules       []Module      `koanf:"modules"`
-	Chains        []Chain       `koanf:"chains"`
+	// ShadowBudget caps the time one sync spends on shadow modules (see
+	// Module.ShadowOf); shadows past it are skipped for that sync, and
+	// counted.
+	ShadowBudget time.Duration `koanf:"shadowBudget"`
+	Modules      []Module      `koanf:"modules"`
+	Chains       []Chain       `koanf:"chains"`
 }
 
 // Module names a Wasm module file.
@@ -99,6 +104,16 @@ type Module struct {
 	Name   string `koanf:"name"`
 	Path   string `koanf:"path"`
 	SHA256 string `koanf:"sha256"` // optional pin, hex
+	// ShadowOf makes this module a shadow of the named one: it runs after
+	// it, on the same inputs, in every chain step of that module; its
+	// output is checked and compared, never programmed. A shadow is not a
+	// chain step itself; promoting it is pointing the step at it and
+	// dropping shadowOf.
+	ShadowOf string `koanf:"shadowOf"`
+	// Config is a shadow's module config; when empty it gets the config of
+	// each step it shadows. Only a shadow takes it: a chain step has its
+	// own.
+	Config map[string]any `koanf:"config"`
 }
 
 // Chain runs modules, in order, for the services it matches.
@@ -178,6 +193,20 @@ type Log struct {
 	Format string `koanf:"format"` // text | json
 }
 
+// Memory sets the Go runtime's memory use.
+type Memory struct {
+	// Limit is the Go runtime's soft memory limit (debug.SetMemoryLimit):
+	// near it the garbage collector runs more often rather than let the
+	// heap grow. 0 picks one: 90% of the memory.max of the agent's cgroup
+	// when it has one (systemd MemoryMax=, a container limit), else none
+	// (a GOMEMLIMIT in the environment then stays in force).
+	Limit Size `koanf:"limit"`
+}
+
+// MinMemoryLimit is the least memory.limit: below it the garbage
+// collector would run all the time.
+const MinMemoryLimit = Size(16 << 20)
+
 // NodePortPrimary in NodePortAddresses stands for the node's primary
 // addresses (its Node object's first InternalIP of each family), as
 // kube-proxy's --nodeport-addresses=primary.
@@ -200,7 +229,7 @@ func Default() Config {
 		Conntrack: Conntrack{MaxPerCore: 32 * 1024, Min: 128 * 1024,
 			TCPEstablishedTimeout: 24 * time.Hour, TCPCloseWaitTimeout: time.Hour},
 		Policy: Policy{
-			Engine: "compiler", Timeout: 50 * time.Millisecond,
+			Engine: "compiler", Timeout: 50 * time.Millisecond, ShadowBudget: 100 * time.Millisecond,
 			MemoryLimit: 16 << 20, MaxModuleSize: 8 << 20,
 		},
 		StateDir: "/var/lib/edgeproxy",

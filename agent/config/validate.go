@@ -150,6 +150,9 @@ func (c *Config) Validate() error {
 
 	errs = append(errs, c.Policy.validate()...)
 
+	if c.Memory.Limit != 0 && c.Memory.Limit < MinMemoryLimit {
+		bad("memory.limit", "%s is below %s (0 picks one)", c.Memory.Limit, MinMemoryLimit)
+	}
 	if c.MaxManifestSize <= 0 {
 		bad("maxManifestSize", "%s must be positive", c.MaxManifestSize)
 	}
@@ -202,6 +205,9 @@ func (p Policy) validate() []error {
 	if p.MaxModuleSize <= 0 {
 		bad("policy.maxModuleSize", "%s must be positive", p.MaxModuleSize)
 	}
+	if p.ShadowBudget < 0 {
+		bad("policy.shadowBudget", "%s must not be negative", p.ShadowBudget)
+	}
 
 	modules := map[string]int{}
 	for i, m := range p.Modules {
@@ -224,6 +230,8 @@ func (p Policy) validate() []error {
 		}
 	}
 
+	errs = append(errs, p.validateShadows(modules)...)
+
 	chains := map[string]int{}
 	for i, c := range p.Chains {
 		key := fmt.Sprintf("policy.chains[%d]", i)
@@ -239,8 +247,11 @@ func (p Policy) validate() []error {
 			bad(key+".modules", "must name at least one module")
 		}
 		for j, step := range c.Modules {
-			if _, ok := modules[step.Module]; !ok {
+			switch i, ok := modules[step.Module]; {
+			case !ok:
 				bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is not defined in policy.modules", step.Module)
+			case p.Modules[i].ShadowOf != "":
+				bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is a shadow (policy.modules[%d].shadowOf); to promote it, drop its shadowOf", step.Module, i)
 			}
 		}
 		if c.Failure != "" && !slices.Contains(ChainFailures, c.Failure) { // "" is keep-builtin
@@ -260,6 +271,31 @@ func (p Policy) validate() []error {
 			if k == "" {
 				bad(key+".match.annotations", "an annotation key must not be empty")
 			}
+		}
+	}
+	return errs
+}
+
+// validateShadows checks policy.modules[].shadowOf and config, given the
+// index of each module name.
+func (p Policy) validateShadows(modules map[string]int) []error {
+	var errs []error
+	for i, m := range p.Modules {
+		key := fmt.Sprintf("policy.modules[%d]", i)
+		if m.ShadowOf == "" {
+			if m.Config != nil {
+				errs = append(errs, fieldErr(key+".config", "only a shadow (shadowOf) takes a config here; a chain step has its own"))
+			}
+			continue
+		}
+		j, ok := modules[m.ShadowOf]
+		switch {
+		case !ok:
+			errs = append(errs, fieldErr(key+".shadowOf", "%q is not defined in policy.modules", m.ShadowOf))
+		case m.ShadowOf == m.Name:
+			errs = append(errs, fieldErr(key+".shadowOf", "a module cannot shadow itself"))
+		case p.Modules[j].ShadowOf != "":
+			errs = append(errs, fieldErr(key+".shadowOf", "%q is itself a shadow (of %q); a shadow shadows an active module", m.ShadowOf, p.Modules[j].ShadowOf))
 		}
 	}
 	return errs

@@ -30,8 +30,14 @@ func TestValidateAcceptsGoodValues(t *testing.T) {
 		func(c *Config) { c.Policy.Engine = "interpreter"; c.Policy.MemoryLimit = 64 << 10 },
 		func(c *Config) { c.Policy.Modules[0].SHA256 = strings.Repeat("0f", 32) },
 		func(c *Config) { c.Policy.Chains[0].Failure = FailureLastGood },
+		func(c *Config) { c.Policy.Modules[1].ShadowOf = "m1" },
+		func(c *Config) {
+			c.Policy.Modules[1].ShadowOf, c.Policy.Modules[1].Config = "m1", map[string]any{"default": 1}
+		},
+		func(c *Config) { c.Policy.ShadowBudget = 0 },
 		func(c *Config) { c.Log = Log{Level: "debug", Format: "json"} },
 		func(c *Config) { c.IPVS.Scheduler = "mh"; c.IPVS.Interface = "kube-ipvs0" },
+		func(c *Config) { c.Memory.Limit = MinMemoryLimit },
 	}
 	for i, mutate := range good {
 		c := validBase()
@@ -74,6 +80,8 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 		{func(c *Config) { c.Policy.Engine = "jit" }, `config: policy.engine: "jit" is not one of compiler, interpreter`},
 		{func(c *Config) { c.Policy.MemoryLimit = 1000 }, `config: policy.memoryLimit: 1000 is not in 64Ki..4Gi`},
 		{func(c *Config) { c.Policy.Timeout = 0 }, `config: policy.timeout: 0s must be positive`},
+		{func(c *Config) { c.Memory.Limit = 1 << 20 }, `config: memory.limit: 1Mi is below 16Mi (0 picks one)`},
+		{func(c *Config) { c.Memory.Limit = -1 }, `config: memory.limit: -1 is below 16Mi (0 picks one)`},
 		{func(c *Config) { c.Policy.Modules[1].Name = "m1" },
 			`config: policy.modules[1].name: "m1" is already the name of policy.modules[0]`},
 		{func(c *Config) { c.Policy.Modules[0].SHA256 = "abc" },
@@ -86,6 +94,18 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 		{func(c *Config) { c.Policy.Chains[0].Failure = "fail-open" },
 			`config: policy.chains[0].failure: "fail-open" is not one of keep-builtin, last-good`},
 		{func(c *Config) { c.Policy.Chains[0].Modules = nil }, `config: policy.chains[0].modules: must name at least one module`},
+		{func(c *Config) { c.Policy.Modules[1].ShadowOf = "m3" },
+			`config: policy.modules[1].shadowOf: "m3" is not defined in policy.modules`},
+		{func(c *Config) { c.Policy.Modules[1].ShadowOf = "m2" }, `config: policy.modules[1].shadowOf: a module cannot shadow itself`},
+		{func(c *Config) {
+			c.Policy.Modules[1].ShadowOf = "m1"
+			c.Policy.Modules = append(c.Policy.Modules, Module{Name: "m3", Path: "/m3.wasm", ShadowOf: "m2"})
+		}, `config: policy.modules[2].shadowOf: "m2" is itself a shadow (of "m1"); a shadow shadows an active module`},
+		{func(c *Config) { c.Policy.Modules[0].ShadowOf = "m2" },
+			`config: policy.chains[0].modules[0].module: "m1" is a shadow (policy.modules[0].shadowOf); to promote it, drop its shadowOf`},
+		{func(c *Config) { c.Policy.Modules[0].Config = map[string]any{"default": 1} },
+			`config: policy.modules[0].config: only a shadow (shadowOf) takes a config here; a chain step has its own`},
+		{func(c *Config) { c.Policy.ShadowBudget = -time.Second }, `config: policy.shadowBudget: -1s must not be negative`},
 		{func(c *Config) { c.Server.Healthz = "localhost:10256" },
 			`config: server.healthz: "localhost:10256" is not a listen address (host "localhost" is not an IP address)`},
 		{func(c *Config) { c.Server.Metrics = "127.0.0.1:99999" },

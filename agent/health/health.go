@@ -48,9 +48,24 @@ func (s State) String() string {
 	}
 }
 
-// DialFunc makes one probe of addr; nil means it passed. It must return
-// by ctx's deadline.
-type DialFunc func(ctx context.Context, addr netip.AddrPort) error
+// Target is what one probe checks: an endpoint's address and the port
+// and protocol to probe (the target port over TCP unless the Service
+// names another, see the agent's edgeproxy.io/offline-probe).
+type Target struct {
+	Addr netip.AddrPort
+	UDP  bool
+}
+
+func (t Target) String() string {
+	if t.UDP {
+		return t.Addr.String() + "/udp"
+	}
+	return t.Addr.String()
+}
+
+// DialFunc makes one probe of t; nil means it passed. It must return by
+// ctx's deadline.
+type DialFunc func(ctx context.Context, t Target) error
 
 // Options tune the prober. Zero values take the defaults of Defaults.
 type Options struct {
@@ -97,13 +112,21 @@ func (o Options) withDefaults() Options {
 	}
 	d.Dial, d.OnChange = o.Dial, o.OnChange
 	if d.Dial == nil {
-		d.Dial = DialTCP
+		d.Dial = Dial
 	}
 	return d
 }
 
-// DialTCP probes addr with a TCP connect from the calling process's
-// network namespace, closed at once.
+// Dial probes t from the calling process's network namespace: DialTCP or
+// DialUDP.
+func Dial(ctx context.Context, t Target) error {
+	if t.UDP {
+		return DialUDP(ctx, t.Addr)
+	}
+	return DialTCP(ctx, t.Addr)
+}
+
+// DialTCP probes addr with a TCP connect, closed at once.
 func DialTCP(ctx context.Context, addr netip.AddrPort) error {
 	var d net.Dialer
 	c, err := d.DialContext(ctx, "tcp", addr.String())
@@ -111,6 +134,40 @@ func DialTCP(ctx context.Context, addr netip.AddrPort) error {
 		return err
 	}
 	return c.Close()
+}
+
+// udpProbe is the datagram a UDP probe sends.
+var udpProbe = []byte("edgeproxy-probe\n")
+
+// DialUDP probes addr with one datagram on a connected socket and waits
+// until ctx's deadline for an answer. UDP cannot prove that a server
+// lives, only that it is gone: an ICMP error (port or host unreachable,
+// reported by the kernel on the next read) fails the probe; an answer or
+// silence passes it.
+func DialUDP(ctx context.Context, addr netip.AddrPort) error {
+	var d net.Dialer
+	c, err := d.DialContext(ctx, "udp", addr.String())
+	if err != nil {
+		return err
+	}
+	defer c.Close()
+	if dl, ok := ctx.Deadline(); ok {
+		if err := c.SetDeadline(dl); err != nil {
+			return err
+		}
+	}
+	if _, err := c.Write(udpProbe); err != nil {
+		return err
+	}
+	var buf [64]byte
+	if _, err := c.Read(buf[:]); err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			return nil // silence: nothing says the server is gone
+		}
+		return err
+	}
+	return nil
 }
 
 // Verdict is the prober's view of one endpoint.
@@ -141,14 +198,14 @@ type target struct {
 type Prober struct {
 	opts    Options
 	mu      sync.Mutex
-	targets map[netip.AddrPort]*target
+	targets map[Target]*target
 	changed chan struct{} // the set of targets changed
 	probes  atomic.Int64  // probes started, for tests and metrics
 }
 
 // New returns a prober with no targets; Run starts probing.
 func New(opts Options) *Prober {
-	return &Prober{opts: opts.withDefaults(), targets: map[netip.AddrPort]*target{}, changed: make(chan struct{}, 1)}
+	return &Prober{opts: opts.withDefaults(), targets: map[Target]*target{}, changed: make(chan struct{}, 1)}
 }
 
 // Probes returns how many probes were started.
@@ -157,10 +214,10 @@ func (p *Prober) Probes() int64 { return p.probes.Load() }
 // SetTargets makes addrs the endpoints to probe: new ones start Unknown
 // and are first probed within one jittered interval (spread, so a large
 // set does not probe in one burst); gone ones are forgotten.
-func (p *Prober) SetTargets(addrs []netip.AddrPort) {
+func (p *Prober) SetTargets(addrs []Target) {
 	now := time.Now()
 	p.mu.Lock()
-	keep := make(map[netip.AddrPort]bool, len(addrs))
+	keep := make(map[Target]bool, len(addrs))
 	for _, a := range addrs {
 		keep[a] = true
 		if _, ok := p.targets[a]; !ok {
@@ -191,13 +248,24 @@ func (p *Prober) Reset() {
 }
 
 // Verdict returns the verdict for addr (Unknown when it is no target).
-func (p *Prober) Verdict(addr netip.AddrPort) Verdict {
+func (p *Prober) Verdict(addr Target) Verdict {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t, ok := p.targets[addr]; ok {
 		return t.Verdict
 	}
 	return Verdict{}
+}
+
+// Verdicts returns the verdict of every target.
+func (p *Prober) Verdicts() map[Target]Verdict {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	out := make(map[Target]Verdict, len(p.targets))
+	for a, t := range p.targets {
+		out[a] = t.Verdict
+	}
+	return out
 }
 
 // Counts returns how many targets are in each state.
@@ -225,7 +293,7 @@ func (p *Prober) Run(ctx context.Context) {
 	defer pace.Stop()
 	for {
 		addr, wait := p.due(time.Now())
-		if !addr.IsValid() {
+		if !addr.Addr.IsValid() {
 			if !sleep(ctx, wait, p.changed) {
 				return
 			}
@@ -277,30 +345,31 @@ func sleep(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
 
 // due returns the target whose probe is most overdue and marks it in
 // flight, or an invalid address and how long to wait for the next one.
-func (p *Prober) due(now time.Time) (netip.AddrPort, time.Duration) {
+func (p *Prober) due(now time.Time) (Target, time.Duration) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	var best netip.AddrPort
+	var best Target
+	found := false
 	var bestAt time.Time
 	for a, t := range p.targets {
 		if t.inFlight {
 			continue
 		}
-		if !best.IsValid() || t.next.Before(bestAt) {
-			best, bestAt = a, t.next
+		if !found || t.next.Before(bestAt) {
+			best, bestAt, found = a, t.next, true
 		}
 	}
-	if !best.IsValid() {
-		return netip.AddrPort{}, p.opts.Interval
+	if !found {
+		return Target{}, p.opts.Interval
 	}
 	if wait := bestAt.Sub(now); wait > 0 {
-		return netip.AddrPort{}, wait
+		return Target{}, wait
 	}
 	p.targets[best].inFlight = true
 	return best, 0
 }
 
-func (p *Prober) release(addr netip.AddrPort) {
+func (p *Prober) release(addr Target) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if t, ok := p.targets[addr]; ok {
@@ -311,7 +380,7 @@ func (p *Prober) release(addr netip.AddrPort) {
 // record counts one probe's result against the thresholds and schedules
 // the next probe one jittered interval later. It reports whether the
 // endpoint's state changed.
-func (p *Prober) record(addr netip.AddrPort, err error, now time.Time) bool {
+func (p *Prober) record(addr Target, err error, now time.Time) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	t, ok := p.targets[addr]

@@ -15,16 +15,16 @@ import (
 // script is a dial whose answer per address the test sets.
 type script struct {
 	mu   sync.Mutex
-	down map[netip.AddrPort]bool
+	down map[Target]bool
 }
 
-func (s *script) set(a netip.AddrPort, down bool) {
+func (s *script) set(a Target, down bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.down[a] = down
 }
 
-func (s *script) dial(_ context.Context, a netip.AddrPort) error {
+func (s *script) dial(_ context.Context, a Target) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.down[a] {
@@ -50,17 +50,17 @@ func run(t *testing.T, p *Prober) {
 }
 
 var (
-	epA = netip.MustParseAddrPort("10.0.0.1:80")
-	epB = netip.MustParseAddrPort("10.0.0.2:80")
+	epA = Target{Addr: netip.MustParseAddrPort("10.0.0.1:80")}
+	epB = Target{Addr: netip.MustParseAddrPort("10.0.0.2:80")}
 )
 
 // An endpoint is Failed after failureThreshold failures in a row, with a
 // reason, and Healthy again after successThreshold passes; Reset drops
 // every verdict.
 func TestThresholds(t *testing.T) {
-	s := &script{down: map[netip.AddrPort]bool{epA: true}}
+	s := &script{down: map[Target]bool{epA: true}}
 	p := New(Options{Interval: 5 * time.Millisecond, FailureThreshold: 3, SuccessThreshold: 2, RatePerSecond: 1000, Dial: s.dial})
-	p.SetTargets([]netip.AddrPort{epA, epB})
+	p.SetTargets([]Target{epA, epB})
 	run(t, p)
 	eventually(t, "a failed, b healthy", func() bool {
 		return p.Verdict(epA).State == Failed && p.Verdict(epB).State == Healthy
@@ -79,7 +79,7 @@ func TestThresholds(t *testing.T) {
 	if v := p.Verdict(epA); v.State != Unknown || v.Failures != 0 {
 		t.Errorf("after Reset: %+v", v)
 	}
-	p.SetTargets([]netip.AddrPort{epB})
+	p.SetTargets([]Target{epB})
 	if c := p.Counts(); c[Unknown]+c[Healthy]+c[Failed] != 1 {
 		t.Errorf("a dropped target is still counted: %v", c)
 	}
@@ -102,19 +102,66 @@ func TestDialTCP(t *testing.T) {
 			c.Close()
 		}
 	}()
-	up := netip.MustParseAddrPort(l.Addr().String())
+	up := Target{Addr: netip.MustParseAddrPort(l.Addr().String())}
 	closed, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
-	down := netip.MustParseAddrPort(closed.Addr().String())
+	down := Target{Addr: netip.MustParseAddrPort(closed.Addr().String())}
 	closed.Close()
 	p := New(Options{Interval: 5 * time.Millisecond, FailureThreshold: 2, Timeout: 500 * time.Millisecond})
-	p.SetTargets([]netip.AddrPort{up, down})
+	p.SetTargets([]Target{up, down})
 	run(t, p)
 	eventually(t, "listening port healthy, closed port failed", func() bool {
 		return p.Verdict(up).State == Healthy && p.Verdict(down).State == Failed
 	})
+}
+
+// A UDP probe fails only on evidence that the server is gone (an ICMP
+// port unreachable for a closed port); an answer or silence passes.
+func TestDialUDP(t *testing.T) {
+	echo, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer echo.Close()
+	go func() {
+		buf := make([]byte, 64)
+		for {
+			n, from, err := echo.ReadFrom(buf)
+			if err != nil {
+				return
+			}
+			_, _ = echo.WriteTo(buf[:n], from)
+		}
+	}()
+	silent, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	closed, err := net.ListenPacket("udp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	gone := netip.MustParseAddrPort(closed.LocalAddr().String())
+	closed.Close()
+	for _, tc := range []struct {
+		what string
+		addr netip.AddrPort
+		fail bool
+	}{
+		{"answering", netip.MustParseAddrPort(echo.LocalAddr().String()), false},
+		{"silent", netip.MustParseAddrPort(silent.LocalAddr().String()), false},
+		{"closed", gone, true},
+	} {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		err := Dial(ctx, Target{Addr: tc.addr, UDP: true})
+		cancel()
+		if (err != nil) != tc.fail {
+			t.Errorf("%s UDP port: probe error %v, want failure %v", tc.what, err, tc.fail)
+		}
+	}
 }
 
 func TestKeepNeverBlackholes(t *testing.T) {
@@ -140,7 +187,7 @@ type counting struct {
 	inFlight, most atomic.Int64
 }
 
-func (c *counting) dial(ctx context.Context, _ netip.AddrPort) error {
+func (c *counting) dial(ctx context.Context, _ Target) error {
 	n := c.inFlight.Add(1)
 	defer c.inFlight.Add(-1)
 	for m := c.most.Load(); n > m && !c.most.CompareAndSwap(m, n); m = c.most.Load() {
@@ -152,10 +199,10 @@ func (c *counting) dial(ctx context.Context, _ netip.AddrPort) error {
 	return nil
 }
 
-func thousand() []netip.AddrPort {
-	out := make([]netip.AddrPort, 1000)
+func thousand() []Target {
+	out := make([]Target, 1000)
 	for i := range out {
-		out[i] = netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 80)
+		out[i] = Target{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 1, byte(i >> 8), byte(i)}), 80)}
 	}
 	return out
 }
@@ -193,7 +240,7 @@ func cpuTime() time.Duration {
 // per iteration at the default caps, dialing nothing, and reports the
 // probes started per second and the CPU the process used per wall second.
 func BenchmarkProber1000(b *testing.B) {
-	s := &script{down: map[netip.AddrPort]bool{}}
+	s := &script{down: map[Target]bool{}}
 	var probes int64
 	var wall, cpu time.Duration
 	for b.Loop() {

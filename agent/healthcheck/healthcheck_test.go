@@ -14,8 +14,8 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // The servers run inside a node namespace, so the ports cannot clash with

@@ -121,6 +121,9 @@ type Planner struct {
 	policy Policy
 	ports  map[model.ServicePortName]*portPlan
 	gen    uint64
+	// unsettled: the cache was invalidated, or some port asked to be
+	// weighed again, since the last Build.
+	unsettled bool
 }
 
 // New returns a planner; policy may be nil.
@@ -138,7 +141,12 @@ func (p *Planner) SetOptions(opts Options) {
 
 // Invalidate forgets every cached port, e.g. after the policy changed, so
 // the next Build recomputes all of them.
-func (p *Planner) Invalidate() { clear(p.ports) }
+func (p *Planner) Invalidate() { clear(p.ports); p.unsettled = true }
+
+// Settled reports whether a Build of an unchanged snapshot would compute
+// nothing: no invalidation and no port waiting to be weighed again since
+// the last Build.
+func (p *Planner) Settled() bool { return !p.unsettled }
 
 // Build computes the plan for snap. Ports not in snap.Changed are reused
 // unless the node changed or the cache was invalidated.
@@ -163,6 +171,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		wg.add(pw, snap.Node)
 	}
 	wg.wait()
+	p.unsettled = false
 	for _, pw := range work {
 		name := pw.port.Name
 		old, cached := p.ports[name]
@@ -171,6 +180,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			changed[name.String()] = true
 		}
 		p.ports[name] = pp
+		p.unsettled = p.unsettled || pp.retry
 		res.Evaluated++
 	}
 

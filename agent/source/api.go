@@ -11,6 +11,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -229,14 +230,21 @@ func keyOf(obj any) string {
 }
 
 // Strip drops what the proxy never reads before an informer caches the
-// object: managed fields, annotations other than the ones it reads, and the
-// bulky parts of a Node's status. Memory on small edge nodes matters.
+// object, so that the cache holds only the fields the converter reads (see
+// Service, EndpointSlice and Node) and what the informer itself needs
+// (name, namespace, UID, resourceVersion). Memory on small edge nodes
+// matters: a listed EndpointSlice is mostly managed fields, pod references
+// and labels copied from its Service. TestStripChangesNoConversion holds
+// it to the converter.
 func (c *Converter) Strip(obj any) (any, error) {
 	acc, ok := obj.(metav1.Object)
 	if !ok {
 		return obj, nil
 	}
 	acc.SetManagedFields(nil)
+	acc.SetOwnerReferences(nil)
+	acc.SetFinalizers(nil)
+	acc.SetGenerateName("")
 	if ann := acc.GetAnnotations(); len(ann) > 0 {
 		kept := make(map[string]string)
 		for k, v := range ann {
@@ -246,11 +254,54 @@ func (c *Converter) Strip(obj any) (any, error) {
 		}
 		acc.SetAnnotations(kept)
 	}
-	if n, ok := obj.(*v1.Node); ok {
-		n.Status.Images = nil
-		n.Status.Conditions = nil
-		n.Status.VolumesAttached = nil
-		n.Status.VolumesInUse = nil
+	switch o := obj.(type) {
+	case *v1.Service:
+		stripService(o)
+	case *discovery.EndpointSlice:
+		stripSlice(o)
+	case *v1.Node:
+		// Taints, addresses and labels are read; the rest of spec and
+		// status (images, conditions, capacity, volumes) is not.
+		o.Spec = v1.NodeSpec{Taints: o.Spec.Taints}
+		o.Status = v1.NodeStatus{Addresses: o.Status.Addresses}
 	}
 	return obj, nil
+}
+
+// stripService keeps labels (policy chains match on them) and the spec
+// and status fields the converter reads.
+func stripService(s *v1.Service) {
+	sp := &s.Spec
+	sp.Selector = nil
+	sp.IPFamilies, sp.IPFamilyPolicy = nil, nil
+	sp.LoadBalancerIP, sp.LoadBalancerClass, sp.AllocateLoadBalancerNodePorts = "", nil, nil
+	sp.ExternalName = ""
+	for i := range sp.Ports {
+		sp.Ports[i].TargetPort, sp.Ports[i].AppProtocol = intstr.IntOrString{}, nil
+	}
+	s.Status.Conditions = nil
+	for i := range s.Status.LoadBalancer.Ingress {
+		ing := &s.Status.LoadBalancer.Ingress[i]
+		ing.Hostname, ing.Ports = "", nil
+	}
+}
+
+// stripSlice keeps the service-name label, and of each endpoint the first
+// address (the only one used), its conditions, node, zone and hints.
+func stripSlice(s *discovery.EndpointSlice) {
+	if name, ok := s.Labels[LabelServiceName]; ok {
+		s.Labels = map[string]string{LabelServiceName: name}
+	} else {
+		s.Labels = nil
+	}
+	for i := range s.Ports {
+		s.Ports[i].AppProtocol = nil
+	}
+	for i := range s.Endpoints {
+		e := &s.Endpoints[i]
+		if len(e.Addresses) > 1 {
+			e.Addresses = e.Addresses[:1:1]
+		}
+		e.Hostname, e.TargetRef, e.DeprecatedTopology = nil, nil, nil
+	}
 }

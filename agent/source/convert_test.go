@@ -3,6 +3,7 @@ package source
 import (
 	"errors"
 	"net/netip"
+	"reflect"
 	"strings"
 	"testing"
 	"time"
@@ -156,5 +157,101 @@ func TestStripKeepsOnlyWhatIsRead(t *testing.T) {
 	got := out.(*v1.Node)
 	if got.ManagedFields != nil || got.Status.Images != nil || len(got.Annotations) != 1 || len(got.Status.Addresses) != 1 {
 		t.Errorf("stripped node: %+v", got)
+	}
+}
+
+// richObjects are a Service, an EndpointSlice and a Node with every field
+// the converter reads set, and much it does not, as an API server lists
+// them.
+func richObjects() (*v1.Service, *discovery.EndpointSlice, *v1.Node) {
+	meta := func(name string) metav1.ObjectMeta {
+		return metav1.ObjectMeta{Namespace: "ns", Name: name, UID: "u-1", ResourceVersion: "42", GenerateName: name + "-",
+			CreationTimestamp: metav1.NewTime(time.Unix(1700000000, 0)),
+			Labels:            map[string]string{"app": "web", LabelServiceName: "web", LabelZone: "z1", LabelRegion: "r1"},
+			Annotations: map[string]string{"edgeproxy.io/weights": "a=1", AnnotationTopologyMode: "Auto",
+				AnnotationTriggerTime: "2026-11-24T10:00:00Z", "kubectl.kubernetes.io/last-applied-configuration": "{...}"},
+			ManagedFields:   []metav1.ManagedFieldsEntry{{Manager: "kubectl"}},
+			OwnerReferences: []metav1.OwnerReference{{Kind: "Service", Name: "web"}}, Finalizers: []string{"f"}}
+	}
+	local, proxyMode := v1.ServiceInternalTrafficPolicyLocal, v1.LoadBalancerIPModeProxy
+	svc := &v1.Service{ObjectMeta: meta("web"), Spec: v1.ServiceSpec{
+		Type: v1.ServiceTypeLoadBalancer, ClusterIP: "10.96.0.1", ClusterIPs: []string{"10.96.0.1", "fd00::1"},
+		Selector: map[string]string{"app": "web"}, ExternalIPs: []string{"192.0.2.7"}, LoadBalancerIP: "192.0.2.8",
+		LoadBalancerSourceRanges: []string{"198.51.100.0/24"}, ExternalTrafficPolicy: v1.ServiceExternalTrafficPolicyLocal,
+		InternalTrafficPolicy: &local, HealthCheckNodePort: 32000, TrafficDistribution: ptr("PreferClose"),
+		SessionAffinity: v1.ServiceAffinityClientIP, SessionAffinityConfig: &v1.SessionAffinityConfig{ClientIP: &v1.ClientIPConfig{TimeoutSeconds: ptr(int32(60))}},
+		IPFamilies: []v1.IPFamily{v1.IPv4Protocol, v1.IPv6Protocol}, AllocateLoadBalancerNodePorts: ptr(true),
+		Ports: []v1.ServicePort{{Name: "http", Protocol: v1.ProtocolTCP, Port: 80, NodePort: 30080, AppProtocol: ptr("http")},
+			{Name: "dns", Protocol: v1.ProtocolUDP, Port: 53}},
+	}, Status: v1.ServiceStatus{LoadBalancer: v1.LoadBalancerStatus{Ingress: []v1.LoadBalancerIngress{
+		{IP: "192.0.2.100", Hostname: "lb.example"}, {IP: "192.0.2.101", IPMode: &proxyMode}}},
+		Conditions: []metav1.Condition{{Type: "Ready"}}}}
+	sl := &discovery.EndpointSlice{ObjectMeta: meta("web-abc"), AddressType: discovery.AddressTypeIPv4,
+		Ports: []discovery.EndpointPort{{Name: ptr("http"), Protocol: ptr(v1.ProtocolTCP), Port: ptr(int32(8080)), AppProtocol: ptr("http")}}}
+	for i, ready := range []bool{true, false} {
+		sl.Endpoints = append(sl.Endpoints, discovery.Endpoint{
+			Addresses:  []string{"10.0.0." + string(rune('1'+i)), "10.0.1.1"},
+			Conditions: discovery.EndpointConditions{Ready: ptr(ready), Serving: ptr(true), Terminating: ptr(!ready)},
+			Hostname:   ptr("h"), NodeName: ptr("n1"), Zone: ptr("z1"),
+			Hints:              &discovery.EndpointHints{ForZones: []discovery.ForZone{{Name: "z1"}}, ForNodes: []discovery.ForNode{{Name: "n1"}}},
+			TargetRef:          &v1.ObjectReference{Kind: "Pod", Name: "web-1"},
+			DeprecatedTopology: map[string]string{"k": "v"},
+		})
+	}
+	node := &v1.Node{ObjectMeta: meta("n1"),
+		Spec: v1.NodeSpec{PodCIDR: "10.244.0.0/24", Taints: []v1.Taint{{Key: TaintToBeDeleted, Effect: v1.TaintEffectNoSchedule}}},
+		Status: v1.NodeStatus{Images: []v1.ContainerImage{{Names: []string{"big"}}}, Conditions: []v1.NodeCondition{{Type: v1.NodeReady}},
+			Capacity:  v1.ResourceList{},
+			Addresses: []v1.NodeAddress{{Type: v1.NodeExternalIP, Address: "192.0.2.1"}, {Type: v1.NodeInternalIP, Address: "10.0.0.9"}}}}
+	return svc, sl, node
+}
+
+// Strip keeps every field the converter reads: converting a stripped
+// object gives what converting the whole one gives. And it drops the bulk.
+func TestStripChangesNoConversion(t *testing.T) {
+	conv := &Converter{ProxyName: "", KeepPrefix: "edgeproxy.io/"}
+	svc, sl, node := richObjects()
+	strip := func(o any) any {
+		out, err := conv.Strip(o)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	wantSvc, err := conv.Service(svc.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotSvc, err := conv.Service(strip(svc.DeepCopy()).(*v1.Service))
+	if err != nil || !reflect.DeepEqual(gotSvc, wantSvc) {
+		t.Errorf("stripped Service converts to\n%+v, %v\nwant\n%+v", gotSvc, err, wantSvc)
+	}
+	wantSl, wantWarn, err := conv.EndpointSlice(sl.DeepCopy())
+	if err != nil {
+		t.Fatal(err)
+	}
+	gotSl, gotWarn, err := conv.EndpointSlice(strip(sl.DeepCopy()).(*discovery.EndpointSlice))
+	if err != nil || !reflect.DeepEqual(gotSl, wantSl) || !reflect.DeepEqual(gotWarn, wantWarn) {
+		t.Errorf("stripped EndpointSlice converts to\n%+v %v, %v\nwant\n%+v %v", gotSl, gotWarn, err, wantSl, wantWarn)
+	}
+	if got, want := conv.Node(strip(node.DeepCopy()).(*v1.Node)), conv.Node(node.DeepCopy()); !reflect.DeepEqual(got, want) {
+		t.Errorf("stripped Node converts to\n%+v\nwant\n%+v", got, want)
+	}
+
+	s := strip(svc).(*v1.Service)
+	e := strip(sl).(*discovery.EndpointSlice)
+	n := strip(node).(*v1.Node)
+	if s.ManagedFields != nil || s.Spec.Selector != nil || s.OwnerReferences != nil || len(s.Annotations) != 3 ||
+		s.Spec.LoadBalancerIP != "" || s.Status.LoadBalancer.Ingress[0].Hostname != "" {
+		t.Errorf("stripped Service keeps what is not read: %+v", s)
+	}
+	if len(e.Labels) != 1 || e.Endpoints[0].TargetRef != nil || len(e.Endpoints[0].Addresses) != 1 || e.Endpoints[0].Hostname != nil {
+		t.Errorf("stripped EndpointSlice keeps what is not read: %+v", e)
+	}
+	if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.PodCIDR != "" {
+		t.Errorf("stripped Node keeps what is not read: %+v", n)
+	}
+	if s.Name != "web" || s.Namespace != "ns" || s.UID != "u-1" || s.ResourceVersion != "42" {
+		t.Errorf("stripped Service lost what the informer needs: %+v", s.ObjectMeta)
 	}
 }

@@ -10,6 +10,8 @@ package state
 
 import (
 	"cmp"
+	"maps"
+	"net/netip"
 	"reflect"
 	"slices"
 	"sync"
@@ -78,6 +80,7 @@ type State struct {
 	triggers    []time.Time
 	counters    Counters
 	last        *Snapshot
+	portsOf     map[string][]model.ServicePortName // service key → its ports in last
 	notify      func()
 	now         func() time.Time
 }
@@ -93,6 +96,7 @@ func New(notify func()) *State {
 		dirty:    make(map[string]bool),
 		dirtySvc: make(map[string]bool),
 		dirtyEp:  make(map[string]bool),
+		portsOf:  make(map[string][]model.ServicePortName),
 		notify:   notify,
 		now:      time.Now,
 		last:     &Snapshot{Ports: map[model.ServicePortName]*Port{}},
@@ -260,39 +264,39 @@ func (s *State) Snapshot() *Snapshot {
 	next := &Snapshot{
 		Generation:   prev.Generation + 1,
 		Node:         s.node,
-		Ports:        make(map[model.ServicePortName]*Port, len(prev.Ports)),
 		Changed:      make(map[model.ServicePortName]bool),
 		NodeChanged:  s.nodeChanged,
 		Oldest:       s.oldest,
 		TriggerTimes: s.triggers,
 	}
-	for name, p := range prev.Ports {
-		if !s.dirty[name.Namespace+"/"+name.Name] {
-			next.Ports[name] = p
-		}
-	}
+	// Every step is per dirty service, through the index of the ports each
+	// service had in the previous snapshot: a cold start with every service
+	// dirty costs one pass over the ports, not one per service.
+	next.Ports = maps.Clone(prev.Ports)
 	for key := range s.dirty {
-		for name, p := range s.buildLocked(key) {
-			next.Ports[name] = p
+		old := s.portsOf[key]
+		for _, name := range old {
+			delete(next.Ports, name)
 		}
-	}
-	// A port is changed when it appeared, disappeared or differs.
-	for key := range s.dirty {
-		for name, p := range prev.Ports {
-			if name.Namespace+"/"+name.Name != key {
-				continue
-			}
-			if q, ok := next.Ports[name]; !ok || !reflect.DeepEqual(p, q) {
-				next.Changed[name] = true
-			}
-		}
-		for name, q := range next.Ports {
-			if name.Namespace+"/"+name.Name != key {
-				continue
-			}
+		built := s.buildLocked(key)
+		names := make([]model.ServicePortName, 0, len(built))
+		for name, q := range built {
+			next.Ports[name] = q
+			names = append(names, name)
+			// A port is changed when it appeared or differs...
 			if p, ok := prev.Ports[name]; !ok || !reflect.DeepEqual(p, q) {
 				next.Changed[name] = true
 			}
+		}
+		for _, name := range old {
+			if _, ok := built[name]; !ok { // ... or disappeared.
+				next.Changed[name] = true
+			}
+		}
+		if len(names) == 0 {
+			delete(s.portsOf, key)
+		} else {
+			s.portsOf[key] = names
 		}
 	}
 	clear(s.dirty)
@@ -326,9 +330,9 @@ func (s *State) buildLocked(svcKey string) map[model.ServicePortName]*Port {
 // address:port seen in more than one slice (as during a slice migration) is
 // kept once, preferring the entry that is ready, then serving.
 func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v4, v6 []model.PortEndpoint) {
-	seen := make(map[[2]any]int)
+	seen := make(map[netip.AddrPort]int)
 	add := func(list *[]model.PortEndpoint, pe model.PortEndpoint) {
-		k := [2]any{pe.Addr, pe.Port}
+		k := netip.AddrPortFrom(pe.Addr, pe.Port)
 		if i, dup := seen[k]; dup {
 			if better(pe.Endpoint, (*list)[i].Endpoint) {
 				(*list)[i] = pe

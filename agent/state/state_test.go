@@ -1,7 +1,9 @@
 package state
 
 import (
+	"fmt"
 	"net/netip"
+	"reflect"
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/agent/model"
@@ -141,5 +143,63 @@ func TestChangesPending(t *testing.T) {
 	s.Snapshot()
 	if c := s.Counters(); c.ServicesPending != 0 || c.EndpointsPending != 0 {
 		t.Fatalf("after a snapshot: pending %d services, %d endpoints; want 0", c.ServicesPending, c.EndpointsPending)
+	}
+}
+
+// fillCold sets n services of two ports with one slice of 10 endpoints
+// each: what a cold start hands the state before its first snapshot.
+func fillCold(s *State, n int) {
+	ports := []model.ServicePort{{Name: "http", Protocol: "TCP", Port: 80}, {Name: "https", Protocol: "TCP", Port: 443}}
+	for i := range n {
+		name := fmt.Sprint("svc-", i)
+		s.SetService("ns/"+name, &model.Service{Namespace: "ns", Name: name,
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})}, Ports: ports})
+		sl := &model.EndpointSlice{Namespace: "ns", Name: name + "-1", Service: name, Family: model.IPv4,
+			Ports: []model.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}, {Name: "https", Protocol: "TCP", Port: 8443}}}
+		for j := range 10 {
+			sl.Endpoints = append(sl.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, byte(i >> 12), byte(i >> 4), byte(16*(i&15) + j)}), Ready: true, Serving: true})
+		}
+		s.SetSlice("ns/"+name+"-1", sl)
+	}
+}
+
+// BenchmarkSnapshotCold20k is the first snapshot after 20,000 services
+// (40,000 ports) arrived: every service is dirty at once.
+func BenchmarkSnapshotCold20k(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		s := New(nil)
+		fillCold(s, 20000)
+		b.StartTimer()
+		if snap := s.Snapshot(); len(snap.Changed) != 40000 {
+			b.Fatalf("%d ports changed, want 40000", len(snap.Changed))
+		}
+	}
+}
+
+// A port dropped from a Service that stays is gone from the next snapshot
+// and changed, as is the port that replaced it (and the one kept: its
+// Service differs); the other services' ports are shared with the
+// previous snapshot.
+func TestPortReplacedInService(t *testing.T) {
+	s := New(nil)
+	http := model.ServicePort{Name: "http", Protocol: "TCP", Port: 80}
+	s.SetService("ns/web", svc("web", http, model.ServicePort{Name: "admin", Protocol: "TCP", Port: 81}))
+	s.SetService("ns/db", svc("db", model.ServicePort{Name: "sql", Protocol: "TCP", Port: 5432}))
+	first := s.Snapshot()
+	s.SetService("ns/web", svc("web", http, model.ServicePort{Name: "metrics", Protocol: "TCP", Port: 82}))
+	snap := s.Snapshot()
+	name := func(svc, port string) model.ServicePortName {
+		return model.ServicePortName{Namespace: "ns", Name: svc, Port: port}
+	}
+	if _, ok := snap.Ports[name("web", "admin")]; ok {
+		t.Fatalf("removed port still in snapshot: %v", snap.Ports)
+	}
+	want := map[model.ServicePortName]bool{name("web", "admin"): true, name("web", "metrics"): true, name("web", "http"): true}
+	if !reflect.DeepEqual(snap.Changed, want) || len(snap.Ports) != 3 {
+		t.Fatalf("changed = %v (ports %d), want %v (3 ports)", snap.Changed, len(snap.Ports), want)
+	}
+	if snap.Ports[name("db", "sql")] != first.Ports[name("db", "sql")] {
+		t.Fatal("an untouched service's port was rebuilt")
 	}
 }

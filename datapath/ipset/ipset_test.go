@@ -8,8 +8,8 @@ import (
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 func ap(s string) netip.Addr   { return netip.MustParseAddr(s) }

@@ -12,8 +12,8 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // benchPlan has n service ports (ClusterIP, TCP), each with 10 endpoints;

@@ -1,16 +1,14 @@
 package iptables
 
 import (
-	"encoding/binary"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"unsafe"
 
-	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
 )
 
 // A fingerprint is a cheap summary of the kernel's tables that changes
@@ -21,58 +19,6 @@ import (
 // first and skips the checks, which run iptables, while it is unchanged:
 // on a quiet node a check then costs a netlink call or two getsockopts
 // instead of a dozen processes.
-
-// NFTGeneration returns nf_tables' ruleset generation in the calling
-// thread's network namespace.
-func NFTGeneration() (uint32, error) {
-	c, err := netlink.Dial(unix.NETLINK_NETFILTER, nil)
-	if err != nil {
-		return 0, fmt.Errorf("iptables: nf_tables netlink: %w", err)
-	}
-	defer c.Close()
-	return NFTGenerationOn(c)
-}
-
-// NFTGenerationOn asks over an open NETLINK_NETFILTER connection, in
-// whatever namespace it was opened.
-func NFTGenerationOn(c *netlink.Conn) (uint32, error) {
-	const nfnlSubsysNFTables, nftMsgGetGen = 10, 16
-	msgs, err := c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetGen), Flags: netlink.Request},
-		Data:   []byte{unix.AF_UNSPEC, 0, 0, 0}, // nfgenmsg
-	})
-	if err != nil {
-		return 0, fmt.Errorf("iptables: NFT_MSG_GETGEN: %w", err)
-	}
-	for _, m := range msgs {
-		if g, ok, err := GenerationOf(m.Data); err != nil {
-			return 0, fmt.Errorf("iptables: NFT_MSG_GETGEN answer: %w", err)
-		} else if ok {
-			return g, nil
-		}
-	}
-	return 0, errors.New("iptables: NFT_MSG_GETGEN: no generation in the answer")
-}
-
-// GenerationOf reads the ruleset generation from an nf_tables generation
-// message (the answer to NFT_MSG_GETGEN, or the NFT_MSG_NEWGEN event that
-// ends each transaction): its nfgenmsg header, then NFTA_GEN_ID.
-func GenerationOf(data []byte) (gen uint32, ok bool, err error) {
-	if len(data) < 4 {
-		return 0, false, nil
-	}
-	ad, err := netlink.NewAttributeDecoder(data[4:])
-	if err != nil {
-		return 0, false, err
-	}
-	ad.ByteOrder = binary.BigEndian
-	for ad.Next() {
-		if ad.Type() == 1 { // NFTA_GEN_ID
-			return ad.Uint32(), true, nil
-		}
-	}
-	return 0, false, ad.Err()
-}
 
 // xtablesInfo returns the size and rule count of each named x_tables
 // table of fam (IPT_SO_GET_INFO / IP6T_SO_GET_INFO, which copy no rules).
@@ -111,7 +57,7 @@ func xtablesInfo(fam datapath.Family, tables ...string) (uint64, error) {
 // (then every check runs in full).
 func (f *family) fingerprint() (uint64, bool) {
 	if f.x.Variant == NFT {
-		g, err := NFTGeneration()
+		g, err := nfgen.Current()
 		return uint64(g), err == nil
 	}
 	v, err := xtablesInfo(f.cfg.Family, tableNAT, tableFilter)

@@ -20,8 +20,8 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // Kernel tests: a node namespace with pods and an outside client, rules

@@ -7,9 +7,9 @@ import (
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
-	"github.com/edgeproxy/edgeproxy/test/vm"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 )
 
 // benchPlan has n ClusterIP services with 10 endpoints each.
@@ -33,7 +33,7 @@ func benchPlan(n int) *datapath.Plan {
 // BenchmarkApply measures programming n services × 10 endpoints into an
 // empty kernel (full) and the sync after one endpoint's weight changed
 // (partial), with the netlink operations each made. It runs in the VM
-// (test/vm: EDGEPROXY_VM_BENCH=1 go test ./test/vm -run GuestBenchmarks).
+// (test/vm: EDGEPROXY_VM_BENCH=1 go -C test test ./vm -run GuestBenchmarks).
 func BenchmarkApply(b *testing.B) {
 	vm.Guest(b)
 	gate.Root(b)

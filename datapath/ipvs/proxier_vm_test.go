@@ -18,9 +18,9 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
-	"github.com/edgeproxy/edgeproxy/test/vm"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 )
 
 // These tests need IPVS and dummy links, so they run inside the test VM

@@ -22,7 +22,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent"
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // Binary returns the edgeproxy binary to test: $EDGEPROXY_BIN (set by make

@@ -10,7 +10,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
 )
 
 // Dest is a DNAT destination (an endpoint) packed as ip<<16 | port, so that
@@ -208,10 +208,10 @@ func OpenNFT() (Kernel, error) {
 	return &nftKernel{c: c, mon: mon}, nil
 }
 
-func nfgen(family uint8) []byte { return []byte{family, 0, 0, 0} }
+func nfgenmsg(family uint8) []byte { return []byte{family, 0, 0, 0} }
 
 func (k *nftKernel) Generation() (uint64, error) {
-	g, err := iptables.NFTGenerationOn(k.c)
+	g, err := nfgen.Query(k.c)
 	return uint64(g), err
 }
 
@@ -224,7 +224,7 @@ func (k *nftKernel) Scan(fn func(Dest)) error {
 	}
 	msgs, err := k.c.Execute(netlink.Message{
 		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetRule), Flags: netlink.Request | netlink.Dump},
-		Data:   append(nfgen(unix.AF_INET), attrs...),
+		Data:   append(nfgenmsg(unix.AF_INET), attrs...),
 	})
 	if err != nil {
 		if errors.Is(err, unix.ENOENT) {
@@ -347,7 +347,7 @@ func (k *nftKernel) receive() ([]event, error) {
 			}
 			out = append(out, e)
 		case nftMsgNewGen:
-			g, _, err := iptables.GenerationOf(m.Data)
+			g, _, err := nfgen.Parse(m.Data)
 			if err != nil {
 				return nil, err
 			}

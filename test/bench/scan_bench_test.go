@@ -6,7 +6,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // BenchmarkScan is the cost of one ground-truth read of a rule set saved

@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
-	"github.com/edgeproxy/edgeproxy/test/gate"
 )
 
 // TestHarness runs the whole benchmark, small: both proxies and the Wasm

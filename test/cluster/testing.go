@@ -14,7 +14,7 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // tailLines is how much of each log a failed test prints.

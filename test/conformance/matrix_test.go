@@ -9,9 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
-	"github.com/edgeproxy/edgeproxy/test/gate"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 

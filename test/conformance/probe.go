@@ -17,7 +17,7 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // Probe bounds. A probe that gets no answer in probeTimeout counts as

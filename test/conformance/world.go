@@ -19,8 +19,8 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
-	"github.com/edgeproxy/edgeproxy/test/netns"
 )
 
 const (

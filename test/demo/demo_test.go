@@ -12,9 +12,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
 )
 
 func TestDemo(t *testing.T) {

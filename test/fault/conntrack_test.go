@@ -9,8 +9,8 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // refusingCleaner stands in for a conntrack table the kernel will not

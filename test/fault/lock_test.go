@@ -11,8 +11,8 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 const podPort = 8080

@@ -13,10 +13,10 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
 )
 
 const relistRestarts = 3

@@ -11,7 +11,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/snapshot"
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // The state directory full (a 256 KiB tmpfs, filled): writing the snapshot

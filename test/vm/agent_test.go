@@ -1,4 +1,4 @@
-package vm
+package vm_test
 
 import (
 	"os"
@@ -6,7 +6,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 )
 
 // TestAgentIPVS boots one VM and runs test/vm/agentguest there: the agent
@@ -14,7 +15,7 @@ import (
 // modules (bin/modules, `modules/build.sh bin/modules`), real traffic,
 // SIGKILL and restart, and the switch to iptables mode.
 func TestAgentIPVS(t *testing.T) {
-	root, err := moduleRoot()
+	root, err := vm.RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -25,5 +26,5 @@ func TestAgentIPVS(t *testing.T) {
 			gate.Skip(t, "needs "+f+" (make build; modules/build.sh bin/modules)")
 		}
 	}
-	RunGoTests(t, 7*time.Minute, GoTest{Package: "./test/vm/agentguest"})
+	vm.RunGoTests(t, 7*time.Minute, vm.GoTest{Package: "./test/vm/agentguest"})
 }

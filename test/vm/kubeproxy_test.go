@@ -1,4 +1,4 @@
-package vm
+package vm_test
 
 import (
 	"context"
@@ -16,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
@@ -69,7 +70,7 @@ func TestKubeProxyIPVSBaseline(t *testing.T) {
 	if os.Getenv("EDGEPROXY_VM_BENCH") != "1" {
 		t.Skip("opt-in: set EDGEPROXY_VM_BENCH=1")
 	}
-	if err := Check(); err != nil {
+	if err := vm.Check(); err != nil {
 		t.Skip(err)
 	}
 	const services = 1000
@@ -119,7 +120,7 @@ func TestKubeProxyIPVSBaseline(t *testing.T) {
 			time.Sleep(500 * time.Millisecond)
 		}
 	}()
-	res, err := Run(ctx, Options{Dir: dir, Script: kubeProxyScript, Timeout: 35 * time.Minute, Env: []string{
+	res, err := vm.Run(ctx, vm.Options{Dir: dir, Script: kubeProxyScript, Timeout: 35 * time.Minute, Env: []string{
 		"EP_PORT=" + strconv.Itoa(c.Port()), "EP_KUBE_PROXY=" + kp, "EP_SERVICES=" + strconv.Itoa(services)}})
 	cancel()
 	wg.Wait()
@@ -142,7 +143,7 @@ func TestKubeProxyIPVSBaseline(t *testing.T) {
 	n1, s1 := full[m+"_count"+l], full[m+"_sum"+l]
 	n2, s2 := change[m+"_count"+l], change[m+"_sum"+l]
 	if n1 == 0 || n2 <= n1 {
-		t.Fatalf("kube-proxy reported no syncs (%v, %v); log tail:\n%s", n1, n2, tail(log, 3000))
+		t.Fatalf("kube-proxy reported no syncs (%v, %v); log tail:\n%s", n1, n2, log[max(0, len(log)-3000):])
 	}
 	t.Logf("kube-proxy ipvs, %d services x 10 endpoints: %v syncs taking %.2fs in total until all were programmed (first full sync included)", services, n1, s1)
 	t.Logf("kube-proxy ipvs, after one endpoint changed: %v syncs, %.3fs each on average", n2-n1, (s2-s1)/(n2-n1))

@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent"
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -190,7 +191,11 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 			if len(sum) > 12 {
 				sum = sum[:12]
 			}
-			fmt.Fprintf(mw, "  %s\t%s\t%s\t%s\n", m.Chain, m.Module, state, sum)
+			name := m.Module
+			if m.ShadowOf != "" {
+				name += " (shadow of " + m.ShadowOf + ")"
+			}
+			fmt.Fprintf(mw, "  %s\t%s\t%s\t%s\n", m.Chain, name, state, sum)
 		}
 		mw.Flush()
 	}
@@ -288,12 +293,26 @@ func renderExplain(w io.Writer, ex map[string][]planner.Explain) {
 			if e.Policy != nil {
 				b, _ := json.Marshal(e.Policy)
 				fmt.Fprintf(w, "  policy: %s\n", b)
+				renderShadows(w, b)
 			}
 			fmt.Fprintln(w, "  programmed:")
 			for _, f := range e.Frontends {
 				fmt.Fprintf(w, "    %s\n", f)
 			}
 		}
+	}
+}
+
+// renderShadows prints a line per shadow module of the policy verdict
+// (its JSON, b): what it answered and how that differs from the module it
+// shadows. Nothing when there are none.
+func renderShadows(w io.Writer, b []byte) {
+	var v chain.Verdict
+	if json.Unmarshal(b, &v) != nil {
+		return
+	}
+	for _, s := range v.Shadows {
+		fmt.Fprintf(w, "  shadow %s (of %s, never programmed): %s\n", s.Module, s.Of, s.Summary())
 	}
 }
 

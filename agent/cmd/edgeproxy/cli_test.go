@@ -132,3 +132,31 @@ func TestPlanBounded(t *testing.T) {
 		t.Errorf("a stateDir that is a file is not named as such: exit %d: %s", code, errs)
 	}
 }
+
+// explain prints each shadow module's answer, marked as never programmed,
+// after the policy line; a port without shadows gets no such line.
+func TestExplainShowsShadows(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write([]byte(`{"shop/web:http":[{"service":"shop/web:http","family":4,"internal":[],"frontends":[],"weights":{},
+"policy":{"weights":[10,10],"chain":"c","steps":[{"module":"weighted","weights":[10,10]}],
+ "shadows":[{"module":"next","of":"weighted","weights":[30,10],"diff":"weights differ at 1 of 2 endpoints: 10.0.0.1:80 10->30","inputSha256":"0123456789abcdef0123"},
+            {"module":"spin","of":"weighted","failure":"timeout","error":"deadline"}]}}],
+"shop/web:plain":[{"service":"shop/web:plain","family":4,"internal":[],"frontends":[],"weights":{},"policy":{"weights":[1],"chain":"c"}}]}`))
+	}))
+	defer srv.Close()
+	code, out, errs := runCLI(t, "explain", "shop/web", "--server", srv.URL)
+	if code != 0 {
+		t.Fatalf("explain: exit %d: %s", code, errs)
+	}
+	for _, want := range []string{
+		"  shadow next (of weighted, never programmed): [30 10] differs (weights differ at 1 of 2 endpoints: 10.0.0.1:80 10->30) input 0123456789ab\n",
+		"  shadow spin (of weighted, never programmed): FAILED timeout (deadline)\n",
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("explain output lacks %q:\n%s", want, out)
+		}
+	}
+	if n := strings.Count(out, "shadow "); n != 2 {
+		t.Errorf("%d shadow lines, want 2:\n%s", n, out)
+	}
+}

@@ -10,7 +10,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // TestCompletionTableMatchesParsers hands every flag of the completion

@@ -11,8 +11,8 @@ import (
 	"time"
 
 	edgeagent "github.com/edgeproxy/edgeproxy/agent"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // conflictWorld is two LoadBalancer Services whose status claims the same

@@ -21,9 +21,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
 )
 
 const (

@@ -11,8 +11,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // writeFile replaces path atomically, as a config manager would.

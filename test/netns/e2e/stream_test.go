@@ -10,7 +10,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // killRestartUnderStream SIGKILLs the agent while client opens a bounded

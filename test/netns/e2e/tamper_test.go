@@ -9,8 +9,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // Someone flushes edgeproxy's chains by hand: the running agent notices and

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // A typical kernel test: a node with two pods and an outside client.

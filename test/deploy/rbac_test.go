@@ -1,8 +1,13 @@
+// Package deploy holds the tests of deploy/'s files that need a real
+// kube-apiserver (test/cluster): they live in the test module, with the
+// harness.
 package deploy_test
 
 import (
 	"context"
 	"errors"
+	"os"
+	"strings"
 	"testing"
 	"time"
 
@@ -14,12 +19,13 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"sigs.k8s.io/yaml"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
-	"github.com/edgeproxy/edgeproxy/test/gate"
 )
 
-// TestRBACOnAPIServer applies rbac.yaml to a real kube-apiserver (RBAC
+// TestRBACOnAPIServer applies deploy/rbac.yaml to a real kube-apiserver (RBAC
 // authorizer) and acts as a node's identity, user edgeproxy:node:edge-1 in
 // group edgeproxy:nodes, through impersonation: everything the agent needs is
 // allowed, everything else is forbidden.
@@ -40,9 +46,7 @@ func TestRBACOnAPIServer(t *testing.T) {
 	})
 	admin := c.Client()
 
-	objs := decodeAll(t, "rbac.yaml")
-	role := only[*rbacv1.ClusterRole](t, objs)
-	binding := only[*rbacv1.ClusterRoleBinding](t, objs)
+	role, binding := readRBAC(t, "../../deploy/rbac.yaml")
 	if _, err := admin.RbacV1().ClusterRoles().Create(ctx, role, metav1.CreateOptions{}); err != nil {
 		t.Fatal(err)
 	}
@@ -177,4 +181,36 @@ func TestRBACOnAPIServer(t *testing.T) {
 	if errors.Is(ctx.Err(), context.DeadlineExceeded) {
 		t.Fatal("test ran out of time")
 	}
+}
+
+// readRBAC decodes the ClusterRole and ClusterRoleBinding of a manifest
+// strictly (unknown fields fail); deploy's own tests check the rest of it.
+func readRBAC(t *testing.T, path string) (*rbacv1.ClusterRole, *rbacv1.ClusterRoleBinding) {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var role *rbacv1.ClusterRole
+	var binding *rbacv1.ClusterRoleBinding
+	for doc := range strings.SplitSeq(string(b), "\n---\n") {
+		var obj any
+		switch {
+		case strings.Contains("\n"+doc, "\nkind: ClusterRole\n"):
+			role = &rbacv1.ClusterRole{}
+			obj = role
+		case strings.Contains("\n"+doc, "\nkind: ClusterRoleBinding\n"):
+			binding = &rbacv1.ClusterRoleBinding{}
+			obj = binding
+		default:
+			continue
+		}
+		if err := yaml.UnmarshalStrict([]byte(doc), obj); err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+	}
+	if role == nil || binding == nil {
+		t.Fatalf("%s: no ClusterRole or no ClusterRoleBinding", path)
+	}
+	return role, binding
 }

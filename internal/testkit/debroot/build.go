@@ -7,7 +7,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // Packages is the directory `make package` wrote to, from

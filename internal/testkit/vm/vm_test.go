@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 func needVM(t *testing.T) {

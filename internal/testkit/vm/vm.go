@@ -9,6 +9,10 @@
 // built on the host runs inside unchanged. The shared directory (Options.Dir)
 // is mounted writable at its host path; /tmp, /run, /var and /dev/shm are
 // tmpfs. The guest's eth0 is qemu's user network: the host is 10.0.2.2.
+//
+// The suites that boot it (the guest packages, the agent in IPVS mode, the
+// kube-proxy baseline) are in test/vm, in the test module; this runner sits
+// in the main module so that the main module's guest tests can call Guest.
 package vm
 
 import (

@@ -6,7 +6,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/vm"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 )
 
 // Boot once, run a script that uses IPVS and a dummy link, and read what

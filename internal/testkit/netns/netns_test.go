@@ -4,8 +4,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
-	"github.com/edgeproxy/edgeproxy/test/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 func TestTopology(t *testing.T) {

@@ -25,7 +25,7 @@ import (
 	"syscall"
 	"testing"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // Root is a throwaway dpkg root.
@@ -37,7 +37,7 @@ type Root struct {
 // holds the first line of `edgeproxy version` of the running binary,
 // "enabled" marks an enabled unit, "log" lists the commands (for messages).
 const fakeSystemctl = `#!/bin/sh
-# Stand-in for systemctl in a throwaway root (test/debroot).
+# Stand-in for systemctl in a throwaway root (internal/testkit/debroot).
 s=/run/fake-systemd
 mkdir -p $s
 echo "systemctl $*" >>$s/log
@@ -210,5 +210,5 @@ func Source(t *testing.T) string {
 	if !ok {
 		t.Fatal("no caller")
 	}
-	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", ".."))
+	return filepath.Clean(filepath.Join(filepath.Dir(file), "..", "..", ".."))
 }

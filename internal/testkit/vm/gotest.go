@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/test/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 // Guest lets the calling test run only inside the VM. On the host it skips
@@ -26,8 +26,9 @@ func Guest(t testing.TB) {
 
 // GoTest is one package whose test binary runs in the guest.
 type GoTest struct {
-	// Package as given to `go test`, relative to the module root, e.g.
-	// "./datapath/ipvs".
+	// Package is the package's directory relative to the repository root,
+	// e.g. "./datapath/ipvs" or "./test/vm/agentguest": either Go module
+	// of the repository (the main one or test/'s).
 	Package string
 	// Args are extra test flags, e.g. "-test.run=Kernel".
 	Args []string
@@ -38,7 +39,7 @@ func (g GoTest) name() string {
 }
 
 // RunGoTests builds each package's test binary on the host (CGO_ENABLED=0,
-// `go test -c`), boots one VM, runs every binary there with -test.v in
+// `go test -c` in the package's directory, so in its own module), boots one VM, runs every binary there with -test.v in
 // order, and reports each package as a subtest of t that fails when its
 // binary did. EDGEPROXY_REQUIRE_ALL is passed through, so a guest test
 // that would skip fails in CI. timeout bounds the whole run.
@@ -47,7 +48,7 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	if err := Check(); err != nil {
 		gate.Skip(t, err.Error())
 	}
-	root, err := moduleRoot()
+	root, err := RepoRoot()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -59,8 +60,8 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	script.WriteString("ulimit -c 0\n")
 	for _, g := range tests {
 		bin := filepath.Join(dir, g.name()+".test")
-		cmd := exec.Command("go", "test", "-c", "-o", bin, g.Package)
-		cmd.Dir = root
+		cmd := exec.Command("go", "test", "-c", "-o", bin, ".")
+		cmd.Dir = filepath.Join(root, g.Package)
 		cmd.Env = append(os.Environ(), "CGO_ENABLED=0")
 		if out, err := cmd.CombinedOutput(); err != nil {
 			t.Fatalf("vm: build %s: %v\n%s", g.Package, err, out)
@@ -108,46 +109,49 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	}
 }
 
-func moduleRoot() (string, error) {
-	out, err := exec.Command("go", "env", "GOMOD").Output()
+// RepoRoot returns the repository's root directory: that of the main
+// module, github.com/edgeproxy/edgeproxy, whether the caller runs in it or
+// in the test module (which replaces it with ../).
+func RepoRoot() (string, error) {
+	out, err := exec.Command("go", "list", "-m", "-f", "{{.Dir}}", mainModule).Output()
 	if err != nil {
-		return "", fmt.Errorf("vm: go env GOMOD: %w", err)
+		return "", fmt.Errorf("vm: go list -m %s: %w", mainModule, err)
 	}
-	mod := strings.TrimSpace(string(out))
-	if mod == "" || mod == os.DevNull {
-		return "", fmt.Errorf("vm: not inside a Go module")
+	dir := strings.TrimSpace(string(out))
+	if dir == "" {
+		return "", fmt.Errorf("vm: module %s has no directory (not inside the repository?)", mainModule)
 	}
-	return filepath.Dir(mod), nil
+	return dir, nil
 }
 
+const mainModule = "github.com/edgeproxy/edgeproxy"
+
 // touchSources stats every file of the packages and of their dependencies
-// inside the module. The go test cache keys a cached result on the files a
+// inside the repository (both modules). The go test cache keys a cached result on the files a
 // test consulted; without this, a change to a guest package would not
 // invalidate TestGuestPackages' cached pass.
 func touchSources(root string, tests []GoTest) error {
-	args := []string{"list", "-deps", "-test", "-f", "{{.Dir}}"}
-	for _, g := range tests {
-		args = append(args, g.Package)
-	}
-	cmd := exec.Command("go", args...)
-	cmd.Dir = root
-	out, err := cmd.Output()
-	if err != nil {
-		return fmt.Errorf("vm: go list: %w", err)
-	}
 	seen := map[string]bool{}
-	for _, d := range strings.Fields(string(out)) {
-		if seen[d] || !strings.HasPrefix(d, root+string(filepath.Separator)) {
-			continue
-		}
-		seen[d] = true
-		entries, err := os.ReadDir(d)
+	for _, g := range tests {
+		cmd := exec.Command("go", "list", "-deps", "-test", "-f", "{{.Dir}}", ".")
+		cmd.Dir = filepath.Join(root, g.Package)
+		out, err := cmd.Output()
 		if err != nil {
-			return fmt.Errorf("vm: %w", err)
+			return fmt.Errorf("vm: go list %s: %w", g.Package, err)
 		}
-		for _, e := range entries {
-			if !e.IsDir() {
-				_, _ = os.Stat(filepath.Join(d, e.Name()))
+		for _, d := range strings.Fields(string(out)) {
+			if seen[d] || !strings.HasPrefix(d, root+string(filepath.Separator)) {
+				continue
+			}
+			seen[d] = true
+			entries, err := os.ReadDir(d)
+			if err != nil {
+				return fmt.Errorf("vm: %w", err)
+			}
+			for _, e := range entries {
+				if !e.IsDir() {
+					_, _ = os.Stat(filepath.Join(d, e.Name()))
+				}
 			}
 		}
 	}

@@ -1,0 +1,101 @@
+package agent
+
+import (
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// watched is a datapath whose kernel objects are unchanged while told so
+// (the iptables datapath reads its tables' fingerprint; see
+// datapath/iptables TestUnchangedFollowsTheKernel for the real kernel).
+type watched struct {
+	flaky
+	unchanged atomic.Bool
+}
+
+func (w *watched) Unchanged() bool { return w.unchanged.Load() }
+
+// dueCompare makes the periodic compare due at the next sync, and pokes it.
+func dueCompare(a *Agent) {
+	a.mu.Lock()
+	a.lastFull = time.Now().Add(-2 * a.Config().Sync.Period)
+	a.mu.Unlock()
+	a.runner.Run()
+}
+
+// A periodic compare on a quiet node, state and kernel unmoved, plans and
+// applies nothing; once the kernel moved, the next one compares in full.
+func TestQuietPeriodicCompare(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &watched{}
+	b.unchanged.Store(true)
+	a := startAgent(t, b, dir)
+	<-a.Synced()
+	// The first apply was full; the compare that follows it a quiet one.
+	n := len(b.got())
+	a.metrics.lastSync.Set(0)
+	for i := range 3 {
+		dueCompare(a)
+		eventually(t, "a quiet compare", func() bool { return testutil.ToFloat64(a.metrics.quietCompares) == float64(i+1) })
+	}
+	if got := len(b.got()); got != n {
+		t.Fatalf("quiet compares applied %d plans", got-n)
+	}
+	if ts := testutil.ToFloat64(a.metrics.lastSync); ts == 0 {
+		t.Errorf("last sync timestamp %v not kept current by quiet syncs", ts)
+	}
+
+	b.unchanged.Store(false) // a foreign write to the tables
+	dueCompare(a)
+	eventually(t, "a full compare", func() bool { return len(b.got()) > n })
+	if p := b.got()[n]; !p.Full || testutil.ToFloat64(a.metrics.quietCompares) != 3 {
+		t.Fatalf("after a kernel write: plan full=%v, quiet compares %v; want a full plan", p.Full, testutil.ToFloat64(a.metrics.quietCompares))
+	}
+}
+
+// A change that arrives when the compare is due is applied first, as a
+// partial plan; the compare follows in the next sync.
+func TestChangeDoesNotWaitForCompare(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	b := &watched{} // the kernel cannot vouch: every compare is a full one
+	a := startAgent(t, b, dir)
+	<-a.Synced()
+	n := len(b.got())
+	a.mu.Lock()
+	a.lastFull = time.Now().Add(-2 * a.Config().Sync.Period)
+	a.mu.Unlock()
+	a.state.SetService("t/api", &model.Service{Namespace: "t", Name: "api",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.6")}, Ports: []model.ServicePort{{Protocol: "TCP", Port: 80}}})
+	eventually(t, "two plans", func() bool { return len(b.got()) >= n+2 })
+	change, compare := b.got()[n], b.got()[n+1]
+	if change.Full || !change.Changed["t/api"] || !hasService(change, "t/api") {
+		t.Fatalf("the change came in plan full=%v changed=%v; want a partial plan with t/api:", change.Full, change.Changed)
+	}
+	if !compare.Full {
+		t.Fatal("the compare did not follow the change")
+	}
+}
+
+func hasService(p *datapath.Plan, svc string) bool {
+	for _, f := range p.Frontends {
+		if f.Service == svc {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,66 @@
+package iptables_test
+
+import (
+	"context"
+	"testing"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/iptables"
+)
+
+// TestUnchangedFollowsTheKernel: Unchanged vouches for the tables only
+// once the tamper monitor verified them, keeps vouching across our own
+// applies, and stops at the first foreign write until a check passes again.
+// The agent skips its periodic compare while it holds.
+func TestUnchangedFollowsTheKernel(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		e := newEnv(t, v, 2, nil)
+		plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+			fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1)),
+		}}
+		unchanged := func() (got bool) {
+			t.Helper()
+			if err := e.node.Do(func() error { got = e.p.Unchanged(); return nil }); err != nil {
+				t.Fatal(err)
+			}
+			return got
+		}
+		verify := func() {
+			t.Helper()
+			if err := e.node.Do(func() error {
+				bad, err := e.p.Tampered(context.Background())
+				if bad {
+					t.Fatal("our rules taken for tampered")
+				}
+				return err
+			}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if unchanged() {
+			t.Fatal("Unchanged before any apply")
+		}
+		e.mustApply(plan)
+		if unchanged() {
+			t.Fatal("Unchanged before the tamper monitor verified the tables")
+		}
+		verify()
+		if !unchanged() {
+			t.Fatal("not Unchanged after a passing tamper check")
+		}
+		e.mustApply(&datapath.Plan{Changed: map[string]bool{"default/x:": true}, Frontends: []datapath.Frontend{
+			fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(1, 1)),
+		}})
+		if !unchanged() {
+			t.Fatal("our own apply made the tables look changed")
+		}
+		e.iptables("-t", "nat", "-N", "SOMEONE-ELSE")
+		if unchanged() {
+			t.Fatal("Unchanged after a foreign write")
+		}
+		verify()
+		if !unchanged() {
+			t.Fatal("not Unchanged after the check that followed the foreign write")
+		}
+	})
+}
