@@ -476,8 +476,10 @@ func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map
 }
 
 // reuse returns how render takes units from the last apply: those of
-// service ports the plan says did not change are not rendered again. Nil
-// (render everything) on a full or compare-all sync.
+// service ports the plan says did not change are not rendered again but
+// taken as the summaries kept (see family.ruleset for when they are
+// rendered after all). Nil (render everything) on a full or compare-all
+// sync.
 func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id, service string) *unit {
 	if full || compareAll || plan.Changed == nil {
 		return nil

@@ -110,8 +110,9 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 	return render(cfg, frontends, nil)
 }
 
-// render is Render with a cache: reuse may return the unit rendered for the
-// same id before, which is then taken as is.
+// render is Render with a cache: reuse may return the summary of the unit
+// written for the same id before (unit.summarize), which is then taken as
+// is: its digests and chain names, without rules.
 func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service string) *unit) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
 	byUnit := map[string][]*datapath.Frontend{}
