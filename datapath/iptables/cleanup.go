@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"os/exec"
-	"strings"
 	"time"
 
 	goipt "github.com/coreos/go-iptables/iptables"
@@ -54,7 +53,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		if err := f.cleanup(ctx); err != nil {
 			errs = append(errs, err)
 		}
-		f.applied, f.last, f.lastChains, f.units, f.lastFixed = false, nil, nil, nil, nil
+		f.applied, f.units, f.lastFixed, f.lastFixedSum = false, nil, nil, digest{}
 	}
 	// Chains a previous run left under the other backend or family.
 	if err := CleanupAll(ctx, p.log); err != nil {
@@ -66,7 +65,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 func (f *family) cleanup(ctx context.Context) error {
 	var errs []error
 	for _, j := range append(jumps(f.cfg.Family), obsoleteJumps()...) {
-		if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
+		if err := f.ipt.DeleteIfExists(j.table, j.chain, j.rule.args()...); err != nil {
 			var e *goipt.Error
 			if !errors.As(err, &e) || !e.IsNotExist() {
 				errs = append(errs, fmt.Errorf("iptables: delete jump %s/%s: %w", j.table, j.chain, err))
@@ -80,22 +79,18 @@ func (f *family) cleanup(ctx context.Context) error {
 	if len(chains) == 0 {
 		return errors.Join(errs...)
 	}
-	var b strings.Builder
-	for _, t := range []string{tableFilter, tableNAT} {
-		fmt.Fprintf(&b, "*%s\n", t)
-		for _, c := range chains {
-			if c.table == t {
-				fmt.Fprintf(&b, ":%s - [0:0]\n", c.name)
-			}
-		}
-		for _, c := range chains {
-			if c.table == t {
-				fmt.Fprintf(&b, "-X %s\n", c.name)
-			}
-		}
-		b.WriteString("COMMIT\n")
+	var tx transaction
+	for _, c := range chains {
+		tx.declare("", c)
 	}
-	if err := f.restore(ctx, []byte(b.String())); err != nil {
+	for _, c := range chains {
+		tx.delete(c)
+	}
+	text, _, err := tx.render()
+	if err == nil {
+		err = f.restore(ctx, text)
+	}
+	if err != nil {
 		errs = append(errs, fmt.Errorf("iptables: cleanup: %w", err))
 	}
 	return errors.Join(errs...)

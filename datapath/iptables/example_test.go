@@ -20,7 +20,11 @@ func ExampleRender() {
 		},
 	}}
 	rs := iptables.Render(iptables.Config{Family: datapath.IPv4, MasqueradeBit: 14}, frontends)
-	for _, l := range strings.Split(rs.RestoreText(), "\n") {
+	text, err := rs.RestoreText()
+	if err != nil {
+		fmt.Println(err)
+	}
+	for _, l := range strings.Split(text, "\n") {
 		if strings.HasPrefix(l, "-A EP-SVC-") {
 			fmt.Println(l)
 		}

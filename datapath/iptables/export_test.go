@@ -1,16 +1,28 @@
 package iptables
 
-import "testing"
+import (
+	"net/netip"
+	"testing"
+)
 
 // BreakService makes every rendering of the named service port carry a
-// rule the kernel refuses, until the test ends. It stands in for any
-// kernel-side refusal of one service's rules (a missing match module, a
-// limit) so that failure isolation can be tested with the real kernel.
+// rule the kernel refuses, until the test ends: a source of the other IP
+// family, which iptables-restore cannot parse and reports with its line
+// under both backends. It stands in for any refusal of one service's
+// rules (a missing match module, a limit) so that failure isolation can
+// be tested with the real kernel.
 func BreakService(t testing.TB, service string) {
 	renderHook = func(u *unit) {
-		if u.service == service && len(u.chains) > 0 {
-			u.chains[0].rules = append(u.chains[0].rules, "-m no-such-match-module -j RETURN")
+		if u.service != service || len(u.chains) == 0 {
+			return
 		}
+		bad := netip.MustParsePrefix("fd00:bad::/64")
+		for _, r := range u.chains[0].rules {
+			if r.target.kind == tDNAT && r.target.to.Addr().Is6() {
+				bad = netip.MustParsePrefix("192.0.2.0/24")
+			}
+		}
+		u.chains[0].rules = append(u.chains[0].rules, rule{matches: []match{srcIn(bad)}, target: verdict(tReturn)})
 	}
 	t.Cleanup(func() { renderHook = nil })
 }

@@ -13,9 +13,7 @@ import (
 	"log/slog"
 	"maps"
 	"net/netip"
-	"regexp"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -123,16 +121,19 @@ var (
 type family struct {
 	cfg Config
 	x   *xtables.Tool   // the backend's tools: restore, save, listings
+	io  tablesIO        // f.x, or a fake in unit tests
 	ipt *goipt.IPTables // rule-by-rule edits of the jumps
 	log *slog.Logger
 
-	applied     bool                // a plan was applied since start
-	needFull    bool                // the last apply failed
-	last        map[string][32]byte // unit id -> digest of its chains as written
-	lastChains  map[tableChain]bool // per-unit chains as written
-	units       map[string]*unit    // the units as last written, for reuse
-	lastFixed   map[tableChain][32]byte
-	lastRewrite time.Time // of the last full rewrite
+	applied  bool // a plan was applied since start
+	needFull bool // the last apply failed
+	// units are the summaries of the units as last written (see
+	// unit.summarize): their chains and digests, no rule text. Reused by
+	// partial syncs for the units that did not change.
+	units        map[string]*unit
+	lastFixed    map[tableChain]digest // digests of the fixed chains as written
+	lastFixedSum digest                // Ruleset.fixedSum as written
+	lastRewrite  time.Time             // of the last full rewrite
 
 	npa     []netip.Prefix // nodePortAddresses of this family
 	primary bool           // plus the node's primary address
@@ -144,6 +145,14 @@ type family struct {
 	readFP     uint64 // read before the running full check
 	readOK     bool
 	fullChecks int // how many ran, for tests
+}
+
+// tablesIO is what a sync needs of the tables: restores and listings
+// (iptables -t TABLE -S). *xtables.Tool implements it; unit tests use a
+// fake.
+type tablesIO interface {
+	RestoreNoFlush(ctx context.Context, text []byte) error
+	Run(ctx context.Context, args ...string) (string, error)
 }
 
 // New detects the iptables backend, checks that our chains are not held by
@@ -230,7 +239,7 @@ func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %s: %w", x.IPTables, err)
 	}
-	return &family{cfg: Config{Family: fam}, x: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
+	return &family{cfg: Config{Family: fam}, x: x, io: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
 }
 
 func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
@@ -376,55 +385,23 @@ type applyStats struct {
 // emptyRestore is the restore input of a partial sync that changes nothing.
 var emptyRestore = []byte("*filter\nCOMMIT\n*nat\nCOMMIT\n")
 
-var lineRE = regexp.MustCompile(`line:? (\d+)`)
-
 func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAll bool) (applyStats, error) {
 	var st applyStats
-	rs := render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
-	errs := rs.Errors
 	existing, missing, listed, err := f.existingChains(full)
 	if err != nil {
 		f.needFull = true
 		st.fatal = true
-		return st, errors.Join(append(errs, err)...)
+		return st, err
 	}
-	// Each round either succeeds or drops the unit that a failed line
-	// belongs to; the bound keeps a systematic failure from looping.
-	const maxRounds = 8
-	var desired map[tableChain]string
-	var ws writeSpec
-	var fixed map[tableChain][32]byte
-	for round := 0; ; round++ {
-		desired = rs.chains()
-		ws = f.writeSpec(rs, desired, existing, missing, full)
-		var text []byte
-		var owner []string
-		text, owner, fixed = rs.restoreText(ws)
-		st.bytes = len(text)
-		if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
-			break // nothing changed
-		}
-		restoreErr := f.restore(ctx, text)
-		if restoreErr == nil {
-			break
-		}
-		st.failures++
-		id := failedUnit(restoreErr, owner)
-		if id == "" || round == maxRounds-1 {
-			f.needFull = true
-			st.fatal = true
-			return st, errors.Join(append(errs, restoreErr)...)
-		}
-		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: fmt.Errorf("iptables: unit %s: %w", id, restoreErr)})
-		rs.drop(id)
-	}
-	if full && !listed {
+	rs, ws, fixed, errs, err := f.write(ctx, &st, plan, full, compareAll, existing, missing)
+	if err == nil && full && !listed {
 		// A periodic rewrite: the jumps are checked one by one.
-		if err := f.ensureJumps(); err != nil {
-			f.needFull = true
-			st.fatal = true
-			return st, errors.Join(append(errs, err)...)
-		}
+		err = f.ensureJumps()
+	}
+	if err != nil {
+		f.needFull = true
+		st.fatal = true
+		return st, errors.Join(append(errs, err)...)
 	}
 	st.units = len(rs.units)
 	if ws.write == nil {
@@ -432,14 +409,77 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 	} else {
 		st.written = len(ws.write)
 	}
-	f.remember(rs, desired, fixed, full)
+	f.remember(rs, fixed, full)
 	st.rules = rs.ruleCounts()
 	return st, errors.Join(errs...)
 }
 
+// write renders the plan and writes it in one restore. When the restore
+// fails on a unit's line, that unit is left out (its error in errs) and
+// the rest written again; err is a failure no unit is to blame for, or
+// the last one after maxRounds.
+func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan, full, compareAll bool, existing []tableChain, missing []jump) (
+	rs *Ruleset, ws writeSpec, fixed map[tableChain]digest, errs []error, err error) {
+	// Each round either succeeds or drops the unit that a failed line
+	// belongs to; the bound keeps a systematic failure from looping.
+	const maxRounds = 8
+	dropped := map[string]bool{}
+	for round := 0; ; round++ {
+		var keepFixed bool
+		rs, keepFixed = f.ruleset(plan, full, compareAll, dropped)
+		if round == 0 {
+			errs = rs.Errors
+		}
+		ws = f.writeSpec(rs, rs.chains(), existing, missing, full)
+		ws.keepFixed = keepFixed
+		var text []byte
+		var owner []string
+		text, owner, fixed, err = rs.restoreText(ws)
+		st.bytes = len(text)
+		if err == nil {
+			if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
+				return rs, ws, fixed, errs, nil // nothing changed
+			}
+			err = f.restore(ctx, text)
+		}
+		if err == nil {
+			return rs, ws, fixed, errs, nil
+		}
+		st.failures++
+		id := failedOwner(err, owner)
+		if id == "" || round == maxRounds-1 {
+			return rs, ws, fixed, errs, err
+		}
+		var oe *opError
+		if !errors.As(err, &oe) { // an opError names its unit already
+			err = fmt.Errorf("iptables: unit %s: %w", id, err)
+		}
+		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: err})
+		dropped[id] = true
+	}
+}
+
+// ruleset renders the plan, reusing the units of the last sync that did
+// not change (see reuse) and leaving out the dropped ones. keepFixed says
+// the fixed chains are as last written; when they are not, units taken
+// from the last sync are rendered again, as the fixed chains hold rules
+// of every unit.
+func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map[string]bool) (rs *Ruleset, keepFixed bool) {
+	rs = render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
+	rs.dropAll(dropped)
+	keepFixed = !full && rs.fixedSum() == f.lastFixedSum
+	if !keepFixed && rs.summaries() {
+		rs = render(f.cfg, plan.Frontends, nil)
+		rs.dropAll(dropped)
+	}
+	return rs, keepFixed
+}
+
 // reuse returns how render takes units from the last apply: those of
-// service ports the plan says did not change are not rendered again. Nil
-// (render everything) on a full or compare-all sync.
+// service ports the plan says did not change are not rendered again but
+// taken as the summaries kept (see family.ruleset for when they are
+// rendered after all). Nil (render everything) on a full or compare-all
+// sync.
 func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id, service string) *unit {
 	if full || compareAll || plan.Changed == nil {
 		return nil
@@ -466,8 +506,8 @@ func (f *family) existingChains(full bool) (existing []tableChain, missing []jum
 		existing, missing, err = f.listOurs()
 		return existing, missing, true, err
 	case full:
-		for c := range f.lastChains {
-			existing = append(existing, c)
+		for _, u := range f.units {
+			existing = append(existing, u.names...)
 		}
 	}
 	return existing, nil, false, nil
@@ -489,45 +529,33 @@ func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]string, existing 
 	}
 	ws.write = map[string]bool{}
 	for _, u := range rs.units {
-		if d, ok := f.last[u.id]; !ok || d != u.digest {
+		if last, ok := f.units[u.id]; !ok || last.digest != u.digest {
 			ws.write[u.id] = true
 		}
 	}
-	for c := range f.lastChains {
-		if _, ok := desired[c]; !ok {
-			ws.stale = append(ws.stale, c)
+	for _, u := range f.units {
+		for _, c := range u.names {
+			if _, ok := desired[c]; !ok {
+				ws.stale = append(ws.stale, c)
+			}
 		}
 	}
 	ws.fixed = f.lastFixed
 	return ws
 }
 
-// failedUnit returns the unit that owns the line iptables-restore names in
-// its error, or "" when the line is not known or not a unit's.
-func failedUnit(restoreErr error, owner []string) string {
-	m := lineRE.FindStringSubmatch(restoreErr.Error())
-	if m == nil {
-		return ""
-	}
-	if n, _ := strconv.Atoi(m[1]); n >= 1 && n <= len(owner) {
-		return owner[n-1]
-	}
-	return ""
-}
-
-// remember records what a successful apply wrote, for the next one.
-func (f *family) remember(rs *Ruleset, desired map[tableChain]string, fixed map[tableChain][32]byte, full bool) {
-	f.last = make(map[string][32]byte, len(rs.units))
+// remember records what a successful apply wrote, for the next one: unit
+// summaries and digests, no rule text.
+func (f *family) remember(rs *Ruleset, fixed map[tableChain]digest, full bool) {
 	f.units = make(map[string]*unit, len(rs.units))
 	for _, u := range rs.units {
-		f.last[u.id] = u.digest
+		if !u.summary {
+			u = u.summarize()
+		}
 		f.units[u.id] = u
 	}
-	f.lastChains = make(map[tableChain]bool, len(desired))
-	for c := range desired {
-		f.lastChains[c] = true
-	}
 	f.lastFixed = fixed
+	f.lastFixedSum = rs.fixedSum()
 	if full {
 		f.lastRewrite = time.Now()
 	}
@@ -555,7 +583,7 @@ func (f *family) ourChains() ([]tableChain, error) {
 func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 	rules := map[string]string{}
 	for _, t := range []string{tableNAT, tableFilter} {
-		out, err := f.x.Run(context.Background(), "-t", t, "-S")
+		out, err := f.io.Run(context.Background(), "-t", t, "-S")
 		if err != nil {
 			return nil, nil, fmt.Errorf("iptables: list the chains of %s: %w", t, err)
 		}
@@ -573,8 +601,8 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 	}
 	for _, j := range obsoleteJumps() {
 		if hasRule(rules[j.table], j) {
-			if err := f.ipt.DeleteIfExists(j.table, j.chain, j.spec...); err != nil {
-				return nil, nil, fmt.Errorf("iptables: delete obsolete jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err)
+			if err := f.ipt.DeleteIfExists(j.table, j.chain, j.rule.args()...); err != nil {
+				return nil, nil, fmt.Errorf("iptables: delete obsolete jump %s/%s -> %s: %w", j.table, j.chain, j.to(), err)
 			}
 		}
 	}
@@ -584,15 +612,9 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 // hasRule reports whether a listing (iptables -S or iptables-save) holds
 // rule j: a rule in its chain that jumps to its target with its comment.
 func hasRule(listing string, j jump) bool {
-	target := j.spec[len(j.spec)-1]
-	comment := ""
-	for i := range j.spec {
-		if j.spec[i] == "--comment" && i+1 < len(j.spec) {
-			comment = j.spec[i+1]
-		}
-	}
+	target := j.to()
 	for _, l := range strings.Split(listing, "\n") {
-		if strings.HasPrefix(l, "-A "+j.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, comment) {
+		if strings.HasPrefix(l, "-A "+j.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, j.rule.comment) {
 			return true
 		}
 	}
@@ -600,7 +622,7 @@ func hasRule(listing string, j jump) bool {
 }
 
 func (f *family) restore(ctx context.Context, text []byte) error {
-	if err := f.x.RestoreNoFlush(ctx, text); err != nil {
+	if err := f.io.RestoreNoFlush(ctx, text); err != nil {
 		return fmt.Errorf("iptables: %w", err)
 	}
 	return nil
@@ -615,48 +637,20 @@ func (f *family) ensureJumps() error {
 	js := jumps(f.cfg.Family)
 	slices.Reverse(js)
 	for _, j := range js {
-		ok, err := f.ipt.Exists(j.table, j.chain, j.spec...)
+		args := j.rule.args()
+		ok, err := f.ipt.Exists(j.table, j.chain, args...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("iptables: check jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err))
+			errs = append(errs, fmt.Errorf("iptables: check jump %s/%s -> %s: %w", j.table, j.chain, j.to(), err))
 			continue
 		}
 		if ok {
 			continue
 		}
-		if err := f.ipt.Insert(j.table, j.chain, 1, j.spec...); err != nil {
-			errs = append(errs, fmt.Errorf("iptables: insert jump %s/%s -> %s: %w", j.table, j.chain, j.spec[len(j.spec)-1], err))
+		if err := f.ipt.Insert(j.table, j.chain, 1, args...); err != nil {
+			errs = append(errs, fmt.Errorf("iptables: insert jump %s/%s -> %s: %w", j.table, j.chain, j.to(), err))
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// splitSpec splits a rendered rule spec into arguments, honouring double
-// quotes (the only quoting the renderer produces).
-func splitSpec(s string) []string {
-	var out []string
-	var cur strings.Builder
-	inQ, have := false, false
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		switch {
-		case c == '"':
-			inQ = !inQ
-			have = true
-		case c == ' ' && !inQ:
-			if have {
-				out = append(out, cur.String())
-				cur.Reset()
-				have = false
-			}
-		default:
-			cur.WriteByte(c)
-			have = true
-		}
-	}
-	if have {
-		out = append(out, cur.String())
-	}
-	return out
 }
 
 // ruleCounts returns how many rules the ruleset holds per table.
@@ -667,11 +661,8 @@ func (rs *Ruleset) ruleCounts() map[string]int {
 		out[r.table]++
 	}
 	for _, u := range rs.units {
-		for _, r := range u.top {
-			out[r.table]++
-		}
-		for _, c := range u.chains {
-			out[c.table] += len(c.rules)
+		for i, t := range tables {
+			out[t] += int(u.rules[i])
 		}
 	}
 	return out

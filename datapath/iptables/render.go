@@ -3,10 +3,12 @@ package iptables
 import (
 	"crypto/sha256"
 	"fmt"
+	"hash"
 	"net/netip"
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -50,39 +52,47 @@ type Config struct {
 	HealthCheckPorts []uint16
 }
 
-func (c *Config) markMasq() string {
-	return fmt.Sprintf("0x%x", uint32(1)<<uint(c.MasqueradeBit))
-}
+func (c *Config) markMasq() uint32 { return uint32(1) << uint(c.MasqueradeBit) }
 
-func (c *Config) hostMask() string {
-	if c.Family == datapath.IPv6 {
-		return "/128"
-	}
-	return "/32"
-}
-
-// chain is one user chain and its rules, each a rule spec without "-A NAME".
+// chain is one user chain and its rules.
 type chain struct {
 	table string
 	name  string
-	rules []string
+	rules []rule
 }
 
 // topRule is a rule a unit adds to one of the fixed chains.
 type topRule struct {
-	table, chain, spec string
+	table, chain string
+	rule         rule
 }
+
+// digest is what is kept of rules between syncs instead of their text.
+type digest [16]byte
 
 // unit is everything one service port (one protocol) renders to: the chains
 // it owns and its rules in the fixed dispatch chains. Units are the grain of
 // partial syncs and of failure isolation.
+//
+// Between syncs only a summary is kept (see summary): names, hairpin and
+// digests, without chains and top. A summary is never written; a sync that
+// needs its rules renders it again.
 type unit struct {
-	id      string // Service + " " + protocol
-	service string
-	chains  []chain
-	top     []topRule
-	hairpin []netip.Addr // local endpoints, which may reach themselves
-	digest  [32]byte
+	id        string // Service + " " + protocol
+	service   string
+	chains    []chain
+	top       []topRule
+	names     []tableChain       // the chains it owns
+	hairpin   []netip.Addr       // local endpoints, which may reach themselves
+	digest    digest             // of chains as written
+	topDigest digest             // of top
+	rules     [len(tables)]int32 // rules in chains and top, per table (tables order)
+	summary   bool               // chains and top left out
+}
+
+// summarize returns what is kept of u between syncs.
+func (u *unit) summarize() *unit {
+	return &unit{id: u.id, service: u.service, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, summary: true}
 }
 
 // Ruleset is the rendered form of a plan for one family.
@@ -100,8 +110,9 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 	return render(cfg, frontends, nil)
 }
 
-// render is Render with a cache: reuse may return the unit rendered for the
-// same id before, which is then taken as is.
+// render is Render with a cache: reuse may return the summary of the unit
+// written for the same id before (unit.summarize), which is then taken as
+// is: its digests and chain names, without rules.
 func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service string) *unit) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
 	byUnit := map[string][]*datapath.Frontend{}
@@ -178,13 +189,15 @@ type group struct {
 	frontends []*datapath.Frontend
 }
 
+// groupSig identifies an endpoint set with its affinity ("a=NS ADDR:PORT/WEIGHT...").
 func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
-	var b strings.Builder
-	fmt.Fprintf(&b, "a=%d", affinity)
+	b := make([]byte, 0, 24+28*len(eps))
+	b = strconv.AppendInt(append(b, "a="...), int64(affinity), 10)
 	for _, e := range eps {
-		fmt.Fprintf(&b, " %s/%d", e.Addr, e.Weight)
+		b, _ = e.Addr.AppendText(append(b, ' '))
+		b = strconv.AppendUint(append(b, '/'), uint64(e.Weight), 10)
 	}
-	return b.String()
+	return string(b)
 }
 
 func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
@@ -207,7 +220,7 @@ func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
 	if renderHook != nil {
 		renderHook(ub.u)
 	}
-	ub.u.digest = unitDigest(ub.u)
+	ub.u.seal()
 	return ub.u
 }
 
@@ -269,31 +282,30 @@ func (ub *unitBuilder) groupFor(f *datapath.Frontend, eps []datapath.Endpoint, r
 }
 
 func comment(f *datapath.Frontend, what string) string {
-	return fmt.Sprintf("-m comment --comment %q", sanitize(f.Service)+" "+what)
+	return sanitize(f.Service) + " " + what
 }
 
-// frontendMatch is the destination part of f's rules: "-d ADDR " (with the
-// trailing space, empty for a NodePort without address) and the port match.
-func (ub *unitBuilder) frontendMatch(f *datapath.Frontend) (dst, match string) {
-	match = fmt.Sprintf("-p %s -m %s --dport %d", ub.proto, ub.proto, f.Port)
+// frontendMatch is the destination part of f's rules: its address (none
+// for a NodePort without address) and its port.
+func (ub *unitBuilder) frontendMatch(f *datapath.Frontend) []match {
 	if f.Addr.IsValid() {
-		dst = "-d " + f.Addr.String() + ub.cfg.hostMask() + " "
+		return []match{dstHost(f.Addr), dport(ub.proto, f.Port)}
 	}
-	return dst, match
+	return []match{dport(ub.proto, f.Port)}
 }
 
 // noEndpoints is the verdict for f when it has no endpoints: refused when
 // there are none at all, dropped when a Local traffic policy keeps
 // endpoints elsewhere from it (kube-proxy).
-func noEndpoints(f *datapath.Frontend) (target, what string) {
+func noEndpoints(f *datapath.Frontend) (target, string) {
 	if f.Drop {
-		return "DROP", " has no local endpoints"
+		return verdict(tDrop), " has no local endpoints"
 	}
-	return "REJECT", " has no endpoints"
+	return verdict(tReject), " has no endpoints"
 }
 
-func (ub *unitBuilder) addTop(table, chain, rule string) {
-	ub.u.top = append(ub.u.top, topRule{table, chain, rule})
+func (ub *unitBuilder) addTop(table, chain string, r rule) {
+	ub.u.top = append(ub.u.top, topRule{table, chain, r})
 }
 
 // frontendRules renders f's rules in the top chains, and its EXT and FW
@@ -304,26 +316,25 @@ func (ub *unitBuilder) frontendRules(f *datapath.Frontend) {
 		return
 	}
 	// External frontends: NodePort, ExternalIP, LoadBalancer.
-	dst, match := ub.frontendMatch(f)
+	ms := ub.frontendMatch(f)
 	what := strings.ToLower(string(f.Kind))
 	top := chainServices
 	if f.Kind == datapath.NodePort {
 		top = chainNodePorts
 	}
 	if extChain := ub.extChain(f); extChain != "" {
-		ub.addTop(tableNAT, top, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what), extChain))
+		ub.addTop(tableNAT, top, rule{ms, comment(f, what), jumpTo(extChain)})
 	}
 	if len(f.Endpoints) == 0 {
 		target, noWhat := noEndpoints(f)
 		if f.Kind == datapath.NodePort {
 			// Any local destination, whatever nodePortAddresses says,
 			// as kube-proxy: unit rules must not depend on addresses.
-			ub.addTop(tableFilter, chainExternal, fmt.Sprintf("-m addrtype --dst-type LOCAL %s %s -j %s", match, comment(f, what+noWhat), target))
-		} else {
-			// Arriving or routed traffic only, as kube-proxy's
-			// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
-			ub.addTop(tableFilter, chainExternal, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, what+noWhat), target))
+			ms = []match{dstLocal(), dport(ub.proto, f.Port)}
 		}
+		// Otherwise arriving or routed traffic only, as kube-proxy's
+		// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
+		ub.addTop(tableFilter, chainExternal, rule{ms, comment(f, what+noWhat), target})
 	}
 	if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {
 		ub.firewallRules(f)
@@ -331,18 +342,18 @@ func (ub *unitBuilder) frontendRules(f *datapath.Frontend) {
 }
 
 func (ub *unitBuilder) clusterIPRules(f *datapath.Frontend) {
-	dst, match := ub.frontendMatch(f)
+	ms := ub.frontendMatch(f)
 	if len(f.Endpoints) == 0 {
 		target, noWhat := noEndpoints(f)
-		ub.addTop(tableFilter, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"+noWhat), target))
+		ub.addTop(tableFilter, chainServices, rule{ms, comment(f, "cluster IP"+noWhat), target})
 		return
 	}
 	if ub.cfg.MasqueradeAll {
-		ub.addTop(tableNAT, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainMarkMasq))
+		ub.addTop(tableNAT, chainServices, rule{ms, comment(f, "cluster IP"), jumpTo(chainMarkMasq)})
 	} else if len(ub.cfg.ClusterCIDRs) > 0 {
-		ub.addTop(tableNAT, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), chainClusterMasq))
+		ub.addTop(tableNAT, chainServices, rule{ms, comment(f, "cluster IP"), jumpTo(chainClusterMasq)})
 	}
-	ub.addTop(tableNAT, chainServices, fmt.Sprintf("%s%s %s -j %s", dst, match, comment(f, "cluster IP"), ub.groupOf[f].svc))
+	ub.addTop(tableNAT, chainServices, rule{ms, comment(f, "cluster IP"), jumpTo(ub.groupOf[f].svc)})
 }
 
 // extChain returns the EXT chain of an external frontend, rendering it the
@@ -352,11 +363,11 @@ func (ub *unitBuilder) extChain(f *datapath.Frontend) string {
 	if name, ok := ub.ext[extKey{g, sc}]; ok {
 		return name
 	}
-	var rules []string
+	var rules []rule
 	if f.LocalOnly {
 		rules = ub.localExtRules(f, g, sc)
 	} else if len(g.endpoints) > 0 {
-		rules = append(rules, "-j "+chainMarkMasq, "-j "+g.svc)
+		rules = append(rules, rule{target: jumpTo(chainMarkMasq)}, rule{target: jumpTo(g.svc)})
 	}
 	name := ""
 	if len(rules) > 0 {
@@ -371,21 +382,22 @@ func (ub *unitBuilder) extChain(f *datapath.Frontend) string {
 // the node itself reach the cluster-wide set sc; the node's traffic is
 // masqueraded, its source being a local address (often the very address
 // it reaches). Everyone else reaches the local endpoints g.
-func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []string {
-	var rules []string
+func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []rule {
+	var rules []rule
 	if sc != nil {
 		for _, c := range ub.cfg.ClusterCIDRs {
-			rules = append(rules, fmt.Sprintf("-s %s -m comment --comment \"pod traffic for %s goes to the cluster\" -j %s", c.Masked(), sanitize(f.Service), sc.svc))
+			rules = append(rules, rule{[]match{srcIn(c.Masked())}, "pod traffic for " + sanitize(f.Service) + " goes to the cluster", jumpTo(sc.svc)})
 		}
 	}
+	local := []match{srcLocal()}
 	if sc != nil || len(g.endpoints) > 0 {
-		rules = append(rules, "-m addrtype --src-type LOCAL -j "+chainMarkMasq)
+		rules = append(rules, rule{matches: local, target: jumpTo(chainMarkMasq)})
 	}
 	if sc != nil {
-		rules = append(rules, "-m addrtype --src-type LOCAL -j "+sc.svc)
+		rules = append(rules, rule{matches: local, target: jumpTo(sc.svc)})
 	}
 	if len(g.endpoints) > 0 {
-		rules = append(rules, "-j "+g.svc)
+		rules = append(rules, rule{target: jumpTo(g.svc)})
 	}
 	return rules
 }
@@ -394,30 +406,86 @@ func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []strin
 // and the rule that leads to it.
 func (ub *unitBuilder) firewallRules(f *datapath.Frontend) {
 	fw := ChainName(kindFw, ub.id+" "+f.AddrString())
-	var rules []string
+	var rules []rule
 	for _, r := range f.SourceRanges {
 		if datapath.FamilyOf(r.Addr()) == ub.cfg.Family {
-			rules = append(rules, "-s "+r.Masked().String()+" -j RETURN")
+			rules = append(rules, rule{matches: []match{srcIn(r.Masked())}, target: verdict(tReturn)})
 		}
 	}
-	rules = append(rules, fmt.Sprintf("-m comment --comment %q -j DROP", sanitize(f.Service)+" source not in loadBalancerSourceRanges"))
+	rules = append(rules, rule{comment: comment(f, "source not in loadBalancerSourceRanges"), target: verdict(tDrop)})
 	ub.u.chains = append(ub.u.chains, chain{tableFilter, fw, rules})
 	ub.addTop(tableFilter, chainFirewall,
-		fmt.Sprintf("-m conntrack --ctorigdst %s --ctorigdstport %d --ctproto %s %s -j %s", f.Addr, f.Port, ub.proto, comment(f, "source ranges"), fw))
+		rule{[]match{ctOrigDst(f.Addr, f.Port, ub.proto)}, comment(f, "source ranges"), jumpTo(fw)})
 }
 
-// unitDigest is the digest of a unit's chains as written.
-func unitDigest(u *unit) [32]byte {
-	h := sha256.New()
-	for _, c := range u.chains {
-		fmt.Fprintf(h, "%s %s\n", c.table, c.name)
-		for _, r := range c.rules {
-			fmt.Fprintf(h, "%s\n", r)
-		}
+// seal records the chains' names and the digests of a rendered unit.
+func (u *unit) seal() {
+	h := digesters.Get().(*digester)
+	defer digesters.Put(h)
+	u.names = make([]tableChain, len(u.chains))
+	for i, c := range u.chains {
+		u.names[i] = tableChain{c.table, c.name}
+		u.rules[tableIndex(c.table)] += int32(len(c.rules))
+		h.str(c.table, " ", c.name, "\n")
+		h.rules(c.rules)
 	}
-	var d [32]byte
-	copy(d[:], h.Sum(nil))
-	return d
+	u.digest = h.sum()
+	for _, t := range u.top {
+		u.rules[tableIndex(t.table)]++
+		h.str(t.table, " ", t.chain, "\n")
+		h.rule(&t.rule)
+	}
+	u.topDigest = h.sum()
+}
+
+// digesters are reused across units: a digester's hash and buffer are
+// worth keeping.
+var digesters = sync.Pool{New: func() any { return new(digester) }}
+
+// digester hashes rules in their digest form (argWriter), through a
+// buffer (no allocation per string).
+type digester struct {
+	h hash.Hash
+	w argWriter
+}
+
+func (d *digester) flush(force bool) {
+	if d.h == nil {
+		d.h = sha256.New()
+	}
+	if force || len(d.w.b) > 32<<10 {
+		d.h.Write(d.w.b)
+		d.w.b = d.w.b[:0]
+	}
+}
+
+func (d *digester) str(ss ...string) {
+	for _, s := range ss {
+		d.w.b = append(d.w.b, s...)
+	}
+	d.flush(false)
+}
+
+func (d *digester) rule(r *rule) {
+	d.w.mode, d.w.n = asDigest, 0
+	r.write(&d.w)
+	d.w.b = append(d.w.b, '\n')
+	d.flush(false)
+}
+
+func (d *digester) rules(rs []rule) {
+	for i := range rs {
+		d.rule(&rs[i])
+	}
+}
+
+// sum returns the digest of what was written and starts anew.
+func (d *digester) sum() digest {
+	d.flush(true)
+	var out digest
+	copy(out[:], d.h.Sum(d.w.b[:0]))
+	d.h.Reset()
+	return out
 }
 
 // renderGroup writes a group's SVC chain: one DNAT rule per endpoint,
@@ -433,19 +501,19 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 		secs = 1
 	}
 	var seps []string
-	var svc []string
+	var svc []rule
 	if secs > 0 {
 		seps = make([]string, len(g.endpoints))
 		for i, e := range g.endpoints {
 			seps[i] = ChainName(kindSep, g.svc+" "+e.Addr.String())
-			svc = append(svc, fmt.Sprintf("-m recent --name %s --rcheck --seconds %d --reap -j %s", seps[i], secs, seps[i]))
+			svc = append(svc, rule{matches: []match{recentSeen(seps[i], secs)}, target: jumpTo(seps[i])})
 		}
 	}
-	target := func(i int) string {
+	target := func(i int) target {
 		if seps != nil {
-			return "-j " + seps[i]
+			return jumpTo(seps[i])
 		}
-		return "-j DNAT --to-destination " + g.endpoints[i].Addr.String()
+		return dnatTo(g.endpoints[i].Addr)
 	}
 	// Rule i is taken with probability w_i / sum(w_j, j >= i), which makes
 	// the overall chance of endpoint i exactly w_i / sum(w).
@@ -455,12 +523,12 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 	}
 	for i, e := range g.endpoints {
 		if i == len(g.endpoints)-1 {
-			svc = append(svc, fmt.Sprintf("-p %s %s", proto, target(i)))
+			svc = append(svc, rule{matches: []match{protoIs(proto)}, target: target(i)})
 			break
 		}
 		p := float64(e.Weight) / float64(rest)
 		rest -= uint64(e.Weight)
-		svc = append(svc, fmt.Sprintf("-p %s -m statistic --mode random --probability %s %s", proto, formatProbability(p), target(i)))
+		svc = append(svc, rule{matches: []match{protoIs(proto), probability(p)}, target: target(i)})
 	}
 	for _, e := range g.endpoints {
 		if e.Local {
@@ -472,37 +540,15 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 		if seps == nil {
 			break
 		}
-		out = append(out, chain{tableNAT, seps[i], []string{
-			fmt.Sprintf("-p %s -m recent --name %s --set --rsource -j DNAT --to-destination %s", proto, seps[i], e.Addr),
+		out = append(out, chain{tableNAT, seps[i], []rule{
+			{matches: []match{protoIs(proto), recentSet(seps[i])}, target: dnatTo(e.Addr)},
 		}})
 	}
 	return out
 }
 
-func formatProbability(p float64) string {
-	return strconv.FormatFloat(p, 'f', 10, 64)
-}
-
-// nodePortDst returns the destination matches that select node-port
-// addresses, one rule each.
-func nodePortDst(cfg *Config) []string {
-	if cfg.NodePortIPs == nil {
-		switch {
-		case cfg.Family == datapath.IPv6:
-			return []string{"-m addrtype --dst-type LOCAL ! -d ::1/128 "}
-		case !cfg.LocalhostNodePorts:
-			return []string{"-m addrtype --dst-type LOCAL ! -d 127.0.0.0/8 "}
-		}
-		return []string{"-m addrtype --dst-type LOCAL "}
-	}
-	var out []string
-	for _, a := range cfg.NodePortIPs {
-		if datapath.FamilyOf(a) != cfg.Family || a.IsLoopback() && (cfg.Family == datapath.IPv6 || !cfg.LocalhostNodePorts) {
-			continue
-		}
-		out = append(out, "-d "+a.Unmap().String()+cfg.hostMask()+" ")
-	}
-	return out
+func appendProbability(b []byte, p float64) []byte {
+	return strconv.AppendFloat(b, p, 'f', 10, 64)
 }
 
 func sanitize(s string) string {
@@ -514,122 +560,6 @@ func sanitize(s string) string {
 	}, s)
 }
 
-// fixedChains lists the chains that exist regardless of the plan, per table.
-var fixedChains = map[string][]string{
-	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
-	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainNodePorts, chainCanary},
-}
-
-// canaryRule is the single rule of the canary chains. A flush of the table
-// removes it; Tampered looks for it.
-const canaryRule = `-m comment --comment "edgeproxy canary" -j RETURN`
-
-// staticRules returns the fixed chains' rules that do not depend on the
-// plan: head rules come before the units' rules, tail rules after.
-func staticRules(cfg *Config) (head, tail []topRule) {
-	mark := cfg.markMasq()
-	masq := "-j MASQUERADE"
-	if cfg.RandomFully {
-		masq += " --random-fully"
-	}
-	head = []topRule{
-		{tableNAT, chainMarkMasq, "-j MARK --or-mark " + mark},
-		{tableNAT, chainPostrouting, "-m conntrack --ctstate DNAT -j " + chainHairpin},
-		{tableNAT, chainPostrouting, fmt.Sprintf("-m mark ! --mark %s/%s -j RETURN", mark, mark)},
-		{tableNAT, chainPostrouting, "-j MARK --xor-mark " + mark},
-		{tableNAT, chainPostrouting, `-m comment --comment "edgeproxy service traffic requiring SNAT" ` + masq},
-		{tableNAT, chainCanary, canaryRule},
-		{tableFilter, chainForward, fmt.Sprintf(`-m mark --mark %s/%s -m comment --comment "edgeproxy forwarding rules" -j ACCEPT`, mark, mark)},
-		{tableFilter, chainForward, `-m conntrack --ctstate RELATED,ESTABLISHED -m comment --comment "edgeproxy forwarding conntrack rule" -j ACCEPT`},
-		{tableFilter, chainCanary, canaryRule},
-	}
-	if !cfg.TCPBeLiberal {
-		// Out-of-window packets would reset connections; with
-		// tcp_be_liberal the kernel takes them instead (kube-proxy).
-		head = slices.Insert(head, 0, topRule{tableFilter, chainForward,
-			`-m conntrack --ctstate INVALID -m comment --comment "edgeproxy: out-of-window packets must not reset connections" -j DROP`})
-	}
-	if cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
-		// route_localnet lets packets to 127.0.0.0/8 arrive from outside
-		// (CVE-2020-8558); only those DNATed to a NodePort may pass, like
-		// kube-proxy's (and kubelet's) KUBE-FIREWALL rule.
-		head = append(head, topRule{tableFilter, chainLocalnet,
-			`-d 127.0.0.0/8 ! -s 127.0.0.0/8 -m conntrack ! --ctstate RELATED,ESTABLISHED,DNAT -m comment --comment "edgeproxy: block incoming localnet connections" -j DROP`})
-	}
-	for _, p := range cfg.HealthCheckPorts {
-		head = append(head, topRule{tableFilter, chainNodePorts,
-			fmt.Sprintf(`-p tcp -m tcp --dport %d -m comment --comment "edgeproxy health check node port" -j ACCEPT`, p)})
-	}
-	for _, c := range cfg.ClusterCIDRs {
-		head = append(head, topRule{tableNAT, chainClusterMasq, "-s " + c.Masked().String() + " -j RETURN"})
-	}
-	head = append(head, topRule{tableNAT, chainClusterMasq, "-j " + chainMarkMasq})
-	for _, d := range nodePortDst(cfg) {
-		tail = append(tail, topRule{tableNAT, chainServices, strings.TrimSpace(d) + ` -m comment --comment "edgeproxy node ports; keep last" -j ` + chainNodePorts})
-	}
-	return head, tail
-}
-
-// jump is a rule in a built-in chain that leads to one of ours.
-type jump struct {
-	table, chain string
-	spec         []string
-}
-
-// jumps is the static skeleton: where packets enter our chains. IPv6 has
-// no localnet martians to drop (no route_localnet).
-func jumps(fam datapath.Family) []jump {
-	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
-	j := func(table, from string, cond []string, to, why string) jump {
-		spec := slices.Concat(cond, []string{"-m", "comment", "--comment", "edgeproxy " + why, "-j", to})
-		return jump{table, from, spec}
-	}
-	out := []jump{
-		j(tableNAT, "PREROUTING", nil, chainServices, "service portals"),
-		j(tableNAT, "OUTPUT", nil, chainServices, "service portals"),
-		j(tableNAT, "POSTROUTING", nil, chainPostrouting, "postrouting rules"),
-		j(tableFilter, "INPUT", newOnly, chainServices, "service portals"),
-		j(tableFilter, "INPUT", newOnly, chainExternal, "node ports"),
-		j(tableFilter, "INPUT", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "FORWARD", newOnly, chainServices, "service portals"),
-		j(tableFilter, "FORWARD", newOnly, chainExternal, "external service portals"),
-		j(tableFilter, "FORWARD", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "FORWARD", nil, chainForward, "forwarding rules"),
-		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
-		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "INPUT", nil, chainNodePorts, "health check node ports"),
-	}
-	if fam == datapath.IPv4 {
-		out = append(out,
-			j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
-			j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"))
-	}
-	return out
-}
-
-// obsoleteJumps are jumps earlier versions wrote and this one does not:
-// removed on the first apply and by cleanup, so that they neither linger
-// nor keep our chains busy.
-func obsoleteJumps() []jump {
-	return []jump{{tableFilter, "OUTPUT", []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy node ports", "-j", chainExternal}}}
-}
-
-// joinSpec renders split rule arguments back into restore syntax, quoting
-// the ones with spaces (comments).
-func joinSpec(spec []string) string {
-	parts := make([]string, len(spec))
-	for i, a := range spec {
-		if strings.ContainsAny(a, " \t") {
-			a = `"` + a + `"`
-		}
-		parts[i] = a
-	}
-	return strings.Join(parts, " ")
-}
-
-// tableChain names a chain in a table.
-type tableChain struct{ table, name string }
-
 // writeSpec says what one restore writes: the fixed chains, the chains of
 // the units in write, and the stale chains to delete.
 type writeSpec struct {
@@ -637,7 +567,10 @@ type writeSpec struct {
 	stale []tableChain
 	// fixed holds the digests of the fixed chains as last written; with
 	// write set, fixed chains whose digest is unchanged are left out.
-	fixed map[tableChain][32]byte
+	fixed map[tableChain]digest
+	// keepFixed (with write set) says the fixed chains are unchanged
+	// (see Ruleset.fixedSum): none is rendered or written.
+	keepFixed bool
 	// jumps from built-in chains to insert (at the top, in jumps() order).
 	jumps []jump
 }
@@ -646,14 +579,13 @@ type writeSpec struct {
 func (rs *Ruleset) chains() map[tableChain]string {
 	out := map[tableChain]string{}
 	for _, u := range rs.units {
-		for _, c := range u.chains {
-			out[tableChain{c.table, c.name}] = u.id
+		for _, c := range u.names {
+			out[c] = u.id
 		}
 	}
 	return out
 }
 
-// drop removes a unit from the ruleset, after the kernel refused its rules.
 // serviceOf returns the service port of unit id.
 func (rs *Ruleset) serviceOf(id string) string {
 	for _, u := range rs.units {
@@ -664,8 +596,39 @@ func (rs *Ruleset) serviceOf(id string) string {
 	return id
 }
 
-func (rs *Ruleset) drop(id string) {
-	rs.units = slices.DeleteFunc(rs.units, func(u *unit) bool { return u.id == id })
+// dropAll removes the units in ids from the ruleset, after the kernel
+// refused their rules.
+func (rs *Ruleset) dropAll(ids map[string]bool) {
+	if len(ids) > 0 {
+		rs.units = slices.DeleteFunc(rs.units, func(u *unit) bool { return ids[u.id] })
+	}
+}
+
+// summaries reports whether some units are summaries (taken from the last
+// sync without their rules).
+func (rs *Ruleset) summaries() bool {
+	return slices.ContainsFunc(rs.units, func(u *unit) bool { return u.summary })
+}
+
+// fixedSum is the digest of everything the fixed chains are made of: the
+// static rules, each unit's rules in them and the hairpin addresses. While
+// it stays the same, so do the fixed chains, and a partial sync can leave
+// them alone without rendering them (nor the units it did not render).
+func (rs *Ruleset) fixedSum() digest {
+	var d digester
+	head, tail := staticRules(&rs.cfg)
+	for _, r := range slices.Concat(head, tail) {
+		d.str(r.table, " ", r.chain, "\n")
+		d.rule(&r.rule)
+	}
+	for _, u := range rs.units {
+		d.str(u.id, "\n")
+		d.str(string(u.topDigest[:]))
+	}
+	for _, a := range rs.hairpin() {
+		d.str(a.String(), "\n")
+	}
+	return d.sum()
 }
 
 // hairpin returns the local endpoint addresses of all units, sorted and
@@ -682,9 +645,9 @@ func (rs *Ruleset) hairpin() []netip.Addr {
 // RestoreText is the complete iptables-restore --noflush input that
 // programs the ruleset from scratch (a full sync with nothing stale). It is
 // what the golden tests compare.
-func (rs *Ruleset) RestoreText() string {
-	t, _, _ := rs.restoreText(writeSpec{})
-	return string(t)
+func (rs *Ruleset) RestoreText() (string, error) {
+	t, _, _, err := rs.restoreText(writeSpec{})
+	return string(t), err
 }
 
 // Services returns the ids of the rendered units ("namespace/name:port proto").

@@ -120,7 +120,11 @@ func TestRenderGolden(t *testing.T) {
 			if len(rs.Errors) > 0 {
 				t.Fatalf("render errors: %v", rs.Errors)
 			}
-			golden(t, tc.name, rs.RestoreText())
+			text, err := rs.RestoreText()
+			if err != nil {
+				t.Fatal(err)
+			}
+			golden(t, tc.name, text)
 		})
 	}
 }
@@ -176,7 +180,7 @@ func TestWeights(t *testing.T) {
 		reach := 1.0
 		for i, r := range svc.rules {
 			p := 1.0
-			if f := strings.Fields(r); slices.Contains(f, "--probability") {
+			if f := r.args(); slices.Contains(f, "--probability") {
 				var err error
 				p, err = parseFloat(f[slices.Index(f, "--probability")+1])
 				if err != nil {
@@ -189,14 +193,6 @@ func TestWeights(t *testing.T) {
 			}
 			reach *= 1 - p
 		}
-	}
-}
-
-func TestSplitSpec(t *testing.T) {
-	got := splitSpec(`-m comment --comment "a b  c" -j X`)
-	want := []string{"-m", "comment", "--comment", "a b  c", "-j", "X"}
-	if !slices.Equal(got, want) {
-		t.Fatalf("splitSpec = %q, want %q", got, want)
 	}
 }
 
@@ -214,7 +210,7 @@ func TestPartialWrite(t *testing.T) {
 	}
 	after := Render(cfg, fs)
 	changed := map[string]bool{}
-	old := map[string][32]byte{}
+	old := map[string]digest{}
 	for _, u := range before.units {
 		old[u.id] = u.digest
 	}
@@ -236,8 +232,14 @@ func TestPartialWrite(t *testing.T) {
 	if len(stale) != 1 {
 		t.Fatalf("stale chains = %v, want the SEP chain of the removed endpoint", stale)
 	}
-	_, _, fixed := before.restoreText(writeSpec{})
-	text, owner, _ := after.restoreText(writeSpec{write: changed, stale: stale, fixed: fixed})
+	_, _, fixed, err := before.restoreText(writeSpec{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	text, owner, _, err := after.restoreText(writeSpec{write: changed, stale: stale, fixed: fixed})
+	if err != nil {
+		t.Fatal(err)
+	}
 	s := string(text)
 	if len(owner) != strings.Count(s, "\n") {
 		t.Fatalf("owner has %d lines, text %d", len(owner), strings.Count(s, "\n"))
@@ -264,7 +266,10 @@ func TestPartialWrite(t *testing.T) {
 	fs = append(fs, datapath.Frontend{Service: "default/new:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
 		Endpoints: []datapath.Endpoint{ep("10.244.0.9:80", 1, true)}})
 	added := Render(cfg, fs)
-	text, _, _ = added.restoreText(writeSpec{write: map[string]bool{"default/new: tcp": true}, fixed: fixed})
+	text, _, _, err = added.restoreText(writeSpec{write: map[string]bool{"default/new: tcp": true}, fixed: fixed})
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, want := range []string{":EP-SERVICES - [0:0]", "-d 10.96.9.9/32", "-d 10.96.0.10/32 -p tcp -m tcp --dport 80", ":EP-HAIRPIN - [0:0]"} {
 		if !strings.Contains(string(text), want) {
 			t.Errorf("restore adding a service lacks %q", want)
@@ -304,9 +309,13 @@ func BenchmarkPartialRender(b *testing.B) {
 	base := Render(cfg, fs)
 	units := map[string]*unit{}
 	for _, u := range base.units {
-		units[u.id] = u
+		units[u.id] = u.summarize()
 	}
-	_, _, fixed := base.restoreText(writeSpec{})
+	_, _, fixed, err := base.restoreText(writeSpec{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	lastSum := base.fixedSum()
 	fs[0].Endpoints = fs[0].Endpoints[1:]
 	var size int
 	for b.Loop() {
@@ -317,7 +326,11 @@ func BenchmarkPartialRender(b *testing.B) {
 			return units[id]
 		})
 		_ = rs.chains()
-		text, _, _ := rs.restoreText(writeSpec{write: map[string]bool{fs[0].Service + " tcp": true}, fixed: fixed})
+		keep := rs.fixedSum() == lastSum
+		text, _, _, err := rs.restoreText(writeSpec{write: map[string]bool{fs[0].Service + " tcp": true}, fixed: fixed, keepFixed: keep})
+		if err != nil || !keep {
+			b.Fatalf("keep fixed chains: %v, err %v", keep, err)
+		}
 		size = len(text)
 	}
 	b.ReportMetric(float64(size), "restore-bytes")

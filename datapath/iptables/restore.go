@@ -1,33 +1,39 @@
-// The iptables-restore text of a Ruleset: one transaction per table.
+// The iptables-restore transaction of a Ruleset.
 
 package iptables
 
 import (
-	"bytes"
 	"cmp"
-	"crypto/sha256"
+	"errors"
 	"slices"
 )
 
 // restoreText renders the iptables-restore --noflush input for ws. owner[i]
 // is the unit that line i+1 belongs to ("" for fixed rules), so a failing
-// line can be traced to its service.
-func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain][32]byte) {
-	fixed := rs.fixedRules()
-	digests = fixedDigests(fixed)
-	w := &restoreWriter{rs: rs, ws: ws, fixed: fixed, digests: digests}
+// line can be traced to its service. digests are the fixed chains' as
+// written (ws.fixed when they were kept). err lists the objects refused
+// when they were added to the transaction, each naming its unit.
+func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain]digest, err error) {
+	w := &restoreWriter{rs: rs, ws: ws, digests: ws.fixed}
+	if !ws.keepFixed || ws.write == nil {
+		w.fixed = rs.fixedRules()
+		w.digests = fixedDigests(w.fixed)
+	}
 	w.stale = slices.Clone(ws.stale)
 	slices.SortFunc(w.stale, func(a, b tableChain) int { return cmp.Compare(a.name, b.name) })
-	w.grow()
-	for _, table := range []string{tableFilter, tableNAT} {
+	for _, table := range tables {
 		w.writeTable(table)
 	}
-	return w.b.Bytes(), w.owner, digests
+	text, owner, err = w.tx.render()
+	return text, owner, w.digests, err
 }
 
 // fixedRule is a rule of a fixed chain and the unit it belongs to ("" for
 // the static rules).
-type fixedRule struct{ own, spec string }
+type fixedRule struct {
+	own  string
+	rule *rule
+}
 
 // fixedRules returns the fixed chains' rules in their fixed order: head
 // rules, the units' dispatch rules, tail rules; the hairpin rules. Every
@@ -35,28 +41,20 @@ type fixedRule struct{ own, spec string }
 func (rs *Ruleset) fixedRules() map[tableChain][]fixedRule {
 	head, tail := staticRules(&rs.cfg)
 	fixed := map[tableChain][]fixedRule{}
-	for _, r := range head {
-		tc := tableChain{r.table, r.chain}
-		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
-	}
-	for _, u := range rs.units {
-		for _, r := range u.top {
-			tc := tableChain{r.table, r.chain}
-			fixed[tc] = append(fixed[tc], fixedRule{u.id, r.spec})
+	add := func(own string, rs []topRule) {
+		for i := range rs {
+			tc := tableChain{rs[i].table, rs[i].chain}
+			fixed[tc] = append(fixed[tc], fixedRule{own, &rs[i].rule})
 		}
 	}
-	for _, r := range tail {
-		tc := tableChain{r.table, r.chain}
-		fixed[tc] = append(fixed[tc], fixedRule{"", r.spec})
+	add("", head)
+	for _, u := range rs.units {
+		add(u.id, u.top)
 	}
-	masq := "-j MASQUERADE"
-	if rs.cfg.RandomFully {
-		masq += " --random-fully"
-	}
+	add("", tail)
 	hp := tableChain{tableNAT, chainHairpin}
 	for _, a := range rs.hairpin() {
-		m := rs.cfg.hostMask()
-		fixed[hp] = append(fixed[hp], fixedRule{"", "-s " + a.String() + m + " -d " + a.String() + m + " " + masq})
+		fixed[hp] = append(fixed[hp], fixedRule{"", &rule{matches: []match{srcHost(a), dstHost(a)}, target: masquerade(rs.cfg.RandomFully)}})
 	}
 	for table, names := range fixedChains {
 		for _, name := range names {
@@ -66,31 +64,26 @@ func (rs *Ruleset) fixedRules() map[tableChain][]fixedRule {
 	return fixed
 }
 
-func fixedDigests(fixed map[tableChain][]fixedRule) map[tableChain][32]byte {
-	digests := make(map[tableChain][32]byte, len(fixed))
+func fixedDigests(fixed map[tableChain][]fixedRule) map[tableChain]digest {
+	digests := make(map[tableChain]digest, len(fixed))
+	var d digester
 	for tc, rules := range fixed {
-		h := sha256.New()
 		for _, r := range rules {
-			h.Write([]byte(r.spec))
-			h.Write([]byte{'\n'})
+			d.rule(r.rule)
 		}
-		var d [32]byte
-		copy(d[:], h.Sum(nil))
-		digests[tc] = d
+		digests[tc] = d.sum()
 	}
 	return digests
 }
 
-// restoreWriter writes one iptables-restore text and, per line, the unit
-// that owns it (for naming the service whose rule the kernel refused).
+// restoreWriter builds the transaction of one restore.
 type restoreWriter struct {
 	rs      *Ruleset
 	ws      writeSpec
-	fixed   map[tableChain][]fixedRule
-	digests map[tableChain][32]byte
+	fixed   map[tableChain][]fixedRule // nil when kept
+	digests map[tableChain]digest
 	stale   []tableChain
-	b       bytes.Buffer
-	owner   []string
+	tx      transaction
 }
 
 // writeFixed says whether a fixed chain is written: a partial write
@@ -99,6 +92,9 @@ func (w *restoreWriter) writeFixed(tc tableChain) bool {
 	if w.ws.write == nil || w.ws.fixed == nil {
 		return true
 	}
+	if w.fixed == nil {
+		return false
+	}
 	d, ok := w.ws.fixed[tc]
 	return !ok || d != w.digests[tc]
 }
@@ -106,46 +102,10 @@ func (w *restoreWriter) writeFixed(tc tableChain) bool {
 // writeUnit says whether a unit's chains are written.
 func (w *restoreWriter) writeUnit(u *unit) bool { return w.ws.write == nil || w.ws.write[u.id] }
 
-// grow sizes the output for what is written only: a partial sync of one
-// service must not allocate for the whole rule set.
-func (w *restoreWriter) grow() {
-	size, lines := 4096, 64
-	for tc, rules := range w.fixed {
-		if w.writeFixed(tc) {
-			for _, r := range rules {
-				lines++
-				size += len(tc.name) + len(r.spec) + 5
-			}
-		}
-	}
-	for _, u := range w.rs.units {
-		if !w.writeUnit(u) {
-			continue
-		}
-		for _, c := range u.chains {
-			lines += 1 + len(c.rules)
-			size += 40 + len(c.rules)*(len(c.name)+4)
-			for _, r := range c.rules {
-				size += len(r)
-			}
-		}
-	}
-	w.b.Grow(size)
-	w.owner = make([]string, 0, lines)
-}
-
-func (w *restoreWriter) line(own string, parts ...string) {
-	for _, p := range parts {
-		w.b.WriteString(p)
-	}
-	w.b.WriteByte('\n')
-	w.owner = append(w.owner, own)
-}
-
-// writeTable writes one table's transaction: chain declarations (fixed,
-// units', stale), rules, deletions of stale chains, missing jumps.
+// writeTable writes one table's part: chain declarations (fixed, units',
+// stale), rules, deletions of stale chains, missing jumps.
 func (w *restoreWriter) writeTable(table string) {
-	w.line("", "*", table)
+	w.tx.grow(table, w.size(table))
 	w.declareChains(table)
 	for _, c := range fixedChains[table] {
 		tc := tableChain{table, c}
@@ -153,7 +113,7 @@ func (w *restoreWriter) writeTable(table string) {
 			continue
 		}
 		for _, r := range w.fixed[tc] {
-			w.line(r.own, "-A ", c, " ", r.spec)
+			w.tx.add(r.own, tc, r.rule)
 		}
 	}
 	for _, u := range w.rs.units {
@@ -164,45 +124,67 @@ func (w *restoreWriter) writeTable(table string) {
 			if c.table != table {
 				continue
 			}
-			for _, r := range c.rules {
-				w.line(u.id, "-A ", c.name, " ", r)
+			for i := range c.rules {
+				w.tx.add(u.id, tableChain{table, c.name}, &c.rules[i])
 			}
 		}
 	}
 	for _, s := range w.stale {
 		if s.table == table {
-			w.line("", "-X ", s.name)
+			w.tx.delete(s)
 		}
 	}
 	// Inserted at the top in reverse, so that they end up in order.
 	for i := len(w.ws.jumps) - 1; i >= 0; i-- {
-		if j := w.ws.jumps[i]; j.table == table {
-			w.line("", "-I ", j.chain, " 1 ", joinSpec(j.spec))
+		if j := &w.ws.jumps[i]; j.table == table {
+			w.tx.insert(tableChain{j.table, j.chain}, &j.rule)
 		}
 	}
-	w.line("", "COMMIT")
+}
+
+// size is about how many operations writeTable adds for table (not
+// less), so that the transaction grows once.
+func (w *restoreWriter) size(table string) int {
+	n := 2*len(w.stale) + len(w.ws.jumps)
+	for _, c := range fixedChains[table] {
+		if tc := (tableChain{table, c}); w.writeFixed(tc) {
+			n += 1 + len(w.fixed[tc])
+		}
+	}
+	for _, u := range w.rs.units {
+		if w.writeUnit(u) {
+			n += len(u.names) + int(u.rules[tableIndex(table)])
+		}
+	}
+	return n
 }
 
 // declareChains declares (and so empties) every chain of table written.
 func (w *restoreWriter) declareChains(table string) {
 	for _, c := range fixedChains[table] {
 		if w.writeFixed(tableChain{table, c}) {
-			w.line("", ":", c, " - [0:0]")
+			w.tx.declare("", tableChain{table, c})
 		}
 	}
 	for _, u := range w.rs.units {
 		if !w.writeUnit(u) {
 			continue
 		}
+		if u.summary {
+			if table == tables[0] {
+				w.tx.fail(u.id, errors.New("unit to write was not rendered"))
+			}
+			continue
+		}
 		for _, c := range u.chains {
 			if c.table == table {
-				w.line(u.id, ":", c.name, " - [0:0]")
+				w.tx.declare(u.id, tableChain{table, c.name})
 			}
 		}
 	}
 	for _, s := range w.stale {
 		if s.table == table {
-			w.line("", ":", s.name, " - [0:0]")
+			w.tx.declare("", s)
 		}
 	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 	"time"
 
 	goipt "github.com/coreos/go-iptables/iptables"
@@ -15,11 +14,10 @@ import (
 // EP-SERVICES (gone after a flush of that chain) and the jumps.
 func (f *family) sentinels() []jump {
 	out := jumps(f.cfg.Family)
-	canary := splitSpec(canaryRule)
-	out = append(out, jump{tableNAT, chainCanary, canary}, jump{tableFilter, chainCanary, canary})
+	out = append(out, jump{tableNAT, chainCanary, canaryRule}, jump{tableFilter, chainCanary, canaryRule})
 	_, tail := staticRules(&f.cfg)
 	for _, r := range tail {
-		out = append(out, jump{r.table, r.chain, splitSpec(r.spec)})
+		out = append(out, jump(r))
 	}
 	return out
 }
@@ -128,7 +126,7 @@ func (f *family) tamperedCheck(ctx context.Context) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		ok, err := f.ipt.Exists(s.table, s.chain, s.spec...)
+		ok, err := f.ipt.Exists(s.table, s.chain, s.rule.args()...)
 		if err != nil {
 			var e *goipt.Error
 			if !errors.As(err, &e) || !(e.IsNotExist() || e.ExitStatus() == 1) {
@@ -137,7 +135,7 @@ func (f *family) tamperedCheck(ctx context.Context) (bool, error) {
 			ok = false // the chain itself is gone
 		}
 		if !ok {
-			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", s.rule.text())
 			f.needFull = true
 			return true, nil
 		}
@@ -161,7 +159,7 @@ func (f *family) tamperedSave(ctx context.Context) (bool, error) {
 	for _, s := range f.sentinels() {
 		found := hasRule(dumps[s.table], s)
 		if !found {
-			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", strings.Join(s.spec, " "))
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", s.rule.text())
 			f.needFull = true
 			return true, nil
 		}

@@ -121,7 +121,39 @@ func (t *Tool) RestoreNoFlush(ctx context.Context, text []byte) error {
 		return errors.New("xtables: no iptables tool opened")
 	}
 	_, err := run(ctx, text, t.Restore, "--noflush", "-w", t.waitArg())
-	return err
+	if err != nil {
+		return &RestoreError{Line: failedLine(err.Error()), Err: err}
+	}
+	return nil
+}
+
+// RestoreError is a failed iptables-restore. Line is the line of the input
+// it reported as failed (1-based), 0 when it named none.
+type RestoreError struct {
+	Line int
+	Err  error
+}
+
+func (e *RestoreError) Error() string { return e.Err.Error() }
+func (e *RestoreError) Unwrap() error { return e.Err }
+
+// failedLine finds the line number in iptables-restore's message: legacy
+// says "line N failed", nft "line N: ..." or "Error occurred at line: N".
+func failedLine(msg string) int {
+	for {
+		i := strings.Index(msg, "line")
+		if i < 0 {
+			return 0
+		}
+		msg = strings.TrimPrefix(strings.TrimPrefix(msg[i+len("line"):], ":"), " ")
+		j := 0
+		for j < len(msg) && msg[j] >= '0' && msg[j] <= '9' {
+			j++
+		}
+		if n, err := strconv.Atoi(msg[:j]); err == nil && n > 0 {
+			return n
+		}
+	}
 }
 
 // SaveTable returns iptables-save's listing of one table ("" for all).

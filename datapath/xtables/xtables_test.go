@@ -51,3 +51,18 @@ func TestNilToolFails(t *testing.T) {
 		t.Error("SaveTable on a nil Tool succeeded")
 	}
 }
+
+// The failing line is found in each backend's wording, and only there.
+func TestFailedLine(t *testing.T) {
+	for msg, want := range map[string]int{
+		"iptables-restore: line 12 failed":                                                                                 12,
+		"iptables-restore v1.8.9 (nf_tables): line 7: RULE_APPEND failed (No such file)":                                   7,
+		"iptables-restore v1.8.9 (legacy): Couldn't load match `x'\nError occurred at line: 31\nTry `iptables-restore -h'": 31,
+		"exit status 2: no line number here":                                                                               0,
+		"pipeline broken":                                                                                                  0,
+	} {
+		if got := failedLine(msg); got != want {
+			t.Errorf("failedLine(%q) = %d, want %d", msg, got, want)
+		}
+	}
+}

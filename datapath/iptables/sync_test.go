@@ -1,0 +1,258 @@
+package iptables
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+var discardLog = slog.New(slog.DiscardHandler)
+
+// TestTransactionOnState: what one transaction does to a given state of
+// the tables, and what it refuses (when built, or when applied).
+func TestTransactionOnState(t *testing.T) {
+	svcA := tableChain{tableNAT, "EP-SVC-A"}
+	svcs := tableChain{tableNAT, chainServices}
+	toA := rule{matches: []match{dstHost(netip.MustParseAddr("10.96.0.1")), dport("tcp", 80)}, comment: "a/b:c cluster IP", target: jumpTo("EP-SVC-A")}
+	dnat := rule{matches: []match{protoIs("tcp")}, target: dnatTo(netip.MustParseAddrPort("10.244.0.2:8080"))}
+	state := func() *fakeTables {
+		k := newFakeTables()
+		k.chains[tableChain{tableNAT, "PREROUTING"}] = []string{}
+		k.chains[svcA] = []string{"-p tcp -j DNAT --to-destination 10.244.0.9:80"}
+		k.chains[svcs] = []string{`-d 10.96.0.1/32 -p tcp -m tcp --dport 80 -m comment --comment "a/b:c cluster IP" -j EP-SVC-A`}
+		return k
+	}
+	for _, tc := range []struct {
+		name     string
+		build    func(tx *transaction)
+		want     []string // lines of the dump after, in order
+		buildErr string   // refused when built
+		applyErr string   // refused by the tables
+	}{{
+		name: "declare empties a chain and refills it",
+		build: func(tx *transaction) {
+			tx.declare("u", svcA)
+			tx.add("u", svcA, &dnat)
+		},
+		want: []string{":EP-SVC-A", "-A EP-SVC-A -p tcp -j DNAT --to-destination 10.244.0.2:8080"},
+	}, {
+		name: "delete of a chain still jumped to fails",
+		build: func(tx *transaction) {
+			tx.declare("", svcA)
+			tx.delete(svcA)
+		},
+		applyErr: "referenced",
+	}, {
+		name: "delete with the jumps to it rewritten",
+		build: func(tx *transaction) {
+			tx.declare("", svcs)
+			tx.declare("", svcA)
+			tx.delete(svcA)
+		},
+		want: []string{":EP-SERVICES\n:PREROUTING\n"},
+	}, {
+		name: "insert puts a jump first",
+		build: func(tx *transaction) {
+			tx.insert(tableChain{tableNAT, "PREROUTING"}, &rule{comment: "edgeproxy service portals", target: jumpTo(chainServices)})
+		},
+		want: []string{":PREROUTING\n-A PREROUTING -m comment --comment \"edgeproxy service portals\" -j EP-SERVICES\n"},
+	}, {
+		name:     "a rule in a chain not declared is refused",
+		build:    func(tx *transaction) { tx.add("u", svcA, &dnat) },
+		buildErr: "unit u: rule in nat/EP-SVC-A: chain not declared",
+	}, {
+		name:     "a chain name over 28 characters is refused",
+		build:    func(tx *transaction) { tx.declare("u", tableChain{tableNAT, "EP-SVC-" + strings.Repeat("X", 22)}) },
+		buildErr: "length 29",
+	}, {
+		name: "a jump to a bad name is refused",
+		build: func(tx *transaction) {
+			tx.declare("u", svcs)
+			tx.add("u", svcs, &rule{target: jumpTo("EP SVC")})
+		},
+		buildErr: "not a valid iptables chain name",
+	}, {
+		name: "a comment with a quote is refused",
+		build: func(tx *transaction) {
+			tx.declare("u", svcs)
+			tx.add("u", svcs, &rule{comment: `a"b`, target: verdict(tReturn)})
+		},
+		buildErr: "comment",
+	}, {
+		name: "a probability out of range is refused",
+		build: func(tx *transaction) {
+			tx.declare("u", svcA)
+			tx.add("u", svcA, &rule{matches: []match{probability(1.5)}, target: verdict(tReturn)})
+		},
+		buildErr: "probability",
+	}, {
+		name:     "insert into one of our chains is refused",
+		build:    func(tx *transaction) { tx.insert(svcs, &toA) },
+		buildErr: "not a built-in chain",
+	}} {
+		t.Run(tc.name, func(t *testing.T) {
+			k := state()
+			before := k.Dump()
+			var tx transaction
+			tc.build(&tx)
+			text, _, err := tx.render()
+			if tc.buildErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.buildErr) {
+					t.Fatalf("render error = %v, want one containing %q", err, tc.buildErr)
+				}
+				if !strings.HasPrefix(tx.String(), "invalid transaction: ") {
+					t.Fatalf("String() of a refused transaction = %q", tx.String())
+				}
+				return
+			}
+			if tx.String() != string(text) {
+				t.Fatalf("String() = %q, render = %q", tx.String(), text)
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			err = k.RestoreNoFlush(context.Background(), text)
+			if tc.applyErr != "" {
+				if err == nil || !strings.Contains(err.Error(), tc.applyErr) {
+					t.Fatalf("apply error = %v, want one containing %q", err, tc.applyErr)
+				}
+				if k.Dump() != before {
+					t.Fatalf("a failed transaction changed the tables:\n%s", k.Dump())
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("%v\n%s", err, text)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(k.Dump(), w) {
+					t.Errorf("dump lacks %q:\n%s", w, k.Dump())
+				}
+			}
+		})
+	}
+}
+
+// The argv for go-iptables and the restore text come from one value.
+func TestRuleArgsAndText(t *testing.T) {
+	r := rule{matches: []match{ctState("NEW")}, comment: "edgeproxy service portals", target: jumpTo(chainServices)}
+	want := []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy service portals", "-j", "EP-SERVICES"}
+	if got := r.args(); !slices.Equal(got, want) {
+		t.Errorf("args = %q, want %q", got, want)
+	}
+	if got, want := r.text(), `-m conntrack --ctstate NEW -m comment --comment "edgeproxy service portals" -j EP-SERVICES`; got != want {
+		t.Errorf("text = %s, want %s", got, want)
+	}
+}
+
+// TestSyncsLikeFull: after each step of partial and compare-all syncs,
+// the tables hold exactly what one full sync of the same plan writes to
+// empty tables; a one-endpoint change writes a few rules only.
+func TestSyncsLikeFull(t *testing.T) {
+	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	fs := samplePlan()
+	set := func(service string, f func(*datapath.Frontend)) {
+		for i := range fs {
+			if fs[i].Service == service {
+				f(&fs[i])
+			}
+		}
+	}
+	k := newFakeTables()
+	f := newFakeFamily(cfg, k)
+	apply := func(t *testing.T, f *family, plan *datapath.Plan, full bool) applyStats {
+		t.Helper()
+		st, err := f.apply(context.Background(), plan, full, plan.Full)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st
+	}
+	apply(t, f, &datapath.Plan{Frontends: fs, Full: true}, true)
+	for _, step := range []struct {
+		name     string
+		change   func()
+		changed  []string
+		compare  bool // plan.Full: compare all, trust no Changed
+		maxBytes int  // of the restore, 0: any
+	}{
+		{"one endpoint fewer", func() { set("default/sticky:", func(f *datapath.Frontend) { f.Endpoints = f.Endpoints[:1] }) }, []string{"default/sticky:"}, false, 600},
+		{"a service added", func() {
+			fs = append(fs, datapath.Frontend{Service: "default/new:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
+				Endpoints: []datapath.Endpoint{ep("10.244.0.9:80", 1, true)}})
+		}, []string{"default/new:"}, false, 0},
+		{"a service removed", func() {
+			fs = slices.DeleteFunc(fs, func(f datapath.Frontend) bool { return f.Service == "edge/lb:https" })
+		}, []string{"edge/lb:https"}, false, 0},
+		{"a change missed by Changed, found by compare-all", func() {
+			set("default/web:http", func(f *datapath.Frontend) { f.Endpoints = f.Endpoints[1:] })
+		}, nil, true, 0},
+		{"a local endpoint added (hairpin)", func() {
+			set("default/dns:dns", func(f *datapath.Frontend) { f.Endpoints[1].Local = true })
+		}, []string{"default/dns:dns"}, false, 0},
+		{"a health check port (fixed chains only)", func() { f.cfg.HealthCheckPorts = []uint16{31000} }, []string{}, false, 0},
+		{"nothing changed", func() {}, []string{}, false, len(emptyRestore)},
+	} {
+		t.Run(step.name, func(t *testing.T) {
+			step.change()
+			plan := &datapath.Plan{Frontends: slices.Clone(fs), Full: step.compare}
+			if !step.compare {
+				plan.Changed = map[string]bool{}
+				for _, s := range step.changed {
+					plan.Changed[s] = true
+				}
+			}
+			st := apply(t, f, plan, false)
+			if step.maxBytes > 0 && st.bytes > step.maxBytes {
+				t.Errorf("restore of %d bytes, want at most %d", st.bytes, step.maxBytes)
+			}
+			fresh := newFakeTables()
+			apply(t, newFakeFamily(f.cfg, fresh), &datapath.Plan{Frontends: slices.Clone(fs), Full: true}, true)
+			if got, want := k.Dump(), fresh.Dump(); got != want {
+				t.Fatalf("tables after the sync differ from a full sync of the plan:\n--- got\n%s\n--- want\n%s", got, want)
+			}
+		})
+	}
+}
+
+// TestSyncDropsRefusedUnit: when the tables refuse a line of one unit in a
+// partial sync, that unit is left out, the error names its service, and
+// the tables hold what a full sync of the plan without it writes.
+func TestSyncDropsRefusedUnit(t *testing.T) {
+	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14}
+	fs := samplePlan()
+	k := newFakeTables()
+	f := newFakeFamily(cfg, k)
+	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, true, true); err != nil {
+		t.Fatal(err)
+	}
+	renderHook = func(u *unit) {
+		if u.service == "default/web:http" && len(u.chains) > 0 {
+			u.chains[0].rules = append(u.chains[0].rules, rule{target: jumpTo("EP-NO-SUCH-CHAIN")})
+		}
+	}
+	defer func() { renderHook = nil }()
+	_, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Changed: map[string]bool{"default/web:http": true}}, false, false)
+	var pe *datapath.PortError
+	if !errors.As(err, &pe) || pe.Service != "default/web:http" {
+		t.Fatalf("apply error = %v, want a PortError for default/web:http", err)
+	}
+	if f.needFull {
+		t.Fatal("a refused unit failed the whole sync")
+	}
+	renderHook = nil
+	fresh := newFakeTables()
+	without := slices.DeleteFunc(slices.Clone(fs), func(f datapath.Frontend) bool { return f.Service == "default/web:http" })
+	if _, err := newFakeFamily(cfg, fresh).apply(context.Background(), &datapath.Plan{Frontends: without, Full: true}, true, true); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := k.Dump(), fresh.Dump(); got != want {
+		t.Fatalf("tables after the refused unit differ from a full sync without it:\n--- got\n%s\n--- want\n%s", got, want)
+	}
+}

@@ -1,0 +1,209 @@
+// A transaction: what one iptables-restore --noflush does, built from
+// typed chains and rules. Each object is validated when it is added; the
+// errors come back once, from render. The rendered text maps every line
+// back to the unit that added it.
+
+package iptables
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
+)
+
+type opKind uint8
+
+const (
+	opDeclare opKind = iota + 1 // ":CHAIN - [0:0]": create or empty
+	opAdd                       // "-A CHAIN RULE"
+	opDelete                    // "-X CHAIN"
+	opInsert                    // "-I CHAIN 1 RULE"
+)
+
+type op struct {
+	kind  opKind
+	owner string // the unit that wrote it, "" for none
+	chain string
+	rule  *rule
+}
+
+// tables lists the tables a transaction writes, in the order written.
+var tables = [...]string{tableFilter, tableNAT}
+
+func tableIndex(table string) int {
+	if table == tableNAT {
+		return 1
+	}
+	return 0
+}
+
+// transaction collects the operations of one iptables-restore, per table.
+type transaction struct {
+	ops      [len(tables)][]op
+	declared [len(tables)]map[string]bool
+	errs     []error
+}
+
+// opError is an object refused when it was added; owner is the unit that
+// added it.
+type opError struct {
+	owner string
+	err   error
+}
+
+func (e *opError) Error() string {
+	if e.owner == "" {
+		return "iptables: " + e.err.Error()
+	}
+	return fmt.Sprintf("iptables: unit %s: %v", e.owner, e.err)
+}
+
+func (e *opError) Unwrap() error { return e.err }
+
+func (tx *transaction) fail(owner string, err error) {
+	tx.errs = append(tx.errs, &opError{owner, err})
+}
+
+// grow reserves room for n more operations in table.
+func (tx *transaction) grow(table string, n int) {
+	i := tableIndex(table)
+	if cap(tx.ops[i])-len(tx.ops[i]) < n {
+		ops := make([]op, len(tx.ops[i]), len(tx.ops[i])+n)
+		copy(ops, tx.ops[i])
+		tx.ops[i] = ops
+	}
+}
+
+// declare creates chain c, or empties it when it exists.
+func (tx *transaction) declare(owner string, c tableChain) {
+	if err := c.validate(); err != nil {
+		tx.fail(owner, err)
+		return
+	}
+	if builtin(c.name) {
+		tx.fail(owner, fmt.Errorf("declare built-in chain %s", c.name))
+		return
+	}
+	i := tableIndex(c.table)
+	if tx.declared[i] == nil {
+		tx.declared[i] = map[string]bool{}
+	}
+	tx.declared[i][c.name] = true
+	tx.ops[i] = append(tx.ops[i], op{opDeclare, owner, c.name, nil})
+}
+
+// add appends r to chain c, which the transaction must have declared:
+// appending to a chain it did not empty would duplicate rules.
+func (tx *transaction) add(owner string, c tableChain, r *rule) {
+	if err := r.validate(); err != nil {
+		tx.fail(owner, fmt.Errorf("rule in %s/%s: %w", c.table, c.name, err))
+		return
+	}
+	i := tableIndex(c.table)
+	if !tx.declared[i][c.name] {
+		tx.fail(owner, fmt.Errorf("rule in %s/%s: chain not declared in this transaction", c.table, c.name))
+		return
+	}
+	tx.ops[i] = append(tx.ops[i], op{opAdd, owner, c.name, r})
+}
+
+// delete deletes chain c, which the transaction must have declared (and
+// so emptied).
+func (tx *transaction) delete(c tableChain) {
+	i := tableIndex(c.table)
+	if !tx.declared[i][c.name] {
+		tx.fail("", fmt.Errorf("delete %s/%s: chain not declared in this transaction", c.table, c.name))
+		return
+	}
+	tx.ops[i] = append(tx.ops[i], op{opDelete, "", c.name, nil})
+}
+
+// insert puts r first in built-in chain c.
+func (tx *transaction) insert(c tableChain, r *rule) {
+	if err := c.validate(); err != nil {
+		tx.fail("", err)
+		return
+	}
+	if !builtin(c.name) {
+		tx.fail("", fmt.Errorf("insert into %s/%s: not a built-in chain", c.table, c.name))
+		return
+	}
+	if err := r.validate(); err != nil {
+		tx.fail("", fmt.Errorf("rule in %s/%s: %w", c.table, c.name, err))
+		return
+	}
+	tx.ops[tableIndex(c.table)] = append(tx.ops[tableIndex(c.table)], op{opInsert, "", c.name, r})
+}
+
+// render returns the iptables-restore input and, per line, the unit that
+// owns it (owner[i] for line i+1), or the errors of the objects refused
+// when they were added.
+func (tx *transaction) render() (text []byte, owner []string, err error) {
+	if len(tx.errs) > 0 {
+		return nil, nil, errors.Join(tx.errs...)
+	}
+	lines, size := 2*len(tables), 16
+	for i := range tx.ops {
+		lines += len(tx.ops[i])
+		size += 140 * len(tx.ops[i])
+	}
+	w := argWriter{mode: asText, b: make([]byte, 0, size)}
+	owner = make([]string, 0, lines)
+	for i, table := range tables {
+		w.b = append(append(append(w.b, '*'), table...), '\n')
+		owner = append(owner, "")
+		for j := range tx.ops[i] {
+			tx.ops[i][j].appendText(&w)
+			owner = append(owner, tx.ops[i][j].owner)
+		}
+		w.b = append(w.b, "COMMIT\n"...)
+		owner = append(owner, "")
+	}
+	return w.b, owner, nil
+}
+
+// String is the transaction as iptables-restore reads it (what the
+// golden files hold), or its errors.
+func (tx *transaction) String() string {
+	text, _, err := tx.render()
+	if err != nil {
+		return "invalid transaction: " + err.Error()
+	}
+	return string(text)
+}
+
+// appendText appends the operation's line to w.b.
+func (o *op) appendText(w *argWriter) {
+	switch o.kind {
+	case opDeclare:
+		w.b = append(append(append(w.b, ':'), o.chain...), " - [0:0]"...)
+	case opDelete:
+		w.b = append(append(w.b, "-X "...), o.chain...)
+	case opAdd:
+		w.b = append(append(append(w.b, "-A "...), o.chain...), ' ')
+		w.n = 0
+		o.rule.write(w)
+	case opInsert:
+		w.b = append(append(append(w.b, "-I "...), o.chain...), " 1 "...)
+		w.n = 0
+		o.rule.write(w)
+	}
+	w.b = append(w.b, '\n')
+}
+
+// failedOwner returns the unit whose object made err: one refused when it
+// was added, or the one owning the line iptables-restore reported as
+// failed (xtables.RestoreError; owner as render returned it). "" when no
+// unit is to blame.
+func failedOwner(err error, owner []string) string {
+	var oe *opError
+	if errors.As(err, &oe) {
+		return oe.owner
+	}
+	var re *xtables.RestoreError
+	if errors.As(err, &re) && re.Line >= 1 && re.Line <= len(owner) {
+		return owner[re.Line-1]
+	}
+	return ""
+}
