@@ -113,17 +113,21 @@ func (h *Host) Check(ctx context.Context, spec Spec) *Report {
 	return r
 }
 
-// Load checks spec and, when every check passes, returns the instance the
-// checks ran on, ready to evaluate, along with the report. On failure the
-// error is the report's and the instance is nil. The probes have warmed
-// the instance up and shown that it answers the same input alike on a
-// second call, so it is kept rather than instantiated again: an
-// instantiation is a large part of a load (RATIONALE.md, "What a module
-// costs at start-up").
+// Load checks spec and, when every check passes, returns a fresh instance
+// ready to evaluate, along with the report. On failure the error is the
+// report's and the instance is nil. The probed instance is not kept: a
+// fresh one with its warm-up call is in the same state as one re-created
+// after a failure, so a module answers alike whichever it runs on (down to
+// the addresses in a crash message).
 func (h *Host) Load(ctx context.Context, spec Spec) (*Instance, *Report, error) {
 	r, probed := h.check(ctx, spec)
 	if probed == nil {
 		return nil, r, r.Err()
+	}
+	probed.discard(ctx)
+	if err := probed.instantiate(ctx, true); err != nil {
+		probed.Close(ctx)
+		return nil, r, fmt.Errorf("policy: module %s: %w", spec.Name, err)
 	}
 	return probed, r, nil
 }

@@ -156,10 +156,8 @@ func (p *jsonParser) literal(s string, v Value) (Value, error) {
 }
 
 func (p *jsonParser) object() (Value, error) {
-	p.p++
 	v := Value{Kind: Object}
-	if p.ws(); p.peek() == '}' {
-		p.p++
+	if p.open('}') {
 		return v, nil
 	}
 	for {
@@ -179,24 +177,15 @@ func (p *jsonParser) object() (Value, error) {
 			return Value{}, err
 		}
 		v.Keys, v.Items = append(v.Keys, k), append(v.Items, item)
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.p++
-		case '}':
-			p.p++
-			return v, nil
-		default:
-			return Value{}, errors.New("json: missing ',' or '}'")
+		if more, err := p.next('}'); !more {
+			return v, err
 		}
 	}
 }
 
 func (p *jsonParser) array() (Value, error) {
-	p.p++
 	v := Value{Kind: Array}
-	if p.ws(); p.peek() == ']' {
-		p.p++
+	if p.open(']') {
 		return v, nil
 	}
 	for {
@@ -205,17 +194,36 @@ func (p *jsonParser) array() (Value, error) {
 			return Value{}, err
 		}
 		v.Items = append(v.Items, item)
-		p.ws()
-		switch p.peek() {
-		case ',':
-			p.p++
-		case ']':
-			p.p++
-			return v, nil
-		default:
-			return Value{}, errors.New("json: missing ',' or ']'")
+		if more, err := p.next(']'); !more {
+			return v, err
 		}
 	}
+}
+
+// open consumes the opening byte of an object or array and reports
+// whether its closing byte follows at once.
+func (p *jsonParser) open(closing byte) bool {
+	p.p++
+	if p.ws(); p.peek() == closing {
+		p.p++
+		return true
+	}
+	return false
+}
+
+// next reads what follows an item of an object or array: a comma (more
+// items follow) or its closing byte.
+func (p *jsonParser) next(closing byte) (more bool, err error) {
+	p.ws()
+	switch p.peek() {
+	case ',':
+		p.p++
+		return true, nil
+	case closing:
+		p.p++
+		return false, nil
+	}
+	return false, errors.New("json: missing ',' or '" + string(rune(closing)) + "'")
 }
 
 func (p *jsonParser) digits() int {
