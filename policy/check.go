@@ -115,7 +115,10 @@ func (h *Host) Check(ctx context.Context, spec Spec) *Report {
 
 // Load checks spec and, when every check passes, returns a fresh instance
 // ready to evaluate, along with the report. On failure the error is the
-// report's and the instance is nil.
+// report's and the instance is nil. The probed instance is not kept: a
+// fresh one with its warm-up call is in the same state as one re-created
+// after a failure, so a module answers alike whichever it runs on (down to
+// the addresses in a crash message).
 func (h *Host) Load(ctx context.Context, spec Spec) (*Instance, *Report, error) {
 	r, probed := h.check(ctx, spec)
 	if probed == nil {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/experimental"
 	"github.com/tetratelabs/wazero/sys"
 
 	"github.com/edgeproxy/edgeproxy/policy/abi"
@@ -147,7 +148,7 @@ func (i *Instance) instantiate(ctx context.Context, warm bool) error {
 	defer cancel()
 	ictx = context.WithValue(ictx, callKey{}, i)
 	i.logs, i.logLimit = 0, maxLogsPerCall
-	mod, err := i.h.rt.InstantiateModule(ictx, i.compiled, cfg)
+	mod, err := i.h.rt.InstantiateModule(experimental.WithMemoryAllocator(ictx, memoryAllocator), i.compiled, cfg)
 	if err != nil {
 		return fmt.Errorf("instantiate: %w", shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
 	}
@@ -200,6 +201,9 @@ var (
 // write copies b into the guest buffer, asking ep_alloc for a bigger one
 // (with room to grow) only when b does not fit the current one.
 func (i *Instance) write(ctx context.Context, b []byte) (uint32, error) {
+	if i.mod.IsClosed() { // its memory may be unmapped (the Host closed)
+		return 0, errors.New("the module is closed")
+	}
 	if i.inCap == 0 || uint32(len(b)) > i.inCap {
 		size := max(uint32(len(b)), 2*i.inCap, 4096)
 		res, err := i.alloc.Call(ctx, uint64(size))

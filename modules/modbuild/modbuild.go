@@ -161,7 +161,7 @@ func Module(root, dir string) (string, error) {
 }
 
 // sourceKey hashes the Go version, go.mod, go.sum and the .go files of dir,
-// modules/sdk and policy/abi.
+// the SDK (with jsoncfg), the hostile modules' misbehave and policy/abi.
 func sourceKey(root, dir string) (string, error) {
 	h := sha256.New()
 	fmt.Fprintln(h, runtime.Version())
@@ -169,7 +169,7 @@ func sourceKey(root, dir string) (string, error) {
 		b, _ := os.ReadFile(filepath.Join(root, f))
 		h.Write(b)
 	}
-	for _, d := range []string{dir, "modules/sdk", "policy/abi"} {
+	for _, d := range []string{dir, "modules/sdk", "modules/sdk/jsoncfg", "modules/testdata/hostile/misbehave", "policy/abi"} {
 		var files []string
 		err := filepath.WalkDir(filepath.Join(root, d), func(p string, e fs.DirEntry, err error) error {
 			if err != nil {

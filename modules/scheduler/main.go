@@ -15,6 +15,7 @@ import (
 	"strings"
 
 	"github.com/edgeproxy/edgeproxy/modules/sdk"
+	"github.com/edgeproxy/edgeproxy/modules/sdk/jsoncfg"
 )
 
 var cfg struct {
@@ -24,7 +25,7 @@ var cfg struct {
 	Default    string            `json:"default"`
 }
 
-func init() { sdk.Run(sdk.Module{Init: sdk.JSON(&cfg), Evaluate: evaluate}) }
+func init() { sdk.Run(sdk.Module{Init: jsoncfg.Into(&cfg), Evaluate: evaluate}) }
 
 // set chooses the scheduler written as "name" or "name:flag,flag". A
 // spec the ABI would refuse is ignored with a reason, so that a typo in an

@@ -32,8 +32,7 @@
 package sdk
 
 import (
-	"encoding/json"
-	"fmt"
+	"errors"
 	"runtime"
 
 	"github.com/edgeproxy/edgeproxy/policy/abi"
@@ -59,7 +58,8 @@ var Schedulers = abi.Schedulers
 // Module is what a module registers.
 type Module struct {
 	// Init receives the chain step's config (a JSON object, "{}" when
-	// none) once, before the first Evaluate. Optional.
+	// none) once, before the first Evaluate: read it with ParseConfig, or
+	// with package jsoncfg into a struct. Optional.
 	Init func(config []byte) error
 	// Evaluate decides the weights of one service port's endpoints. out
 	// arrives with one weight per endpoint, copied from the input.
@@ -71,16 +71,6 @@ var registered Module
 // Run registers m. Call it from an init function of the main package.
 func Run(m Module) { registered = m }
 
-// JSON returns an Init function that decodes the config into v.
-func JSON(v any) func([]byte) error {
-	return func(b []byte) error {
-		if err := json.Unmarshal(b, v); err != nil {
-			return fmt.Errorf("config: %w", err)
-		}
-		return nil
-	}
-}
-
 // Log levels.
 const (
 	Debug = abi.LevelDebug
@@ -89,11 +79,11 @@ const (
 	Error = abi.LevelError
 )
 
-// Logf writes a log line through the host (truncated and rate limited
-// there). Outside wasm it does nothing.
-func Logf(level int, format string, args ...any) {
-	hostLogString(level, fmt.Sprintf(format, args...))
-}
+// Log writes a log line through the host (truncated and rate limited
+// there). Outside wasm it does nothing. The SDK does not format: fmt and
+// the reflection it needs would add a fifth to a module's code (see
+// ParseConfig); a module that wants it may call fmt.Sprintf itself.
+func Log(level int, msg string) { hostLogString(level, msg) }
 
 // state is reused across calls so that an evaluation allocates little.
 var (
@@ -109,7 +99,7 @@ var (
 func doInit(config []byte) (err error) {
 	defer recoverInto(&err)
 	if registered.Evaluate == nil {
-		return fmt.Errorf("sdk: no module registered (call sdk.Run from init)")
+		return errors.New("sdk: no module registered (call sdk.Run from init)")
 	}
 	if registered.Init != nil {
 		return registered.Init(config)
@@ -159,7 +149,7 @@ func evaluateBatch(b []byte) []byte {
 func appendEvaluation(dst, b []byte) (res []byte, err error) {
 	defer recoverInto(&err)
 	if registered.Evaluate == nil {
-		return nil, fmt.Errorf("sdk: no module registered")
+		return nil, errors.New("sdk: no module registered")
 	}
 	if err := dec.DecodeInput(b, &in); err != nil {
 		return nil, err
@@ -189,8 +179,21 @@ var calls int // evaluations so far, for the periodic yield above
 
 func recoverInto(err *error) {
 	if r := recover(); r != nil {
-		*err = fmt.Errorf("sdk: module panicked: %v", r)
+		*err = errors.New("sdk: module panicked: " + panicMessage(r))
 	}
+}
+
+// panicMessage describes a recovered panic value without fmt.
+func panicMessage(r any) string {
+	switch v := r.(type) {
+	case error:
+		return v.Error()
+	case string:
+		return v
+	case interface{ String() string }:
+		return v.String()
+	}
+	return "a value that is not an error or a string"
 }
 
 // Call runs the registered module on in the way the host would, through

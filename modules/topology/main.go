@@ -12,17 +12,18 @@
 package main
 
 import (
-	"fmt"
+	"errors"
 	"slices"
 	"strconv"
 
 	"github.com/edgeproxy/edgeproxy/modules/sdk"
 )
 
+// The config, read by initConfig.
 var cfg struct {
-	MinEndpoints int               `json:"minEndpoints"`
-	Levels       []string          `json:"levels"`
-	Regions      map[string]string `json:"regions"`
+	minEndpoints int
+	levels       []int             // resolved, narrowest first
+	regions      map[string]string // zone -> region
 }
 
 func init() {
@@ -39,27 +40,57 @@ const (
 
 var levelNames = [...]string{"node", "zone", "region", "any"}
 
-// levels is cfg.Levels resolved at init, so that a call compares no
-// strings to find a level.
-var levels []int
-
+// initConfig reads the config with the SDK's small JSON reader (not
+// encoding/json, which would double the module's code and its start-up),
+// resolving level names at init so that a call compares no strings to
+// find a level. A repeated key keeps its last value, as in encoding/json.
 func initConfig(b []byte) error {
-	if err := sdk.JSON(&cfg)(b); err != nil {
-		return err
+	v, err := sdk.ParseConfig(b)
+	if err != nil {
+		return errors.New("config: " + err.Error())
 	}
-	if cfg.MinEndpoints < 1 {
-		cfg.MinEndpoints = 1
+	if v.Kind != sdk.Object {
+		return errors.New("config: not a JSON object")
 	}
-	if len(cfg.Levels) == 0 {
-		cfg.Levels = slices.Clone(levelNames[:])
-	}
-	levels = levels[:0]
-	for _, l := range cfg.Levels {
-		i := slices.Index(levelNames[:], l)
-		if i < 0 {
-			return fmt.Errorf("topology: unknown level %q", l)
+	cfg.minEndpoints, cfg.levels, cfg.regions = 1, nil, nil
+	if m, ok := v.Field("minEndpoints"); ok {
+		n, ok := m.Int()
+		if !ok {
+			return errors.New("config: minEndpoints is not an integer")
 		}
-		levels = append(levels, i)
+		cfg.minEndpoints = int(max(n, 1))
+	}
+	if ls, ok := v.Field("levels"); ok {
+		if ls.Kind != sdk.Array {
+			return errors.New("config: levels is not a list")
+		}
+		for _, l := range ls.Items {
+			name, ok := l.Str()
+			if !ok {
+				return errors.New("config: a level is not a string")
+			}
+			i := slices.Index(levelNames[:], name)
+			if i < 0 {
+				return errors.New("topology: unknown level " + strconv.Quote(name))
+			}
+			cfg.levels = append(cfg.levels, i)
+		}
+	}
+	if len(cfg.levels) == 0 {
+		cfg.levels = []int{levelNode, levelZone, levelRegion, levelAny}
+	}
+	if rs, ok := v.Field("regions"); ok {
+		if rs.Kind != sdk.Object {
+			return errors.New("config: regions is not an object")
+		}
+		cfg.regions = make(map[string]string, len(rs.Keys))
+		for k, zone := range rs.Keys {
+			r, ok := rs.Items[k].Str()
+			if !ok {
+				return errors.New("config: a region is not a string")
+			}
+			cfg.regions[zone] = r
+		}
 	}
 	return nil
 }
@@ -67,8 +98,8 @@ func initConfig(b []byte) error {
 // region returns the region of zone. Comparisons use sdk.Equal: this runs
 // per endpoint, where == costs a byte loop inside the guest.
 func region(in *sdk.Input, zone string) string {
-	if len(cfg.Regions) > 0 {
-		if r, ok := cfg.Regions[zone]; ok {
+	if len(cfg.regions) > 0 {
+		if r, ok := cfg.regions[zone]; ok {
 			return r
 		}
 	}
@@ -117,9 +148,9 @@ func evaluate(in *sdk.Input, out *sdk.Output) error {
 	for l := levelZone; l <= levelAny; l++ {
 		within[l] += within[l-1]
 	}
-	for _, l := range levels {
+	for _, l := range cfg.levels {
 		n := within[l]
-		if n == 0 || (n < cfg.MinEndpoints && l != levelAny) {
+		if n == 0 || (n < cfg.minEndpoints && l != levelAny) {
 			continue
 		}
 		for i, r := range ranks {

@@ -33,7 +33,6 @@ func TestLevels(t *testing.T) {
 		{"no zone is anywhere", `{}`, input(sdk.Endpoint{NodeName: "n2"}, sdk.Endpoint{NodeName: "n3", Zone: "us-1a"}), []uint32{1, 1}},
 	}
 	for _, c := range cases {
-		cfg.MinEndpoints, cfg.Levels, cfg.Regions = 0, nil, nil
 		out, err := sdk.Call([]byte(c.config), c.in)
 		if err != nil {
 			t.Fatalf("%s: %v", c.name, err)

@@ -21,6 +21,7 @@ import (
 	"strings"
 
 	"github.com/edgeproxy/edgeproxy/modules/sdk"
+	"github.com/edgeproxy/edgeproxy/modules/sdk/jsoncfg"
 )
 
 var cfg = struct {
@@ -36,7 +37,7 @@ type rule struct {
 	weight      uint32
 }
 
-func init() { sdk.Run(sdk.Module{Init: sdk.JSON(&cfg), Evaluate: evaluate}) }
+func init() { sdk.Run(sdk.Module{Init: jsoncfg.Into(&cfg), Evaluate: evaluate}) }
 
 func parse(s string) ([]rule, error) {
 	var rules []rule

@@ -2,7 +2,7 @@ package abi
 
 import (
 	"encoding/binary"
-	"fmt"
+	"errors"
 )
 
 // Limits of one batch (ABI 1.1). A host never sends more items or bytes
@@ -39,33 +39,33 @@ func AppendBatchItem(b, item []byte) []byte {
 func SplitBatch(dst [][]byte, b []byte, count int) ([][]byte, error) {
 	dst = dst[:0]
 	if len(b) < 8 {
-		return dst, fmt.Errorf("abi: batch of %d bytes: %w", len(b), ErrTruncated)
+		return dst, truncated("abi: batch of " + itoa(len(b)) + " bytes")
 	}
 	if v := binary.LittleEndian.Uint32(b); v != Version {
-		return dst, fmt.Errorf("abi: batch version %d, want %d", v, Version)
+		return dst, errors.New("abi: batch version " + u32s(v) + ", want " + itoa(Version))
 	}
 	n := binary.LittleEndian.Uint32(b[4:])
 	if count >= 0 && n != uint32(count) {
-		return dst, fmt.Errorf("abi: batch of %d items, want %d", n, count)
+		return dst, errors.New("abi: batch of " + u32s(n) + " items, want " + itoa(count))
 	}
 	if n > MaxBatchCount || n > uint32(len(b)-8)/4 {
-		return dst, fmt.Errorf("abi: batch of %d items in %d bytes: %w", n, len(b), ErrTruncated)
+		return dst, truncated("abi: batch of " + u32s(n) + " items in " + itoa(len(b)) + " bytes")
 	}
 	p := 8
 	for k := range int(n) {
 		if len(b)-p < 4 {
-			return dst, fmt.Errorf("abi: batch item %d: %w", k, ErrTruncated)
+			return dst, truncated("abi: batch item " + itoa(k))
 		}
 		l := int(binary.LittleEndian.Uint32(b[p:]))
 		p += 4
 		if l > len(b)-p {
-			return dst, fmt.Errorf("abi: batch item %d of %d bytes: %w", k, l, ErrTruncated)
+			return dst, truncated("abi: batch item " + itoa(k) + " of " + itoa(l) + " bytes")
 		}
 		dst = append(dst, b[p:p+l:p+l])
 		p += l
 	}
 	if p != len(b) {
-		return dst, fmt.Errorf("abi: batch: %d trailing bytes", len(b)-p)
+		return dst, errors.New("abi: batch: " + itoa(len(b)-p) + " trailing bytes")
 	}
 	return dst, nil
 }

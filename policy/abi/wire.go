@@ -3,7 +3,6 @@ package abi
 import (
 	"encoding/binary"
 	"errors"
-	"fmt"
 	"net/netip"
 	"slices"
 	"unicode/utf8"
@@ -152,7 +151,7 @@ func DecodeInput(b []byte, in *Input) error {
 func decodeInput(r *reader, in *Input) error {
 	b := r.b
 	if v := r.u32(); r.err == nil && v != Version {
-		return fmt.Errorf("abi: input version %d, want %d", v, Version)
+		return errors.New("abi: input version " + u32s(v) + ", want " + itoa(Version))
 	}
 	s := &in.Service
 	s.Namespace = r.str()
@@ -172,7 +171,7 @@ func decodeInput(r *reader, in *Input) error {
 		return r.err
 	}
 	if cnt > len(b)/10 { // an endpoint takes at least 10 bytes
-		return fmt.Errorf("abi: %d endpoints do not fit in %d bytes: %w", cnt, len(b), ErrTruncated)
+		return truncated("abi: " + itoa(cnt) + " endpoints do not fit in " + itoa(len(b)) + " bytes")
 	}
 	in.Endpoints = slices.Grow(in.Endpoints[:0], cnt)[:cnt]
 	for i := range in.Endpoints {
@@ -184,7 +183,7 @@ func decodeInput(r *reader, in *Input) error {
 		}
 		f, al := b[r.off], int(b[r.off+1])
 		if al != 0 && al != 4 && al != 16 {
-			return fmt.Errorf("abi: endpoint %d: address length %d", i, al)
+			return errors.New("abi: endpoint " + itoa(i) + ": address length " + itoa(al))
 		}
 		p := r.off + 2
 		if len(b)-p < al+6 {
@@ -235,14 +234,14 @@ func AppendOutput(b []byte, out *Output) []byte {
 func DecodeOutput(b []byte, out *Output) error {
 	r := reader{b: b}
 	if v := r.u32(); r.err == nil && v != Version {
-		return fmt.Errorf("abi: output version %d, want %d", v, Version)
+		return errors.New("abi: output version " + u32s(v) + ", want " + itoa(Version))
 	}
 	n := int(r.u32())
 	if r.err != nil {
 		return r.err
 	}
 	if n > (len(b)-8)/4 {
-		return fmt.Errorf("abi: %d weights do not fit in %d bytes: %w", n, len(b), ErrTruncated)
+		return truncated("abi: " + itoa(n) + " weights do not fit in " + itoa(len(b)) + " bytes")
 	}
 	out.Weights = slices.Grow(out.Weights[:0], n)[:n]
 	for i := range out.Weights {
@@ -263,34 +262,34 @@ func DecodeOutput(b []byte, out *Output) error {
 // whether a module may empty a service is the chain's decision.
 func (out *Output) Validate(endpoints int) error {
 	if len(out.Weights) != endpoints {
-		return fmt.Errorf("abi: %d weights for %d endpoints", len(out.Weights), endpoints)
+		return errors.New("abi: " + itoa(len(out.Weights)) + " weights for " + itoa(endpoints) + " endpoints")
 	}
 	for i, w := range out.Weights {
 		if w > MaxWeight {
-			return fmt.Errorf("abi: weight %d of endpoint %d is above the maximum %d", w, i, MaxWeight)
+			return errors.New("abi: weight " + u32s(w) + " of endpoint " + itoa(i) + " is above the maximum " + itoa(MaxWeight))
 		}
 	}
 	if out.Scheduler != "" {
 		allowed, ok := Schedulers[out.Scheduler]
 		if !ok {
-			return fmt.Errorf("abi: unknown scheduler %.32q", out.Scheduler)
+			return errors.New("abi: unknown scheduler " + quote32(out.Scheduler))
 		}
 		if len(out.SchedulerFlags) > MaxFlags {
-			return fmt.Errorf("abi: %d scheduler flags, at most %d", len(out.SchedulerFlags), MaxFlags)
+			return errors.New("abi: " + itoa(len(out.SchedulerFlags)) + " scheduler flags, at most " + itoa(MaxFlags))
 		}
 		for i, f := range out.SchedulerFlags {
 			if !slices.Contains(allowed, f) {
-				return fmt.Errorf("abi: scheduler %s does not take flag %.32q", out.Scheduler, f)
+				return errors.New("abi: scheduler " + out.Scheduler + " does not take flag " + quote32(f))
 			}
 			if slices.Contains(out.SchedulerFlags[:i], f) {
-				return fmt.Errorf("abi: scheduler flag %s repeated", f)
+				return errors.New("abi: scheduler flag " + f + " repeated")
 			}
 		}
 	} else if len(out.SchedulerFlags) > 0 {
 		return errors.New("abi: scheduler flags without a scheduler")
 	}
 	if len(out.Reason) > MaxReasonLen {
-		return fmt.Errorf("abi: reason of %d bytes, at most %d", len(out.Reason), MaxReasonLen)
+		return errors.New("abi: reason of " + itoa(len(out.Reason)) + " bytes, at most " + itoa(MaxReasonLen))
 	}
 	if !utf8.ValidString(out.Reason) {
 		return errors.New("abi: reason is not UTF-8")
@@ -458,7 +457,7 @@ func (r *reader) end() error {
 		return r.err
 	}
 	if r.off != len(r.b) {
-		return fmt.Errorf("abi: %d trailing bytes", len(r.b)-r.off)
+		return errors.New("abi: " + itoa(len(r.b)-r.off) + " trailing bytes")
 	}
 	return nil
 }

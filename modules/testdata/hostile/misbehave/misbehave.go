@@ -2,7 +2,10 @@
 // the one bad thing it does, and this package decides when it does it.
 package misbehave
 
-import "github.com/edgeproxy/edgeproxy/modules/sdk"
+import (
+	"github.com/edgeproxy/edgeproxy/modules/sdk"
+	"github.com/edgeproxy/edgeproxy/modules/sdk/jsoncfg"
+)
 
 // Run registers a module that does bad on every call, unless its config says
 // {"only": "NS"}: then it does bad only for services in namespace NS and
@@ -12,7 +15,7 @@ func Run(bad func(in *sdk.Input, out *sdk.Output)) {
 	var cfg struct {
 		Only string `json:"only"`
 	}
-	sdk.Run(sdk.Module{Init: sdk.JSON(&cfg), Evaluate: func(in *sdk.Input, out *sdk.Output) error {
+	sdk.Run(sdk.Module{Init: jsoncfg.Into(&cfg), Evaluate: func(in *sdk.Input, out *sdk.Output) error {
 		if cfg.Only == "" || in.Service.Namespace == cfg.Only {
 			bad(in, out)
 		}
