@@ -349,7 +349,12 @@ func (a *Agent) reconfigure(prev, next *config.Config) error {
 	var perr error
 	// The agent's own chains reload; a policy the caller supplied does not.
 	if a.chains != nil && !reflect.DeepEqual(prev.Policy, next.Policy) {
-		if perr = a.chains.Reload(context.Background(), next.Policy); perr != nil {
+		// Under the sync lock: the old chains close once no sync is
+		// evaluating with them (a guest's memory is unmapped on close).
+		a.mu.Lock()
+		perr = a.chains.Reload(context.Background(), next.Policy)
+		a.mu.Unlock()
+		if perr != nil {
 			a.log.Error("policy reload failed; the running chains stay in force", "err", perr)
 			kept := *next
 			kept.Policy = prev.Policy

@@ -128,7 +128,7 @@ type kernelWatch interface {
 func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle bool) {
 	moved := len(snap.Changed) > 0 || snap.NodeChanged || snap.Generation != a.syncedGen
 	idle = !moved && !a.needFull && a.planner.Settled() &&
-		(a.probes == nil || !a.probes.active.Load()) && a.fromSnapshot.Load() == a.syncedOffline
+		(a.probes == nil || !a.probes.active.Load() && !a.probingWanted(start)) && a.fromSnapshot.Load() == a.syncedOffline
 	if d, ok := a.backend.(datapath.Drainer); ok && d.Draining() > 0 {
 		idle = false
 	}
