@@ -59,6 +59,30 @@ type agent struct {
 	log string
 }
 
+// apiAgentConfig writes, in a new directory, a kubeconfig for the API
+// server of c on hostIP and an iptables-mode agent config using it (state
+// in dir/state, minPeriod 200ms) with extra YAML appended; it returns the
+// directory and the config's path.
+func apiAgentConfig(t *testing.T, c *cluster.Cluster, hostIP netip.Addr, extra string) (dir, cfg string) {
+	t.Helper()
+	dir = t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
+		t.Fatal(err)
+	}
+	cfg = filepath.Join(dir, "config.yaml")
+	if err := os.WriteFile(cfg, fmt.Appendf(nil, `nodeName: %s
+kubeconfig: %s
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+stateDir: %s
+sync: {minPeriod: 200ms, period: 30s}
+%s`, nodeName, kubeconfig, filepath.Join(dir, "state"), extra), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return dir, cfg
+}
+
 func startAgent(t *testing.T, node *netns.Node, bin, cfg, logPath string) *agent {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
@@ -122,21 +146,7 @@ func TestIPTablesAgent(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, `nodeName: %s
-kubeconfig: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-`, nodeName, kubeconfig, filepath.Join(dir, "state")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+	dir, cfg := apiAgentConfig(t, c, hostIP, "")
 	logPath := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {

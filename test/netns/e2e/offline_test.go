@@ -73,23 +73,8 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
-		t.Fatal(err)
-	}
+	dir, cfg := apiAgentConfig(t, c, hostIP, "offline: {snapshotInterval: 0s}\n")
 	stateDir := filepath.Join(dir, "state")
-	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, `nodeName: %s
-kubeconfig: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-offline: {snapshotInterval: 0s}
-`, nodeName, kubeconfig, stateDir), 0o644); err != nil {
-		t.Fatal(err)
-	}
 	logPath := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {

@@ -229,23 +229,9 @@ func TestIPTablesProbesWhileAPIServerAway(t *testing.T) {
 		}
 	}
 
-	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := cl.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, cl.Port())); err != nil {
-		t.Fatal(err)
-	}
-	cfg := filepath.Join(dir, "config.yaml")
-	if err := os.WriteFile(cfg, fmt.Appendf(nil, `nodeName: %s
-kubeconfig: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-offline: {snapshotInterval: 0s}
+	dir, cfg := apiAgentConfig(t, cl, hostIP, `offline: {snapshotInterval: 0s}
 health: {mode: offline, after: 2s, interval: 300ms, timeout: 300ms, failureThreshold: 2}
-`, nodeName, kubeconfig, filepath.Join(dir, "state")), 0o644); err != nil {
-		t.Fatal(err)
-	}
+`)
 	logPath := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {
