@@ -80,13 +80,20 @@ func (r *Runner) idle(ctx context.Context, drv *Driver, res *Result) error {
 	window := r.Plan.S0Window
 	every := min(time.Second, max(window/60, 100*time.Millisecond))
 	idle := &Idle{}
-	u0, err := ReadUsage(pid)
-	if err != nil {
-		return fmt.Errorf("bench: S0: %w", err)
+	at := func() (IdleSample, error) {
+		u, err := ReadUsage(pid)
+		if err != nil {
+			return IdleSample{}, fmt.Errorf("bench: S0: %w", err)
+		}
+		wk, err := Wakeups(pid)
+		if err != nil {
+			return IdleSample{}, fmt.Errorf("bench: S0: %w", err)
+		}
+		return IdleSample{CPU: u.CPU.Seconds(), Wakeups: wk, RSS: u.RSS}, nil
 	}
-	w0, err := Wakeups(pid)
+	s0, err := at()
 	if err != nil {
-		return fmt.Errorf("bench: S0: %w", err)
+		return err
 	}
 	start := time.Now()
 	var rss []int64
@@ -101,16 +108,13 @@ func (r *Runner) idle(ctx context.Context, drv *Driver, res *Result) error {
 		if err := x.p.Exited(); err != nil {
 			return err
 		}
-		u, err := ReadUsage(pid)
+		s, err := at()
 		if err != nil {
-			return fmt.Errorf("bench: S0: %w", err)
+			return err
 		}
-		wk, err := Wakeups(pid)
-		if err != nil {
-			return fmt.Errorf("bench: S0: %w", err)
-		}
-		idle.Trace = append(idle.Trace, IdleSample{T: time.Since(start).Seconds(), CPU: (u.CPU - u0.CPU).Seconds(), Wakeups: wk - w0, RSS: u.RSS})
-		rss = append(rss, u.RSS)
+		s.T, s.CPU, s.Wakeups = time.Since(start).Seconds(), s.CPU-s0.CPU, s.Wakeups-s0.Wakeups
+		idle.Trace = append(idle.Trace, s)
+		rss = append(rss, s.RSS)
 	}
 	if len(idle.Trace) == 0 {
 		return fmt.Errorf("bench: S0: no sample in a %s window", window)

@@ -224,15 +224,10 @@ func (k *nftKernel) Scan(fn func(Dest)) error {
 }
 
 func target(b []byte, fn func(Dest)) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return
-	}
-	ad.ByteOrder = binary.BigEndian
 	var name string
 	var rev uint32
 	var info []byte
-	for ad.Next() {
+	_ = eachAttr(b, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case nftaTargetName:
 			name = ad.String()
@@ -241,7 +236,7 @@ func target(b []byte, fn func(Dest)) {
 		case nftaTargetInfo:
 			info = ad.Bytes()
 		}
-	}
+	})
 	if name == "DNAT" {
 		if d, ok := dnatDest(uint8(rev), info); ok {
 			fn(d)

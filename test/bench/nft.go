@@ -244,28 +244,16 @@ func regWord(r uint32) (int, bool) {
 }
 
 func (rs *registers) immediate(b []byte) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return
-	}
-	ad.ByteOrder = binary.BigEndian
 	var dreg uint32
 	var value []byte
-	for ad.Next() {
+	_ = eachAttr(b, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case nftaImmediateDreg:
 			dreg = ad.Uint32()
 		case nftaImmediateData:
-			ad.Nested(func(d *netlink.AttributeDecoder) error {
-				for d.Next() {
-					if d.Type() == nftaDataValue {
-						value = d.Bytes()
-					}
-				}
-				return nil
-			})
+			value = dataValue(ad)
 		}
-	}
+	})
 	w, ok := regWord(dreg)
 	if !ok || value == nil {
 		return // a verdict, or a register we do not model
@@ -295,13 +283,8 @@ func (rs *registers) read(r uint32, n int) ([]byte, bool) {
 // dnat decodes a nat expression: a DNAT whose address (and port) come from
 // registers an immediate loaded.
 func (rs *registers) dnat(b []byte) (netip.AddrPort, bool) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return netip.AddrPort{}, false
-	}
-	ad.ByteOrder = binary.BigEndian
 	var typ, family, addrReg, protoReg uint32
-	for ad.Next() {
+	err := eachAttr(b, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case nftaNatType:
 			typ = ad.Uint32()
@@ -312,6 +295,9 @@ func (rs *registers) dnat(b []byte) (netip.AddrPort, bool) {
 		case nftaNatRegProtoMin:
 			protoReg = ad.Uint32()
 		}
+	})
+	if err != nil {
+		return netip.AddrPort{}, false
 	}
 	if typ != nftNatDNAT || addrReg == 0 {
 		return netip.AddrPort{}, false
@@ -408,29 +394,46 @@ func (ev *nftEvent) setElems(ad *netlink.AttributeDecoder) error {
 
 func setElem(e *netlink.AttributeDecoder) nftElem {
 	var el nftElem
-	value := func(d *netlink.AttributeDecoder) []byte {
-		var v []byte
-		d.Nested(func(d *netlink.AttributeDecoder) error {
-			for d.Next() {
-				if d.Type() == nftaDataValue {
-					v = d.Bytes()
-				}
-			}
-			return nil
-		})
-		return v
-	}
 	for e.Next() {
 		switch e.Type() {
 		case nftaSetElemKey:
-			el.key = string(value(e))
+			el.key = string(dataValue(e))
 		case nftaSetElemData:
-			if d, ok := elemDest(value(e)); ok {
+			if d, ok := elemDest(dataValue(e)); ok {
 				el.dest = d
 			}
 		}
 	}
 	return el
+}
+
+// dataValue is the NFTA_DATA_VALUE inside the nested attribute at ad (nil
+// for a verdict).
+func dataValue(ad *netlink.AttributeDecoder) []byte {
+	var v []byte
+	ad.Nested(func(d *netlink.AttributeDecoder) error {
+		for d.Next() {
+			if d.Type() == nftaDataValue {
+				v = d.Bytes()
+			}
+		}
+		return nil
+	})
+	return v
+}
+
+// eachAttr calls fn for every attribute of b, big-endian as nf_tables
+// writes them.
+func eachAttr(b []byte, fn func(ad *netlink.AttributeDecoder)) error {
+	ad, err := netlink.NewAttributeDecoder(b)
+	if err != nil {
+		return err
+	}
+	ad.ByteOrder = binary.BigEndian
+	for ad.Next() {
+		fn(ad)
+	}
+	return ad.Err()
 }
 
 // nftView is the destinations nf_tables holds, kept by the identity of

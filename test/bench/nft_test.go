@@ -1,7 +1,6 @@
 package bench
 
 import (
-	"context"
 	"encoding/binary"
 	"net/netip"
 	"slices"
@@ -243,13 +242,7 @@ func TestKernelReaderNativeNFT(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer k.Close()
-	w := NewWatcher(k)
-	defer w.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	if _, err := w.Poll(ctx); err != nil {
-		t.Fatal(err)
-	}
+	w, ctx := startWatcher(t, k)
 	nft := func(script string) {
 		t.Helper()
 		cmd := ns.Command("nft", "-f", "-")
