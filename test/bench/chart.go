@@ -262,31 +262,37 @@ func (rep *Report) Charts(dir string) ([]string, error) {
 		if err := add("rss-"+backend+".png", rss); err != nil {
 			return nil, err
 		}
-		cpu, mem := rep.s0Charts(backend)
-		if err := add("s0-cpu-"+backend+".png", cpu); err != nil {
-			return nil, err
-		}
-		if err := add("s0-rss-"+backend+".png", mem); err != nil {
-			return nil, err
+		for _, c := range rep.s0Charts(backend) {
+			if err := add(c.file, c.Chart); err != nil {
+				return nil, err
+			}
 		}
 	}
 	return names, nil
 }
 
-// s0Charts are the S0 window over time: CPU used since its start, and RSS.
-func (rep *Report) s0Charts(backend string) (cpu, rss *Chart) {
-	cpu = &Chart{Title: "S0 quiet, CPU since the window's start, iptables-" + backend, XLabel: "seconds", YLabel: "CPU ms"}
-	rss = &Chart{Title: "S0 quiet, RSS, iptables-" + backend, XLabel: "seconds", YLabel: "MiB"}
+type namedChart struct {
+	file string
+	*Chart
+}
+
+// s0Charts are the S0 window over time: CPU used and wakeups since its
+// start, and RSS.
+func (rep *Report) s0Charts(backend string) []namedChart {
+	cpu := &Chart{Title: "S0 quiet, CPU since the window's start, iptables-" + backend, XLabel: "seconds", YLabel: "CPU ms"}
+	wake := &Chart{Title: "S0 quiet, wakeups since the window's start, iptables-" + backend, XLabel: "seconds", YLabel: "wakeups"}
+	rss := &Chart{Title: "S0 quiet, RSS, iptables-" + backend, XLabel: "seconds", YLabel: "MiB"}
 	for _, r := range rep.Results {
 		if r.Scenario != "S0" || r.Backend != backend || r.Idle == nil {
 			continue
 		}
-		c, m := Series{Name: string(r.Proxy)}, Series{Name: string(r.Proxy)}
+		c, w, m := Series{Name: string(r.Proxy)}, Series{Name: string(r.Proxy)}, Series{Name: string(r.Proxy)}
 		for _, s := range r.Idle.Trace {
 			c.X, c.Y = append(c.X, s.T), append(c.Y, s.CPU*1000)
+			w.X, w.Y = append(w.X, s.T), append(w.Y, float64(s.Wakeups))
 			m.X, m.Y = append(m.X, s.T), append(m.Y, float64(s.RSS)/(1<<20))
 		}
-		cpu.Series, rss.Series = append(cpu.Series, c), append(rss.Series, m)
+		cpu.Series, wake.Series, rss.Series = append(cpu.Series, c), append(wake.Series, w), append(rss.Series, m)
 	}
-	return cpu, rss
+	return []namedChart{{"s0-cpu-" + backend + ".png", cpu}, {"s0-wakeups-" + backend + ".png", wake}, {"s0-rss-" + backend + ".png", rss}}
 }

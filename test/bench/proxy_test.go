@@ -67,3 +67,16 @@ func TestWakeups(t *testing.T) {
 		t.Fatal("no error for a process that does not exist")
 	}
 }
+
+// A resource use of zero is a measured value: it meets any target, and a
+// target of zero is missed by any use.
+func TestVerdictUse(t *testing.T) {
+	for _, c := range []struct {
+		v, target float64
+		want      string
+	}{{0, 0.05, "met"}, {0, 0, "met"}, {0.04, 0.05, "met"}, {0.1, 0.05, "missed by 100%"}, {0.01, 0, "missed (none allowed)"}, {math.NaN(), 1, "–"}} {
+		if got := verdictUse(c.v, c.target); got != c.want {
+			t.Errorf("verdictUse(%v, %v) = %q, want %q", c.v, c.target, got, c.want)
+		}
+	}
+}

@@ -112,6 +112,20 @@ func verdict(value, target float64) string {
 	return fmt.Sprintf("missed by %.0f%%", 100*(value/target-1))
 }
 
+// verdictUse is verdict for a use of a resource, where none is a value:
+// using none meets any target, using some misses a target of none.
+func verdictUse(value, target float64) string {
+	switch {
+	case math.IsNaN(value) || math.IsNaN(target) || value < 0 || target < 0:
+		return "–"
+	case value == 0 || value <= target:
+		return "met"
+	case target == 0:
+		return "missed (none allowed)"
+	}
+	return verdict(value, target)
+}
+
 // Markdown writes the report.
 func (rep *Report) Markdown(w io.Writer, charts []string) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
@@ -197,7 +211,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 						t1 = fmt.Sprintf("missed (%d)", r.KernelWrites)
 					}
 					if k != nil {
-						t2 = verdict(r.QuietCPU, k.QuietCPU)
+						t2 = verdictUse(r.QuietCPU, k.QuietCPU)
 						t3 = verdict(float64(r.SteadyRSS), 0.5*float64(k.SteadyRSS))
 					}
 				}
@@ -319,7 +333,7 @@ func (rep *Report) s0Section(p func(string, ...any)) {
 		}
 		t1, t2 := "", ""
 		if !r.Proxy.upstream() {
-			t1, t2 = verdict(float64(r.SteadyRSS), 25<<20), verdict(r.Idle.CPUPerMinute, 0.050)
+			t1, t2 = verdict(float64(r.SteadyRSS), 25<<20), verdictUse(r.Idle.CPUPerMinute, 0.050)
 		}
 		p("| %s | %s | %s | %s | %s | %s | %.1f | %s | %.0f | %s | %s | %s |", r.Backend, r.Proxy, secs(r.Idle.Window), mib(float64(r.SteadyRSS)), mib(float64(r.Idle.PeakRSS)),
 			secs(r.Idle.CPUPerMinute), r.Idle.WakeupsPerS, mib(r.HeapAlloc), r.Goroutines, secs(r.ColdStart), t1, t2)

@@ -94,7 +94,7 @@ func TestHarness(t *testing.T) {
 	if err := rep.WriteFiles(out); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"report.md", "results.json", "latency-cdf-nft.png", "cold-start-nft.png", "rss-nft.png", "s0-cpu-nft.png", "s0-rss-nft.png"} {
+	for _, f := range []string{"report.md", "results.json", "latency-cdf-nft.png", "cold-start-nft.png", "rss-nft.png", "s0-cpu-nft.png", "s0-wakeups-nft.png", "s0-rss-nft.png"} {
 		if fi, err := os.Stat(filepath.Join(out, f)); err != nil || fi.Size() == 0 {
 			t.Errorf("report file %s: %v", f, err)
 		}
