@@ -226,9 +226,10 @@ func TestElemDest(t *testing.T) {
 }
 
 // The nf_tables reader sees what kube-proxy's nftables mode writes, as
-// the nft program writes it: a DNAT in a chain reached through a verdict
-// map, an anonymous "dnat to numgen … map", a named map of destinations;
-// and follows their removal through events.
+// the nft program writes it: an anonymous "dnat ip to numgen … map" (what
+// v1.36.3 writes per service), a DNAT in a chain reached through a verdict
+// map (what earlier versions wrote), a named map of destinations; and
+// follows their removal through events.
 func TestKernelReaderNativeNFT(t *testing.T) {
 	gate.Root(t)
 	gate.Binaries(t, "nft", "ip")
@@ -266,7 +267,7 @@ func TestKernelReaderNativeNFT(t *testing.T) {
 		numgen random mod 2 vmap { 0 : goto ep-a, 1 : goto ep-b }
 	}
 	chain svc2 {
-		meta l4proto tcp dnat to numgen random mod 2 map { 0 : 10.128.2.1 . 8080, 1 : 10.128.2.2 . 8080 }
+		meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.128.2.1 . 8080, 1 : 10.128.2.2 . 8080 }
 	}
 	chain prerouting {
 		type nat hook prerouting priority dstnat; policy accept;
