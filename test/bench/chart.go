@@ -33,7 +33,7 @@ var palette = []color.RGBA{
 	{0xd6, 0x27, 0x28, 0xff}, // kube-proxy: red
 	{0x1f, 0x77, 0xb4, 0xff}, // edgeproxy: blue
 	{0x2c, 0xa0, 0x2c, 0xff}, // edgeproxy+wasm: green
-	{0x94, 0x67, 0xbd, 0xff},
+	{0x94, 0x67, 0xbd, 0xff}, // kube-proxy-nftables: purple
 	{0xff, 0x7f, 0x0e, 0xff},
 	{0x8c, 0x56, 0x4b, 0xff},
 }
@@ -42,12 +42,12 @@ const chartW, chartH = 800, 480
 
 // colorOf keeps a proxy's color the same in every chart.
 func colorOf(name string, i int) color.RGBA {
-	for k, kind := range []ProxyKind{KubeProxy, EdgeProxy, EdgeProxyWasm} {
+	for k, kind := range []ProxyKind{KubeProxy, EdgeProxy, EdgeProxyWasm, KubeProxyNFT} {
 		if name == string(kind) {
 			return palette[k]
 		}
 	}
-	return palette[(3+i)%len(palette)]
+	return palette[(4+i)%len(palette)]
 }
 
 // WritePNG renders the chart.
@@ -262,6 +262,37 @@ func (rep *Report) Charts(dir string) ([]string, error) {
 		if err := add("rss-"+backend+".png", rss); err != nil {
 			return nil, err
 		}
+		for _, c := range rep.s0Charts(backend) {
+			if err := add(c.file, c.Chart); err != nil {
+				return nil, err
+			}
+		}
 	}
 	return names, nil
+}
+
+type namedChart struct {
+	file string
+	*Chart
+}
+
+// s0Charts are the S0 window over time: CPU used and wakeups since its
+// start, and RSS.
+func (rep *Report) s0Charts(backend string) []namedChart {
+	cpu := &Chart{Title: "S0 quiet, CPU since the window's start, iptables-" + backend, XLabel: "seconds", YLabel: "CPU ms"}
+	wake := &Chart{Title: "S0 quiet, wakeups since the window's start, iptables-" + backend, XLabel: "seconds", YLabel: "wakeups"}
+	rss := &Chart{Title: "S0 quiet, RSS, iptables-" + backend, XLabel: "seconds", YLabel: "MiB"}
+	for _, r := range rep.Results {
+		if r.Scenario != "S0" || r.Backend != backend || r.Idle == nil {
+			continue
+		}
+		c, w, m := Series{Name: string(r.Proxy)}, Series{Name: string(r.Proxy)}, Series{Name: string(r.Proxy)}
+		for _, s := range r.Idle.Trace {
+			c.X, c.Y = append(c.X, s.T), append(c.Y, s.CPU*1000)
+			w.X, w.Y = append(w.X, s.T), append(w.Y, float64(s.Wakeups))
+			m.X, m.Y = append(m.X, s.T), append(m.Y, float64(s.RSS)/(1<<20))
+		}
+		cpu.Series, wake.Series, rss.Series = append(cpu.Series, c), append(wake.Series, w), append(rss.Series, m)
+	}
+	return []namedChart{{"s0-cpu-" + backend + ".png", cpu}, {"s0-wakeups-" + backend + ".png", wake}, {"s0-rss-" + backend + ".png", rss}}
 }

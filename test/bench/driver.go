@@ -214,3 +214,23 @@ feed:
 		return ctx.Err()
 	}
 }
+
+// Clear deletes every Service and EndpointSlice the driver wrote (the
+// namespace stays), so that a later scenario starts from nothing.
+func (d *Driver) Clear(ctx context.Context) error {
+	n := len(d.slices)
+	err := parallel(ctx, n, 16, func(ctx context.Context, i int) error {
+		if err := d.client.DiscoveryV1().EndpointSlices(d.Namespace).Delete(ctx, serviceName(i)+"-bench", metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("bench: delete endpointslice of %s: %w", serviceName(i), err)
+		}
+		if err := d.client.CoreV1().Services(d.Namespace).Delete(ctx, serviceName(i), metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("bench: delete service %s: %w", serviceName(i), err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	d.slices, d.Services = d.slices[:0], 0
+	return nil
+}

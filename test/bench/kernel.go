@@ -10,7 +10,7 @@ import (
 	"github.com/mdlayher/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
+	gen "github.com/edgeproxy/edgeproxy/datapath/nfgen"
 )
 
 // Dest is a DNAT destination (an endpoint) packed as ip<<16 | port, so that
@@ -23,21 +23,25 @@ func DestOf(ap netip.AddrPort) Dest {
 	return Dest(uint64(binary.BigEndian.Uint32(a[:]))<<16 | uint64(ap.Port()))
 }
 
-func (d Dest) String() string {
+// AddrPort unpacks d.
+func (d Dest) AddrPort() netip.AddrPort {
 	var a [4]byte
 	binary.BigEndian.PutUint32(a[:], uint32(d>>16))
-	return netip.AddrPortFrom(netip.AddrFrom4(a), uint16(d)).String()
+	return netip.AddrPortFrom(netip.AddrFrom4(a), uint16(d))
 }
 
-// Kernel reads the IPv4 nat table's DNAT destinations straight from the
-// kernel: the ground truth of what a proxy has programmed, whatever chains
-// it uses. It must be opened inside the node's network namespace (the
+func (d Dest) String() string { return d.AddrPort().String() }
+
+// Kernel reads the IPv4 DNAT destinations straight from the kernel (the
+// nat table of x_tables; every table of nf_tables): the ground truth of
+// what a proxy has programmed, whatever chains or maps it uses. It must be opened inside the node's network namespace (the
 // socket stays bound to it).
 type Kernel interface {
 	// Generation changes whenever the table may have changed. x_tables
 	// has no such counter, so for it every call returns a new value.
 	Generation() (uint64, error)
-	// Scan calls fn for every DNAT destination in the nat table.
+	// Scan calls fn for every DNAT destination, once per rule or map
+	// element that holds it.
 	Scan(fn func(Dest)) error
 	Close() error
 }
@@ -166,25 +170,14 @@ func cstring(b []byte) string {
 func (k *legacyKernel) Close() error { return unix.Close(k.fd) }
 
 // nftKernel reads nf_tables over netlink: the ruleset generation (cheap),
-// a dump of the rules of table ip nat, and the events the kernel sends for
-// every committed transaction (see Watcher).
+// dumps of every rule, set and DNAT map element (nft.go), and the events
+// the kernel sends for every committed transaction (see Watcher).
 type nftKernel struct {
 	c   *netlink.Conn
 	mon *netlink.Conn // subscribed to NFNLGRP_NFTABLES
 }
 
-const (
-	nfnlSubsysNFTables = 10
-	nftMsgGetRule      = 7
-	nftaRuleTable      = 1
-	nftaRuleExprs      = 4
-	nftaListElem       = 1
-	nftaExprName       = 1
-	nftaExprData       = 2
-	nftaTargetName     = 1
-	nftaTargetRev      = 2
-	nftaTargetInfo     = 3
-)
+const nfnlSubsysNFTables = 10
 
 // OpenNFT opens an nf_tables reader in the calling thread's namespace.
 func OpenNFT() (Kernel, error) {
@@ -208,89 +201,33 @@ func OpenNFT() (Kernel, error) {
 	return &nftKernel{c: c, mon: mon}, nil
 }
 
-func nfgenmsg(family uint8) []byte { return []byte{family, 0, 0, 0} }
+func nfgen(family uint8) []byte { return []byte{family, 0, 0, 0} }
 
 func (k *nftKernel) Generation() (uint64, error) {
-	g, err := nfgen.Query(k.c)
+	g, err := gen.Query(k.c)
 	return uint64(g), err
 }
 
+// Scan reads every table of every family: DNATs in rules (xtables-compat
+// targets and native nat expressions) and in DNAT maps.
 func (k *nftKernel) Scan(fn func(Dest)) error {
-	ae := netlink.NewAttributeEncoder()
-	ae.String(nftaRuleTable, "nat")
-	attrs, err := ae.Encode()
-	if err != nil {
+	v := newNFTView(map[Dest]int{})
+	if err := k.load(v); err != nil {
 		return err
 	}
-	msgs, err := k.c.Execute(netlink.Message{
-		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | nftMsgGetRule), Flags: netlink.Request | netlink.Dump},
-		Data:   append(nfgenmsg(unix.AF_INET), attrs...),
-	})
-	if err != nil {
-		if errors.Is(err, unix.ENOENT) {
-			return nil
-		}
-		return fmt.Errorf("bench: NFT_MSG_GETRULE dump of ip nat: %w", err)
-	}
-	for _, m := range msgs {
-		if len(m.Data) < 4 {
-			continue
-		}
-		if err := scanRule(m.Data[4:], fn); err != nil {
-			return err
+	for d, n := range v.have {
+		for range n {
+			fn(d)
 		}
 	}
 	return nil
 }
 
-func scanRule(b []byte, fn func(Dest)) error {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return fmt.Errorf("bench: rule attributes: %w", err)
-	}
-	ad.ByteOrder = binary.BigEndian
-	for ad.Next() {
-		if ad.Type() != nftaRuleExprs {
-			continue
-		}
-		ad.Nested(func(list *netlink.AttributeDecoder) error {
-			for list.Next() {
-				if list.Type() != nftaListElem {
-					continue
-				}
-				list.Nested(func(expr *netlink.AttributeDecoder) error {
-					var name string
-					var data []byte
-					for expr.Next() {
-						switch expr.Type() {
-						case nftaExprName:
-							name = expr.String()
-						case nftaExprData:
-							data = expr.Bytes()
-						}
-					}
-					if name == "target" {
-						target(data, fn)
-					}
-					return nil
-				})
-			}
-			return nil
-		})
-	}
-	return ad.Err()
-}
-
 func target(b []byte, fn func(Dest)) {
-	ad, err := netlink.NewAttributeDecoder(b)
-	if err != nil {
-		return
-	}
-	ad.ByteOrder = binary.BigEndian
 	var name string
 	var rev uint32
 	var info []byte
-	for ad.Next() {
+	_ = eachAttr(b, func(ad *netlink.AttributeDecoder) {
 		switch ad.Type() {
 		case nftaTargetName:
 			name = ad.String()
@@ -299,7 +236,7 @@ func target(b []byte, fn func(Dest)) {
 		case nftaTargetInfo:
 			info = ad.Bytes()
 		}
-	}
+	})
 	if name == "DNAT" {
 		if d, ok := dnatDest(uint8(rev), info); ok {
 			fn(d)
@@ -309,49 +246,23 @@ func target(b []byte, fn func(Dest)) {
 
 func (k *nftKernel) Close() error { k.mon.Close(); return k.c.Close() }
 
-const (
-	nftMsgNewRule = 6
-	nftMsgDelRule = 8
-	nftMsgNewGen  = 15
-)
-
-// event is what a message from the event socket says: rule added or
-// deleted (with its DNAT destinations), or the end of a transaction with
-// its generation.
-type event struct {
-	kind  int // nftMsgNewRule, nftMsgDelRule, nftMsgNewGen
-	dests []Dest
-	gen   uint64
-}
-
 // receive blocks for the next messages from the event socket.
-func (k *nftKernel) receive() ([]event, error) {
+func (k *nftKernel) receive() ([]nftEvent, error) {
 	msgs, err := k.mon.Receive()
 	if err != nil {
 		return nil, err
 	}
-	var out []event
+	var out []nftEvent
 	for _, m := range msgs {
-		if m.Header.Type>>8 != nfnlSubsysNFTables || len(m.Data) < 4 {
+		if m.Header.Type>>8 != nfnlSubsysNFTables {
 			continue
 		}
-		kind := int(m.Header.Type & 0xff)
-		switch kind {
-		case nftMsgNewRule, nftMsgDelRule:
-			if m.Data[0] != unix.AF_INET {
-				continue
-			}
-			e := event{kind: kind}
-			if err := scanRule(m.Data[4:], func(d Dest) { e.dests = append(e.dests, d) }); err != nil {
-				return nil, err
-			}
-			out = append(out, e)
-		case nftMsgNewGen:
-			g, _, err := nfgen.Parse(m.Data)
-			if err != nil {
-				return nil, err
-			}
-			out = append(out, event{kind: kind, gen: uint64(g)})
+		ev, ok, err := parseNFT(int(m.Header.Type&0xff), m.Data)
+		if err != nil {
+			return nil, err
+		}
+		if ok {
+			out = append(out, ev)
 		}
 	}
 	return out, nil

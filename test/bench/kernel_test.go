@@ -42,13 +42,7 @@ func TestKernelReaders(t *testing.T) {
 			}
 			b.WriteString("-A B -p udp -j DNAT --to-destination 10.128.1.1:53\n-A B -j MASQUERADE\nCOMMIT\n")
 			want = append(want, "10.128.1.1:53")
-			w := NewWatcher(k)
-			defer w.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-			defer cancel()
-			if _, err := w.Poll(ctx); err != nil {
-				t.Fatal(err)
-			}
+			w, ctx := startWatcher(t, k)
 			first := DestOf(netip.MustParseAddrPort("10.128.0.1:8080"))
 			if w.Has(first) {
 				t.Fatal("the watcher sees a rule before it is written")
@@ -92,6 +86,19 @@ func TestKernelReaders(t *testing.T) {
 			}
 		})
 	}
+}
+
+// startWatcher watches k for the test (30s at most), past its first read.
+func startWatcher(t *testing.T, k Kernel) (*Watcher, context.Context) {
+	t.Helper()
+	w := NewWatcher(k)
+	t.Cleanup(w.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	if _, err := w.Poll(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return w, ctx
 }
 
 func scanAll(t *testing.T, k Kernel) []string {

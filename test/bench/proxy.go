@@ -28,7 +28,14 @@ const (
 	KubeProxy     ProxyKind = "kube-proxy"
 	EdgeProxy     ProxyKind = "edgeproxy"
 	EdgeProxyWasm ProxyKind = "edgeproxy+wasm" // a one-module chain on every service
+	// KubeProxyNFT is kube-proxy in nftables mode. It does not use the
+	// iptables backend, so it runs on the nft backend only, next to
+	// edgeproxy on iptables-nft (both program nf_tables).
+	KubeProxyNFT ProxyKind = ProxyKind(proxies.KubeProxyNFTables)
 )
+
+// Runs reports whether kind is run on backend.
+func (kind ProxyKind) Runs(backend string) bool { return kind != KubeProxyNFT || backend == "nft" }
 
 // Binaries are the programs under test.
 type Binaries struct {
@@ -60,6 +67,8 @@ func (w *World) Start(kind ProxyKind, bins Binaries, s Settings, dir string) (*P
 	switch kind {
 	case KubeProxy:
 		cmd = w.Node.Command(bins.KubeProxy, proxies.KubeProxyArgs(node, s)...)
+	case KubeProxyNFT:
+		cmd = w.Node.Command(bins.KubeProxy, proxies.KubeProxyNFTablesArgs(node, s)...)
 	case EdgeProxy, EdgeProxyWasm:
 		cfg := proxies.EdgeProxyConfig(node, s, filepath.Join(dir, "state"))
 		if kind == EdgeProxyWasm {

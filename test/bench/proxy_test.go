@@ -2,7 +2,9 @@ package bench
 
 import (
 	"math"
+	"os/exec"
 	"testing"
+	"time"
 )
 
 // HistQuantile interpolates inside the bucket, adds label sets with the
@@ -29,5 +31,52 @@ func TestHistQuantile(t *testing.T) {
 	}
 	if got := HistQuantile(before, before, h, 0.5); !math.IsNaN(got) {
 		t.Errorf("no new samples: %v, want NaN", got)
+	}
+}
+
+// Wakeups counts the voluntary context switches of every thread: a child
+// that sleeps in a loop is seen waking up, one per sleep at least.
+func TestWakeups(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "for i in 1 2 3 4 5; do sleep 0.01; done; read x")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	w0, err := Wakeups(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var w1 int64
+	for range 100 { // the shell waits on five sleeps, then on stdin
+		time.Sleep(20 * time.Millisecond)
+		if w1, err = Wakeups(cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		if w1-w0 >= 5 {
+			break
+		}
+	}
+	if w1-w0 < 5 {
+		t.Fatalf("wakeups went from %d to %d, want at least 5 more", w0, w1)
+	}
+	if _, err := Wakeups(1 << 30); err == nil {
+		t.Fatal("no error for a process that does not exist")
+	}
+}
+
+// A resource use of zero is a measured value: it meets any target, and a
+// target of zero is missed by any use.
+func TestVerdictUse(t *testing.T) {
+	for _, c := range []struct {
+		v, target float64
+		want      string
+	}{{0, 0.05, "met"}, {0, 0, "met"}, {0.04, 0.05, "met"}, {0.1, 0.05, "missed by 100%"}, {0.01, 0, "missed (none allowed)"}, {math.NaN(), 1, "–"}} {
+		if got := verdictUse(c.v, c.target); got != c.want {
+			t.Errorf("verdictUse(%v, %v) = %q, want %q", c.v, c.target, got, c.want)
+		}
 	}
 }

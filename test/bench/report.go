@@ -69,7 +69,7 @@ func (rep *Report) WriteFiles(dir string) error {
 
 func find(rs []Result, kind ProxyKind, backend string, n int) *Result {
 	for i := range rs {
-		if rs[i].Proxy == kind && rs[i].Backend == backend && rs[i].Services == n {
+		if rs[i].Scenario == "" && rs[i].Proxy == kind && rs[i].Backend == backend && rs[i].Services == n {
 			return &rs[i]
 		}
 	}
@@ -112,6 +112,20 @@ func verdict(value, target float64) string {
 	return fmt.Sprintf("missed by %.0f%%", 100*(value/target-1))
 }
 
+// verdictUse is verdict for a use of a resource, where none is a value:
+// using none meets any target, using some misses a target of none.
+func verdictUse(value, target float64) string {
+	switch {
+	case math.IsNaN(value) || math.IsNaN(target) || value < 0 || target < 0:
+		return "–"
+	case value == 0 || value <= target:
+		return "met"
+	case target == 0:
+		return "missed (none allowed)"
+	}
+	return verdict(value, target)
+}
+
 // Markdown writes the report.
 func (rep *Report) Markdown(w io.Writer, charts []string) {
 	p := func(format string, a ...any) { fmt.Fprintf(w, format+"\n", a...) }
@@ -123,29 +137,18 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		p("- %s %s: %s (%s stripped).", b.Name, b.Version, mib(float64(b.Size)), mib(float64(b.Stripped)))
 	}
 	s := rep.Plan.Settings
-	p("- Settings, the same for both proxies: iptables mode; minimum sync period %s; sync period %s; cluster CIDR %s (masquerade of ClusterIP traffic from outside it); %d endpoints per service; services %v; backends %v.",
+	p("- Settings, the same for every proxy: iptables mode (kube-proxy-nftables: nftables mode, on the nft backend only); minimum sync period %s; sync period %s; cluster CIDR %s (masquerade of ClusterIP traffic from outside it); %d endpoints per service; services %v; backends %v.",
 		s.MinSync, s.Sync, s.ClusterCIDR, rep.Plan.Endpoints, rep.Plan.Sizes, rep.Plan.Backends)
 	p("- Command: `%s`", rep.Command)
 	p("")
-	p("How it is measured: a real kube-apiserver with etcd; Services without selectors and one EndpointSlice each, written by the driver with `%s` stamped; one proxy at a time in an emptied node network namespace; \"visible\" means the kernel's nat table holds the DNAT destination (read with IPT_SO_GET_ENTRIES for x_tables; for iptables-nft, from the rules nf_tables announces on its event group for every committed transaction). The floor is one `iptables-restore` of the rule set that proxy wrote, into an empty namespace (S1), and one single-chain `iptables-restore --noflush` on top of it (S2). CPU includes children (iptables-restore). Watch resolution is the median cost of one read of the x_tables table. Details: test/bench/README.md.", triggerAnnotation)
+	p("How it is measured: a real kube-apiserver with etcd; Services without selectors and one EndpointSlice each, written by the driver with `%s` stamped; one proxy at a time in an emptied node network namespace; \"visible\" means the kernel's nat table holds the DNAT destination (read with IPT_SO_GET_ENTRIES for x_tables; for nf_tables, from the rules, sets and map elements it announces on its event group for every committed transaction: xtables-compat DNAT targets, native `dnat` expressions and the data of `dnat … map` elements). The floor is one `iptables-restore` of the rule set that proxy wrote, into an empty namespace (S1), and one single-chain `iptables-restore --noflush` on top of it (S2); for kube-proxy-nftables, `nft -f` of its tables and of one added chain. CPU includes children (iptables-restore, nft). Watch resolution is the median cost of one read of the x_tables table. Details: test/bench/README.md.", triggerAnnotation)
 	p("")
+	rep.s0Section(p)
 	for _, backend := range rep.Plan.Backends {
 		p("## Backend: iptables-%s", backend)
 		p("")
-		p("### S1 cold start (process start → every endpoint in the kernel)")
-		p("")
-		p("| services | kube-proxy | edgeproxy | ratio | floor (edgeproxy's rules) | edgeproxy / floor | kube-proxy peak RSS | edgeproxy peak RSS | CPU kube-proxy | CPU edgeproxy | target ≤0.5× kube-proxy | target ≤1.2× floor |")
-		p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
-		for _, n := range rep.Plan.Sizes {
-			k, e := find(rep.Results, KubeProxy, backend, n), find(rep.Results, EdgeProxy, backend, n)
-			if k == nil || e == nil {
-				continue
-			}
-			p("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", n, secs(k.ColdStart), secs(e.ColdStart), ratio(e.ColdStart, k.ColdStart),
-				secs(e.FloorRestore), ratio(e.ColdStart, e.FloorRestore), mib(float64(k.ColdPeakRSS)), mib(float64(e.ColdPeakRSS)),
-				secs(k.ColdCPU), secs(e.ColdCPU), verdict(e.ColdStart, 0.5*k.ColdStart), verdict(e.ColdStart, 1.2*e.FloorRestore))
-		}
-		p("")
+		rep.s1Table(p, backend, KubeProxy)
+		rep.s1Table(p, backend, KubeProxyNFT)
 		p("### S2 one change (API write → kernel-visible), %d flips", rep.Plan.Flips)
 		p("")
 		p("| services | proxy | p50 | p99 | proxy's own metric p50 / p99 | floor (one chain) | watch resolution | target p50 ≤ floor+10ms | target p99 ≤ 2×p50 |")
@@ -158,7 +161,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 				}
 				p50, p99 := quantile(r.Flips, 0.5), quantile(r.Flips, 0.99)
 				tgt1, tgt2 := "", ""
-				if kind != KubeProxy {
+				if !kind.upstream() {
 					tgt1, tgt2 = verdict(p50, r.FloorOneChange+0.010), verdict(p99, 2*p50)
 				}
 				res := secs(r.WatchResolution)
@@ -185,10 +188,11 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		p("")
 		p("### S4 quiet resync and S5 footprint")
 		p("")
-		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target RSS ≤0.5× kube-proxy |")
-		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|")
+		ref := rep.strongest(backend)
+		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target CPU ≤ %s | target RSS ≤0.5× %s |", ref, ref)
+		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
 		for _, n := range rep.Plan.Sizes {
-			k := find(rep.Results, KubeProxy, backend, n)
+			k := find(rep.Results, ref, backend, n)
 			for _, kind := range rep.Plan.Proxies {
 				r := find(rep.Results, kind, backend, n)
 				if r == nil || r.QuietWindow == 0 {
@@ -198,8 +202,8 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 				if r.KernelWrites < 0 {
 					writes = "n/a"
 				}
-				t1, t2 := "", ""
-				if kind != KubeProxy {
+				t1, t2, t3 := "", "", ""
+				if !kind.upstream() {
 					switch {
 					case r.KernelWrites == 0:
 						t1 = "met"
@@ -207,11 +211,12 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 						t1 = fmt.Sprintf("missed (%d)", r.KernelWrites)
 					}
 					if k != nil {
-						t2 = verdict(float64(r.SteadyRSS), 0.5*float64(k.SteadyRSS))
+						t2 = verdictUse(r.QuietCPU, k.QuietCPU)
+						t3 = verdict(float64(r.SteadyRSS), 0.5*float64(k.SteadyRSS))
 					}
 				}
-				p("| %d | %s | %s | %s | %.0f | %s | %s | %s | %.0f | %s | %s |", n, kind, secs(r.QuietWindow), secs(r.QuietCPU), r.QuietSyncs, writes,
-					mib(float64(r.SteadyRSS)), mib(r.HeapAlloc), r.Goroutines, t1, t2)
+				p("| %d | %s | %s | %s | %.0f | %s | %s | %s | %.0f | %s | %s | %s |", n, kind, secs(r.QuietWindow), secs(r.QuietCPU), r.QuietSyncs, writes,
+					mib(float64(r.SteadyRSS)), mib(r.HeapAlloc), r.Goroutines, t1, t2, t3)
 			}
 		}
 		p("")
@@ -262,4 +267,76 @@ func over(with, without float64) string {
 		return "–"
 	}
 	return fmt.Sprintf("%+.0f%%", 100*(with/without-1))
+}
+
+// upstream: kube-proxy, in either mode (the reference, not under target).
+func (kind ProxyKind) upstream() bool { return kind == KubeProxy || kind == KubeProxyNFT }
+
+// strongest is the kube-proxy the targets compare with on backend: its
+// nftables mode where it ran, else its iptables mode.
+func (rep *Report) strongest(backend string) ProxyKind {
+	for _, r := range rep.Results {
+		if r.Proxy == KubeProxyNFT && r.Backend == backend && r.Error == "" {
+			return KubeProxyNFT
+		}
+	}
+	return KubeProxy
+}
+
+// s1Table is S1 of edgeproxy against one kube-proxy (skipped where that
+// one did not run).
+func (rep *Report) s1Table(p func(string, ...any), backend string, ref ProxyKind) {
+	var rows []string
+	for _, n := range rep.Plan.Sizes {
+		k, e := find(rep.Results, ref, backend, n), find(rep.Results, EdgeProxy, backend, n)
+		if k == nil || e == nil {
+			continue
+		}
+		rows = append(rows, fmt.Sprintf("| %d | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %s |", n, secs(k.ColdStart), secs(e.ColdStart), ratio(e.ColdStart, k.ColdStart),
+			secs(e.FloorRestore), ratio(e.ColdStart, e.FloorRestore), mib(float64(k.ColdPeakRSS)), mib(float64(e.ColdPeakRSS)),
+			secs(k.ColdCPU), secs(e.ColdCPU), verdict(e.ColdStart, 0.5*k.ColdStart), verdict(e.ColdStart, 1.2*e.FloorRestore)))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("### S1 cold start (process start → every endpoint in the kernel), against %s", ref)
+	p("")
+	p("| services | %[1]s | edgeproxy | ratio | floor (edgeproxy's rules) | edgeproxy / floor | %[1]s peak RSS | edgeproxy peak RSS | CPU %[1]s | CPU edgeproxy | target ≤0.5× %[1]s | target ≤1.2× floor |", ref)
+	p("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+	for _, r := range rows {
+		p("%s", r)
+	}
+	p("")
+}
+
+// s0Section is the edge-scale quiet window, every backend and proxy.
+func (rep *Report) s0Section(p func(string, ...any)) {
+	var rows []Result
+	for _, r := range rep.Results {
+		if r.Scenario == "S0" {
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("## S0 edge scale: %d services × %d endpoints, quiet", rows[0].Services, rows[0].Endpoints)
+	p("")
+	p("After the cold start has settled, nothing changes for the window. RSS is the process plus live children (median of one sample per second; the peak beside it); CPU is user+system of the process and its children; wakeups are voluntary context switches summed over the proxy's threads (`/proc/PID/task/*/status`).")
+	p("")
+	p("| backend | proxy | window | steady RSS | peak RSS | CPU per minute | wakeups per second | Go heap | goroutines | cold start | target RSS ≤25 MiB | target CPU ≤50 ms/min |")
+	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
+	for _, r := range rows {
+		if r.Idle == nil {
+			p("| %s | %s | failed: %s |  |  |  |  |  |  |  |  |  |", r.Backend, r.Proxy, r.Error)
+			continue
+		}
+		t1, t2 := "", ""
+		if !r.Proxy.upstream() {
+			t1, t2 = verdict(float64(r.SteadyRSS), 25<<20), verdictUse(r.Idle.CPUPerMinute, 0.050)
+		}
+		p("| %s | %s | %s | %s | %s | %s | %.1f | %s | %.0f | %s | %s | %s |", r.Backend, r.Proxy, secs(r.Idle.Window), mib(float64(r.SteadyRSS)), mib(float64(r.Idle.PeakRSS)),
+			secs(r.Idle.CPUPerMinute), r.Idle.WakeupsPerS, mib(r.HeapAlloc), r.Goroutines, secs(r.ColdStart), t1, t2)
+	}
+	p("")
 }

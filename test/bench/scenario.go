@@ -32,10 +32,15 @@ type Plan struct {
 	Timeout    time.Duration // for one cold start
 	Settle     time.Duration // after a cold start, before the steady measurements (default 5s)
 	NFTMax     int           // largest size run on the nft backend; 0: all
+	// S0, the edge-scale quiet window, runs first when S0Window > 0.
+	S0Services  int           // default 100
+	S0Endpoints int           // per service, default 3
+	S0Window    time.Duration // 5 minutes in the full run
 }
 
 // Result is one proxy on one backend at one size.
 type Result struct {
+	Scenario  string    `json:"scenario,omitempty"` // "S0" for the edge-scale window; empty for the sized runs
 	Proxy     ProxyKind `json:"proxy"`
 	Backend   string    `json:"backend"`
 	Services  int       `json:"services"`
@@ -65,6 +70,9 @@ type Result struct {
 	QuietCPU     float64 `json:"quietCPUSeconds"`
 	QuietSyncs   float64 `json:"quietSyncs"`
 	KernelWrites int     `json:"kernelWrites"` // nf_tables generations; -1 where the backend has no counter
+
+	// S0 (and the S5 fields, read after its window)
+	Idle *Idle `json:"idle,omitempty"`
 
 	// S5
 	SteadyRSS  int64   `json:"steadyRSSBytes"`
@@ -105,6 +113,13 @@ func (r *Runner) Run(ctx context.Context) ([]Result, error) {
 		churnSize = slices.Max(r.Plan.Sizes)
 	}
 	var out []Result
+	if r.Plan.S0Window > 0 {
+		s0, err := r.edge(ctx)
+		out = append(out, s0...)
+		if err != nil {
+			return out, err
+		}
+	}
 	for _, n := range r.Plan.Sizes {
 		t0 := time.Now()
 		if err := drv.Grow(ctx, n); err != nil {
@@ -117,6 +132,9 @@ func (r *Runner) Run(ctx context.Context) ([]Result, error) {
 				continue
 			}
 			for _, kind := range r.Plan.Proxies {
+				if !kind.Runs(backend) {
+					continue
+				}
 				res := Result{Proxy: kind, Backend: backend, Services: n, Endpoints: r.Plan.Endpoints}
 				err := r.one(ctx, drv, &res, n == churnSize)
 				if err != nil {
@@ -133,55 +151,80 @@ func (r *Runner) Run(ctx context.Context) ([]Result, error) {
 	return out, nil
 }
 
-func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) error {
-	log := r.Log.With("proxy", res.Proxy, "backend", res.Backend, "services", res.Services)
+// proxyRun is one proxy started cold in the emptied node namespace, with
+// the kernel watcher that saw it program its rules.
+type proxyRun struct {
+	p     *Proxy
+	k     Kernel
+	watch *Watcher
+	s     Settings // as given to the proxy
+	dir   string   // its logs, state and saved rule set
+}
+
+// close stops the proxy, then the watcher, then the kernel reader.
+func (x *proxyRun) close() {
+	if x.p != nil {
+		x.p.Stop()
+	}
+	if x.watch != nil {
+		x.watch.Close()
+	}
+	if x.k != nil {
+		x.k.Close()
+	}
+}
+
+// coldStart empties the node namespace, starts res.Proxy in it and waits
+// until every destination in want is in the kernel (S1), then lets the
+// start settle (a first resync, the snapshot). The caller closes the run,
+// also on error.
+func (r *Runner) coldStart(ctx context.Context, log *slog.Logger, res *Result, want map[Dest]struct{}, name string) (*proxyRun, error) {
+	x := &proxyRun{s: r.Plan.Settings}
+	x.s.Backend = res.Backend
+	x.dir = filepath.Join(r.Dir, "runs", fmt.Sprintf("%s-%s-%s", name, res.Backend, strings.ReplaceAll(string(res.Proxy), "+", "-")))
+	_ = os.RemoveAll(x.dir)
 	w := r.World
 	if err := w.Reset(); err != nil {
-		return err
+		return x, err
 	}
-	k, err := w.Node.OpenKernel(res.Backend)
-	if err != nil {
-		return err
+	var err error
+	if x.k, err = w.Node.OpenKernel(res.Backend); err != nil {
+		return x, err
 	}
-	defer k.Close()
-	watch := NewWatcher(k)
-	defer watch.Close()
+	x.watch = NewWatcher(x.k)
 	var started time.Time
-	watch.Progress = func(seen time.Time, found, want int) {
+	x.watch.Progress = func(seen time.Time, found, want int) {
 		log.Info("S1 partial", "after", seen.Sub(started).Round(time.Millisecond), "found", found, "of", want)
 	}
-	s := r.Plan.Settings
-	s.Backend = res.Backend
-	dir := filepath.Join(r.Dir, "runs", fmt.Sprintf("%d-%s-%s", res.Services, res.Backend, strings.ReplaceAll(string(res.Proxy), "+", "-")))
-	_ = os.RemoveAll(dir)
-
-	// S1: cold start.
-	want := drv.Expected()
-	p, err := w.Start(res.Proxy, r.Bins, s, dir)
-	if err != nil {
-		return err
+	if x.p, err = w.Start(res.Proxy, r.Bins, x.s, x.dir); err != nil {
+		return x, err
 	}
-	defer p.Stop()
-	started = p.Started
-	sampler := Sample(p.PID(), 100*time.Millisecond)
-	seen, found, err := watch.WaitAll(ctx, want, r.Plan.Timeout, p.Exited)
+	started = x.p.Started
+	sampler := Sample(x.p.PID(), 100*time.Millisecond)
+	seen, found, err := x.watch.WaitAll(ctx, want, r.Plan.Timeout, x.p.Exited)
 	peak := sampler.Stop()
 	if err != nil {
-		return fmt.Errorf("cold start: %d of %d endpoints after %s: %w", found, len(want), time.Since(p.Started).Round(time.Second), err)
+		return x, fmt.Errorf("cold start: %d of %d endpoints after %s: %w", found, len(want), time.Since(x.p.Started).Round(time.Second), err)
 	}
-	res.ColdStart = seen.Sub(p.Started).Seconds()
-	u, _ := ReadUsage(p.PID())
+	res.ColdStart = seen.Sub(x.p.Started).Seconds()
+	u, _ := ReadUsage(x.p.PID())
 	res.ColdCPU, res.ColdPeakRSS = u.CPU.Seconds(), peak
 	log.Info("S1 cold start", "seconds", res.ColdStart, "cpu", res.ColdCPU, "peakRSS", peak)
-
-	// Let the start settle (a first resync, the snapshot) before the steady measurements.
 	settle := r.Plan.Settle
 	if settle == 0 {
 		settle = 5 * time.Second
 	}
-	if err := sleep(ctx, settle); err != nil {
+	return x, sleep(ctx, settle)
+}
+
+func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) error {
+	log := r.Log.With("proxy", res.Proxy, "backend", res.Backend, "services", res.Services)
+	x, err := r.coldStart(ctx, log, res, drv.Expected(), fmt.Sprint(res.Services))
+	defer x.close()
+	if err != nil {
 		return err
 	}
+	p, k, watch, s, dir := x.p, x.k, x.watch, x.s, x.dir
 
 	// S5: footprint at rest.
 	if m, err := p.Scrape(ctx); err == nil {
@@ -354,19 +397,15 @@ func (r *Runner) churn(ctx context.Context, drv *Driver, p *Proxy, watch *Watche
 	return c, nil
 }
 
-// floor measures one iptables-restore of the rule set the proxy left in
-// the node namespace, into a fresh namespace, then the median of five
-// single-chain changes on top of it.
+// floor measures one restore of the rule set the proxy left in the node
+// namespace, into a fresh namespace, then the median of five single-chain
+// changes on top of it: with iptables-restore, or for kube-proxy's
+// nftables mode with nft -f (its tables, both families).
 func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
-	cmd := r.World.Node.Command("iptables-" + res.Backend + "-save")
-	b, err := cmd.Output() // stdout only: iptables-nft-save warns on stderr
+	save, err := r.ruleSet(res)
 	if err != nil {
-		return fmt.Errorf("bench: iptables-%s-save: %w", res.Backend, err)
+		return err
 	}
-	// kube-proxy counts dropped invalid packets in an nfacct object it
-	// creates over netlink; an empty namespace has none, so the match goes
-	// (the rule stays).
-	save := nfacctMatch.ReplaceAllString(string(b), "")
 	res.RuleSetBytes = int64(len(save))
 	path := filepath.Join(dir, "ruleset.txt")
 	if err := os.WriteFile(path, []byte(save), 0o600); err != nil {
@@ -377,16 +416,20 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 		return err
 	}
 	defer ns.Close()
-	restore := "iptables-" + res.Backend + "-restore"
-	d, err := timed(ns, restore, []string{}, save)
+	restore, args, noflush := "iptables-"+res.Backend+"-restore", []string{}, []string{"--noflush"}
+	change := "*nat\n:EPB-FLOOR - [0:0]\n-A EPB-FLOOR -p tcp -j DNAT --to-destination 10.63.0.%d:8080\nCOMMIT\n"
+	if res.Proxy == KubeProxyNFT {
+		restore, args, noflush = "nft", []string{"-f", "-"}, []string{"-f", "-"}
+		change = "add chain ip kube-proxy epb-floor-%[1]d\nadd rule ip kube-proxy epb-floor-%[1]d meta l4proto tcp dnat to 10.63.0.%[1]d:8080\n"
+	}
+	d, err := timed(ns, restore, args, save)
 	if err != nil {
 		return err
 	}
 	res.FloorRestore = d.Seconds()
 	var one []float64
 	for i := range 5 {
-		in := fmt.Sprintf("*nat\n:EPB-FLOOR - [0:0]\n-A EPB-FLOOR -p tcp -j DNAT --to-destination 10.63.0.%d:8080\nCOMMIT\n", i+1)
-		d, err := timed(ns, restore, []string{"--noflush"}, in)
+		d, err := timed(ns, restore, noflush, fmt.Sprintf(change, i+1))
 		if err != nil {
 			return err
 		}
@@ -394,6 +437,30 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 	}
 	res.FloorOneChange = quantile(one, 0.5)
 	return ctx.Err()
+}
+
+// ruleSet is the text that restores the rules the proxy wrote.
+func (r *Runner) ruleSet(res *Result) (string, error) {
+	if res.Proxy == KubeProxyNFT {
+		var b strings.Builder
+		for _, fam := range []string{"ip", "ip6"} {
+			out, err := r.World.Node.Command("nft", "list", "table", fam, "kube-proxy").Output()
+			if err != nil {
+				return "", fmt.Errorf("bench: nft list table %s kube-proxy: %w", fam, err)
+			}
+			b.Write(out)
+		}
+		return b.String(), nil
+	}
+	cmd := r.World.Node.Command("iptables-" + res.Backend + "-save")
+	b, err := cmd.Output() // stdout only: iptables-nft-save warns on stderr
+	if err != nil {
+		return "", fmt.Errorf("bench: iptables-%s-save: %w", res.Backend, err)
+	}
+	// kube-proxy counts dropped invalid packets in an nfacct object it
+	// creates over netlink; an empty namespace has none, so the match goes
+	// (the rule stays).
+	return nfacctMatch.ReplaceAllString(string(b), ""), nil
 }
 
 var nfacctMatch = regexp.MustCompile(` -m nfacct --nfacct-name +\S+`)

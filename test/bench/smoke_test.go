@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,10 +14,11 @@ import (
 	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
-// TestHarness runs the whole benchmark, small: both proxies and the Wasm
-// chain against the real API server on the nft backend, so that the
-// harness that makes the published numbers is itself tested. It checks
-// that each measurement is taken (not how fast anything is).
+// TestHarness runs the whole benchmark, small: kube-proxy in both modes,
+// edgeproxy and the Wasm chain against the real API server on the nft
+// backend, S0 with a short window first, so that the harness that makes
+// the published numbers is itself tested. It checks that each measurement
+// is taken (not how fast anything is).
 func TestHarness(t *testing.T) {
 	gate.Root(t)
 	gate.Binaries(t, "iptables-nft-restore", "iptables-legacy", "nft", "ip")
@@ -40,8 +42,9 @@ func TestHarness(t *testing.T) {
 	}
 	defer w.Close()
 	plan := Plan{Sizes: []int{30}, Endpoints: 4, Backends: []string{"nft"},
-		Proxies: []ProxyKind{KubeProxy, EdgeProxy, EdgeProxyWasm},
-		Flips:   3, ChurnRates: []int{20}, ChurnFor: 2 * time.Second,
+		Proxies:    []ProxyKind{KubeProxy, KubeProxyNFT, EdgeProxy, EdgeProxyWasm},
+		S0Services: 10, S0Window: 1500 * time.Millisecond,
+		Flips: 3, ChurnRates: []int{20}, ChurnFor: 2 * time.Second,
 		Settings: Settings{MinSync: 200 * time.Millisecond, Sync: 2 * time.Second, ClusterCIDR: "10.244.0.0/16"},
 		Timeout:  2 * time.Minute, Settle: time.Second}
 	r := &Runner{World: w, Bins: bins, Plan: plan, Dir: dir, Log: slog.New(slog.NewTextHandler(testWriter{t}, nil))}
@@ -49,12 +52,18 @@ func TestHarness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(results) != 3 {
-		t.Fatalf("%d results, want 3", len(results))
+	if len(results) != 8 {
+		t.Fatalf("%d results, want 8 (S0 and S1–S6 for 4 proxies)", len(results))
 	}
 	for _, res := range results {
 		if res.Error != "" {
-			t.Errorf("%s: %s", res.Proxy, res.Error)
+			t.Errorf("%s %s: %s", res.Scenario, res.Proxy, res.Error)
+			continue
+		}
+		if res.Scenario == "S0" {
+			if i := res.Idle; i == nil || i.Window <= 0 || len(i.Trace) == 0 || i.Wakeups < 0 || res.SteadyRSS <= 0 || res.ColdStart <= 0 || res.Endpoints != 3 {
+				t.Errorf("%s: S0 not measured: %+v %+v", res.Proxy, res, res.Idle)
+			}
 			continue
 		}
 		if res.ColdStart <= 0 || res.ColdCPU <= 0 || res.ColdPeakRSS <= 0 {
@@ -85,9 +94,19 @@ func TestHarness(t *testing.T) {
 	if err := rep.WriteFiles(out); err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range []string{"report.md", "results.json", "latency-cdf-nft.png", "cold-start-nft.png", "rss-nft.png"} {
+	for _, f := range []string{"report.md", "results.json", "latency-cdf-nft.png", "cold-start-nft.png", "rss-nft.png", "s0-cpu-nft.png", "s0-wakeups-nft.png", "s0-rss-nft.png"} {
 		if fi, err := os.Stat(filepath.Join(out, f)); err != nil || fi.Size() == 0 {
 			t.Errorf("report file %s: %v", f, err)
+		}
+	}
+	md, err := os.ReadFile(filepath.Join(out, "report.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("report.md:\n%s", md)
+	for _, want := range []string{"## S0 edge scale", "against kube-proxy-nftables", "| 30 | kube-proxy-nftables |"} {
+		if !strings.Contains(string(md), want) {
+			t.Errorf("report.md lacks %q", want)
 		}
 	}
 }

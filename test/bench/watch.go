@@ -14,8 +14,8 @@ import (
 // to date and says when each state was first seen.
 //
 // With nf_tables it is told: the kernel sends every committed transaction's
-// rules to the event socket, and a transaction's rules are stamped with the
-// moment they arrived. A full dump is taken only at the start and after the
+// rules, sets and map elements to the event socket, and a transaction is
+// stamped with the moment its first message arrived. A full dump is taken only at the start and after the
 // event socket overflowed (events of transactions the dump already holds
 // are skipped by generation). x_tables tells nothing, so the watcher reads
 // the whole table in a loop, pausing as long as a read took (never more than
@@ -30,17 +30,18 @@ type Watcher struct {
 	costs []time.Duration
 
 	nft     *nftKernel
+	view    *nftView // over have
 	batches chan batch
 	done    chan struct{}
 	dumped  bool
 	dumpGen uint64
-	txn     []event // rule events of the transaction in progress
+	txn     []nftEvent // events of the transaction in progress
 	txnAt   time.Time
 }
 
 type batch struct {
 	at  time.Time
-	evs []event
+	evs []nftEvent
 	err error
 }
 
@@ -49,6 +50,7 @@ func NewWatcher(k Kernel) *Watcher {
 	w := &Watcher{k: k, have: map[Dest]int{}, done: make(chan struct{})}
 	if n, ok := k.(*nftKernel); ok {
 		w.nft = n
+		w.view = newNFTView(w.have)
 		w.batches = make(chan batch, 1024)
 		go w.receive()
 	}
@@ -118,14 +120,8 @@ func (w *Watcher) Poll(ctx context.Context) (time.Time, error) {
 				continue
 			}
 			if e.gen > w.dumpGen {
-				for _, r := range w.txn {
-					for _, d := range r.dests {
-						if r.kind == nftMsgNewRule {
-							w.have[d]++
-						} else if w.have[d]--; w.have[d] <= 0 {
-							delete(w.have, d)
-						}
-					}
+				for _, ev := range w.txn {
+					w.view.apply(ev)
 				}
 				seen = w.txnAt
 				if seen.IsZero() {
@@ -159,9 +155,8 @@ func (w *Watcher) dump(ctx context.Context) (time.Time, error) {
 		if err != nil {
 			return seen, err
 		}
-		clear(w.have)
 		start := time.Now()
-		if err := w.k.Scan(func(d Dest) { w.have[d]++ }); err != nil {
+		if err := w.nft.load(w.view); err != nil {
 			return seen, err
 		}
 		w.costs = append(w.costs, time.Since(start))

@@ -1,6 +1,6 @@
-// Package proxies starts the two Service proxies the harnesses compare —
-// upstream kube-proxy in iptables mode and edgeproxy in iptables mode — with
-// the same settings, and empties a node namespace between them. The
+// Package proxies starts the Service proxies the harnesses compare —
+// upstream kube-proxy in iptables mode (and, for the benchmarks, in
+// nftables mode) and edgeproxy in iptables mode — with the same settings, and empties a node namespace between them. The
 // benchmarks (test/bench) and the conformance matrix (test/conformance)
 // share it, so both proxies are configured in one place.
 //
@@ -26,6 +26,9 @@ type Kind string
 const (
 	KubeProxy Kind = "kube-proxy"
 	EdgeProxy Kind = "edgeproxy"
+	// KubeProxyNFTables is kube-proxy --proxy-mode=nftables: its own
+	// tables through the nft program, whatever the iptables backend.
+	KubeProxyNFTables Kind = "kube-proxy-nftables"
 )
 
 // Settings are what both proxies are given, the same for both.
@@ -53,9 +56,16 @@ type Node struct {
 // KubeProxyArgs are kube-proxy's flags for s: iptables mode, no conntrack
 // table sizing (nf_conntrack_max cannot be written from a network
 // namespace), verbosity 2.
-func KubeProxyArgs(n Node, s Settings) []string {
+func KubeProxyArgs(n Node, s Settings) []string { return kubeProxyArgs("iptables", n, s) }
+
+// KubeProxyNFTablesArgs are the same flags in nftables mode. The
+// --iptables-*sync-period flags set the sync periods of every mode but
+// IPVS (kube-proxy's options.go), so the settings stay the same.
+func KubeProxyNFTablesArgs(n Node, s Settings) []string { return kubeProxyArgs("nftables", n, s) }
+
+func kubeProxyArgs(mode string, n Node, s Settings) []string {
 	args := []string{
-		"--proxy-mode=iptables",
+		"--proxy-mode=" + mode,
 		"--kubeconfig=" + n.Kubeconfig,
 		"--hostname-override=" + n.Name,
 		"--cluster-cidr=" + s.ClusterCIDR,

@@ -34,4 +34,8 @@ func TestEdgeProxyConfigLoads(t *testing.T) {
 			t.Errorf("kube-proxy args %v lack %s", args, want)
 		}
 	}
+	nft := KubeProxyNFTablesArgs(testNode, s)
+	if !slices.Contains(nft, "--proxy-mode=nftables") || slices.Contains(nft, "--proxy-mode=iptables") || len(nft) != len(args) {
+		t.Errorf("kube-proxy nftables args %v: want the iptables args in nftables mode", nft)
+	}
 }

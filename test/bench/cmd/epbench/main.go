@@ -3,7 +3,7 @@
 // start, one-change latency, churn, quiet resync, footprint and the cost of
 // a Wasm policy chain (see test/bench/README.md).
 //
-//	epbench -size quick -out bench-out      # about ten minutes
+//	epbench -size quick -out bench-out      # about twenty minutes
 //	epbench -size full -out bench-out       # the committed RESULTS.md
 package main
 
@@ -37,7 +37,9 @@ func main() {
 func run() error {
 	size := flag.String("size", "quick", "quick (1k services, about 10 minutes), full (1k, 5k and 10k), or a list of service counts such as 1000,5000")
 	backends := flag.String("backends", "legacy,nft", "iptables backends to run, in order")
-	proxies := flag.String("proxies", "kube-proxy,edgeproxy,edgeproxy+wasm", "proxies to run, in order")
+	proxies := flag.String("proxies", "kube-proxy,kube-proxy-nftables,edgeproxy,edgeproxy+wasm", "proxies to run, in order (kube-proxy-nftables runs on the nft backend only)")
+	s0 := flag.Bool("s0", true, "run S0 first: 100 services × 3 endpoints and a quiet window, for every backend and proxy")
+	s0Window := flag.Duration("s0-window", 0, "the S0 quiet window (default: 5m full, 1m otherwise)")
 	flips := flag.Int("flips", 0, "S2 single-endpoint flips per run (default: 30 quick, 100 full)")
 	endpoints := flag.Int("endpoints", 10, "endpoints per service")
 	churnRates := flag.String("churn-rates", "20,50", "S3 slice updates per second")
@@ -57,7 +59,16 @@ func run() error {
 	}
 	plan := bench.Plan{NFTMax: *nftMax, Endpoints: *endpoints, ChurnSize: *churnSize, ChurnFor: *churnFor, Flips: *flips,
 		Settings: bench.Settings{MinSync: *minSync, Sync: *syncPeriod, ClusterCIDR: "10.244.0.0/16"},
-		Timeout:  15 * time.Minute}
+		Timeout:  15 * time.Minute, S0Window: *s0Window}
+	if plan.S0Window == 0 {
+		plan.S0Window = time.Minute
+		if *size == "full" {
+			plan.S0Window = 5 * time.Minute
+		}
+	}
+	if !*s0 {
+		plan.S0Window = 0
+	}
 	switch *size {
 	case "quick":
 		plan.Sizes = []int{1000}
