@@ -183,3 +183,22 @@ func TestNewWithoutIPVS(t *testing.T) {
 		t.Errorf("New on a kernel without IPVS: %v, want ErrNoIPVS", err)
 	}
 }
+
+func TestConnReuseWorkaround(t *testing.T) {
+	for release, want := range map[string]bool{
+		"3.10.0-1160.el7.x86_64": false, // the sysctl does not exist yet
+		"4.1.0":                  true,
+		"4.19.0-27-amd64":        true,
+		"5.4.0-150-generic":      true,
+		"5.8.18":                 true,
+		"5.9.0":                  false, // fixed: the kernel's default is kept
+		"5.10.0-30-amd64":        false,
+		"6.1.0-56-amd64":         false,
+		"10.0":                   false,
+		"garbage":                false,
+	} {
+		if got := connReuseWorkaround(release); got != want {
+			t.Errorf("connReuseWorkaround(%q) = %v, want %v", release, got, want)
+		}
+	}
+}

@@ -39,8 +39,9 @@ type Options struct {
 	Scheduler      string   // default scheduler; "rr"
 	SchedulerFlags []string // for the default scheduler, e.g. "sh-fallback"
 	StrictARP      bool     // arp_ignore=1, arp_announce=2
-	// GracePeriod bounds how long a removed TCP/SCTP real server stays at
-	// weight 0 while it still has connections; 30s.
+	// GracePeriod bounds how long a removed TCP real server stays at
+	// weight 0 while it still has connections; 30s. UDP and SCTP real
+	// servers are deleted at once.
 	GracePeriod time.Duration
 	// NodeAddresses are where NodePorts are served; nil means every IPv4
 	// global unicast address on the node's links (but the dummy), looked
@@ -183,6 +184,9 @@ func New(opts Options) (*Proxier, error) {
 			"net/ipv4/vs/expire_nodest_conn":        "1", // drop connections to deleted real servers at once
 			"net/ipv4/vs/expire_quiescent_template": "1", // persistence does not pin clients to weight-0 servers
 			"net/ipv4/ip_forward":                   "1",
+		}
+		if connReuseWorkaround(kernelRelease()) {
+			want["net/ipv4/vs/conn_reuse_mode"] = "0"
 		}
 		if opts.StrictARP {
 			want["net/ipv4/conf/all/arp_ignore"] = "1"
@@ -530,10 +534,8 @@ func (p *Proxier) addServer(ds *desiredServer, st *Stats) (added bool, err error
 	return true, errors.Join(errs...)
 }
 
-// syncReals makes the real servers of vs match want. A TCP or SCTP real
-// server that is no longer wanted first drains at weight 0 and goes when
-// it has no connections or its grace period is over; a UDP one goes at
-// once (the conntrack cleaner clears its flows).
+// syncReals makes the real servers of vs match want; those no longer
+// wanted are retired (drained or deleted, see retire).
 func (p *Proxier) syncReals(vs VirtualServer, want []RealServer, st *Stats) error {
 	have, err := p.k.RealServers(vs)
 	st.Reads++
@@ -568,42 +570,57 @@ func (p *Proxier) syncReals(vs VirtualServer, want []RealServer, st *Stats) erro
 		}
 	}
 	for _, c := range have {
-		if wanted[c.Addr] {
-			continue
+		if !wanted[c.Addr] {
+			errs = append(errs, p.retire(vs, c, now, st))
 		}
-		if vs.Protocol != datapath.UDP {
-			if c.Weight != 0 {
-				c.Weight = 0
-				if err := p.k.UpdateRealServer(vs, c); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				st.RealServers.Updated++
-			}
-			if p.terminating[key] == nil {
-				p.terminating[key] = map[netip.AddrPort]time.Time{}
-			}
-			since, ok := p.terminating[key][c.Addr]
-			if !ok {
-				since = now
-				p.terminating[key][c.Addr] = now
-			}
-			if c.Active+c.Inactive > 0 && now.Sub(since) < p.opts.GracePeriod {
-				st.RealServers.Draining++
-				continue
-			}
-		}
-		if err := p.k.DeleteRealServer(vs, c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		st.RealServers.Deleted++
-		delete(p.terminating[key], c.Addr)
 	}
 	if len(p.terminating[key]) == 0 {
 		delete(p.terminating, key)
 	}
 	return errors.Join(errs...)
+}
+
+// retire handles a real server of vs that left the plan. A TCP one drains:
+// it is set to weight 0 (no new connections) and deleted once the kernel
+// counts no active or inactive connections on it, or when its grace period
+// is over, whichever comes first; a deletion that cuts live connections is
+// logged. UDP and SCTP real servers are deleted at once, as kube-proxy
+// does: with expire_nodest_conn=1 their next packet is scheduled again.
+func (p *Proxier) retire(vs VirtualServer, c RealServer, now time.Time, st *Stats) error {
+	key := vs.Key()
+	if vs.Protocol == datapath.TCP {
+		if c.Weight != 0 {
+			c.Weight = 0
+			if err := p.k.UpdateRealServer(vs, c); err != nil {
+				return err
+			}
+			st.RealServers.Updated++
+		}
+		if p.terminating[key] == nil {
+			p.terminating[key] = map[netip.AddrPort]time.Time{}
+		}
+		since, ok := p.terminating[key][c.Addr]
+		if !ok {
+			since = now
+			p.terminating[key][c.Addr] = now
+		}
+		live := c.Active + c.Inactive
+		if live > 0 && now.Sub(since) < p.opts.GracePeriod {
+			st.RealServers.Draining++
+			return nil
+		}
+		if live > 0 {
+			p.log.Warn("grace period over: deleting a real server that still has connections",
+				"virtualServer", key, "realServer", c.Addr, "active", c.Active, "inactive", c.Inactive,
+				"gracePeriod", p.opts.GracePeriod)
+		}
+	}
+	if err := p.k.DeleteRealServer(vs, c); err != nil {
+		return err
+	}
+	st.RealServers.Deleted++
+	delete(p.terminating[key], c.Addr)
+	return nil
 }
 
 // Draining reports how many real servers wait at weight 0 for their

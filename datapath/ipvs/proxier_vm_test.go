@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -462,6 +463,158 @@ func TestGracefulTermination(t *testing.T) {
 	w.apply(p2, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
 	if reals := w.kernel()[Key{vip.Addr(), datapath.TCP, 80}].Reals; len(reals) != 1 || reals[0].Weight != 1 {
 		t.Errorf("after restart: %v, want b back at weight 1", reals)
+	}
+}
+
+// chunkServer serves, on port, one chunk of size bytes (the pod's name,
+// then filler) for every byte a client sends, until the client closes.
+func chunkServer(t *testing.T, pod *netns.Pod, port uint16, size int) {
+	t.Helper()
+	var l net.Listener
+	if err := pod.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	chunk := []byte(strings.Repeat(".", size))
+	copy(chunk, pod.PodName)
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				one := make([]byte, 1)
+				for {
+					c.SetDeadline(time.Now().Add(time.Minute))
+					if _, err := c.Read(one); err != nil {
+						return
+					}
+					if _, err := c.Write(chunk); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+}
+
+// TestGracefulTerminationLongDownload: a download through an endpoint that
+// leaves the plan runs to its end (the real server drains at weight 0); a
+// removed real server without connections goes at once; one whose
+// connections outlive the grace period goes when it is over; a removed
+// UDP real server goes at once.
+func TestGracefulTerminationLongDownload(t *testing.T) {
+	w := newWorld(t, "a", "b", "c", "d")
+	const chunk, chunks = 64 << 10, 64 // 4 MiB
+	for _, p := range []string{"a", "b"} {
+		chunkServer(t, w.pods[p], 9191, chunk)
+	}
+	vip := ap("10.96.2.2", 80)
+	tcp := func(eps ...string) datapath.Frontend {
+		f := datapath.Frontend{Service: "default/dl:tcp", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip.Addr(), Family: datapath.IPv4, Port: 80}
+		for _, e := range eps {
+			f.Endpoints = append(f.Endpoints, datapath.Endpoint{Addr: w.pods[e].AddrPort(9191), Weight: 1})
+		}
+		return f
+	}
+	udp := func(eps ...string) datapath.Frontend {
+		f := datapath.Frontend{Service: "default/dns:udp", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: vip.Addr(), Family: datapath.IPv4, Port: 53}
+		for _, e := range eps {
+			f.Endpoints = append(f.Endpoints, w.ep(e, 1))
+		}
+		return f
+	}
+	changed := map[string]bool{"default/dl:tcp": true, "default/dns:udp": true}
+	tcpKey, udpKey := Key{vip.Addr(), datapath.TCP, 80}, Key{vip.Addr(), datapath.UDP, 53}
+	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{tcp("a"), udp("c", "d")}})
+
+	var conn net.Conn
+	if err := w.client.Do(func() error {
+		var err error
+		conn, err = net.DialTimeout("tcp", vip.String(), timeout)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	buf := make([]byte, chunk)
+	next := func() error {
+		conn.SetDeadline(time.Now().Add(timeout))
+		if _, err := conn.Write([]byte{1}); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(conn, buf)
+		return err
+	}
+	if err := next(); err != nil || !strings.HasPrefix(string(buf), "a") {
+		t.Fatalf("first chunk: %v (from %q)", err, buf[:2])
+	}
+
+	// a leaves the plan for b mid-download; UDP loses c.
+	w.apply(w.p, &datapath.Plan{Changed: changed, Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+	reals := w.kernel()[tcpKey].Reals
+	if len(reals) != 2 || reals[0].Addr != w.pods["a"].AddrPort(9191) || reals[0].Weight != 0 || reals[0].Active != 1 {
+		t.Fatalf("after a left: %v (active %d), want a at weight 0 with its connection, and b", reals, reals[0].Active)
+	}
+	if got := w.kernel()[udpKey].Reals; len(got) != 1 || got[0].Addr != w.pods["d"].AddrPort(8080) {
+		t.Errorf("UDP real servers after c left: %v, want d alone at once", got)
+	}
+	// b leaves before any connection reached it: deleted at once, while
+	// a still drains.
+	w.apply(w.p, &datapath.Plan{Changed: changed, Frontends: []datapath.Frontend{tcp(), udp("d")}})
+	reals = w.kernel()[tcpKey].Reals
+	if len(reals) != 1 || reals[0].Addr != w.pods["a"].AddrPort(9191) {
+		t.Errorf("after b left unused: %v, want a alone (draining)", reals)
+	}
+	w.apply(w.p, &datapath.Plan{Changed: changed, Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+
+	// The download runs to its end through the removed endpoint, with
+	// syncs (partial, unchanged) in between that must not cut it.
+	total := chunk
+	for i := 1; i < chunks; i++ {
+		if i%16 == 0 {
+			w.clock.Step(time.Second)
+			w.apply(w.p, &datapath.Plan{Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+		}
+		if err := next(); err != nil {
+			t.Fatalf("the download broke after %d bytes: %v", total, err)
+		}
+		if !strings.HasPrefix(string(buf), "a") {
+			t.Fatalf("chunk %d came from %q, want a", i, buf[:2])
+		}
+		total += len(buf)
+	}
+	if total != chunk*chunks {
+		t.Fatalf("downloaded %d bytes, want %d", total, chunk*chunks)
+	}
+	conn.Close()
+
+	// Closed, the connection lingers in IPVS as inactive (FIN_WAIT):
+	// within the grace period a stays.
+	w.apply(w.p, &datapath.Plan{Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+	reals = w.kernel()[tcpKey].Reals
+	if len(reals) != 2 || reals[0].Active+reals[0].Inactive == 0 {
+		t.Fatalf("closed, within the grace period: %v, want a still there with an inactive connection", reals)
+	}
+	// After the grace period a goes, even with that connection.
+	w.clock.Step(10 * time.Second)
+	w.apply(w.p, &datapath.Plan{Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+	if reals := w.kernel()[tcpKey].Reals; len(reals) != 1 || reals[0].Addr != w.pods["b"].AddrPort(9191) {
+		t.Errorf("after the grace period: %v, want b alone", reals)
+	}
+	if w.p.Draining() != 0 {
+		t.Errorf("draining = %d, want 0", w.p.Draining())
 	}
 }
 
