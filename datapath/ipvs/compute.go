@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
@@ -29,28 +30,51 @@ const (
 
 var protocols = []datapath.Protocol{datapath.TCP, datapath.UDP, datapath.SCTP}
 
-// sets lists every set this package keeps, with its type.
-func sets() []ipset.Set {
-	hip := func(n string) ipset.Set { return ipset.Set{Name: n, Type: ipset.HashIPPort, Family: datapath.IPv4} }
+// setName is base's name for family f: IPv4 sets keep it, IPv6 ones
+// are "EP-6-…" (kube-proxy's KUBE-6- convention).
+func setName(base string, f datapath.Family) string {
+	if f == datapath.IPv6 {
+		return "EP-6-" + strings.TrimPrefix(base, "EP-")
+	}
+	return base
+}
+
+// sets lists every set this package keeps for family f, with its type.
+func sets(f datapath.Family) []ipset.Set {
+	typed := func(n string, t ipset.Type) ipset.Set { return ipset.Set{Name: setName(n, f), Type: t, Family: f} }
 	out := []ipset.Set{
-		hip(setClusterIP), hip(setExternalIP), hip(setExternalLocal), hip(setLB), hip(setLBLocal),
-		hip(setLBFirewall), hip(setNoEndpoints), hip(setNoEndpointsLo),
-		{Name: setLBSource, Type: ipset.HashIPPortNet, Family: datapath.IPv4},
-		{Name: setLoopback, Type: ipset.HashIPPortIP, Family: datapath.IPv4},
+		typed(setLBSource, ipset.HashIPPortNet), typed(setLoopback, ipset.HashIPPortIP),
+	}
+	for _, n := range []string{setClusterIP, setExternalIP, setExternalLocal, setLB, setLBLocal, setLBFirewall, setNoEndpoints, setNoEndpointsLo} {
+		out = append(out, typed(n, ipset.HashIPPort))
 	}
 	for _, p := range protocols {
-		out = append(out,
-			ipset.Set{Name: setNodePortPfx + string(p), Type: ipset.BitmapPort},
-			ipset.Set{Name: setNodePortLoPfx + string(p), Type: ipset.BitmapPort})
+		// bitmap:port sets hold ports only and match packets of both
+		// families; the kernel ignores their family.
+		for _, n := range []string{setNodePortPfx, setNodePortLoPfx} {
+			out = append(out, ipset.Set{Name: setName(n+string(p), f), Type: ipset.BitmapPort, Family: datapath.IPv4})
+		}
 	}
 	return out
 }
+
+// allSets lists the sets of both families.
+func allSets() []ipset.Set { return append(sets(datapath.IPv4), sets(datapath.IPv6)...) }
 
 // config is what the computation needs besides the plan.
 type config struct {
 	Scheduler      string   // default scheduler; "rr" when empty
 	SchedulerFlags []string // flags for the default scheduler
 	NodeAddresses  []netip.Addr
+	IPv6           bool // program IPv6 frontends too
+}
+
+// families are the IP families cfg programs.
+func (c config) families() []datapath.Family {
+	if c.IPv6 {
+		return []datapath.Family{datapath.IPv4, datapath.IPv6}
+	}
+	return []datapath.Family{datapath.IPv4}
 }
 
 // weightedForm is the scheduler that honours weights for one that does not.
@@ -72,23 +96,26 @@ type desired struct {
 }
 
 // compute turns a plan into the kernel state it asks for. It is pure.
-// Frontends it cannot program (IPv6, for now; unknown scheduler flags; a
+// Frontends it cannot program (IPv6 ones when IPv6 is off; unknown scheduler flags; a
 // virtual server another service port already claims) are left out and
 // reported as datapath.PortErrors of their service port; the rest is
 // returned.
 func compute(cfg config, p *datapath.Plan) (*desired, error) {
 	d := &desired{Servers: map[Key]*desiredServer{}, VIPs: map[netip.Addr]bool{}, Entries: map[string][]ipset.Entry{}}
-	for _, s := range sets() {
-		d.Entries[s.Name] = nil
+	for _, fam := range cfg.families() {
+		for _, s := range sets(fam) {
+			d.Entries[s.Name] = nil
+		}
 	}
 	var errs []error
-	add := func(set string, e ipset.Entry) { d.Entries[set] = append(d.Entries[set], e) }
 	for i := range p.Frontends {
 		f := &p.Frontends[i]
-		if f.Family != datapath.IPv4 {
-			errs = append(errs, portError(f.Service, fmt.Errorf("ipvs: %s %s (%s): IPv6 is not supported yet", f.Protocol, f.AddrString(), f.Service)))
+		if !slices.Contains(cfg.families(), f.Family) {
+			errs = append(errs, portError(f.Service, fmt.Errorf("ipvs: %s %s (%s): IPv6 is off on this node (no IPv6 address or no ip6tables)", f.Protocol, f.AddrString(), f.Service)))
 			continue
 		}
+		fam := f.Family
+		add := func(set string, e ipset.Entry) { n := setName(set, fam); d.Entries[n] = append(d.Entries[n], e) }
 		vs, weighted, err := virtualServer(cfg, f)
 		if err != nil {
 			errs = append(errs, portError(f.Service, err))
@@ -134,7 +161,7 @@ func compute(cfg config, p *datapath.Plan) (*desired, error) {
 				if len(f.SourceRanges) > 0 {
 					add(setLBFirewall, e)
 					for _, r := range f.SourceRanges {
-						if r.Addr().Is4() {
+						if datapath.FamilyOf(r.Addr()) == fam {
 							add(setLBSource, ipset.Entry{Addr: a, Protocol: f.Protocol, Port: f.Port, Net: r})
 						}
 					}

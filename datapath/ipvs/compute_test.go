@@ -80,13 +80,34 @@ func TestCompute(t *testing.T) {
 	golden(t, "compute.golden", d.String())
 }
 
+// TestComputeDualStack: with IPv6 on, IPv6 frontends get IPv6 virtual
+// servers, VIPs and the EP-6- sets; IPv4 ones are as without it.
+func TestComputeDualStack(t *testing.T) {
+	cfg := config{IPv6: true, NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
+	plan := &datapath.Plan{Frontends: []datapath.Frontend{
+		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1)}},
+		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00:96::1"), Family: datapath.IPv6, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1)}},
+		{Service: "a/web:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
+			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1)}},
+		{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("2001:db8::5"), Family: datapath.IPv6, Port: 443,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")}},
+	}}
+	d, err := compute(cfg, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "compute-dualstack.golden", d.String())
+}
+
 func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 	plan := &datapath.Plan{Frontends: []datapath.Frontend{
 		{Service: "a/v6:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::1"), Family: datapath.IPv6, Port: 80},
 		{Service: "a/bad:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.7"), Family: datapath.IPv4, Port: 80, Scheduler: "sh", SchedulerFlags: []string{"sh-bogus"}},
 		{Service: "a/ok:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.8"), Family: datapath.IPv4, Port: 80},
 	}}
-	d, err := compute(config{}, plan)
+	d, err := compute(config{}, plan) // IPv6 off
 	if err == nil || !strings.Contains(err.Error(), "IPv6") || !strings.Contains(err.Error(), "sh-bogus") {
 		t.Errorf("err = %v, want both problems named", err)
 	}
@@ -106,10 +127,12 @@ func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 // function of the configuration alone, which is what keeps their number
 // constant however many services there are.
 func TestRules(t *testing.T) {
-	golden(t, "rules.golden", renderRules(ruleConfig{MarkBit: 14}))
-	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
-	golden(t, "rules-cidr.golden", renderRules(ruleConfig{MarkBit: 14, ClusterCIDRs: cidr}))
-	if all := renderRules(ruleConfig{MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "10.244.0.0/16") {
+	v4, v6 := datapath.IPv4, datapath.IPv6
+	golden(t, "rules.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14}))
+	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}
+	golden(t, "rules-cidr.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr}))
+	golden(t, "rules6-cidr.golden", renderRules(ruleConfig{Family: v6, MarkBit: 14, ClusterCIDRs: cidr}))
+	if all := renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "10.244.0.0/16") {
 		t.Errorf("masqueradeAll still exempts the cluster range:\n%s", all)
 	}
 }
@@ -151,7 +174,7 @@ func BenchmarkCompute(b *testing.B) {
 }
 
 func TestKernelNamesFit(t *testing.T) {
-	for _, s := range sets() {
+	for _, s := range allSets() {
 		if len(s.Name) > ipset.MaxNameLen {
 			t.Errorf("set %s: %d characters, the kernel takes %d", s.Name, len(s.Name), ipset.MaxNameLen)
 		}

@@ -43,8 +43,13 @@ type Options struct {
 	// weight 0 while it still has connections; 30s. UDP and SCTP real
 	// servers are deleted at once.
 	GracePeriod time.Duration
-	// NodeAddresses are where NodePorts are served; nil means every IPv4
-	// global unicast address on the node's links (but the dummy), looked
+	// IPv6 programs IPv6 frontends too (IPv6 virtual servers, sets,
+	// ip6tables rules, addresses on the dummy link); without it they are
+	// refused. The agent sets it when the node has an IPv6 address.
+	IPv6 bool
+	// NodeAddresses are where NodePorts are served; nil means every
+	// global unicast address (IPv4, and IPv6 with IPv6) on the node's
+	// links (but the dummy), looked
 	// up at each Apply, kept only if inside one of NodePortCIDRs (when
 	// any are given; config nodePortAddresses).
 	NodeAddresses []netip.Addr
@@ -91,7 +96,7 @@ type Proxier struct {
 	opts Options
 	k    Kernel
 	link dummy
-	ipt  iptables
+	ipt  []iptables // one per family, IPv4 first
 	log  *slog.Logger
 	m    *metrics
 
@@ -188,6 +193,9 @@ func New(opts Options) (*Proxier, error) {
 		if connReuseWorkaround(kernelRelease()) {
 			want["net/ipv4/vs/conn_reuse_mode"] = "0"
 		}
+		if opts.IPv6 {
+			want["net/ipv6/conf/all/forwarding"] = "1"
+		}
 		if opts.StrictARP {
 			want["net/ipv4/conf/all/arp_ignore"] = "1"
 			want["net/ipv4/conf/all/arp_announce"] = "2"
@@ -206,18 +214,29 @@ func New(opts Options) (*Proxier, error) {
 	return p, nil
 }
 
-// openIPTables opens the iptables tools for the static rules and refuses
-// to run when our chains exist under both backends, as iptables mode does.
+// openIPTables opens the iptables tools (ip6tables too with IPv6) for the
+// static rules and refuses to run when our chains exist under both
+// backends, as iptables mode does.
 func (p *Proxier) openIPTables() error {
-	x, err := xtables.Open(p.opts.Variant, datapath.IPv4, p.opts.LockWait)
-	if err != nil {
-		return fmt.Errorf("ipvs: %w", err)
+	for _, fam := range p.families() {
+		x, err := xtables.Open(p.opts.Variant, fam, p.opts.LockWait)
+		if err != nil {
+			return fmt.Errorf("ipvs: %w", err)
+		}
+		if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
+			return fmt.Errorf("ipvs: %w", err)
+		}
+		p.ipt = append(p.ipt, iptables{x: x, fam: fam})
 	}
-	if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
-		return fmt.Errorf("ipvs: %w", err)
-	}
-	p.ipt = iptables{x: x}
 	return nil
+}
+
+// families are the IP families this Proxier programs.
+func (p *Proxier) families() []datapath.Family { return p.cfg(nil).families() }
+
+// cfg is the computation's configuration.
+func (p *Proxier) cfg(nodeAddrs []netip.Addr) config {
+	return config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs, IPv6: p.opts.IPv6}
 }
 
 // LoadModules makes sure the named kernel modules are present (loaded or
@@ -278,7 +297,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	// Frontends that cannot be programmed are left out as PortErrors
 	// (shown as refused in status); the rest is programmed.
-	want, cerr := compute(config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
+	want, cerr := compute(p.cfg(nodeAddrs), plan)
 	for _, ds := range want.Servers {
 		if ds.Weighted {
 			p.logOnce("weighted scheduler", "service", ds.Service, "scheduler", ds.VS.Scheduler,
@@ -300,11 +319,12 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	errs = append(errs, p.syncSets(want, full, &st)...)
 	if full || !p.rulesOK {
-		p.rulesOK = false
-		if err := p.ipt.ensure(ctx, p.ruleText()); err != nil {
-			errs = append(errs, err)
-		} else {
-			p.rulesOK = true
+		p.rulesOK = true
+		for _, t := range p.ipt {
+			if err := t.ensure(ctx, p.ruleText(t.fam)); err != nil {
+				errs = append(errs, err)
+				p.rulesOK = false
+			}
 		}
 	}
 	if full {
@@ -351,7 +371,11 @@ func (p *Proxier) record(st *Stats, start time.Time, full bool) {
 // sync, otherwise those whose entries changed since the last success.
 func (p *Proxier) syncSets(want *desired, full bool, st *Stats) []error {
 	var errs []error
-	for _, s := range sets() {
+	var all []ipset.Set
+	for _, fam := range p.families() {
+		all = append(all, sets(fam)...)
+	}
+	for _, s := range all {
 		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
 			continue
 		}
@@ -369,7 +393,7 @@ func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
 	if p.opts.NodeAddresses != nil {
 		return p.opts.NodeAddresses, nil
 	}
-	all, err := nodeAddresses(p.opts.Interface)
+	all, err := nodeAddresses(p.opts.Interface, p.opts.IPv6)
 	if err != nil || len(p.opts.NodePortCIDRs) == 0 {
 		return all, err
 	}
@@ -385,8 +409,8 @@ func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-func (p *Proxier) ruleText() string {
-	return renderRules(ruleConfig{ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
+func (p *Proxier) ruleText(fam datapath.Family) string {
+	return renderRules(ruleConfig{Family: fam, ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
 }
 
 func (p *Proxier) logOnce(msg string, args ...any) {
@@ -641,12 +665,14 @@ func (p *Proxier) Draining() int {
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, err := p.ipt.countRules(ctx)
-	if err != nil {
-		return false, err
-	}
-	if want := ruleCount(p.ruleText()) + len(jumps()); n != want {
-		return true, nil
+	for _, t := range p.ipt {
+		n, err := t.countRules(ctx)
+		if err != nil {
+			return false, err
+		}
+		if want := ruleCount(p.ruleText(t.fam)) + len(jumps()); n != want {
+			return true, nil
+		}
 	}
 	bound, err := p.link.addresses()
 	if err != nil {
@@ -717,10 +743,12 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.link.remove(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := p.ipt.remove(ctx); err != nil {
-		errs = append(errs, err)
+	for _, t := range p.ipt {
+		if err := t.remove(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	for _, s := range sets() {
+	for _, s := range allSets() {
 		if err := ipset.Destroy(ipset.Netlink{}, s.Name); err != nil {
 			errs = append(errs, err)
 		}

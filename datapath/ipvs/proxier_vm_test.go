@@ -221,6 +221,105 @@ func TestClusterIPAndNodePortTraffic(t *testing.T) {
 	}
 }
 
+// TestDualStack: with IPv6 on, IPv6 frontends become IPv6 virtual servers
+// with IPv6 addresses on the dummy link, EP-6- sets and ip6tables rules,
+// and carry real IPv6 traffic: ClusterIP TCP and UDP from a pod (source
+// kept) and from outside (masqueraded), NodePort, a refusal without
+// endpoints; the IPv4 half of the same service works beside it.
+func TestDualStack(t *testing.T) {
+	w := newWorld(t, "a", "b", "c", "client")
+	gate.Binaries(t, "ip6tables", "ip6tables-restore", "ip6tables-save")
+	p := w.newProxier(Options{IPv6: true, ClusterCIDRs: []netip.Prefix{w.node.PodNet, netip.MustParsePrefix("fd00:244::/64")}})
+	ep6 := func(pod string) datapath.Endpoint {
+		return datapath.Endpoint{Addr: w.pods[pod].AddrPort6(8080), Weight: 1, Local: true}
+	}
+	vip6, dns6, empty6 := netip.AddrPortFrom(addr("fd00:96::10"), 80), netip.AddrPortFrom(addr("fd00:96::53"), 53), netip.AddrPortFrom(addr("fd00:96::99"), 80)
+	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
+		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip6.Addr(), Family: datapath.IPv6, Port: 80,
+			Endpoints: []datapath.Endpoint{ep6("a"), ep6("b")}},
+		{Service: "default/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: dns6.Addr(), Family: datapath.IPv6, Port: 53,
+			Endpoints: []datapath.Endpoint{ep6("c")}},
+		{Service: "default/np:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
+			Endpoints: []datapath.Endpoint{ep6("c")}},
+		{Service: "default/empty:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: empty6.Addr(), Family: datapath.IPv6, Port: 80},
+	}}
+	w.apply(p, plan)
+
+	seen := map[string]bool{}
+	for range 6 {
+		r, err := w.pods["client"].TCP(vip6, timeout)
+		if err != nil {
+			t.Fatalf("pod -> IPv6 ClusterIP TCP: %v", err)
+		}
+		seen[r.Name] = true
+		if r.Client.Addr() != w.pods["client"].IP6 {
+			t.Errorf("pod -> IPv6 ClusterIP: endpoint saw %s, want the pod's own %s", r.Client, w.pods["client"].IP6)
+		}
+	}
+	if !seen["a"] || !seen["b"] || len(seen) != 2 {
+		t.Errorf("IPv6 ClusterIP TCP answered by %v, want a and b", seen)
+	}
+	if r, err := w.client.TCP(vip6, timeout); err != nil || (r.Name != "a" && r.Name != "b") {
+		t.Errorf("outside client -> IPv6 ClusterIP: %v %v", r, err)
+	} else if r.Client.Addr() == addr("fd00:77::2") {
+		t.Errorf("outside client -> IPv6 ClusterIP kept its source %s; it must be masqueraded", r.Client)
+	}
+	if u, err := w.pods["client"].UDP(dns6, 0, timeout); err != nil || u.Name != "c" {
+		t.Errorf("IPv6 ClusterIP UDP: %v %v, want c", u, err)
+	}
+	if n, err := w.client.TCP(netip.AddrPortFrom(w.node.LinkIP6, 30080), timeout); err != nil || n.Name != "c" {
+		t.Errorf("IPv6 NodePort: %v %v, want c", n, err)
+	} else if n.Client.Addr() == addr("fd00:77::2") {
+		t.Errorf("IPv6 NodePort with policy Cluster kept the client's source %s", n.Client)
+	}
+	if _, err := w.pods["client"].TCP(empty6, timeout); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("IPv6 service without endpoints: err = %v, want connection refused", err)
+	}
+	if r, err := w.pods["client"].TCP(ap("10.96.0.10", 80), timeout); err != nil || r.Name != "a" {
+		t.Errorf("the IPv4 half beside it: %v %v, want a", r, err)
+	}
+
+	// The kernel: IPv6 virtual servers (also NodePorts on the node's IPv6
+	// addresses), IPv6 VIPs on the dummy link, EP-6- sets, ip6tables.
+	k := w.kernel()
+	if v := k[Key{vip6.Addr(), datapath.TCP, 80}]; len(v.Reals) != 2 || !v.Reals[0].Addr.Addr().Is6() {
+		t.Errorf("IPv6 ClusterIP virtual server: %+v", v)
+	}
+	if v := k[Key{w.node.LinkIP6, datapath.TCP, 30080}]; len(v.Reals) != 1 {
+		t.Errorf("IPv6 NodePort virtual server on %s: %+v", w.node.LinkIP6, v)
+	}
+	if out, err := w.node.Run("ip", "-6", "addr", "show", "dev", "edgeproxy0"); err != nil || !strings.Contains(out, "fd00:96::10/128") {
+		t.Errorf("IPv6 VIP on the dummy link: %v\n%s", err, out)
+	}
+	var entries []ipset.Entry
+	if err := w.node.Do(func() error {
+		s, es, ok, err := ipset.Netlink{}.Get(setName(setClusterIP, datapath.IPv6))
+		if err == nil && (!ok || s.Family != datapath.IPv6) {
+			err = fmt.Errorf("set %+v, exists %v", s, ok)
+		}
+		entries = es
+		return err
+	}); err != nil || len(entries) != 3 {
+		t.Errorf("IPv6 ClusterIP set: %v, entries %v", err, entries)
+	}
+	if out, err := w.node.Run("ip6tables-save", "-t", "nat"); err != nil || !strings.Contains(out, "EP-6-CLUSTER-IP") {
+		t.Errorf("ip6tables rules: %v\n%s", err, out)
+	}
+	if out, err := w.node.Run("ipvsadm", "-Ln"); err == nil {
+		t.Logf("ipvsadm -Ln:\n%s", out)
+	}
+
+	// Cleanup removes both families.
+	if err := w.node.Do(func() error { return p.Cleanup(context.Background()) }); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := w.node.Run("ip6tables-save"); strings.Contains(out, "EP-") {
+		t.Errorf("ip6tables after cleanup:\n%s", out)
+	}
+}
+
 func TestWeightsAndSchedulerReachTheKernel(t *testing.T) {
 	w := newWorld(t, "a", "b", "client")
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
@@ -636,7 +735,7 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 		var n int
 		if err := w.node.Do(func() error {
 			var err error
-			n, err = w.p.ipt.countRules(context.Background())
+			n, err = w.p.ipt[0].countRules(context.Background())
 			return err
 		}); err != nil {
 			t.Fatal(err)

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
@@ -28,7 +29,8 @@ var (
 
 // ruleConfig is what the static rules depend on.
 type ruleConfig struct {
-	ClusterCIDRs  []netip.Prefix
+	Family        datapath.Family // the sets matched are this family's
+	ClusterCIDRs  []netip.Prefix  // those of other families are ignored
 	MasqueradeAll bool
 	MarkBit       int
 }
@@ -44,44 +46,51 @@ func renderRules(c ruleConfig) string {
 	mark := c.mark()
 	orMark := fmt.Sprintf("%#x", 1<<c.MarkBit)
 	r := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	set := func(base string) string { return setName(base, c.Family) }
 
 	r("*nat")
 	for _, ch := range natChains {
 		r(":%s - [0:0]", ch)
 	}
 	r("-A %s -j MARK --or-mark %s", chainMarkMasq, orMark)
-	r(`-A %s -m set --match-set %s dst,dst,src -m comment --comment "edgeproxy hairpin" -j MASQUERADE`, chainPostrouting, setLoopback)
+	r(`-A %s -m set --match-set %s dst,dst,src -m comment --comment "edgeproxy hairpin" -j MASQUERADE`, chainPostrouting, set(setLoopback))
 	r("-A %s -m mark ! --mark %s -j RETURN", chainPostrouting, mark)
 	r("-A %s -j MARK --xor-mark %s", chainPostrouting, orMark)
 	r(`-A %s -m comment --comment "edgeproxy service traffic requiring SNAT" -j MASQUERADE`, chainPostrouting)
 	// ClusterIP traffic is masqueraded when it comes from outside the
 	// cluster ranges (so that replies return through this node), or
 	// always with masqueradeAll.
+	var cidrs []netip.Prefix
+	for _, p := range c.ClusterCIDRs {
+		if datapath.FamilyOf(p.Addr()) == c.Family {
+			cidrs = append(cidrs, p.Masked())
+		}
+	}
 	if !c.MasqueradeAll {
-		for _, p := range c.ClusterCIDRs {
-			r("-A %s -s %s -j RETURN", chainClusterMasq, p.Masked())
+		for _, p := range cidrs {
+			r("-A %s -s %s -j RETURN", chainClusterMasq, p)
 		}
 	}
 	r("-A %s -j %s", chainClusterMasq, chainMarkMasq)
-	if c.MasqueradeAll || len(c.ClusterCIDRs) > 0 {
-		r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setClusterIP, chainClusterMasq)
+	if c.MasqueradeAll || len(cidrs) > 0 {
+		r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setClusterIP), chainClusterMasq)
 	}
-	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setExternalIP, chainMarkMasq)
-	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setLB, chainMarkMasq)
+	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setExternalIP), chainMarkMasq)
+	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setLB), chainMarkMasq)
 	r("-A %s -m addrtype --dst-type LOCAL -j %s", chainServices, chainNodePort)
 	for _, p := range protocols {
 		lp := strings.ToLower(string(p))
-		r("-A %s -p %s -m set --match-set %s dst -j RETURN", chainNodePort, lp, setNodePortLoPfx+string(p))
-		r("-A %s -p %s -m set --match-set %s dst -j %s", chainNodePort, lp, setNodePortPfx+string(p), chainMarkMasq)
+		r("-A %s -p %s -m set --match-set %s dst -j RETURN", chainNodePort, lp, set(setNodePortLoPfx+string(p)))
+		r("-A %s -p %s -m set --match-set %s dst -j %s", chainNodePort, lp, set(setNodePortPfx+string(p)), chainMarkMasq)
 	}
 	r("COMMIT")
 	r("*filter")
 	for _, ch := range filterChains {
 		r(":%s - [0:0]", ch)
 	}
-	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy service without endpoints" -j REJECT`, chainFilter, setNoEndpoints)
-	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy local service without local endpoints" -j DROP`, chainFilter, setNoEndpointsLo)
-	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, setLBFirewall, setLBSource)
+	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy service without endpoints" -j REJECT`, chainFilter, set(setNoEndpoints))
+	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy local service without local endpoints" -j DROP`, chainFilter, set(setNoEndpointsLo))
+	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, set(setLBFirewall), set(setLBSource))
 	r(`-A %s -m conntrack --ctstate INVALID -j DROP`, chainForward)
 	r(`-A %s -m comment --comment "edgeproxy service traffic" -m mark --mark %s -j ACCEPT`, chainForward, mark)
 	r(`-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`, chainForward)
@@ -116,7 +125,8 @@ func jumps() []jump {
 // iptables writes our static rules with the shared xtables driver (the
 // same backend detection, lock wait and restore as iptables mode).
 type iptables struct {
-	x *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
+	x   *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
+	fam datapath.Family
 }
 
 func (t iptables) run(ctx context.Context, args ...string) (string, error) {
