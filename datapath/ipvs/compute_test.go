@@ -101,6 +101,28 @@ func TestComputeDualStack(t *testing.T) {
 	golden(t, "compute-dualstack.golden", d.String())
 }
 
+// TestLoadBalancerSourceRangesAllowFromNode: a source range holding a
+// node address lets the node reach the load balancer address (source:
+// that address), as kube-proxy's allowFromNode; otherwise it may not.
+func TestLoadBalancerSourceRangesAllowFromNode(t *testing.T) {
+	lbIP := netip.MustParseAddr("203.0.113.5")
+	for _, c := range []struct {
+		ranges string
+		want   bool
+	}{{"192.168.1.0/24", true}, {"198.51.100.0/24", false}} {
+		plan := &datapath.Plan{Frontends: []datapath.Frontend{{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
+			Addr: lbIP, Family: datapath.IPv4, Port: 443, SourceRanges: []netip.Prefix{netip.MustParsePrefix(c.ranges)}}}}
+		d, err := compute(config{NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10")}}, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		self := ipset.Entry{Addr: lbIP, Protocol: datapath.TCP, Port: 443, Net: netip.PrefixFrom(lbIP, 32)}
+		if got := slices.Contains(d.Entries[setLBSource], self); got != c.want {
+			t.Errorf("ranges %s: node allowed = %v, want %v (entries %v)", c.ranges, got, c.want, d.Entries[setLBSource])
+		}
+	}
+}
+
 func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 	plan := &datapath.Plan{Frontends: []datapath.Frontend{
 		{Service: "a/v6:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::1"), Family: datapath.IPv6, Port: 80},
@@ -132,7 +154,10 @@ func TestRules(t *testing.T) {
 	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}
 	golden(t, "rules-cidr.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr}))
 	golden(t, "rules6-cidr.golden", renderRules(ruleConfig{Family: v6, MarkBit: 14, ClusterCIDRs: cidr}))
-	if all := renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "10.244.0.0/16") {
+	if rf := renderRules(ruleConfig{Family: v4, MarkBit: 14, RandomFully: true}); !strings.Contains(rf, "-j MASQUERADE --random-fully\n") {
+		t.Errorf("RandomFully without --random-fully:\n%s", rf)
+	}
+	if all := renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "CLUSTER-MASQ -s 10.244.0.0/16") {
 		t.Errorf("masqueradeAll still exempts the cluster range:\n%s", all)
 	}
 }

@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	goipt "github.com/coreos/go-iptables/iptables"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -226,9 +227,20 @@ func (p *Proxier) openIPTables() error {
 		if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
 			return fmt.Errorf("ipvs: %w", err)
 		}
-		p.ipt = append(p.ipt, iptables{x: x, fam: fam})
+		t := iptables{x: x, fam: fam}
+		if g, err := goipt.New(goipt.IPFamily(goiptProto(fam)), goipt.Path(x.IPTables), goipt.Timeout(x.WaitSeconds())); err == nil {
+			t.randomFully = g.HasRandomFully()
+		}
+		p.ipt = append(p.ipt, t)
 	}
 	return nil
+}
+
+func goiptProto(f datapath.Family) goipt.Protocol {
+	if f == datapath.IPv6 {
+		return goipt.ProtocolIPv6
+	}
+	return goipt.ProtocolIPv4
 }
 
 // families are the IP families this Proxier programs.
@@ -321,7 +333,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if full || !p.rulesOK {
 		p.rulesOK = true
 		for _, t := range p.ipt {
-			if err := t.ensure(ctx, p.ruleText(t.fam)); err != nil {
+			if err := t.ensure(ctx, p.ruleText(t)); err != nil {
 				errs = append(errs, err)
 				p.rulesOK = false
 			}
@@ -409,8 +421,8 @@ func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-func (p *Proxier) ruleText(fam datapath.Family) string {
-	return renderRules(ruleConfig{Family: fam, ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
+func (p *Proxier) ruleText(t iptables) string {
+	return renderRules(ruleConfig{Family: t.fam, RandomFully: t.randomFully, ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
 }
 
 func (p *Proxier) logOnce(msg string, args ...any) {
@@ -661,7 +673,8 @@ func (p *Proxier) Draining() int {
 
 // Tampered reports whether kernel objects this datapath programmed have
 // gone behind its back: our iptables rules or jumps (a flushed table), a
-// service address on the dummy link, or a virtual server.
+// service address on the dummy link, an ipset's entries, or a virtual
+// server.
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -670,7 +683,7 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if want := ruleCount(p.ruleText(t.fam)) + len(jumps()); n != want {
+		if want := ruleCount(p.ruleText(t)) + len(jumps()); n != want {
 			return true, nil
 		}
 	}
@@ -683,6 +696,9 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 			return true, nil
 		}
 	}
+	if bad, err := p.setsTampered(); bad || err != nil {
+		return bad, err
+	}
 	vss, err := p.k.VirtualServers()
 	if err != nil {
 		return false, err
@@ -694,6 +710,24 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	for k := range p.applied {
 		if !have[k] {
 			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// setsTampered reports whether an ipset of ours is missing or holds
+// other entries than the last successful Apply left (a set flushed or
+// edited by hand).
+func (p *Proxier) setsTampered() (bool, error) {
+	if !p.synced {
+		return false, nil // the next Apply is full anyway
+	}
+	for _, fam := range p.families() {
+		for _, s := range sets(fam) {
+			ok, err := ipset.Holds(ipset.Netlink{}, s, p.lastEntries[s.Name])
+			if err != nil || !ok {
+				return !ok, err
+			}
 		}
 	}
 	return false, nil
@@ -748,8 +782,12 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	names := slices.Clone(legacySets)
 	for _, s := range allSets() {
-		if err := ipset.Destroy(ipset.Netlink{}, s.Name); err != nil {
+		names = append(names, s.Name)
+	}
+	for _, n := range names {
+		if err := ipset.Destroy(ipset.Netlink{}, n); err != nil {
 			errs = append(errs, err)
 		}
 	}

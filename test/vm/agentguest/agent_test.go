@@ -267,8 +267,10 @@ func (w *world) start(t testing.TB, mode string) *exec.Cmd {
 	}()
 	// /healthz answers 200 before the first sync (kube-proxy's meaning:
 	// no update waits too long), so the log says when the kernel holds
-	// the first plan.
-	w.waitFor(t, 2*time.Minute, "agent in mode "+mode+": first sync done and healthy", func() error {
+	// the first plan. Under TCG on a busy host a start (two interpreted
+	// module checks, iptables and ip6tables probes) has taken over two
+	// minutes; the bound is generous.
+	w.waitFor(t, 4*time.Minute, "agent in mode "+mode+": first sync done and healthy", func() error {
 		b, err := os.ReadFile(w.logPath)
 		if err != nil {
 			return err
@@ -459,46 +461,48 @@ func (w *world) pod(r netns.Reply) bool { return r.Name == "a" || r.Name == "b" 
 // and scheduler in the kernel and in the traffic split, a SIGKILL and
 // restart without a failed connection or a flushed object, and a switch to
 // iptables mode.
+// serves checks canary/web in one family: its ClusterIP vip from outside
+// (waiting for the agent's first sync) and from pod c, which must be seen
+// as podSrc (in clusterCIDR, not masqueraded), over TCP and UDP, and its
+// NodePort np from outside.
+func (w *world) serves(t *testing.T, vip, np netip.AddrPort, podSrc netip.Addr) {
+	t.Helper()
+	w.waitFor(t, 30*time.Second, fmt.Sprintf("client -> ClusterIP %s tcp", vip), func() error {
+		r, err := w.client.TCP(vip, timeout)
+		if err == nil && !w.pod(r) {
+			err = fmt.Errorf("answered by %+v", r)
+		}
+		return err
+	})
+	for proto, dial := range map[string]func(netip.AddrPort) (netns.Reply, error){
+		"tcp": func(d netip.AddrPort) (netns.Reply, error) { return w.c.TCP(d, timeout) },
+		"udp": func(d netip.AddrPort) (netns.Reply, error) { return w.c.UDP(d, 0, timeout) },
+	} {
+		if r, err := dial(vip); err != nil || !w.pod(r) || r.Client.Addr() != podSrc {
+			t.Errorf("pod c -> ClusterIP %s %s: %+v %v; want a or b seeing %s", vip, proto, r, err, podSrc)
+		}
+	}
+	if r, err := w.client.UDP(vip, 0, timeout); err != nil || !w.pod(r) {
+		t.Errorf("client -> ClusterIP %s udp: %+v %v", vip, r, err)
+	}
+	if r, err := w.client.TCP(np, timeout); err != nil || !w.pod(r) {
+		t.Errorf("client -> NodePort %s tcp: %+v %v", np, r, err)
+	}
+	if r, err := w.client.UDP(np, 0, timeout); err != nil || !w.pod(r) {
+		t.Errorf("client -> NodePort %s udp: %+v %v", np, r, err)
+	}
+}
+
 func TestIPVSAgent(t *testing.T) {
 	w := newWorld(t)
 	ag := w.start(t, "ipvs")
 	webTCP := netip.AddrPortFrom(webVIP, 80)
 
 	t.Run("traffic", func(t *testing.T) {
-		w.waitFor(t, 30*time.Second, "client -> ClusterIP tcp", func() error {
-			r, err := w.client.TCP(webTCP, timeout)
-			if err == nil && !w.pod(r) {
-				err = fmt.Errorf("answered by %+v", r)
-			}
-			return err
-		})
-		// From a pod: answered by a pod that sees the pod's own address
-		// (in clusterCIDR, not masqueraded).
-		r, err := w.c.TCP(webTCP, timeout)
-		if err != nil || !w.pod(r) || r.Client.Addr() != w.c.IP {
-			t.Errorf("pod c -> ClusterIP tcp: %+v %v; want a or b seeing %s", r, err, w.c.IP)
-		}
-		r, err = w.c.UDP(webTCP, 0, timeout)
-		if err != nil || !w.pod(r) || r.Client.Addr() != w.c.IP {
-			t.Errorf("pod c -> ClusterIP udp: %+v %v; want a or b seeing %s", r, err, w.c.IP)
-		}
-		r, err = w.client.UDP(webTCP, 0, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> ClusterIP udp: %+v %v", r, err)
-		}
-		// NodePort from outside the node.
-		np := netip.AddrPortFrom(w.node.LinkIP, 30080)
-		r, err = w.client.TCP(np, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> NodePort %s tcp: %+v %v", np, r, err)
-		}
-		r, err = w.client.UDP(np, 0, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> NodePort %s udp: %+v %v", np, r, err)
-		}
+		w.serves(t, webTCP, netip.AddrPortFrom(w.node.LinkIP, 30080), w.c.IP)
 		// No endpoints: refused (a REJECT, not a timeout).
 		for _, from := range []*netns.NS{w.client, w.c.NS} {
-			_, err = from.TCP(netip.AddrPortFrom(emptyVIP, 80), timeout)
+			_, err := from.TCP(netip.AddrPortFrom(emptyVIP, 80), timeout)
 			if !errors.Is(err, syscall.ECONNREFUSED) {
 				t.Errorf("%s -> service without endpoints: %v, want connection refused", from.Name, err)
 			}
@@ -507,27 +511,7 @@ func TestIPVSAgent(t *testing.T) {
 
 	// The node has IPv6 addresses: IPv6 Services are proxied too.
 	t.Run("ipv6", func(t *testing.T) {
-		web6 := netip.AddrPortFrom(webVIP6, 80)
-		w.waitFor(t, 30*time.Second, "client -> IPv6 ClusterIP tcp", func() error {
-			r, err := w.client.TCP(web6, timeout)
-			if err == nil && !w.pod(r) {
-				err = fmt.Errorf("answered by %+v", r)
-			}
-			return err
-		})
-		r, err := w.c.TCP(web6, timeout)
-		if err != nil || !w.pod(r) || r.Client.Addr() != w.c.IP6 {
-			t.Errorf("pod c -> IPv6 ClusterIP tcp: %+v %v; want a or b seeing %s", r, err, w.c.IP6)
-		}
-		r, err = w.c.UDP(web6, 0, timeout)
-		if err != nil || !w.pod(r) || r.Client.Addr() != w.c.IP6 {
-			t.Errorf("pod c -> IPv6 ClusterIP udp: %+v %v; want a or b seeing %s", r, err, w.c.IP6)
-		}
-		np := netip.AddrPortFrom(w.node.LinkIP6, 30080)
-		r, err = w.client.TCP(np, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> IPv6 NodePort %s tcp: %+v %v", np, r, err)
-		}
+		w.serves(t, netip.AddrPortFrom(webVIP6, 80), netip.AddrPortFrom(w.node.LinkIP6, 30080), w.c.IP6)
 		k := w.kernel(t)
 		want := map[netip.AddrPort]int{w.a.AddrPort6(podPort): 1, w.b.AddrPort6(podPort): 1}
 		for _, fk := range []ipvs.Key{key(webVIP6, datapath.TCP, 80), key(webVIP6, datapath.UDP, 80), key(w.node.LinkIP6, datapath.TCP, 30080)} {
@@ -613,7 +597,7 @@ func TestIPVSAgent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			deadline := time.Now().Add(3 * time.Minute)
+			deadline := time.Now().Add(6 * time.Minute)
 			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
 				select {
 				case <-stop:
