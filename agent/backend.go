@@ -34,20 +34,11 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
 	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
-	addrs, err := interfaceAddrs()
-	if err != nil {
-		log.Warn("cannot list the node's addresses to pick the IP families", "err", err)
-	}
-	_, noIP6 := exec.LookPath("ip6tables-restore")
-	ipv6 := wantIPv6(cidrs, addrs) && noIP6 == nil
-	if !ipv6 && noIP6 != nil && wantIPv6(cidrs, addrs) {
-		log.Warn("the node has IPv6 but ip6tables is missing: IPv6 Services are not proxied", "err", noIP6)
-	}
 	return iptables.Options{
 		// IPv6 frontends are programmed (with ip6tables) when the node
 		// has an IPv6 address or the cluster an IPv6 pod range, as
 		// kube-proxy runs its dual-stack proxier where both work.
-		IPv6:               ipv6,
+		IPv6:               proxyIPv6(cidrs, log),
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
 		ClusterCIDRs:       cidrs,
@@ -61,15 +52,35 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	}
 }
 
+// proxyIPv6 reports whether IPv6 Services are proxied (both modes): the
+// node or the cluster has IPv6 (wantIPv6) and ip6tables is installed.
+func proxyIPv6(clusterCIDRs []netip.Prefix, log *slog.Logger) bool {
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		log.Warn("cannot list the node's addresses to pick the IP families", "err", err)
+	}
+	if !wantIPv6(clusterCIDRs, addrs) {
+		return false
+	}
+	if _, err := exec.LookPath("ip6tables-restore"); err != nil {
+		log.Warn("the node has IPv6 but ip6tables is missing: IPv6 Services are not proxied", "err", err)
+		return false
+	}
+	return true
+}
+
 func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
+	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
 	return ipvs.Options{
+		// Both families when the node has both, as in iptables mode.
+		IPv6:           proxyIPv6(cidrs, log),
 		Interface:      cfg.IPVS.Interface,
 		Scheduler:      cfg.IPVS.Scheduler,
 		SchedulerFlags: cfg.IPVS.SchedulerFlags,
 		StrictARP:      cfg.IPVS.StrictARP,
 		GracePeriod:    cfg.IPVS.GracePeriod,
 		NodePortCIDRs:  parsePrefixes(cfg.NodePortAddresses...),
-		ClusterCIDRs:   parsePrefixes(splitList(cfg.ClusterCIDR)...),
+		ClusterCIDRs:   cidrs,
 		MasqueradeAll:  cfg.MasqueradeAll,
 		MasqueradeBit:  cfg.IPTables.MasqueradeBit,
 		LockWait:       cfg.IPTables.LockWait,

@@ -56,6 +56,12 @@ func TestSyncDiffsEntries(t *testing.T) {
 			if st != s.want {
 				t.Errorf("step %d: stats %+v, want %+v", i, st, s.want)
 			}
+			if held, err := Holds(k, set, s.entries); !held || err != nil {
+				t.Errorf("step %d: Holds after Sync = %v, %v; want true", i, held, err)
+			}
+			if held, _ := Holds(k, set, append(slices.Clone(s.entries), e("10.96.0.99", datapath.TCP, 1))); held {
+				t.Errorf("step %d: Holds with an entry the kernel lacks = true", i)
+			}
 			got, es, ok, err := k.Get(set.Name)
 			if err != nil || !ok {
 				t.Fatalf("step %d: get: ok=%v err=%v", i, ok, err)

@@ -84,6 +84,30 @@ func Sync(k Kernel, s Set, entries []Entry) (Stats, error) {
 	return st, errors.Join(errs...)
 }
 
+// Holds reports whether the kernel's set s exists with s's type and
+// family and holds exactly entries, compared as Sync compares them: a set
+// flushed, edited or replaced by hand does not.
+func Holds(k Kernel, s Set, entries []Entry) (bool, error) {
+	want := make(map[Entry]bool, len(entries))
+	for _, e := range entries {
+		n, err := normalize(s.Type, e)
+		if err != nil {
+			return false, fmt.Errorf("ipset: set %s: %w", s.Name, err)
+		}
+		want[n] = true
+	}
+	cur, have, ok, err := k.Get(s.Name)
+	if err != nil || !ok || !sameKind(cur, s) || len(have) != len(want) {
+		return false, err
+	}
+	for _, e := range have {
+		if !want[e] {
+			return false, nil
+		}
+	}
+	return true, nil
+}
+
 // fitsFamily reports whether every address of e is of family f.
 func fitsFamily(e Entry, f datapath.Family) bool {
 	for _, a := range []netip.Addr{e.Addr, e.Addr2, e.Net.Addr()} {

@@ -80,13 +80,56 @@ func TestCompute(t *testing.T) {
 	golden(t, "compute.golden", d.String())
 }
 
+// TestComputeDualStack: with IPv6 on, IPv6 frontends get IPv6 virtual
+// servers, VIPs and the EP-6- sets; IPv4 ones are as without it.
+func TestComputeDualStack(t *testing.T) {
+	cfg := config{IPv6: true, NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
+	plan := &datapath.Plan{Frontends: []datapath.Frontend{
+		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1)}},
+		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00:96::1"), Family: datapath.IPv6, Port: 80,
+			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1)}},
+		{Service: "a/web:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
+			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1)}},
+		{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("2001:db8::5"), Family: datapath.IPv6, Port: 443,
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")}},
+	}}
+	d, err := compute(cfg, plan)
+	if err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "compute-dualstack.golden", d.String())
+}
+
+// TestLoadBalancerSourceRangesAllowFromNode: a source range holding a
+// node address lets the node reach the load balancer address (source:
+// that address), as kube-proxy's allowFromNode; otherwise it may not.
+func TestLoadBalancerSourceRangesAllowFromNode(t *testing.T) {
+	lbIP := netip.MustParseAddr("203.0.113.5")
+	for _, c := range []struct {
+		ranges string
+		want   bool
+	}{{"192.168.1.0/24", true}, {"198.51.100.0/24", false}} {
+		plan := &datapath.Plan{Frontends: []datapath.Frontend{{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
+			Addr: lbIP, Family: datapath.IPv4, Port: 443, SourceRanges: []netip.Prefix{netip.MustParsePrefix(c.ranges)}}}}
+		d, err := compute(config{NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10")}}, plan)
+		if err != nil {
+			t.Fatal(err)
+		}
+		self := ipset.Entry{Addr: lbIP, Protocol: datapath.TCP, Port: 443, Net: netip.PrefixFrom(lbIP, 32)}
+		if got := slices.Contains(d.Entries[setLBSource], self); got != c.want {
+			t.Errorf("ranges %s: node allowed = %v, want %v (entries %v)", c.ranges, got, c.want, d.Entries[setLBSource])
+		}
+	}
+}
+
 func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 	plan := &datapath.Plan{Frontends: []datapath.Frontend{
 		{Service: "a/v6:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::1"), Family: datapath.IPv6, Port: 80},
 		{Service: "a/bad:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.7"), Family: datapath.IPv4, Port: 80, Scheduler: "sh", SchedulerFlags: []string{"sh-bogus"}},
 		{Service: "a/ok:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.8"), Family: datapath.IPv4, Port: 80},
 	}}
-	d, err := compute(config{}, plan)
+	d, err := compute(config{}, plan) // IPv6 off
 	if err == nil || !strings.Contains(err.Error(), "IPv6") || !strings.Contains(err.Error(), "sh-bogus") {
 		t.Errorf("err = %v, want both problems named", err)
 	}
@@ -106,10 +149,15 @@ func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 // function of the configuration alone, which is what keeps their number
 // constant however many services there are.
 func TestRules(t *testing.T) {
-	golden(t, "rules.golden", renderRules(ruleConfig{MarkBit: 14}))
-	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}
-	golden(t, "rules-cidr.golden", renderRules(ruleConfig{MarkBit: 14, ClusterCIDRs: cidr}))
-	if all := renderRules(ruleConfig{MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "10.244.0.0/16") {
+	v4, v6 := datapath.IPv4, datapath.IPv6
+	golden(t, "rules.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14}))
+	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}
+	golden(t, "rules-cidr.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr}))
+	golden(t, "rules6-cidr.golden", renderRules(ruleConfig{Family: v6, MarkBit: 14, ClusterCIDRs: cidr}))
+	if rf := renderRules(ruleConfig{Family: v4, MarkBit: 14, RandomFully: true}); !strings.Contains(rf, "-j MASQUERADE --random-fully\n") {
+		t.Errorf("RandomFully without --random-fully:\n%s", rf)
+	}
+	if all := renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "CLUSTER-MASQ -s 10.244.0.0/16") {
 		t.Errorf("masqueradeAll still exempts the cluster range:\n%s", all)
 	}
 }
@@ -151,7 +199,7 @@ func BenchmarkCompute(b *testing.B) {
 }
 
 func TestKernelNamesFit(t *testing.T) {
-	for _, s := range sets() {
+	for _, s := range allSets() {
 		if len(s.Name) > ipset.MaxNameLen {
 			t.Errorf("set %s: %d characters, the kernel takes %d", s.Name, len(s.Name), ipset.MaxNameLen)
 		}
@@ -181,5 +229,24 @@ func TestNewWithoutIPVS(t *testing.T) {
 	_, err := New(Options{})
 	if !errors.Is(err, ErrNoIPVS) {
 		t.Errorf("New on a kernel without IPVS: %v, want ErrNoIPVS", err)
+	}
+}
+
+func TestConnReuseWorkaround(t *testing.T) {
+	for release, want := range map[string]bool{
+		"3.10.0-1160.el7.x86_64": false, // the sysctl does not exist yet
+		"4.1.0":                  true,
+		"4.19.0-27-amd64":        true,
+		"5.4.0-150-generic":      true,
+		"5.8.18":                 true,
+		"5.9.0":                  false, // fixed: the kernel's default is kept
+		"5.10.0-30-amd64":        false,
+		"6.1.0-56-amd64":         false,
+		"10.0":                   false,
+		"garbage":                false,
+	} {
+		if got := connReuseWorkaround(release); got != want {
+			t.Errorf("connReuseWorkaround(%q) = %v, want %v", release, got, want)
+		}
 	}
 }

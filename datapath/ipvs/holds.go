@@ -9,9 +9,14 @@ import "context"
 func (p *Proxier) HoldsRules(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, err := p.ipt.countRules(ctx)
-	if err != nil {
-		return false, err
+	for _, t := range p.ipt {
+		n, err := t.countRules(ctx)
+		if err != nil {
+			return false, err
+		}
+		if n > 0 {
+			return true, nil
+		}
 	}
-	return n > 0, nil
+	return false, nil
 }

@@ -7,6 +7,7 @@ import (
 	"net/netip"
 
 	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
 )
 
 // dummy is the link that holds every service address, so that the kernel
@@ -66,8 +67,14 @@ func (d dummy) addresses() (map[netip.Addr]bool, error) {
 	return out, nil
 }
 
+// hostPrefix is a as a host route; an IPv6 one skips duplicate address
+// detection, so that it is usable at once.
 func hostPrefix(a netip.Addr) *netlink.Addr {
-	return &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	na := &netlink.Addr{IPNet: &net.IPNet{IP: a.AsSlice(), Mask: net.CIDRMask(a.BitLen(), a.BitLen())}}
+	if a.Is6() {
+		na.Flags = unix.IFA_F_NODAD
+	}
+	return na
 }
 
 // sync makes the link hold exactly want. It returns the number of changes.
@@ -117,9 +124,14 @@ func (d dummy) remove() error {
 	return nil
 }
 
-// nodeAddresses returns the IPv4 global unicast addresses on every link
-// but the dummy: where NodePorts listen when none are configured.
-func nodeAddresses(skip string) ([]netip.Addr, error) {
+// nodeAddresses returns the IPv4 (and, with ipv6, IPv6) global unicast
+// addresses on every link but the dummy: where NodePorts listen when none
+// are configured.
+func nodeAddresses(skip string, ipv6 bool) ([]netip.Addr, error) {
+	fam := netlink.FAMILY_V4
+	if ipv6 {
+		fam = netlink.FAMILY_ALL
+	}
 	links, err := netlink.LinkList()
 	if err != nil {
 		return nil, fmt.Errorf("ipvs: list links: %w", err)
@@ -129,11 +141,12 @@ func nodeAddresses(skip string) ([]netip.Addr, error) {
 		if l.Attrs().Name == skip {
 			continue
 		}
-		as, err := netlink.AddrList(l, netlink.FAMILY_V4)
+		as, err := netlink.AddrList(l, fam)
 		if err != nil {
 			return nil, fmt.Errorf("ipvs: list addresses of %s: %w", l.Attrs().Name, err)
 		}
 		for _, a := range as {
+			// IsGlobalUnicast excludes loopback and link-local addresses.
 			if ip, ok := netip.AddrFromSlice(a.IP); ok && ip.Unmap().IsGlobalUnicast() {
 				out = append(out, ip.Unmap())
 			}

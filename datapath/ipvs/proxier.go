@@ -25,6 +25,7 @@ import (
 	"sync"
 	"time"
 
+	goipt "github.com/coreos/go-iptables/iptables"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -39,11 +40,17 @@ type Options struct {
 	Scheduler      string   // default scheduler; "rr"
 	SchedulerFlags []string // for the default scheduler, e.g. "sh-fallback"
 	StrictARP      bool     // arp_ignore=1, arp_announce=2
-	// GracePeriod bounds how long a removed TCP/SCTP real server stays at
-	// weight 0 while it still has connections; 30s.
+	// GracePeriod bounds how long a removed TCP real server stays at
+	// weight 0 while it still has connections; 30s. UDP and SCTP real
+	// servers are deleted at once.
 	GracePeriod time.Duration
-	// NodeAddresses are where NodePorts are served; nil means every IPv4
-	// global unicast address on the node's links (but the dummy), looked
+	// IPv6 programs IPv6 frontends too (IPv6 virtual servers, sets,
+	// ip6tables rules, addresses on the dummy link); without it they are
+	// refused. The agent sets it when the node has an IPv6 address.
+	IPv6 bool
+	// NodeAddresses are where NodePorts are served; nil means every
+	// global unicast address (IPv4, and IPv6 with IPv6) on the node's
+	// links (but the dummy), looked
 	// up at each Apply, kept only if inside one of NodePortCIDRs (when
 	// any are given; config nodePortAddresses).
 	NodeAddresses []netip.Addr
@@ -90,7 +97,7 @@ type Proxier struct {
 	opts Options
 	k    Kernel
 	link dummy
-	ipt  iptables
+	ipt  []iptables // one per family, IPv4 first
 	log  *slog.Logger
 	m    *metrics
 
@@ -184,6 +191,12 @@ func New(opts Options) (*Proxier, error) {
 			"net/ipv4/vs/expire_quiescent_template": "1", // persistence does not pin clients to weight-0 servers
 			"net/ipv4/ip_forward":                   "1",
 		}
+		if connReuseWorkaround(kernelRelease()) {
+			want["net/ipv4/vs/conn_reuse_mode"] = "0"
+		}
+		if opts.IPv6 {
+			want["net/ipv6/conf/all/forwarding"] = "1"
+		}
 		if opts.StrictARP {
 			want["net/ipv4/conf/all/arp_ignore"] = "1"
 			want["net/ipv4/conf/all/arp_announce"] = "2"
@@ -202,18 +215,40 @@ func New(opts Options) (*Proxier, error) {
 	return p, nil
 }
 
-// openIPTables opens the iptables tools for the static rules and refuses
-// to run when our chains exist under both backends, as iptables mode does.
+// openIPTables opens the iptables tools (ip6tables too with IPv6) for the
+// static rules and refuses to run when our chains exist under both
+// backends, as iptables mode does.
 func (p *Proxier) openIPTables() error {
-	x, err := xtables.Open(p.opts.Variant, datapath.IPv4, p.opts.LockWait)
-	if err != nil {
-		return fmt.Errorf("ipvs: %w", err)
+	for _, fam := range p.families() {
+		x, err := xtables.Open(p.opts.Variant, fam, p.opts.LockWait)
+		if err != nil {
+			return fmt.Errorf("ipvs: %w", err)
+		}
+		if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
+			return fmt.Errorf("ipvs: %w", err)
+		}
+		t := iptables{x: x, fam: fam}
+		if g, err := goipt.New(goipt.IPFamily(goiptProto(fam)), goipt.Path(x.IPTables), goipt.Timeout(x.WaitSeconds())); err == nil {
+			t.randomFully = g.HasRandomFully()
+		}
+		p.ipt = append(p.ipt, t)
 	}
-	if err := x.CheckOtherBackend(context.Background(), "nat", chainServices, p.log); err != nil {
-		return fmt.Errorf("ipvs: %w", err)
-	}
-	p.ipt = iptables{x: x}
 	return nil
+}
+
+func goiptProto(f datapath.Family) goipt.Protocol {
+	if f == datapath.IPv6 {
+		return goipt.ProtocolIPv6
+	}
+	return goipt.ProtocolIPv4
+}
+
+// families are the IP families this Proxier programs.
+func (p *Proxier) families() []datapath.Family { return p.cfg(nil).families() }
+
+// cfg is the computation's configuration.
+func (p *Proxier) cfg(nodeAddrs []netip.Addr) config {
+	return config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs, IPv6: p.opts.IPv6}
 }
 
 // LoadModules makes sure the named kernel modules are present (loaded or
@@ -274,7 +309,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	// Frontends that cannot be programmed are left out as PortErrors
 	// (shown as refused in status); the rest is programmed.
-	want, cerr := compute(config{Scheduler: p.opts.Scheduler, SchedulerFlags: p.opts.SchedulerFlags, NodeAddresses: nodeAddrs}, plan)
+	want, cerr := compute(p.cfg(nodeAddrs), plan)
 	for _, ds := range want.Servers {
 		if ds.Weighted {
 			p.logOnce("weighted scheduler", "service", ds.Service, "scheduler", ds.VS.Scheduler,
@@ -296,11 +331,12 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	errs = append(errs, p.syncSets(want, full, &st)...)
 	if full || !p.rulesOK {
-		p.rulesOK = false
-		if err := p.ipt.ensure(ctx, p.ruleText()); err != nil {
-			errs = append(errs, err)
-		} else {
-			p.rulesOK = true
+		p.rulesOK = true
+		for _, t := range p.ipt {
+			if err := t.ensure(ctx, p.ruleText(t)); err != nil {
+				errs = append(errs, err)
+				p.rulesOK = false
+			}
 		}
 	}
 	if full {
@@ -347,7 +383,11 @@ func (p *Proxier) record(st *Stats, start time.Time, full bool) {
 // sync, otherwise those whose entries changed since the last success.
 func (p *Proxier) syncSets(want *desired, full bool, st *Stats) []error {
 	var errs []error
-	for _, s := range sets() {
+	var all []ipset.Set
+	for _, fam := range p.families() {
+		all = append(all, sets(fam)...)
+	}
+	for _, s := range all {
 		if !full && slices.Equal(want.Entries[s.Name], p.lastEntries[s.Name]) {
 			continue
 		}
@@ -365,7 +405,7 @@ func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
 	if p.opts.NodeAddresses != nil {
 		return p.opts.NodeAddresses, nil
 	}
-	all, err := nodeAddresses(p.opts.Interface)
+	all, err := nodeAddresses(p.opts.Interface, p.opts.IPv6)
 	if err != nil || len(p.opts.NodePortCIDRs) == 0 {
 		return all, err
 	}
@@ -381,8 +421,8 @@ func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
 	return out, nil
 }
 
-func (p *Proxier) ruleText() string {
-	return renderRules(ruleConfig{ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
+func (p *Proxier) ruleText(t iptables) string {
+	return renderRules(ruleConfig{Family: t.fam, RandomFully: t.randomFully, ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
 }
 
 func (p *Proxier) logOnce(msg string, args ...any) {
@@ -530,10 +570,8 @@ func (p *Proxier) addServer(ds *desiredServer, st *Stats) (added bool, err error
 	return true, errors.Join(errs...)
 }
 
-// syncReals makes the real servers of vs match want. A TCP or SCTP real
-// server that is no longer wanted first drains at weight 0 and goes when
-// it has no connections or its grace period is over; a UDP one goes at
-// once (the conntrack cleaner clears its flows).
+// syncReals makes the real servers of vs match want; those no longer
+// wanted are retired (drained or deleted, see retire).
 func (p *Proxier) syncReals(vs VirtualServer, want []RealServer, st *Stats) error {
 	have, err := p.k.RealServers(vs)
 	st.Reads++
@@ -568,42 +606,57 @@ func (p *Proxier) syncReals(vs VirtualServer, want []RealServer, st *Stats) erro
 		}
 	}
 	for _, c := range have {
-		if wanted[c.Addr] {
-			continue
+		if !wanted[c.Addr] {
+			errs = append(errs, p.retire(vs, c, now, st))
 		}
-		if vs.Protocol != datapath.UDP {
-			if c.Weight != 0 {
-				c.Weight = 0
-				if err := p.k.UpdateRealServer(vs, c); err != nil {
-					errs = append(errs, err)
-					continue
-				}
-				st.RealServers.Updated++
-			}
-			if p.terminating[key] == nil {
-				p.terminating[key] = map[netip.AddrPort]time.Time{}
-			}
-			since, ok := p.terminating[key][c.Addr]
-			if !ok {
-				since = now
-				p.terminating[key][c.Addr] = now
-			}
-			if c.Active+c.Inactive > 0 && now.Sub(since) < p.opts.GracePeriod {
-				st.RealServers.Draining++
-				continue
-			}
-		}
-		if err := p.k.DeleteRealServer(vs, c); err != nil {
-			errs = append(errs, err)
-			continue
-		}
-		st.RealServers.Deleted++
-		delete(p.terminating[key], c.Addr)
 	}
 	if len(p.terminating[key]) == 0 {
 		delete(p.terminating, key)
 	}
 	return errors.Join(errs...)
+}
+
+// retire handles a real server of vs that left the plan. A TCP one drains:
+// it is set to weight 0 (no new connections) and deleted once the kernel
+// counts no active or inactive connections on it, or when its grace period
+// is over, whichever comes first; a deletion that cuts live connections is
+// logged. UDP and SCTP real servers are deleted at once, as kube-proxy
+// does: with expire_nodest_conn=1 their next packet is scheduled again.
+func (p *Proxier) retire(vs VirtualServer, c RealServer, now time.Time, st *Stats) error {
+	key := vs.Key()
+	if vs.Protocol == datapath.TCP {
+		if c.Weight != 0 {
+			c.Weight = 0
+			if err := p.k.UpdateRealServer(vs, c); err != nil {
+				return err
+			}
+			st.RealServers.Updated++
+		}
+		if p.terminating[key] == nil {
+			p.terminating[key] = map[netip.AddrPort]time.Time{}
+		}
+		since, ok := p.terminating[key][c.Addr]
+		if !ok {
+			since = now
+			p.terminating[key][c.Addr] = now
+		}
+		live := c.Active + c.Inactive
+		if live > 0 && now.Sub(since) < p.opts.GracePeriod {
+			st.RealServers.Draining++
+			return nil
+		}
+		if live > 0 {
+			p.log.Warn("grace period over: deleting a real server that still has connections",
+				"virtualServer", key, "realServer", c.Addr, "active", c.Active, "inactive", c.Inactive,
+				"gracePeriod", p.opts.GracePeriod)
+		}
+	}
+	if err := p.k.DeleteRealServer(vs, c); err != nil {
+		return err
+	}
+	st.RealServers.Deleted++
+	delete(p.terminating[key], c.Addr)
+	return nil
 }
 
 // Draining reports how many real servers wait at weight 0 for their
@@ -620,16 +673,19 @@ func (p *Proxier) Draining() int {
 
 // Tampered reports whether kernel objects this datapath programmed have
 // gone behind its back: our iptables rules or jumps (a flushed table), a
-// service address on the dummy link, or a virtual server.
+// service address on the dummy link, an ipset's entries, or a virtual
+// server.
 func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, err := p.ipt.countRules(ctx)
-	if err != nil {
-		return false, err
-	}
-	if want := ruleCount(p.ruleText()) + len(jumps()); n != want {
-		return true, nil
+	for _, t := range p.ipt {
+		n, err := t.countRules(ctx)
+		if err != nil {
+			return false, err
+		}
+		if want := ruleCount(p.ruleText(t)) + len(jumps()); n != want {
+			return true, nil
+		}
 	}
 	bound, err := p.link.addresses()
 	if err != nil {
@@ -639,6 +695,9 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 		if !bound[a] {
 			return true, nil
 		}
+	}
+	if bad, err := p.setsTampered(); bad || err != nil {
+		return bad, err
 	}
 	vss, err := p.k.VirtualServers()
 	if err != nil {
@@ -651,6 +710,24 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	for k := range p.applied {
 		if !have[k] {
 			return true, nil
+		}
+	}
+	return false, nil
+}
+
+// setsTampered reports whether an ipset of ours is missing or holds
+// other entries than the last successful Apply left (a set flushed or
+// edited by hand).
+func (p *Proxier) setsTampered() (bool, error) {
+	if !p.synced {
+		return false, nil // the next Apply is full anyway
+	}
+	for _, fam := range p.families() {
+		for _, s := range sets(fam) {
+			ok, err := ipset.Holds(ipset.Netlink{}, s, p.lastEntries[s.Name])
+			if err != nil || !ok {
+				return !ok, err
+			}
 		}
 	}
 	return false, nil
@@ -700,11 +777,17 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := p.link.remove(); err != nil {
 		errs = append(errs, err)
 	}
-	if err := p.ipt.remove(ctx); err != nil {
-		errs = append(errs, err)
+	for _, t := range p.ipt {
+		if err := t.remove(ctx); err != nil {
+			errs = append(errs, err)
+		}
 	}
-	for _, s := range sets() {
-		if err := ipset.Destroy(ipset.Netlink{}, s.Name); err != nil {
+	names := slices.Clone(legacySets)
+	for _, s := range allSets() {
+		names = append(names, s.Name)
+	}
+	for _, n := range names {
+		if err := ipset.Destroy(ipset.Netlink{}, n); err != nil {
 			errs = append(errs, err)
 		}
 	}

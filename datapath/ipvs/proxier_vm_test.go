@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -142,6 +143,27 @@ func ap(a string, port uint16) netip.AddrPort {
 	return netip.AddrPortFrom(netip.MustParseAddr(a), port)
 }
 
+// podReachesBoth makes 6 TCP connections from pod "client" to dst and
+// wants them answered by both a and b, each seeing src (no SNAT inside
+// the cluster).
+func (w *world) podReachesBoth(dst netip.AddrPort, src netip.Addr) {
+	w.t.Helper()
+	seen := map[string]bool{}
+	for range 6 {
+		r, err := w.pods["client"].TCP(dst, timeout)
+		if err != nil {
+			w.t.Fatalf("pod -> %s TCP: %v", dst, err)
+		}
+		seen[r.Name] = true
+		if r.Client.Addr() != src {
+			w.t.Errorf("pod -> %s: endpoint saw %s, want the pod's own address %s (no SNAT inside the cluster)", dst, r.Client, src)
+		}
+	}
+	if !seen["a"] || !seen["b"] || len(seen) != 2 {
+		w.t.Errorf("%s TCP answered by %v, want a and b", dst, seen)
+	}
+}
+
 func TestClusterIPAndNodePortTraffic(t *testing.T) {
 	w := newWorld(t, "a", "b", "c", "client")
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
@@ -156,20 +178,7 @@ func TestClusterIPAndNodePortTraffic(t *testing.T) {
 	w.apply(w.p, plan)
 
 	// TCP from a pod and from outside: answered by a or b, both seen.
-	seen := map[string]bool{}
-	for range 6 {
-		r, err := w.pods["client"].TCP(ap("10.96.0.10", 80), timeout)
-		if err != nil {
-			t.Fatalf("pod -> ClusterIP TCP: %v", err)
-		}
-		seen[r.Name] = true
-		if r.Client.Addr() != w.pods["client"].IP {
-			t.Errorf("pod -> ClusterIP: endpoint saw %s, want the pod's own address %s (no SNAT inside the cluster)", r.Client, w.pods["client"].IP)
-		}
-	}
-	if !seen["a"] || !seen["b"] || len(seen) != 2 {
-		t.Errorf("ClusterIP TCP answered by %v, want a and b", seen)
-	}
+	w.podReachesBoth(ap("10.96.0.10", 80), w.pods["client"].IP)
 	r, err := w.client.TCP(ap("10.96.0.10", 80), timeout)
 	if err != nil || (r.Name != "a" && r.Name != "b") {
 		t.Errorf("outside client -> ClusterIP TCP: %v %v", r, err)
@@ -217,6 +226,92 @@ func TestClusterIPAndNodePortTraffic(t *testing.T) {
 	st := w.p.LastStats()
 	if changes := st.Ops() - st.Reads; changes != 0 {
 		t.Errorf("second apply of the same plan made %d changes: %+v", changes, st)
+	}
+}
+
+// TestDualStack: with IPv6 on, IPv6 frontends become IPv6 virtual servers
+// with IPv6 addresses on the dummy link, EP-6- sets and ip6tables rules,
+// and carry real IPv6 traffic: ClusterIP TCP and UDP from a pod (source
+// kept) and from outside (masqueraded), NodePort, a refusal without
+// endpoints; the IPv4 half of the same service works beside it.
+func TestDualStack(t *testing.T) {
+	w := newWorld(t, "a", "b", "c", "client")
+	gate.Binaries(t, "ip6tables", "ip6tables-restore", "ip6tables-save")
+	p := w.newProxier(Options{IPv6: true, ClusterCIDRs: []netip.Prefix{w.node.PodNet, netip.MustParsePrefix("fd00:244::/64")}})
+	ep6 := func(pod string) datapath.Endpoint {
+		return datapath.Endpoint{Addr: w.pods[pod].AddrPort6(8080), Weight: 1, Local: true}
+	}
+	vip6, dns6, empty6 := netip.AddrPortFrom(addr("fd00:96::10"), 80), netip.AddrPortFrom(addr("fd00:96::53"), 53), netip.AddrPortFrom(addr("fd00:96::99"), 80)
+	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
+			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
+		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip6.Addr(), Family: datapath.IPv6, Port: 80,
+			Endpoints: []datapath.Endpoint{ep6("a"), ep6("b")}},
+		{Service: "default/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: dns6.Addr(), Family: datapath.IPv6, Port: 53,
+			Endpoints: []datapath.Endpoint{ep6("c")}},
+		{Service: "default/np:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
+			Endpoints: []datapath.Endpoint{ep6("c")}},
+		{Service: "default/empty:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: empty6.Addr(), Family: datapath.IPv6, Port: 80},
+	}}
+	w.apply(p, plan)
+
+	w.podReachesBoth(vip6, w.pods["client"].IP6)
+	if r, err := w.client.TCP(vip6, timeout); err != nil || (r.Name != "a" && r.Name != "b") {
+		t.Errorf("outside client -> IPv6 ClusterIP: %v %v", r, err)
+	} else if r.Client.Addr() == addr("fd00:77::2") {
+		t.Errorf("outside client -> IPv6 ClusterIP kept its source %s; it must be masqueraded", r.Client)
+	}
+	if u, err := w.pods["client"].UDP(dns6, 0, timeout); err != nil || u.Name != "c" {
+		t.Errorf("IPv6 ClusterIP UDP: %v %v, want c", u, err)
+	}
+	if n, err := w.client.TCP(netip.AddrPortFrom(w.node.LinkIP6, 30080), timeout); err != nil || n.Name != "c" {
+		t.Errorf("IPv6 NodePort: %v %v, want c", n, err)
+	} else if n.Client.Addr() == addr("fd00:77::2") {
+		t.Errorf("IPv6 NodePort with policy Cluster kept the client's source %s", n.Client)
+	}
+	if _, err := w.pods["client"].TCP(empty6, timeout); err == nil || !strings.Contains(err.Error(), "refused") {
+		t.Errorf("IPv6 service without endpoints: err = %v, want connection refused", err)
+	}
+	if r, err := w.pods["client"].TCP(ap("10.96.0.10", 80), timeout); err != nil || r.Name != "a" {
+		t.Errorf("the IPv4 half beside it: %v %v, want a", r, err)
+	}
+
+	// The kernel: IPv6 virtual servers (also NodePorts on the node's IPv6
+	// addresses), IPv6 VIPs on the dummy link, EP-6- sets, ip6tables.
+	k := w.kernel()
+	if v := k[Key{vip6.Addr(), datapath.TCP, 80}]; len(v.Reals) != 2 || !v.Reals[0].Addr.Addr().Is6() {
+		t.Errorf("IPv6 ClusterIP virtual server: %+v", v)
+	}
+	if v := k[Key{w.node.LinkIP6, datapath.TCP, 30080}]; len(v.Reals) != 1 {
+		t.Errorf("IPv6 NodePort virtual server on %s: %+v", w.node.LinkIP6, v)
+	}
+	if out, err := w.node.Run("ip", "-6", "addr", "show", "dev", "edgeproxy0"); err != nil || !strings.Contains(out, "fd00:96::10/128") {
+		t.Errorf("IPv6 VIP on the dummy link: %v\n%s", err, out)
+	}
+	var entries []ipset.Entry
+	if err := w.node.Do(func() error {
+		s, es, ok, err := ipset.Netlink{}.Get(setName(setClusterIP, datapath.IPv6))
+		if err == nil && (!ok || s.Family != datapath.IPv6) {
+			err = fmt.Errorf("set %+v, exists %v", s, ok)
+		}
+		entries = es
+		return err
+	}); err != nil || len(entries) != 3 {
+		t.Errorf("IPv6 ClusterIP set: %v, entries %v", err, entries)
+	}
+	if out, err := w.node.Run("ip6tables-save", "-t", "nat"); err != nil || !strings.Contains(out, "EP-6-CLUSTER-IP") {
+		t.Errorf("ip6tables rules: %v\n%s", err, out)
+	}
+	if out, err := w.node.Run("ipvsadm", "-Ln"); err == nil {
+		t.Logf("ipvsadm -Ln:\n%s", out)
+	}
+
+	// Cleanup removes both families.
+	if err := w.node.Do(func() error { return p.Cleanup(context.Background()) }); err != nil {
+		t.Fatal(err)
+	}
+	if out, _ := w.node.Run("ip6tables-save"); strings.Contains(out, "EP-") {
+		t.Errorf("ip6tables after cleanup:\n%s", out)
 	}
 }
 
@@ -291,14 +386,7 @@ func TestWeightsAndSchedulerReachTheKernel(t *testing.T) {
 // until the client closes.
 func holdServer(t *testing.T, pod *netns.Pod, port uint16) {
 	t.Helper()
-	var l net.Listener
-	if err := pod.Do(func() error {
-		var err error
-		l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
+	l := listenTCP(t, pod.NS, port)
 	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
@@ -337,6 +425,21 @@ func holdServer(t *testing.T, pod *netns.Pod, port uint16) {
 
 // talk opens a connection from ns to dst, sends one line and returns the
 // answer.
+// dial opens a TCP connection from ns to dst, closed when the test ends.
+func dial(t *testing.T, ns *netns.NS, dst netip.AddrPort) net.Conn {
+	t.Helper()
+	var c net.Conn
+	if err := ns.Do(func() error {
+		var err error
+		c, err = net.DialTimeout("tcp", dst.String(), timeout)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
 func talk(ns *netns.NS, dst netip.AddrPort, msg string) (string, error) {
 	var c net.Conn
 	if err := ns.Do(func() error {
@@ -354,38 +457,33 @@ func talk(ns *netns.NS, dst netip.AddrPort, msg string) (string, error) {
 	return bufio.NewReader(c).ReadString('\n')
 }
 
+// drainPair returns builders of the two frontends the graceful termination
+// tests remove endpoints from: TCP service svc on vip:80 to the named
+// pods' podPort, and UDP default/dns:udp on vip:53 to their echo port.
+func (w *world) drainPair(svc string, vip netip.Addr, podPort uint16) (tcp, udp func(pods ...string) datapath.Frontend) {
+	build := func(svc string, proto datapath.Protocol, port, podPort uint16) func(pods ...string) datapath.Frontend {
+		return func(pods ...string) datapath.Frontend {
+			f := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: proto, Addr: vip, Family: datapath.IPv4, Port: port}
+			for _, p := range pods {
+				f.Endpoints = append(f.Endpoints, datapath.Endpoint{Addr: w.pods[p].AddrPort(podPort), Weight: 1})
+			}
+			return f
+		}
+	}
+	return build(svc, datapath.TCP, 80, podPort), build("default/dns:udp", datapath.UDP, 53, 8080)
+}
+
 func TestGracefulTermination(t *testing.T) {
 	w := newWorld(t, "a", "b", "c", "d")
 	for _, p := range []string{"a", "b"} {
 		holdServer(t, w.pods[p], 9090)
 	}
 	vip := ap("10.96.2.1", 80)
-	tcp := func(eps ...string) datapath.Frontend {
-		f := datapath.Frontend{Service: "default/hold:tcp", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip.Addr(), Family: datapath.IPv4, Port: 80}
-		for _, e := range eps {
-			f.Endpoints = append(f.Endpoints, datapath.Endpoint{Addr: w.pods[e].AddrPort(9090), Weight: 1})
-		}
-		return f
-	}
-	udp := func(eps ...string) datapath.Frontend {
-		f := datapath.Frontend{Service: "default/dns:udp", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: vip.Addr(), Family: datapath.IPv4, Port: 53}
-		for _, e := range eps {
-			f.Endpoints = append(f.Endpoints, w.ep(e, 1))
-		}
-		return f
-	}
+	tcp, udp := w.drainPair("default/hold:tcp", vip.Addr(), 9090)
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{tcp("a"), udp("c")}})
 
 	// An established connection to a.
-	var conn net.Conn
-	if err := w.client.Do(func() error {
-		var err error
-		conn, err = net.DialTimeout("tcp", vip.String(), timeout)
-		return err
-	}); err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
+	conn := dial(t, w.client, vip)
 	rd := bufio.NewReader(conn)
 	say := func(msg string) (string, error) {
 		conn.SetDeadline(time.Now().Add(timeout))
@@ -465,6 +563,152 @@ func TestGracefulTermination(t *testing.T) {
 	}
 }
 
+// chunkServer serves, on port, one chunk of size bytes (the pod's name,
+// then filler) for every byte a client sends, until the client closes.
+func chunkServer(t *testing.T, pod *netns.Pod, port uint16, size int) {
+	t.Helper()
+	chunk := []byte(strings.Repeat(".", size))
+	copy(chunk, pod.PodName)
+	serveConns(t, listenTCP(t, pod.NS, port), func(c net.Conn) {
+		one := make([]byte, 1)
+		for {
+			c.SetDeadline(time.Now().Add(time.Minute))
+			if _, err := c.Read(one); err != nil {
+				return
+			}
+			if _, err := c.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+}
+
+// listenTCP listens on port (IPv4, every address) in ns.
+func listenTCP(t *testing.T, ns *netns.NS, port uint16) net.Listener {
+	t.Helper()
+	var l net.Listener
+	if err := ns.Do(func() error {
+		var err error
+		l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	return l
+}
+
+// serveConns runs handle on every connection l accepts, each in its own
+// goroutine, and closes the connection after it; the test's cleanup
+// closes l and waits for them all.
+func serveConns(t *testing.T, l net.Listener, handle func(net.Conn)) {
+	var wg sync.WaitGroup
+	t.Cleanup(func() { l.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer c.Close()
+				handle(c)
+			}()
+		}
+	}()
+}
+
+// TestGracefulTerminationLongDownload: a download through an endpoint that
+// leaves the plan runs to its end (the real server drains at weight 0); a
+// removed real server without connections goes at once; one whose
+// connections outlive the grace period goes when it is over; a removed
+// UDP real server goes at once.
+func TestGracefulTerminationLongDownload(t *testing.T) {
+	w := newWorld(t, "a", "b", "c", "d")
+	const chunk, chunks = 64 << 10, 64 // 4 MiB
+	for _, p := range []string{"a", "b"} {
+		chunkServer(t, w.pods[p], 9191, chunk)
+	}
+	vip := ap("10.96.2.2", 80)
+	tcp, udp := w.drainPair("default/dl:tcp", vip.Addr(), 9191)
+	changed := map[string]bool{"default/dl:tcp": true, "default/dns:udp": true}
+	tcpKey, udpKey := Key{vip.Addr(), datapath.TCP, 80}, Key{vip.Addr(), datapath.UDP, 53}
+	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{tcp("a"), udp("c", "d")}})
+
+	conn := dial(t, w.client, vip)
+	buf := make([]byte, chunk)
+	next := func() error {
+		conn.SetDeadline(time.Now().Add(timeout))
+		if _, err := conn.Write([]byte{1}); err != nil {
+			return err
+		}
+		_, err := io.ReadFull(conn, buf)
+		return err
+	}
+	if err := next(); err != nil || !strings.HasPrefix(string(buf), "a") {
+		t.Fatalf("first chunk: %v (from %q)", err, buf[:2])
+	}
+
+	// a leaves the plan for b mid-download; UDP loses c.
+	w.apply(w.p, &datapath.Plan{Changed: changed, Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+	reals := w.kernel()[tcpKey].Reals
+	if len(reals) != 2 || reals[0].Addr != w.pods["a"].AddrPort(9191) || reals[0].Weight != 0 || reals[0].Active != 1 {
+		t.Fatalf("after a left: %v (active %d), want a at weight 0 with its connection, and b", reals, reals[0].Active)
+	}
+	if got := w.kernel()[udpKey].Reals; len(got) != 1 || got[0].Addr != w.pods["d"].AddrPort(8080) {
+		t.Errorf("UDP real servers after c left: %v, want d alone at once", got)
+	}
+	// b leaves before any connection reached it: deleted at once, while
+	// a still drains.
+	w.apply(w.p, &datapath.Plan{Changed: changed, Frontends: []datapath.Frontend{tcp(), udp("d")}})
+	reals = w.kernel()[tcpKey].Reals
+	if len(reals) != 1 || reals[0].Addr != w.pods["a"].AddrPort(9191) {
+		t.Errorf("after b left unused: %v, want a alone (draining)", reals)
+	}
+	w.apply(w.p, &datapath.Plan{Changed: changed, Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+
+	// The download runs to its end through the removed endpoint, with
+	// syncs (partial, unchanged) in between that must not cut it.
+	total := chunk
+	for i := 1; i < chunks; i++ {
+		if i%16 == 0 {
+			w.clock.Step(time.Second)
+			w.apply(w.p, &datapath.Plan{Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+		}
+		if err := next(); err != nil {
+			t.Fatalf("the download broke after %d bytes: %v", total, err)
+		}
+		if !strings.HasPrefix(string(buf), "a") {
+			t.Fatalf("chunk %d came from %q, want a", i, buf[:2])
+		}
+		total += len(buf)
+	}
+	if total != chunk*chunks {
+		t.Fatalf("downloaded %d bytes, want %d", total, chunk*chunks)
+	}
+	conn.Close()
+
+	// Closed, the connection lingers in IPVS as inactive (FIN_WAIT):
+	// within the grace period a stays.
+	w.apply(w.p, &datapath.Plan{Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+	reals = w.kernel()[tcpKey].Reals
+	if len(reals) != 2 || reals[0].Active+reals[0].Inactive == 0 {
+		t.Fatalf("closed, within the grace period: %v, want a still there with an inactive connection", reals)
+	}
+	// After the grace period a goes, even with that connection.
+	w.clock.Step(10 * time.Second)
+	w.apply(w.p, &datapath.Plan{Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
+	if reals := w.kernel()[tcpKey].Reals; len(reals) != 1 || reals[0].Addr != w.pods["b"].AddrPort(9191) {
+		t.Errorf("after the grace period: %v, want b alone", reals)
+	}
+	if w.p.Draining() != 0 {
+		t.Errorf("draining = %d, want 0", w.p.Draining())
+	}
+}
+
 func manyServices(n int, ep datapath.Endpoint) *datapath.Plan {
 	p := &datapath.Plan{Full: true}
 	for i := range n {
@@ -483,7 +727,7 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 		var n int
 		if err := w.node.Do(func() error {
 			var err error
-			n, err = w.p.ipt.countRules(context.Background())
+			n, err = w.p.ipt[0].countRules(context.Background())
 			return err
 		}); err != nil {
 			t.Fatal(err)
@@ -566,6 +810,25 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 		if tampered() {
 			t.Errorf("a full apply did not repair %s", what)
 		}
+	}
+	// A set emptied by hand (here: an entry deleted, as `ipset del` would)
+	// is tampering too; the full apply puts the entry back.
+	setEdit := func(op func(ipset.Set, ipset.Entry) error) {
+		t.Helper()
+		s := ipset.Set{Name: setClusterIP, Type: ipset.HashIPPort, Family: datapath.IPv4}
+		if err := w.node.Do(func() error {
+			return op(s, ipset.Entry{Addr: addr("10.97.0.9"), Protocol: datapath.TCP, Port: 80})
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	setEdit(ipset.Netlink{}.Del)
+	if !tampered() {
+		t.Error("an entry deleted from a set was not reported as tampering")
+	}
+	w.apply(p2, manyServices(1000, w.ep("a", 1)))
+	if tampered() {
+		t.Error("a full apply did not put the deleted set entry back")
 	}
 	if err := w.node.Do(func() error { return p2.Cleanup(context.Background()) }); err != nil {
 		t.Fatalf("cleanup: %v", err)
@@ -653,6 +916,124 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 		t.Errorf("hairpin: %v %v", r, err)
 	} else if r.Client.Addr() == w.pods["a"].IP {
 		t.Errorf("hairpin: a saw its own address %s; want the node's", r.Client)
+	}
+}
+
+// TestLocalPolicyFallback: an external frontend of policy Local on a node
+// without local endpoints serves pods and the node itself from the
+// cluster-wide endpoints (kube-proxy IPVS's fallback); outside clients
+// are dropped.
+func TestLocalPolicyFallback(t *testing.T) {
+	w := newWorld(t, "b", "c")
+	cluster := []datapath.Endpoint{{Addr: w.pods["b"].AddrPort(8080), Weight: 1}} // elsewhere, as far as the plan says
+	lb := datapath.Frontend{Service: "default/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4,
+		Addr: addr("203.0.113.50"), Port: 80, LocalOnly: true, Drop: true, Cluster: cluster}
+	np := lb
+	np.Kind, np.Addr, np.Port = datapath.NodePort, netip.Addr{}, 30091
+	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{lb, np}})
+	lbAddr, npAddr := ap("203.0.113.50", 80), netip.AddrPortFrom(w.node.LinkIP, 30091)
+	for _, c := range []struct {
+		name string
+		from *netns.NS
+		dst  netip.AddrPort
+		src  netip.Addr // the address the endpoint must see; invalid: any
+	}{
+		{"pod -> LoadBalancer", w.pods["c"].NS, lbAddr, w.pods["c"].IP},
+		{"pod -> NodePort", w.pods["c"].NS, npAddr, w.pods["c"].IP},
+		{"node -> LoadBalancer", w.node.NS, lbAddr, netip.Addr{}},
+		{"node -> NodePort", w.node.NS, npAddr, netip.Addr{}},
+	} {
+		r, err := c.from.TCP(c.dst, timeout)
+		switch {
+		case err != nil:
+			t.Errorf("%s: %v, want the cluster-wide endpoint b", c.name, err)
+		case r.Name != "b":
+			t.Errorf("%s: answered by %s, want b", c.name, r.Name)
+		case c.src.IsValid() && r.Client.Addr() != c.src:
+			t.Errorf("%s: b saw %s, want %s", c.name, r.Client, c.src)
+		case !c.src.IsValid() && r.Client.Addr() == lbAddr.Addr():
+			t.Errorf("%s: b saw the LoadBalancer address as source; want it masqueraded", c.name)
+		}
+	}
+	for _, dst := range []netip.AddrPort{lbAddr, npAddr} {
+		if r, err := w.client.TCP(dst, timeout); err == nil {
+			t.Errorf("outside client -> %s: answered by %s, want it dropped (no local endpoint)", dst, r.Name)
+		} else if strings.Contains(err.Error(), "refused") {
+			t.Errorf("outside client -> %s: refused, want it dropped", dst)
+		}
+	}
+}
+
+// TestMasqueradeLikeUpstream: without cluster ranges only what the node
+// sends from a service address is masqueraded (pods and outside clients
+// keep their source, as with kube-proxy); a load balancer's source ranges
+// let the node in when one of them holds a node address (allowFromNode),
+// and keep it out otherwise.
+func TestMasqueradeLikeUpstream(t *testing.T) {
+	w := newWorld(t, "a", "c")
+	p := w.newProxier(Options{}) // no clusterCIDR
+	vip := ap("10.96.4.1", 80)
+	fe := func(svc string, kind datapath.Kind, a netip.Addr, ranges ...string) datapath.Frontend {
+		f := datapath.Frontend{Service: svc, Kind: kind, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: a, Port: 80,
+			Endpoints: []datapath.Endpoint{w.ep("a", 1)}}
+		for _, r := range ranges {
+			f.SourceRanges = append(f.SourceRanges, netip.MustParsePrefix(r))
+		}
+		return f
+	}
+	w.apply(p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		fe("default/web:http", datapath.ClusterIP, vip.Addr()),
+		fe("default/lb-node:http", datapath.LoadBalancer, addr("203.0.113.60"), "192.168.77.0/24"),
+		fe("default/lb-other:http", datapath.LoadBalancer, addr("203.0.113.61"), "198.51.100.0/24"),
+	}})
+	if r, err := w.pods["c"].TCP(vip, timeout); err != nil || r.Client.Addr() != w.pods["c"].IP {
+		t.Errorf("pod -> ClusterIP without clusterCIDR: %v %v, want the pod's own source %s", r, err, w.pods["c"].IP)
+	}
+	if r, err := w.client.TCP(vip, timeout); err != nil || r.Client.Addr() != addr("192.168.77.2") {
+		t.Errorf("outside client -> ClusterIP without clusterCIDR: %v %v, want its own source kept", r, err)
+	}
+	if r, err := w.node.TCP(vip, timeout); err != nil || r.Client.Addr() == vip.Addr() {
+		t.Errorf("node -> ClusterIP: %v %v, want a masqueraded source (not the service address)", r, err)
+	}
+	if r, err := w.node.TCP(ap("203.0.113.60", 80), timeout); err != nil || r.Name != "a" {
+		t.Errorf("node -> load balancer whose source ranges hold the node: %v %v, want a", r, err)
+	}
+	if r, err := w.client.TCP(ap("203.0.113.60", 80), timeout); err != nil || r.Name != "a" {
+		t.Errorf("client inside the source range: %v %v, want a", r, err)
+	}
+	if r, err := w.node.TCP(ap("203.0.113.61", 80), timeout); err == nil {
+		t.Errorf("node -> load balancer whose source ranges leave the node out: answered by %s, want it dropped", r.Name)
+	}
+}
+
+// TestHostPortsOnServiceAddresses: a daemon of the node listening on
+// 0.0.0.0 answers on the node's own addresses, but not through a service
+// address (bound on the dummy link) on a port no service uses: refused,
+// from outside and from a pod, as kube-proxy's KUBE-IPVS-FILTER does. The
+// service port of the same address still works.
+func TestHostPortsOnServiceAddresses(t *testing.T) {
+	w := newWorld(t, "a", "c")
+	serveConns(t, listenTCP(t, w.node.NS, 9999), func(c net.Conn) { fmt.Fprintf(c, "node %s\n", c.RemoteAddr()) })
+	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("10.96.5.1"), Port: 80,
+			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
+		{Service: "default/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("203.0.113.70"), Port: 80,
+			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
+	}})
+	if r, err := w.client.TCP(netip.AddrPortFrom(w.node.LinkIP, 9999), timeout); err != nil || r.Name != "node" {
+		t.Fatalf("client -> node address, host port: %v %v, want the node's daemon", r, err)
+	}
+	for _, dst := range []netip.AddrPort{ap("10.96.5.1", 9999), ap("203.0.113.70", 9999)} {
+		for _, from := range []*netns.NS{w.client, w.pods["c"].NS} {
+			if r, err := from.TCP(dst, timeout); err == nil || !strings.Contains(err.Error(), "refused") {
+				t.Errorf("%s -> %s (a host port on a service address): %v %v, want refused", from.Name, dst, r, err)
+			}
+		}
+	}
+	for _, dst := range []netip.AddrPort{ap("10.96.5.1", 80), ap("203.0.113.70", 80)} {
+		if r, err := w.client.TCP(dst, timeout); err != nil || r.Name != "a" {
+			t.Errorf("client -> %s (the service port): %v %v, want a", dst, r, err)
+		}
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 
+	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
@@ -19,18 +20,23 @@ const (
 	chainClusterMasq = "EP-IPVS-CLUSTER-MASQ" // nat: mark sources outside the cluster ranges
 	chainFilter      = "EP-IPVS-FILTER"       // filter INPUT, OUTPUT, FORWARD (new): no endpoints, source ranges
 	chainForward     = "EP-IPVS-FORWARD"      // filter FORWARD: accept service traffic
+	chainHostFilter  = "EP-IPVS-HOST-FILTER"  // filter INPUT (new): other ports of a service address refused
+	chainOutFilter   = "EP-IPVS-OUT-FILTER"   // mangle OUTPUT (new): the node's own packets, before IPVS rewrites them
 )
 
 var (
 	natChains    = []string{chainServices, chainNodePort, chainMarkMasq, chainClusterMasq, chainPostrouting}
-	filterChains = []string{chainFilter, chainForward}
+	filterChains = []string{chainFilter, chainForward, chainHostFilter}
+	mangleChains = []string{chainOutFilter}
 )
 
 // ruleConfig is what the static rules depend on.
 type ruleConfig struct {
-	ClusterCIDRs  []netip.Prefix
+	Family        datapath.Family // the sets matched are this family's
+	ClusterCIDRs  []netip.Prefix  // those of other families are ignored
 	MasqueradeAll bool
 	MarkBit       int
+	RandomFully   bool // MASQUERADE --random-fully (iptables 1.6.2 and later)
 }
 
 func (c ruleConfig) mark() string { m := 1 << c.MarkBit; return fmt.Sprintf("%#x/%#x", m, m) }
@@ -41,52 +47,134 @@ func (c ruleConfig) mark() string { m := 1 << c.MarkBit; return fmt.Sprintf("%#x
 // only, never on the plan.
 func renderRules(c ruleConfig) string {
 	var b strings.Builder
-	mark := c.mark()
-	orMark := fmt.Sprintf("%#x", 1<<c.MarkBit)
-	r := func(format string, args ...any) { fmt.Fprintf(&b, format+"\n", args...) }
+	w := ruleWriter{c: c, b: &b}
+	w.nat()
+	w.filter()
+	w.mangle()
+	return b.String()
+}
 
+// ruleWriter writes the tables of renderRules.
+type ruleWriter struct {
+	c ruleConfig
+	b *strings.Builder
+}
+
+func (w ruleWriter) r(format string, args ...any) { fmt.Fprintf(w.b, format+"\n", args...) }
+
+// set is base's set name in the rules' family.
+func (w ruleWriter) set(base string) string { return setName(base, w.c.Family) }
+
+// cidrs are the cluster ranges of the rules' family.
+func (c ruleConfig) cidrs() []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range c.ClusterCIDRs {
+		if datapath.FamilyOf(p.Addr()) == c.Family {
+			out = append(out, p.Masked())
+		}
+	}
+	return out
+}
+
+func (w ruleWriter) nat() {
+	c, r, set := w.c, w.r, w.set
+	mark, orMark := c.mark(), fmt.Sprintf("%#x", 1<<c.MarkBit)
 	r("*nat")
 	for _, ch := range natChains {
 		r(":%s - [0:0]", ch)
 	}
 	r("-A %s -j MARK --or-mark %s", chainMarkMasq, orMark)
-	r(`-A %s -m set --match-set %s dst,dst,src -m comment --comment "edgeproxy hairpin" -j MASQUERADE`, chainPostrouting, setLoopback)
+	r(`-A %s -m set --match-set %s dst,dst,src -m comment --comment "edgeproxy hairpin" -j MASQUERADE`, chainPostrouting, set(setLoopback))
 	r("-A %s -m mark ! --mark %s -j RETURN", chainPostrouting, mark)
 	r("-A %s -j MARK --xor-mark %s", chainPostrouting, orMark)
-	r(`-A %s -m comment --comment "edgeproxy service traffic requiring SNAT" -j MASQUERADE`, chainPostrouting)
+	masq := "MASQUERADE"
+	if c.RandomFully {
+		masq += " --random-fully"
+	}
+	r(`-A %s -m comment --comment "edgeproxy service traffic requiring SNAT" -j %s`, chainPostrouting, masq)
 	// ClusterIP traffic is masqueraded when it comes from outside the
 	// cluster ranges (so that replies return through this node), or
 	// always with masqueradeAll.
+	cidrs := c.cidrs()
 	if !c.MasqueradeAll {
-		for _, p := range c.ClusterCIDRs {
-			r("-A %s -s %s -j RETURN", chainClusterMasq, p.Masked())
+		for _, p := range cidrs {
+			r("-A %s -s %s -j RETURN", chainClusterMasq, p)
 		}
 	}
 	r("-A %s -j %s", chainClusterMasq, chainMarkMasq)
-	if c.MasqueradeAll || len(c.ClusterCIDRs) > 0 {
-		r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setClusterIP, chainClusterMasq)
+	if c.MasqueradeAll || len(cidrs) > 0 {
+		r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setClusterIP), chainClusterMasq)
+	} else {
+		// Without cluster ranges pods cannot be told from the outside;
+		// as kube-proxy, masquerade only what the node sends from a
+		// service address (the source the kernel picks to reach an
+		// address bound on the dummy link).
+		r("-A %s -m set --match-set %s src,dst -j %s", chainServices, set(setClusterIP), chainMarkMasq)
 	}
-	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setExternalIP, chainMarkMasq)
-	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, setLB, chainMarkMasq)
+	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setExternalIP), chainMarkMasq)
+	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setLB), chainMarkMasq)
+	// The node reaching an external address of policy Local: its source
+	// would be the address itself (bound on the dummy link), which a pod
+	// on another node cannot answer.
+	for _, s := range []string{setExternalLocal, setLBLocal} {
+		r("-A %s -m set --match-set %s dst,dst -m addrtype --src-type LOCAL -j %s", chainServices, set(s), chainMarkMasq)
+	}
 	r("-A %s -m addrtype --dst-type LOCAL -j %s", chainServices, chainNodePort)
 	for _, p := range protocols {
-		lp := strings.ToLower(string(p))
-		r("-A %s -p %s -m set --match-set %s dst -j RETURN", chainNodePort, lp, setNodePortLoPfx+string(p))
-		r("-A %s -p %s -m set --match-set %s dst -j %s", chainNodePort, lp, setNodePortPfx+string(p), chainMarkMasq)
+		lp, match, suffix := strings.ToLower(string(p)), "dst", ""
+		if p == datapath.SCTP {
+			match, suffix = "dst,dst", "-HASH" // hash:ip,port: (node address, port)
+		}
+		r("-A %s -p %s -m set --match-set %s %s -j RETURN", chainNodePort, lp, set(setNodePortLoPfx+string(p)+suffix), match)
+		r("-A %s -p %s -m set --match-set %s %s -j %s", chainNodePort, lp, set(setNodePortPfx+string(p)+suffix), match, chainMarkMasq)
 	}
 	r("COMMIT")
+}
+
+func (w ruleWriter) filter() {
+	c, r, set := w.c, w.r, w.set
+	mark := c.mark()
 	r("*filter")
 	for _, ch := range filterChains {
 		r(":%s - [0:0]", ch)
 	}
-	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy service without endpoints" -j REJECT`, chainFilter, setNoEndpoints)
-	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy local service without local endpoints" -j DROP`, chainFilter, setNoEndpointsLo)
-	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, setLBFirewall, setLBSource)
+	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy service without endpoints" -j REJECT`, chainFilter, set(setNoEndpoints))
+	// Policy Local without local endpoints: pods (sources in the cluster
+	// ranges) and the node itself use the cluster-wide endpoints, the
+	// rest is dropped.
+	r(`-A %s -m set --match-set %s dst,dst -m addrtype --src-type LOCAL -j RETURN`, chainFilter, set(setNoEndpointsLo))
+	for _, p := range c.cidrs() {
+		r(`-A %s -m set --match-set %s dst,dst -s %s -j RETURN`, chainFilter, set(setNoEndpointsLo), p)
+	}
+	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy local service without local endpoints" -j DROP`, chainFilter, set(setNoEndpointsLo))
+	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, set(setLBFirewall), set(setLBSource))
+	// A service address is bound on the dummy link, so the node's own
+	// sockets on 0.0.0.0 would answer on it: arriving at a service
+	// address, only service ports get in (kube-proxy's KUBE-IPVS-FILTER,
+	// kubernetes#72236).
+	for _, s := range []string{setLB, setLBLocal, setClusterIP, setExternalIP, setExternalLocal} {
+		r("-A %s -m set --match-set %s dst,dst -j RETURN", chainHostFilter, set(s))
+	}
+	r(`-A %s -m set --match-set %s dst -m comment --comment "edgeproxy other ports of service addresses" -j REJECT`, chainHostFilter, set(setVIPs))
 	r(`-A %s -m conntrack --ctstate INVALID -j DROP`, chainForward)
 	r(`-A %s -m comment --comment "edgeproxy service traffic" -m mark --mark %s -j ACCEPT`, chainForward, mark)
 	r(`-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`, chainForward)
 	r("COMMIT")
-	return b.String()
+}
+
+func (w ruleWriter) mangle() {
+	r, set := w.r, w.set
+	// IPVS rewrites the node's own packets at LOCAL_OUT, before filter
+	// OUTPUT sees them; load balancer source ranges for the node are
+	// checked in mangle OUTPUT, which comes first (kube-proxy's
+	// KUBE-IPVS-OUT-FILTER, kubernetes#119656, with `-m ipvs` per
+	// service instead).
+	r("*mangle")
+	for _, ch := range mangleChains {
+		r(":%s - [0:0]", ch)
+	}
+	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges, node" -j DROP`, chainOutFilter, set(setLBFirewall), set(setLBSource))
+	r("COMMIT")
 }
 
 // jump is a rule in a built-in chain that leads into ours.
@@ -106,17 +194,21 @@ func jumps() []jump {
 		j("nat", "PREROUTING", nil, "services", chainServices),
 		j("nat", "OUTPUT", nil, "services", chainServices),
 		j("nat", "POSTROUTING", nil, "postrouting", chainPostrouting),
+		j("filter", "INPUT", newOnly, "host filter", chainHostFilter),
 		j("filter", "INPUT", newOnly, "filter", chainFilter),
 		j("filter", "OUTPUT", newOnly, "filter", chainFilter),
 		j("filter", "FORWARD", newOnly, "filter", chainFilter),
 		j("filter", "FORWARD", nil, "forward", chainForward),
+		j("mangle", "OUTPUT", newOnly, "out filter", chainOutFilter),
 	}
 }
 
 // iptables writes our static rules with the shared xtables driver (the
 // same backend detection, lock wait and restore as iptables mode).
 type iptables struct {
-	x *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
+	x           *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
+	fam         datapath.Family
+	randomFully bool // the tools know MASQUERADE --random-fully
 }
 
 func (t iptables) run(ctx context.Context, args ...string) (string, error) {
@@ -158,7 +250,7 @@ func (t iptables) remove(ctx context.Context) error {
 	var firstErr error
 	// Flush every chain first: a chain still referred to cannot go.
 	for _, pass := range []string{"-F", "-X"} {
-		for table, chains := range map[string][]string{"nat": natChains, "filter": filterChains} {
+		for table, chains := range map[string][]string{"nat": natChains, "filter": filterChains, "mangle": mangleChains} {
 			for _, ch := range chains {
 				if _, err := t.run(ctx, "-t", table, "-n", "-L", ch); err != nil {
 					continue // not there

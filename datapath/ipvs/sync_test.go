@@ -148,6 +148,14 @@ func TestSyncServersDrainsAndDeletes(t *testing.T) {
 	if _, still := k.reals[ukey][a]; still {
 		t.Error("a UDP real server was kept draining")
 	}
+	// SCTP: deleted at once too, as kube-proxy does.
+	sync(plan(true, datapath.SCTP, a, b))
+	skey := Key{vip, datapath.SCTP, 80}
+	k.reals[skey][a] = RealServer{Addr: a, Weight: 1, Active: 2}
+	sync(plan(false, datapath.SCTP, b))
+	if _, still := k.reals[skey][a]; still || p.Draining() != 0 {
+		t.Errorf("an SCTP real server was kept draining: %v", k.reals[skey])
+	}
 	// The TCP frontend left the plan: its virtual server goes (it was ours).
 	if _, ok := k.vs[key]; ok {
 		t.Error("the TCP virtual server outlived its frontend")

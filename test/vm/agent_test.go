@@ -26,5 +26,5 @@ func TestAgentIPVS(t *testing.T) {
 			gate.Skip(t, "needs "+f+" (make build; modules/build.sh bin/modules)")
 		}
 	}
-	vm.RunGoTests(t, 7*time.Minute, vm.GoTest{Package: "./test/vm/agentguest"})
+	vm.RunGoTests(t, 12*time.Minute, vm.GoTest{Package: "./test/vm/agentguest"})
 }

@@ -40,6 +40,7 @@ const (
 
 var (
 	webVIP    = netip.MustParseAddr("10.96.100.10") // canary/web: weighted module, NodePort 30080
+	webVIP6   = netip.MustParseAddr("fd00:96::10")  // canary/web's IPv6 ClusterIP (dual-stack)
 	stickyVIP = netip.MustParseAddr("10.96.100.30") // sched/sticky: scheduler module picks sh
 	emptyVIP  = netip.MustParseAddr("10.96.100.40") // plain/empty: no endpoints
 )
@@ -135,8 +136,10 @@ metadata:
   annotations: {edgeproxy.io/weights: "addr:%[2]s=3,default=1"}
 spec:
   type: NodePort
+  ipFamilyPolicy: RequireDualStack
+  ipFamilies: [IPv4, IPv6]
   clusterIP: %[4]s
-  clusterIPs: [%[4]s]
+  clusterIPs: [%[4]s, %[7]s]
   ports:
     - {name: tcp, port: 80, protocol: TCP, targetPort: 8080, nodePort: 30080}
     - {name: udp, port: 80, protocol: UDP, targetPort: 8080, nodePort: 30080}
@@ -154,6 +157,20 @@ ports:
 endpoints:
   - {addresses: [%[2]s], nodeName: %[1]s, conditions: {ready: true}}
   - {addresses: [%[3]s], nodeName: %[1]s, conditions: {ready: true}}
+---
+apiVersion: discovery.k8s.io/v1
+kind: EndpointSlice
+metadata:
+  name: web-2
+  namespace: canary
+  labels: {kubernetes.io/service-name: web}
+addressType: IPv6
+ports:
+  - {name: tcp, port: 8080, protocol: TCP}
+  - {name: udp, port: 8080, protocol: UDP}
+endpoints:
+  - {addresses: ["%[8]s"], nodeName: %[1]s, conditions: {ready: true}}
+  - {addresses: ["%[9]s"], nodeName: %[1]s, conditions: {ready: true}}
 ---
 apiVersion: v1
 kind: Service
@@ -188,7 +205,7 @@ spec:
   clusterIPs: [%[6]s]
   ports:
     - {name: tcp, port: 80, protocol: TCP, targetPort: 8080}
-`, nodeName, w.a.IP, w.b.IP, webVIP, stickyVIP, emptyVIP)
+`, nodeName, w.a.IP, w.b.IP, webVIP, stickyVIP, emptyVIP, webVIP6, w.a.IP6, w.b.IP6)
 }
 
 // config is the agent's configuration in mode: a manifest directory, the
@@ -198,7 +215,7 @@ func (w *world) config(t testing.TB, mode string) string {
 	w.write(t, "config.yaml", fmt.Sprintf(`nodeName: %s
 manifests: %s
 mode: %s
-clusterCIDR: 10.244.0.0/16
+clusterCIDR: 10.244.0.0/16,fd00:244::/64
 stateDir: %s
 sync: {minPeriod: 200ms, period: 30s}
 policy:
@@ -250,8 +267,10 @@ func (w *world) start(t testing.TB, mode string) *exec.Cmd {
 	}()
 	// /healthz answers 200 before the first sync (kube-proxy's meaning:
 	// no update waits too long), so the log says when the kernel holds
-	// the first plan.
-	w.waitFor(t, 2*time.Minute, "agent in mode "+mode+": first sync done and healthy", func() error {
+	// the first plan. Under TCG on a busy host a start (two interpreted
+	// module checks, iptables and ip6tables probes) has taken over two
+	// minutes; the bound is generous.
+	w.waitFor(t, 4*time.Minute, "agent in mode "+mode+": first sync done and healthy", func() error {
 		b, err := os.ReadFile(w.logPath)
 		if err != nil {
 			return err
@@ -403,13 +422,14 @@ func (w *world) kernel(t testing.TB) kernel {
 		t.Fatalf("link %s: %v", dummy, err)
 	default:
 		k.HasLink = true
-		addrs, err := w.node.Netlink().AddrList(l, netlink.FAMILY_V4)
+		addrs, err := w.node.Netlink().AddrList(l, netlink.FAMILY_ALL)
 		if err != nil {
 			t.Fatal(err)
 		}
 		for _, a := range addrs {
-			ip, _ := netip.AddrFromSlice(a.IP)
-			k.Link = append(k.Link, ip.Unmap())
+			if ip, _ := netip.AddrFromSlice(a.IP); !ip.IsLinkLocalUnicast() {
+				k.Link = append(k.Link, ip.Unmap())
+			}
 		}
 		slices.SortFunc(k.Link, netip.Addr.Compare)
 	}
@@ -441,49 +461,69 @@ func (w *world) pod(r netns.Reply) bool { return r.Name == "a" || r.Name == "b" 
 // and scheduler in the kernel and in the traffic split, a SIGKILL and
 // restart without a failed connection or a flushed object, and a switch to
 // iptables mode.
+// serves checks canary/web in one family: its ClusterIP vip from outside
+// (waiting for the agent's first sync) and from pod c, which must be seen
+// as podSrc (in clusterCIDR, not masqueraded), over TCP and UDP, and its
+// NodePort np from outside.
+func (w *world) serves(t *testing.T, vip, np netip.AddrPort, podSrc netip.Addr) {
+	t.Helper()
+	w.waitFor(t, 30*time.Second, fmt.Sprintf("client -> ClusterIP %s tcp", vip), func() error {
+		r, err := w.client.TCP(vip, timeout)
+		if err == nil && !w.pod(r) {
+			err = fmt.Errorf("answered by %+v", r)
+		}
+		return err
+	})
+	for proto, dial := range map[string]func(netip.AddrPort) (netns.Reply, error){
+		"tcp": func(d netip.AddrPort) (netns.Reply, error) { return w.c.TCP(d, timeout) },
+		"udp": func(d netip.AddrPort) (netns.Reply, error) { return w.c.UDP(d, 0, timeout) },
+	} {
+		if r, err := dial(vip); err != nil || !w.pod(r) || r.Client.Addr() != podSrc {
+			t.Errorf("pod c -> ClusterIP %s %s: %+v %v; want a or b seeing %s", vip, proto, r, err, podSrc)
+		}
+	}
+	if r, err := w.client.UDP(vip, 0, timeout); err != nil || !w.pod(r) {
+		t.Errorf("client -> ClusterIP %s udp: %+v %v", vip, r, err)
+	}
+	if r, err := w.client.TCP(np, timeout); err != nil || !w.pod(r) {
+		t.Errorf("client -> NodePort %s tcp: %+v %v", np, r, err)
+	}
+	if r, err := w.client.UDP(np, 0, timeout); err != nil || !w.pod(r) {
+		t.Errorf("client -> NodePort %s udp: %+v %v", np, r, err)
+	}
+}
+
 func TestIPVSAgent(t *testing.T) {
 	w := newWorld(t)
 	ag := w.start(t, "ipvs")
 	webTCP := netip.AddrPortFrom(webVIP, 80)
 
 	t.Run("traffic", func(t *testing.T) {
-		w.waitFor(t, 30*time.Second, "client -> ClusterIP tcp", func() error {
-			r, err := w.client.TCP(webTCP, timeout)
-			if err == nil && !w.pod(r) {
-				err = fmt.Errorf("answered by %+v", r)
-			}
-			return err
-		})
-		// From a pod: answered by a pod that sees the pod's own address
-		// (in clusterCIDR, not masqueraded).
-		r, err := w.c.TCP(webTCP, timeout)
-		if err != nil || !w.pod(r) || r.Client.Addr() != w.c.IP {
-			t.Errorf("pod c -> ClusterIP tcp: %+v %v; want a or b seeing %s", r, err, w.c.IP)
-		}
-		r, err = w.c.UDP(webTCP, 0, timeout)
-		if err != nil || !w.pod(r) || r.Client.Addr() != w.c.IP {
-			t.Errorf("pod c -> ClusterIP udp: %+v %v; want a or b seeing %s", r, err, w.c.IP)
-		}
-		r, err = w.client.UDP(webTCP, 0, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> ClusterIP udp: %+v %v", r, err)
-		}
-		// NodePort from outside the node.
-		np := netip.AddrPortFrom(w.node.LinkIP, 30080)
-		r, err = w.client.TCP(np, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> NodePort %s tcp: %+v %v", np, r, err)
-		}
-		r, err = w.client.UDP(np, 0, timeout)
-		if err != nil || !w.pod(r) {
-			t.Errorf("client -> NodePort %s udp: %+v %v", np, r, err)
-		}
+		w.serves(t, webTCP, netip.AddrPortFrom(w.node.LinkIP, 30080), w.c.IP)
 		// No endpoints: refused (a REJECT, not a timeout).
 		for _, from := range []*netns.NS{w.client, w.c.NS} {
-			_, err = from.TCP(netip.AddrPortFrom(emptyVIP, 80), timeout)
+			_, err := from.TCP(netip.AddrPortFrom(emptyVIP, 80), timeout)
 			if !errors.Is(err, syscall.ECONNREFUSED) {
 				t.Errorf("%s -> service without endpoints: %v, want connection refused", from.Name, err)
 			}
+		}
+	})
+
+	// The node has IPv6 addresses: IPv6 Services are proxied too.
+	t.Run("ipv6", func(t *testing.T) {
+		w.serves(t, netip.AddrPortFrom(webVIP6, 80), netip.AddrPortFrom(w.node.LinkIP6, 30080), w.c.IP6)
+		k := w.kernel(t)
+		want := map[netip.AddrPort]int{w.a.AddrPort6(podPort): 1, w.b.AddrPort6(podPort): 1}
+		for _, fk := range []ipvs.Key{key(webVIP6, datapath.TCP, 80), key(webVIP6, datapath.UDP, 80), key(w.node.LinkIP6, datapath.TCP, 30080)} {
+			if v, ok := k.Servers[fk]; !ok || !maps.Equal(v.Reals, want) {
+				t.Errorf("%s: kernel has %v (present %v); want a and b's IPv6 addresses", fk, v, ok)
+			}
+		}
+		if !slices.Contains(k.Link, webVIP6) {
+			t.Errorf("dummy link addresses %v lack %s", k.Link, webVIP6)
+		}
+		if out := w.ipvsadm(t); out != "" && !regexp.MustCompile(`TCP\s+\[fd00:96::10\]:80 rr`).MatchString(out) {
+			t.Errorf("ipvsadm -Ln lacks the IPv6 virtual server [fd00:96::10]:80")
 		}
 	})
 
@@ -557,7 +597,7 @@ func TestIPVSAgent(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			deadline := time.Now().Add(3 * time.Minute)
+			deadline := time.Now().Add(6 * time.Minute)
 			for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
 				select {
 				case <-stop:
@@ -649,8 +689,10 @@ func TestIPVSAgent(t *testing.T) {
 			t.Errorf("after edgeproxy cleanup: %d virtual servers %v, dummy link %v, EP- sets %v; want none",
 				len(k.Servers), k.Servers, k.HasLink, k.Sets)
 		}
-		if save, err := w.node.Run("iptables-save"); err != nil || strings.Contains(save, "EP-") {
-			t.Errorf("after edgeproxy cleanup, iptables still holds EP- chains or rules (%v):\n%s", err, save)
+		for _, tool := range []string{"iptables-save", "ip6tables-save"} {
+			if save, err := w.node.Run(tool); err != nil || strings.Contains(save, "EP-") {
+				t.Errorf("after edgeproxy cleanup, %s still shows EP- chains or rules (%v):\n%s", tool, err, save)
+			}
 		}
 
 		ipt := w.start(t, "iptables")
