@@ -17,7 +17,7 @@ var guestPackages = []vm.GoTest{
 
 // TestGuestPackages runs the guest-only tests of guestPackages in one VM.
 func TestGuestPackages(t *testing.T) {
-	vm.RunGoTests(t, 9*time.Minute, guestPackages...)
+	vm.RunGoTests(t, 14*time.Minute, guestPackages...)
 }
 
 // TestGuestBenchmarks runs the datapath benchmarks in the VM. They take
