@@ -75,12 +75,6 @@ stateDir: %s
 sync: {minPeriod: 1s, period: 30s}
 `, nodeName, manifests, filepath.Join(dir, "state")))
 	logPath := filepath.Join(dir, "agent.log")
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
-		}
-	})
 	startAgent(t, node, bin, cfg, logPath)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.101.1"), 80)

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -83,12 +84,25 @@ sync: {minPeriod: 200ms, period: 30s}
 	return dir, cfg
 }
 
+// dumpedLogs holds the agent logs whose dump on failure is registered.
+var dumpedLogs sync.Map
+
+// startAgent runs the agent in node with its output appended to logPath,
+// which the test prints if it fails.
 func startAgent(t *testing.T, node *netns.Node, bin, cfg, logPath string) *agent {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { f.Close() })
+	if _, seen := dumpedLogs.LoadOrStore(logPath, true); !seen {
+		t.Cleanup(func() { // once per log, however often the agent restarts
+			if t.Failed() {
+				out, _ := os.ReadFile(logPath)
+				t.Logf("agent log:\n%s", out)
+			}
+		})
+	}
 	cmd := exec.Command(bin, "run", "--config", cfg)
 	cmd.Stdout, cmd.Stderr = f, f
 	if err := node.Start(t, cmd); err != nil {
@@ -150,8 +164,6 @@ func TestIPTablesAgent(t *testing.T) {
 	logPath := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
 			save, _ := node.Run("iptables-save")
 			t.Logf("iptables-save in the node:\n%s", save)
 		}

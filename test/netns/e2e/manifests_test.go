@@ -160,8 +160,6 @@ sync: {minPeriod: 200ms, period: 30s}
 	logPath := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
 			save, _ := node.Run("iptables-save")
 			t.Logf("iptables-save in the node:\n%s", save)
 		}

@@ -78,8 +78,6 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 	logPath := filepath.Join(dir, "agent.log")
 	t.Cleanup(func() {
 		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
 			save, _ := node.Run("iptables-save")
 			t.Logf("iptables-save in the node:\n%s", save)
 		}

@@ -233,12 +233,6 @@ func TestIPTablesProbesWhileAPIServerAway(t *testing.T) {
 health: {mode: offline, after: 2s, interval: 300ms, timeout: 300ms, failureThreshold: 2}
 `)
 	logPath := filepath.Join(dir, "agent.log")
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
-		}
-	})
 	ag := startAgent(t, node, bin, cfg, logPath)
 	waitFor(t, 90*time.Second, "every pod answers the Service", func() error {
 		if by, _ := spread(client.NS, web, 30); len(by) != 3 {

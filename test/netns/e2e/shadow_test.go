@@ -95,12 +95,6 @@ policy:
 	writeFile(t, cfg, config("{module: weighted}", fmt.Sprintf(`    - {name: weighted-next, path: %s, shadowOf: weighted, config: {annotation: edgeproxy.io/weights-next}}
     - {name: spin, path: %s, shadowOf: weighted, config: {only: e2e}}`, weighted, loop)))
 	logPath := filepath.Join(dir, "agent.log")
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
-		}
-	})
 	startAgent(t, node, bin, cfg, logPath)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.101.10"), 80)

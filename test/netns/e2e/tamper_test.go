@@ -51,12 +51,6 @@ sync: {minPeriod: 200ms, period: 1h}
 	}
 	logPath := filepath.Join(dir, "agent.log")
 	startAgent(t, node, bin, cfg, logPath)
-	t.Cleanup(func() {
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("agent log:\n%s", out)
-		}
-	})
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
 	answered := func() error {
