@@ -61,16 +61,16 @@ type Options struct {
 
 // Explain records how one service port in one family was planned.
 type Explain struct {
-	Service   string            `json:"service"`
-	Family    datapath.Family   `json:"family"`
-	Topology  string            `json:"topology,omitempty"`
-	Internal  []Decision        `json:"internal"`
-	External  []Decision        `json:"external,omitempty"`
-	Skipped   []Decision        `json:"skipped,omitempty"`
-	Notes     []string          `json:"notes,omitempty"`
-	Policy    any               `json:"policy,omitempty"`
-	Frontends []string          `json:"frontends"`
-	Weights   map[string]uint32 `json:"weights"`
+	Service   model.ServicePortName `json:"service"`
+	Family    datapath.Family       `json:"family"`
+	Topology  string                `json:"topology,omitempty"`
+	Internal  []Decision            `json:"internal"`
+	External  []Decision            `json:"external,omitempty"`
+	Skipped   []Decision            `json:"skipped,omitempty"`
+	Notes     []string              `json:"notes,omitempty"`
+	Policy    any                   `json:"policy,omitempty"`
+	Frontends []string              `json:"frontends"`
+	Weights   map[string]uint32     `json:"weights"`
 }
 
 // Decision is one endpoint's built-in verdict.
@@ -94,7 +94,7 @@ type HealthCheck struct {
 // Result is a plan with what goes beside it.
 type Result struct {
 	Plan         *datapath.Plan
-	Explain      map[string][]Explain // by service port name
+	Explain      map[model.ServicePortName][]Explain
 	HealthChecks map[uint16]HealthCheck
 	// Evaluated counts the service ports computed in this call (the rest
 	// were reused from the previous one).
@@ -151,11 +151,11 @@ func (p *Planner) Settled() bool { return !p.unsettled }
 // Build computes the plan for snap. Ports not in snap.Changed are reused
 // unless the node changed or the cache was invalidated.
 func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
-	res := &Result{Explain: make(map[string][]Explain), HealthChecks: make(map[uint16]HealthCheck)}
-	changed := make(map[string]bool)
+	res := &Result{Explain: make(map[model.ServicePortName][]Explain), HealthChecks: make(map[uint16]HealthCheck)}
+	changed := make(map[model.ServicePortName]bool)
 	for name := range p.ports {
 		if _, ok := snap.Ports[name]; !ok {
-			changed[name.String()] = true
+			changed[name] = true
 			delete(p.ports, name)
 		}
 	}
@@ -177,7 +177,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		old, cached := p.ports[name]
 		pp := p.planPort(pw)
 		if !cached || !reflect.DeepEqual(old.frontends, pp.frontends) {
-			changed[name.String()] = true
+			changed[name] = true
 		}
 		p.ports[name] = pp
 		p.unsettled = p.unsettled || pp.retry
@@ -193,7 +193,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	local := make(map[string][2][][]model.PortEndpoint)
 	for name, pp := range p.ports {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
-		res.Explain[name.String()] = pp.explain
+		res.Explain[name] = pp.explain
 		svc := snap.Ports[name].Service
 		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
 			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
@@ -349,7 +349,7 @@ func (p *Planner) planPort(pw *portWork) *portPlan {
 	pp := &portPlan{}
 	port := pw.port
 	svc := port.Service
-	name := port.Name.String()
+	name := port.Name
 	for _, fw := range pw.fams {
 		fam, vips, eps, sel, union, w := fw.fam, fw.vips, fw.eps, fw.sel, fw.union, fw.w
 		pp.retry = pp.retry || w.Retry
