@@ -87,8 +87,8 @@ type Decision struct {
 
 // HealthCheck is what a healthCheckNodePort reports for one Service.
 type HealthCheck struct {
-	Service        string
-	LocalEndpoints int
+	Namespace, Name string // the Service's
+	LocalEndpoints  int
 }
 
 // Result is a plan with what goes beside it.
@@ -190,7 +190,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	// its own and the larger count is the answer, as kube-proxy's
 	// dual-stack proxiers each report their family's count to one health
 	// server (a dual-stack pod is one endpoint, not two).
-	local := make(map[string][2][][]model.PortEndpoint)
+	local := make(map[HealthCheck][2][][]model.PortEndpoint) // by Namespace and Name only
 	for name, pp := range p.ports {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
 		res.Explain[name] = pp.explain
@@ -199,11 +199,11 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
 		}
 		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
-			key := svc.Namespace + "/" + svc.Name
+			key := HealthCheck{Namespace: svc.Namespace, Name: svc.Name}
 			l := local[key]
 			l[0], l[1] = append(l[0], pp.epsV4), append(l[1], pp.epsV6)
 			local[key] = l
-			res.HealthChecks[svc.HealthCheckNodePort] = HealthCheck{Service: key}
+			res.HealthChecks[svc.HealthCheckNodePort] = key
 		}
 	}
 	nodeName := ""
@@ -211,7 +211,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		nodeName = snap.Node.Name
 	}
 	for port, hc := range res.HealthChecks {
-		l := local[hc.Service]
+		l := local[HealthCheck{Namespace: hc.Namespace, Name: hc.Name}]
 		hc.LocalEndpoints = max(selection.CountLocalReady(nodeName, l[0]...), selection.CountLocalReady(nodeName, l[1]...))
 		res.HealthChecks[port] = hc
 	}

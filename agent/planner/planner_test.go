@@ -61,7 +61,7 @@ func TestDemoPlanGolden(t *testing.T) {
 	golden(t, "demo.golden", res.Plan.String())
 	// The LoadBalancer service with externalTrafficPolicy Local gets a
 	// health check port reporting its one local endpoint.
-	if hc := res.HealthChecks[32000]; hc.Service != "plant/scada-gw" || hc.LocalEndpoints != 1 {
+	if hc := res.HealthChecks[32000]; hc.Namespace != "plant" || hc.Name != "scada-gw" || hc.LocalEndpoints != 1 {
 		t.Errorf("health check 32000 = %+v, want plant/scada-gw with 1 local endpoint", hc)
 	}
 	// ExternalIPs stay off unless enabled.
