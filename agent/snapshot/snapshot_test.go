@@ -389,3 +389,26 @@ func reportSize(b *testing.B, dir string) {
 	}
 	b.ReportMetric(float64(fi.Size()), "file-bytes")
 }
+
+// TestReadsStringKeyedSnapshot: a snapshot written before the service-port
+// key became a struct (testdata/v1-string-keys.json, written by that code
+// from sample()) loads as the same snapshot, and saving it again writes the
+// same bytes: the file format did not change.
+func TestReadsStringKeyedSnapshot(t *testing.T) {
+	old, err := os.ReadFile(filepath.Join("testdata", "v1-string-keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rewrite(t, dir, old)
+	got, err := snapshot.Load(dir)
+	if err != nil {
+		t.Fatalf("load the string-keyed snapshot: %v", err)
+	}
+	if want := sample(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("loaded\n%+v\nwant\n%+v", got, want)
+	}
+	if again := save(t, t.TempDir()); !bytes.Equal(again, old) {
+		t.Fatalf("saved again:\n%s\nwant the old bytes:\n%s", again, old)
+	}
+}
