@@ -20,16 +20,50 @@ type ServicePortName struct {
 
 // String is "namespace/name:port", or "namespace/name" for an unnamed port.
 func (n ServicePortName) String() string {
-	s := n.Namespace + "/" + n.Name
-	if n.Port != "" {
-		s += ":" + n.Port
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name
 	}
-	return s
+	return n.Namespace + "/" + n.Name + ":" + n.Port
+}
+
+// AppendText appends the String form to b.
+func (n ServicePortName) AppendText(b []byte) ([]byte, error) {
+	b = append(append(append(b, n.Namespace...), '/'), n.Name...)
+	if n.Port != "" {
+		b = append(append(b, ':'), n.Port...)
+	}
+	return b, nil
 }
 
 // Compare orders names as their String forms order, byte by byte, without
 // building them: kernel rule order and golden plans follow that order.
 func (n ServicePortName) Compare(m ServicePortName) int {
+	// Fast paths: where the first differing part is not a prefix of the
+	// other, or only the ports differ, the parts compare as the whole.
+	switch {
+	case n.Namespace != m.Namespace:
+		if !strings.HasPrefix(n.Namespace, m.Namespace) && !strings.HasPrefix(m.Namespace, n.Namespace) {
+			return strings.Compare(n.Namespace, m.Namespace)
+		}
+	case n.Name != m.Name:
+		if !strings.HasPrefix(n.Name, m.Name) && !strings.HasPrefix(m.Name, n.Name) {
+			return strings.Compare(n.Name, m.Name)
+		}
+	case n.Port == m.Port:
+		return 0
+	case n.Port == "":
+		return -1
+	case m.Port == "":
+		return 1
+	default:
+		return strings.Compare(n.Port, m.Port)
+	}
+	return n.compareJoined(m)
+}
+
+// compareJoined compares the String forms byte by byte without building
+// them.
+func (n ServicePortName) compareJoined(m ServicePortName) int {
 	a, b := n.parts(), m.parts()
 	ai, bi := 0, 0 // the part being read
 	ao, bo := 0, 0 // the offset in it
@@ -68,7 +102,9 @@ func (n ServicePortName) parts() [5]string {
 
 // MarshalText writes the String form, which keeps the JSON of plans,
 // snapshots and status a string per service port, as it always was.
-func (n ServicePortName) MarshalText() ([]byte, error) { return []byte(n.String()), nil }
+func (n ServicePortName) MarshalText() ([]byte, error) {
+	return n.AppendText(make([]byte, 0, len(n.Namespace)+len(n.Name)+len(n.Port)+2))
+}
 
 // errBadName is the cause of every name UnmarshalText refuses.
 var errBadName = errors.New(`want "namespace/name" or "namespace/name:port"`)

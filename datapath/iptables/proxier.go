@@ -517,11 +517,11 @@ func (f *family) existingChains(full bool) (existing []tableChain, missing []jum
 // the existing chains not desired are deleted; otherwise only units whose
 // digest changed, fixed chains whose content changed, and deletions of
 // the chains written last that are no longer desired.
-func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]unitID, existing []tableChain, missing []jump, full bool) writeSpec {
+func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]bool, existing []tableChain, missing []jump, full bool) writeSpec {
 	ws := writeSpec{jumps: missing}
 	if full {
 		for _, c := range existing {
-			if _, ok := desired[c]; !ok && !isFixed(c) {
+			if !desired[c] && !isFixed(c) {
 				ws.stale = append(ws.stale, c)
 			}
 		}
@@ -535,7 +535,7 @@ func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]unitID, existing 
 	}
 	for _, u := range f.units {
 		for _, c := range u.names {
-			if _, ok := desired[c]; !ok {
+			if !desired[c] {
 				ws.stale = append(ws.stale, c)
 			}
 		}

@@ -79,8 +79,29 @@ type unitID struct {
 // String is "namespace/name:port proto", the form chain names are hashed
 // from (ChainName) and errors show.
 func (id unitID) String() string {
-	return id.service.String() + " " + strings.ToLower(string(id.proto))
+	n, proto := &id.service, lowerProto(id.proto)
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name + " " + proto
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port + " " + proto
 }
+
+// lowerProto is p as iptables writes it ("tcp"), without allocating for
+// the protocols a plan may hold.
+func lowerProto(p datapath.Protocol) string {
+	switch p {
+	case datapath.TCP:
+		return "tcp"
+	case datapath.UDP:
+		return "udp"
+	case datapath.SCTP:
+		return "sctp"
+	}
+	return strings.ToLower(string(p))
+}
+
+// unitOf is the id of the unit frontend f belongs to.
+func unitOf(f *datapath.Frontend) unitID { return unitID{f.Service, f.Protocol} }
 
 // compare orders ids as their String forms order (no name holds a byte
 // below the space that separates the protocol).
@@ -135,8 +156,7 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 // is: its digests and chain names, without rules.
 func render(cfg Config, frontends []datapath.Frontend, reuse func(id unitID) *unit) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
-	byUnit := map[unitID][]*datapath.Frontend{}
-	var ids []unitID
+	all := make([]*datapath.Frontend, 0, len(frontends))
 	for i := range frontends {
 		f := &frontends[i]
 		if f.Family != cfg.Family {
@@ -147,15 +167,18 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id unitID) *un
 			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: fmt.Errorf("iptables: %w", err)})
 			continue
 		}
-		id := unitID{f.Service, f.Protocol}
-		if _, ok := byUnit[id]; !ok {
-			ids = append(ids, id)
-		}
-		byUnit[id] = append(byUnit[id], f)
+		all = append(all, f)
 	}
-	slices.SortFunc(ids, unitID.compare)
-	for _, id := range ids {
-		fs := byUnit[id]
+	// Group by unit: sort by unit id (a plan comes sorted by service
+	// already), then take each run of one id.
+	slices.SortStableFunc(all, func(a, b *datapath.Frontend) int { return unitOf(a).compare(unitOf(b)) })
+	for len(all) > 0 {
+		id, n := unitOf(all[0]), 1
+		for n < len(all) && unitOf(all[n]) == id {
+			n++
+		}
+		fs := all[:n:n]
+		all = all[n:]
 		if reuse != nil {
 			if u := reuse(id); u != nil {
 				rs.units = append(rs.units, u)
@@ -222,7 +245,7 @@ func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
 
 func renderUnit(cfg *Config, id unitID, fs []*datapath.Frontend) *unit {
 	ub := &unitBuilder{
-		cfg: cfg, id: id.String(), proto: strings.ToLower(string(id.proto)),
+		cfg: cfg, id: id.String(), proto: lowerProto(id.proto),
 		u:     &unit{id: id},
 		bySig: map[string]*group{}, names: map[string]bool{},
 		groupOf: map[*datapath.Frontend]*group{}, shortCircuit: map[*datapath.Frontend]*group{},
@@ -596,11 +619,11 @@ type writeSpec struct {
 }
 
 // chains returns the set of chains the ruleset owns beyond the fixed ones.
-func (rs *Ruleset) chains() map[tableChain]unitID {
-	out := map[tableChain]unitID{}
+func (rs *Ruleset) chains() map[tableChain]bool {
+	out := map[tableChain]bool{}
 	for _, u := range rs.units {
 		for _, c := range u.names {
-			out[c] = u.id
+			out[c] = true
 		}
 	}
 	return out
