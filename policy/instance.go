@@ -39,8 +39,8 @@ type Instance struct {
 	mod         api.Module // nil while discarded
 	mem         api.Memory
 	alloc, eval api.Function
-	batch       api.Function // nil when the module does not export it
-	watch       *watchdog    // nil unless compiled.interruptible
+	batch       api.Function    // nil when the module does not export it
+	watch       *watchdog       // nil unless compiled.interruptible
 	deadline    context.Context // of the current call, without a watchdog
 	cancel      context.CancelFunc
 	stack       [2]uint64

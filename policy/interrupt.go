@@ -56,7 +56,7 @@ func instrument(wasm []byte) ([]byte, error) {
 		}
 	}
 	global := imported + defined
-	check := appendU32([]byte{0x23}, global) // global.get
+	check := appendU32([]byte{0x23}, global)      // global.get
 	check = append(check, 0x04, 0x40, 0x00, 0x0b) // if (empty) unreachable end
 	out := make([]byte, 0, len(wasm)+len(wasm)/8)
 	out = append(out, wasm[:8]...)
