@@ -1,0 +1,188 @@
+package policy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+	"github.com/tetratelabs/wazero/api"
+	"github.com/tetratelabs/wazero/sys"
+
+	"github.com/edgeproxy/edgeproxy/modules/modbuild"
+)
+
+// spinWasm exports "spin", a function that never returns:
+// (func (export "spin") (loop (br 0))). extraExport, when set, also
+// exports it under that name.
+func spinWasm(extraExport string) []byte {
+	b := []byte("\x00asm\x01\x00\x00\x00")
+	b = appendSection(b, 1, []byte{1, 0x60, 0, 0}) // type () -> ()
+	b = appendSection(b, 3, []byte{1, 0})          // one function of type 0
+	exports := []byte{1, 4, 's', 'p', 'i', 'n', 0, 0}
+	if extraExport != "" {
+		exports[0] = 2
+		exports = append(appendU32(exports, uint32(len(extraExport))), extraExport...)
+		exports = append(exports, 0, 0)
+	}
+	b = appendSection(b, 7, exports)
+	body := []byte{0, 0x03, 0x40, 0x0c, 0, 0x0b, 0x0b} // no locals; loop br 0 end; end
+	return appendSection(b, 10, append([]byte{1, byte(len(body))}, body...))
+}
+
+// The check instrument inserts for global 0.
+var checkGlobal0 = []byte{0x23, 0, 0x04, 0x40, 0x00, 0x0b}
+
+// TestInstrumentSpin: the check lands right after the loop's block type,
+// the module gains the global and its export, and wazero accepts it.
+func TestInstrumentSpin(t *testing.T) {
+	out, err := instrument(spinWasm(""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Contains(out, append([]byte{0x03, 0x40}, checkGlobal0...)) {
+		t.Fatalf("no check after the loop header:\n% x", out)
+	}
+	if !bytes.Contains(out, []byte(interruptExport)) {
+		t.Fatalf("no %s export:\n% x", interruptExport, out)
+	}
+	ctx := context.Background()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigCompiler())
+	defer rt.Close(ctx)
+	mod, err := rt.Instantiate(ctx, out)
+	if err != nil {
+		t.Fatalf("wazero refuses the rewritten module: %v", err)
+	}
+	g, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+	if !ok || g.Type() != api.ValueTypeI32 || g.Get() != 0 {
+		t.Fatalf("export %s: %v", interruptExport, g)
+	}
+}
+
+// TestWatchdogStopsSpin: a guest that never returns is stopped by the
+// watchdog (the call traps) and the flag is clear again afterwards; a
+// module the rewriter refuses (it exports the interrupt's name itself)
+// runs under wazero's checks and is stopped by its context's deadline.
+// A broken interrupt makes this test hang until go test's -timeout.
+func TestWatchdogStopsSpin(t *testing.T) {
+	ctx := context.Background()
+	h, err := NewHost(ctx, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close(ctx)
+	if h.Engine() != Compiler {
+		t.Skip("the compiler engine is not available here: the interpreter always runs with wazero's checks")
+	}
+	t.Run("instrumented", func(t *testing.T) {
+		c, err := h.compile(ctx, "spin", spinWasm(""))
+		if err != nil || !c.interruptible {
+			t.Fatalf("compile: %v, interruptible %v", err, c != nil && c.interruptible)
+		}
+		mod, err := c.rt.InstantiateModule(ctx, c.cm, wazero.NewModuleConfig().WithName(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mod.Close(ctx)
+		flag := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+		w := newWatchdog(flag)
+		for range 2 { // the second time shows the flag was cleared and the timer re-armed
+			w.arm(ctx, 20*time.Millisecond)
+			_, err = mod.ExportedFunction("spin").Call(ctx)
+			if st := w.disarm(); st != stopTimeout || err == nil {
+				t.Fatalf("spin: err %v, stop %d, want a trap and stopTimeout", err, st)
+			}
+			if v := flag.Get(); v != 0 {
+				t.Fatalf("interrupt flag %d after disarm", v)
+			}
+		}
+		// A deadline of the caller's that comes first is reported as theirs.
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+		defer cancel()
+		w.arm(cctx, time.Hour)
+		_, err = mod.ExportedFunction("spin").Call(ctx)
+		if st := w.disarm(); st != stopCanceled || err == nil {
+			t.Fatalf("spin under the caller's deadline: err %v, stop %d, want stopCanceled", err, st)
+		}
+	})
+	t.Run("fallback", func(t *testing.T) {
+		c, err := h.compile(ctx, "spin-named", spinWasm(interruptExport))
+		if err != nil || c.interruptible {
+			t.Fatalf("compile: %v, interruptible %v, want wazero's checks", err, c != nil && c.interruptible)
+		}
+		mod, err := c.rt.InstantiateModule(ctx, c.cm, wazero.NewModuleConfig().WithName(""))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer mod.Close(ctx)
+		cctx, cancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		defer cancel()
+		_, err = mod.ExportedFunction("spin").Call(cctx)
+		var ee *sys.ExitError
+		if !errors.As(err, &ee) || ee.ExitCode() != sys.ExitCodeDeadlineExceeded {
+			t.Fatalf("spin: %v, want wazero's deadline exit", err)
+		}
+	})
+}
+
+// TestInstrumentRefuses: what the rewriter does not read exactly is left
+// to wazero's checks.
+func TestInstrumentRefuses(t *testing.T) {
+	threads := spinWasm("")
+	threads = threads[:len(threads)-11] // without its code section
+	body := []byte{0, 0xfe, 0x03, 0x00, 0x0b} // atomic.fence: threads are not enabled
+	threads = appendSection(threads, 10, append([]byte{1, byte(len(body))}, body...))
+	for name, wasm := range map[string][]byte{
+		"exports the name":  spinWasm(interruptExport),
+		"threads opcode":    threads,
+		"not wasm":          []byte("\x00asm\x02\x00\x00\x00"),
+		"truncated section": spinWasm("")[:20],
+	} {
+		if _, err := instrument(wasm); err == nil {
+			t.Errorf("%s: instrumented", name)
+		}
+	}
+}
+
+// TestInstrumentExamples: every example module is rewritten (none falls
+// back to wazero's slower checks), with one check per loop.
+func TestInstrumentExamples(t *testing.T) {
+	for _, dir := range []string{"modules/topology", "modules/rust/topology", "modules/c/zoneweight.c", "modules/testdata/hostile/loop"} {
+		t.Run(dir, func(t *testing.T) {
+			wasm := modbuild.Build(t, dir)
+			out, err := instrument(wasm)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(out) <= len(wasm) {
+				t.Fatalf("%d bytes in, %d out: no check inserted", len(wasm), len(out))
+			}
+		})
+	}
+}
+
+// FuzzInstrument: no input panics the rewriter, and whatever wazero
+// accepts it still accepts rewritten.
+func FuzzInstrument(f *testing.F) {
+	f.Add(spinWasm(""))
+	f.Add(spinWasm(interruptExport))
+	f.Add(selfTestWasm)
+	f.Add([]byte("\x00asm\x01\x00\x00\x00"))
+	ctx := context.Background()
+	rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigInterpreter())
+	defer rt.Close(ctx)
+	f.Fuzz(func(t *testing.T, wasm []byte) {
+		out, err := instrument(wasm)
+		if err != nil {
+			return
+		}
+		if _, err := rt.CompileModule(ctx, wasm); err != nil {
+			return
+		}
+		if _, err := rt.CompileModule(ctx, out); err != nil {
+			t.Fatalf("wazero accepts the module but not its rewrite: %v", err)
+		}
+	})
+}
