@@ -131,7 +131,7 @@ func TestWatchdogStopsSpin(t *testing.T) {
 // to wazero's checks.
 func TestInstrumentRefuses(t *testing.T) {
 	threads := spinWasm("")
-	threads = threads[:len(threads)-11] // without its code section
+	threads = threads[:len(threads)-11]       // without its code section
 	body := []byte{0, 0xfe, 0x03, 0x00, 0x0b} // atomic.fence: threads are not enabled
 	threads = appendSection(threads, 10, append([]byte{1, byte(len(body))}, body...))
 	for name, wasm := range map[string][]byte{
