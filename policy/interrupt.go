@@ -14,10 +14,11 @@ import (
 // inserts read it.
 const interruptExport = "edgeproxy.interrupt"
 
-// instrument returns a copy of the module wasm with a check at the head
-// of every loop: read the interrupt global, and trap (unreachable) when
-// it is set. A module that never returns runs a loop, so setting the
-// global stops it within one iteration; the check is a load and a branch
+// instrument returns a copy of the module wasm with a check at the start
+// of every function and the head of every loop: read the interrupt
+// global, and trap (unreachable) when it is set. A guest that runs long
+// loops or calls, so setting the global stops it within one iteration or
+// call; the check is a load and a branch
 // in the compiled code instead of the call into Go that wazero inserts
 // with WithCloseOnContextDone (RATIONALE.md, "What a guest call costs").
 //
@@ -201,7 +202,7 @@ func checkExportFree(body []byte, name string) error {
 }
 
 // instrumentCode rewrites the code section: each function body with check
-// inserted after the block type of each loop.
+// inserted at its start and after the block type of each loop.
 func instrumentCode(body []byte, check []byte) ([]byte, error) {
 	p := &parser{b: body}
 	n := p.u32()
@@ -235,14 +236,18 @@ func instrumentCode(body []byte, check []byte) ([]byte, error) {
 	return out, nil
 }
 
-// loopHeads appends to heads the offset in fn (one function body: locals,
-// then code) just after each loop's block type.
+// loopHeads appends to heads the offsets in fn (one function body:
+// locals, then code) where a check goes: the start of the code, and just
+// after each loop's block type. Code with neither loops nor calls runs
+// once through; so every long run meets a check, recursion with no loop
+// (a call tree of exponential size) included.
 func loopHeads(fn []byte, heads []int) ([]int, error) {
 	p := &parser{b: fn}
 	for n := p.u32(); n > 0 && p.err == nil; n-- {
 		p.u32()  // count
 		p.byte() // type
 	}
+	heads = append(heads, p.off)
 	for p.off < len(p.b) && p.err == nil {
 		op := p.byte()
 		if op == 0x03 { // loop

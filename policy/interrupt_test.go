@@ -18,9 +18,27 @@ import (
 // (func (export "spin") (loop (br 0))). extraExport, when set, also
 // exports it under that name.
 func spinWasm(extraExport string) []byte {
+	body := []byte{0, 0x03, 0x40, 0x0c, 0, 0x0b, 0x0b} // no locals; loop br 0 end; end
+	return oneFunc([]byte{1, 0x60, 0, 0}, body, extraExport)
+}
+
+// forkWasm exports "spin" too, a call tree with no loop:
+// f(n) = if n == 0 return; f(n-1); f(n-1). f(60) makes 2^60 calls.
+func forkWasm() []byte {
+	body := []byte{0,
+		0x20, 0, 0x45, 0x04, 0x40, 0x0f, 0x0b, // local.get 0; i32.eqz; if return end
+		0x20, 0, 0x41, 1, 0x6b, 0x10, 0, // f(n-1)
+		0x20, 0, 0x41, 1, 0x6b, 0x10, 0, // f(n-1)
+		0x0b}
+	return oneFunc([]byte{1, 0x60, 1, 0x7f, 0}, body, "")
+}
+
+// oneFunc is a module of one type (its section body types), one function
+// of it with the given body, exported as "spin" (and as extraExport).
+func oneFunc(types, body []byte, extraExport string) []byte {
 	b := []byte("\x00asm\x01\x00\x00\x00")
-	b = appendSection(b, 1, []byte{1, 0x60, 0, 0}) // type () -> ()
-	b = appendSection(b, 3, []byte{1, 0})          // one function of type 0
+	b = appendSection(b, 1, types)
+	b = appendSection(b, 3, []byte{1, 0}) // one function of type 0
 	exports := []byte{1, 4, 's', 'p', 'i', 'n', 0, 0}
 	if extraExport != "" {
 		exports[0] = 2
@@ -28,14 +46,14 @@ func spinWasm(extraExport string) []byte {
 		exports = append(exports, 0, 0)
 	}
 	b = appendSection(b, 7, exports)
-	body := []byte{0, 0x03, 0x40, 0x0c, 0, 0x0b, 0x0b} // no locals; loop br 0 end; end
 	return appendSection(b, 10, append([]byte{1, byte(len(body))}, body...))
 }
 
 // The check instrument inserts for global 0.
 var checkGlobal0 = []byte{0x23, 0, 0x04, 0x40, 0x00, 0x0b}
 
-// TestInstrumentSpin: the check lands right after the loop's block type,
+// TestInstrumentSpin: the check lands at the start of the function and
+// right after the loop's block type,
 // the module gains the global and its export, and wazero accepts it.
 func TestInstrumentSpin(t *testing.T) {
 	out, err := instrument(spinWasm(""))
@@ -44,6 +62,9 @@ func TestInstrumentSpin(t *testing.T) {
 	}
 	if !bytes.Contains(out, append([]byte{0x03, 0x40}, checkGlobal0...)) {
 		t.Fatalf("no check after the loop header:\n% x", out)
+	}
+	if !bytes.Contains(out, append([]byte{0}, checkGlobal0...)) {
+		t.Fatalf("no check at the function's start:\n% x", out)
 	}
 	if !bytes.Contains(out, []byte(interruptExport)) {
 		t.Fatalf("no %s export:\n% x", interruptExport, out)
@@ -61,8 +82,9 @@ func TestInstrumentSpin(t *testing.T) {
 	}
 }
 
-// TestWatchdogStopsSpin: a guest that never returns is stopped by the
-// watchdog (the call traps) and the flag is clear again afterwards; a
+// TestWatchdogStopsSpin: a guest that never returns (a loop, or a call
+// tree without one) is stopped by the watchdog (the call traps) and the
+// flag is clear again afterwards; a
 // module the rewriter refuses (it exports the interrupt's name itself)
 // runs under wazero's checks and is stopped by its context's deadline.
 // A broken interrupt makes this test hang until go test's -timeout.
@@ -76,37 +98,44 @@ func TestWatchdogStopsSpin(t *testing.T) {
 	if h.Engine() != Compiler {
 		t.Skip("the compiler engine is not available here: the interpreter always runs with wazero's checks")
 	}
-	t.Run("instrumented", func(t *testing.T) {
-		c, err := h.compile(ctx, "spin", spinWasm(""))
-		if err != nil || !c.interruptible {
-			t.Fatalf("compile: %v, interruptible %v", err, c != nil && c.interruptible)
-		}
-		mod, err := c.rt.InstantiateModule(ctx, c.cm, wazero.NewModuleConfig().WithName(""))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer mod.Close(ctx)
-		flag := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
-		w := newWatchdog(flag)
-		for range 2 { // the second time shows the flag was cleared and the timer re-armed
-			w.arm(ctx, 20*time.Millisecond)
-			_, err = mod.ExportedFunction("spin").Call(ctx)
-			if st := w.disarm(); st != stopTimeout || err == nil {
-				t.Fatalf("spin: err %v, stop %d, want a trap and stopTimeout", err, st)
+	for name, wasm := range map[string][]byte{"loop": spinWasm(""), "calls": forkWasm()} {
+		t.Run(name, func(t *testing.T) {
+			c, err := h.compile(ctx, name, wasm)
+			if err != nil || !c.interruptible {
+				t.Fatalf("compile: %v, interruptible %v", err, c != nil && c.interruptible)
 			}
-			if v := flag.Get(); v != 0 {
-				t.Fatalf("interrupt flag %d after disarm", v)
+			mod, err := c.rt.InstantiateModule(ctx, c.cm, wazero.NewModuleConfig().WithName(""))
+			if err != nil {
+				t.Fatal(err)
 			}
-		}
-		// A deadline of the caller's that comes first is reported as theirs.
-		cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
-		defer cancel()
-		w.arm(cctx, time.Hour)
-		_, err = mod.ExportedFunction("spin").Call(ctx)
-		if st := w.disarm(); st != stopCanceled || err == nil {
-			t.Fatalf("spin under the caller's deadline: err %v, stop %d, want stopCanceled", err, st)
-		}
-	})
+			defer mod.Close(ctx)
+			spin := mod.ExportedFunction("spin")
+			args := make([]uint64, len(spin.Definition().ParamTypes()))
+			for k := range args {
+				args[k] = 60
+			}
+			flag := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+			w := newWatchdog(flag)
+			for range 2 { // the second time shows the flag was cleared and the timer re-armed
+				w.arm(ctx, 20*time.Millisecond)
+				_, err = spin.Call(ctx, args...)
+				if st := w.disarm(); st != stopTimeout || err == nil {
+					t.Fatalf("spin: err %v, stop %d, want a trap and stopTimeout", err, st)
+				}
+				if v := flag.Get(); v != 0 {
+					t.Fatalf("interrupt flag %d after disarm", v)
+				}
+			}
+			// A deadline of the caller's that comes first is reported as theirs.
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
+			defer cancel()
+			w.arm(cctx, time.Hour)
+			_, err = spin.Call(ctx, args...)
+			if st := w.disarm(); st != stopCanceled || err == nil {
+				t.Fatalf("spin under the caller's deadline: err %v, stop %d, want stopCanceled", err, st)
+			}
+		})
+	}
 	t.Run("fallback", func(t *testing.T) {
 		c, err := h.compile(ctx, "spin-named", spinWasm(interruptExport))
 		if err != nil || c.interruptible {
