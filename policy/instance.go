@@ -440,13 +440,18 @@ func maxOutput(endpoints int) uint32 {
 	return uint32(8 + 4*endpoints + 2 + abi.MaxSchedulerLen + 2 + abi.MaxFlags*(2+32) + 2 + abi.MaxReasonLen)
 }
 
+// interruptTrap starts the error of a guest stopped by its interrupt
+// check: a guest whose deadline passed while it failed on its own (an
+// exit, a memory fault) is reported as the trap it is.
+const interruptTrap = "wasm error: unreachable"
+
 // classify turns a wazero error into a CallError. ctx is the caller's
 // context, st how the call's deadline ended (end).
 func (i *Instance) classify(ctx context.Context, st stop, err error) *CallError {
 	if ctx.Err() != nil || st == stopCanceled {
 		return i.callErr(ReasonCanceled, err)
 	}
-	if st == stopTimeout {
+	if st == stopTimeout && (i.watch == nil || strings.HasPrefix(err.Error(), interruptTrap)) {
 		return i.callErr(ReasonTimeout, fmt.Errorf("per-call %w: %w", errDeadline, shortErr{firstLine(err.Error()), err}))
 	}
 	if errors.Is(err, errDeadline) {

@@ -215,3 +215,37 @@ func FuzzInstrument(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkInstrumentCompile is what the rewrite costs a cold compile of
+// the Go topology module (no compilation cache): "rewrite" alone, the
+// module compiled with wazero's checks ("checked", as before the rewrite)
+// and rewritten then compiled without them ("rewritten").
+func BenchmarkInstrumentCompile(b *testing.B) {
+	ctx := context.Background()
+	wasm := modbuild.Build(b, "modules/topology")
+	b.Run("rewrite", func(b *testing.B) {
+		for b.Loop() {
+			if _, err := instrument(wasm); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+	compile := func(b *testing.B, checked bool) {
+		for b.Loop() {
+			rt := wazero.NewRuntimeWithConfig(ctx, wazero.NewRuntimeConfigCompiler().WithCloseOnContextDone(checked))
+			code := wasm
+			if !checked {
+				var err error
+				if code, err = instrument(wasm); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if _, err := rt.CompileModule(ctx, code); err != nil {
+				b.Fatal(err)
+			}
+			rt.Close(ctx)
+		}
+	}
+	b.Run("checked", func(b *testing.B) { compile(b, true) })
+	b.Run("rewritten", func(b *testing.B) { compile(b, false) })
+}
