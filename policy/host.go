@@ -189,14 +189,16 @@ func (h *Host) compile(ctx context.Context, sum string, wasm []byte) (*compiledM
 		rewritten, cached, err := h.rewrite(sum, wasm)
 		if err == nil {
 			cm, cerr := h.rt.CompileModule(ctx, rewritten)
-			if cerr == nil {
-				c.cm, c.rt, c.interruptible = cm, h.rt, true
-			} else {
-				err = cerr
-				if cached != "" {
-					_ = os.Remove(cached) // rewritten again at the next load
+			if cerr != nil && cached != "" { // a damaged cache file: rewrite again
+				_ = os.Remove(cached)
+				if rewritten, cerr = instrument(wasm); cerr == nil {
+					cm, cerr = h.rt.CompileModule(ctx, rewritten)
 				}
 			}
+			if cerr == nil {
+				c.cm, c.rt, c.interruptible = cm, h.rt, true
+			}
+			err = cerr
 		}
 		if err != nil {
 			h.opts.Log.Info("policy: module not rewritten for the interrupt check; wazero's slower deadline checks apply", "sha256", sum, "err", err)

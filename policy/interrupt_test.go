@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -248,4 +250,43 @@ func BenchmarkInstrumentCompile(b *testing.B) {
 	}
 	b.Run("checked", func(b *testing.B) { compile(b, true) })
 	b.Run("rewritten", func(b *testing.B) { compile(b, false) })
+}
+
+// TestRewriteCached: with a CacheDir the rewrite is kept there and read
+// back by the next host; a damaged file is rewritten, not trusted.
+func TestRewriteCached(t *testing.T) {
+	ctx := context.Background()
+	dir := t.TempDir()
+	wasm := spinWasm("")
+	want, err := instrument(wasm)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const sum = "0123"
+	path := filepath.Join(dir, rewriteVersion+sum+".wasm")
+	for i, damage := range []bool{false, false, true} {
+		if damage {
+			if err := os.WriteFile(path, []byte("\x00asm\x01\x00\x00\x00garbage"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}
+		h, err := NewHost(ctx, Options{CacheDir: dir})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Engine() != Compiler {
+			h.Close(ctx)
+			t.Skip("the compiler engine is not available here: nothing is rewritten")
+		}
+		c, err := h.compile(ctx, sum, wasm)
+		if err != nil || !c.interruptible {
+			t.Fatalf("load %d: %v, interruptible %v", i, err, c != nil && c.interruptible)
+		}
+		h.Close(ctx)
+		if got, err := os.ReadFile(path); damage && err == nil && !bytes.Equal(got, want) {
+			t.Fatalf("load %d: the damaged file is still there", i)
+		} else if !damage && !bytes.Equal(got, want) {
+			t.Fatalf("load %d: cached rewrite %q, err %v", i, got, err)
+		}
+	}
 }
