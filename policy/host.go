@@ -227,7 +227,7 @@ func (h *Host) compile(ctx context.Context, sum string, wasm []byte) (*compiledM
 
 // rewriteVersion names the cached rewrites of this instrument: bump it
 // when instrument's output changes.
-const rewriteVersion = "interrupt-v1-"
+const rewriteVersion = "interrupt-v2-"
 
 // rewrite returns instrument(wasm) (whose hex sha256 is sum). With a
 // CacheDir it keeps the result there, next to wazero's compiled code and

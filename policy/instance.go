@@ -140,9 +140,6 @@ func (i *Instance) discard(ctx context.Context) {
 	if i.mod != nil {
 		_ = i.mod.Close(ctx) // may already be closed by a deadline
 	}
-	if i.watch != nil {
-		i.watch.timer.Stop() // never armed between calls
-	}
 	i.mod, i.mem, i.alloc, i.eval, i.batch, i.watch = nil, nil, nil, nil, nil, nil
 	i.inPtr, i.inCap = 0, 0
 }

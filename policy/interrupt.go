@@ -39,8 +39,12 @@ func instrument(wasm []byte) ([]byte, error) {
 		return nil, err
 	}
 	var imported, defined uint32
+	memory := false
 	for _, s := range secs {
 		switch s.id {
+		case secMemory:
+			p := &parser{b: s.body}
+			memory = p.u32() > 0 && p.err == nil
 		case secImport:
 			if imported, err = countImportedGlobals(s.body); err != nil {
 				return nil, fmt.Errorf("import section: %w", err)
@@ -56,16 +60,18 @@ func instrument(wasm []byte) ([]byte, error) {
 			}
 		}
 	}
+	if !memory {
+		return nil, errors.New("no memory of its own, for the check's memory.grow")
+	}
 	global := imported + defined
-	check := appendU32([]byte{0x23}, global)      // global.get
-	check = append(check, 0x04, 0x40, 0x00, 0x0b) // if (empty) unreachable end
+	check := checkCode(global)
 	out := make([]byte, 0, len(wasm)+len(wasm)/8)
 	out = append(out, wasm[:8]...)
 	haveGlobal, haveExport := false, false
 	for _, s := range secs {
 		if s.id != secCustom {
 			if !haveGlobal && sectionRank(s.id) > sectionRank(secGlobal) {
-				out, haveGlobal = appendSection(out, secGlobal, appendInterruptGlobal(appendU32(nil, 1))), true
+				out, haveGlobal = appendSection(out, secGlobal, appendInterruptGlobals(appendU32(nil, 2))), true
 			}
 			if !haveExport && sectionRank(s.id) > sectionRank(secExport) {
 				out, haveExport = appendSection(out, secExport, appendInterruptExport(appendU32(nil, 1), global)), true
@@ -78,9 +84,9 @@ func instrument(wasm []byte) ([]byte, error) {
 			}
 			out = appendSection(out, s.id, s.body)
 		case secGlobal:
-			out, haveGlobal = appendSection(out, s.id, appendInterruptGlobal(bumpCount(s.body))), true
+			out, haveGlobal = appendSection(out, s.id, appendInterruptGlobals(bumpCount(s.body, 2))), true
 		case secExport:
-			out, haveExport = appendSection(out, s.id, appendInterruptExport(bumpCount(s.body), global)), true
+			out, haveExport = appendSection(out, s.id, appendInterruptExport(bumpCount(s.body, 1), global)), true
 		case secCode:
 			body, err := instrumentCode(s.body, check)
 			if err != nil {
@@ -92,7 +98,7 @@ func instrument(wasm []byte) ([]byte, error) {
 		}
 	}
 	if !haveGlobal {
-		out = appendSection(out, secGlobal, appendInterruptGlobal(appendU32(nil, 1)))
+		out = appendSection(out, secGlobal, appendInterruptGlobals(appendU32(nil, 2)))
 	}
 	if !haveExport {
 		out = appendSection(out, secExport, appendInterruptExport(appendU32(nil, 1), global))
@@ -104,6 +110,7 @@ func instrument(wasm []byte) ([]byte, error) {
 const (
 	secCustom = 0
 	secImport = 2
+	secMemory = 5
 	secGlobal = 6
 	secExport = 7
 	secCode   = 10
@@ -155,17 +162,68 @@ func appendSection(out []byte, id byte, body []byte) []byte {
 	return append(out, body...)
 }
 
-// bumpCount returns a vector's encoding with its count one higher.
-func bumpCount(body []byte) []byte {
+// bumpCount returns a vector's encoding with its count by more.
+func bumpCount(body []byte, by uint32) []byte {
 	p := &parser{b: body}
 	n := p.u32() // read without error by the first pass
-	out := appendU32(make([]byte, 0, len(body)+32), n+1)
+	out := appendU32(make([]byte, 0, len(body)+32), n+by)
 	return append(out, body[p.off:]...)
 }
 
-// appendInterruptGlobal appends the entry (mut i32) = i32.const 0.
-func appendInterruptGlobal(b []byte) []byte {
-	return append(b, 0x7f, 0x01, 0x41, 0x00, 0x0b)
+// appendInterruptGlobals appends the two globals of the check: the
+// interrupt flag, (mut i32) = 0, and the countdown to the next slow path,
+// (mut i32) = checkPeriod.
+func appendInterruptGlobals(b []byte) []byte {
+	b = append(b, 0x7f, 0x01, 0x41, 0x00, 0x0b)
+	return append(appendS32(append(b, 0x7f, 0x01, 0x41), checkPeriod), 0x0b)
+}
+
+// checkPeriod is how many checks pass between two slow paths: a slow
+// path reads the interrupt flag and leaves the machine code for Go, so
+// the guest stops within checkPeriod checks of the timer firing, and the
+// Go scheduler can stop the goroutine (a garbage collection's
+// stop-the-world waits for every running goroutine; compiled wasm code
+// without exits to Go would make it wait until the call ends, and the
+// timer, which cannot run during it, would never end a spinning one).
+const checkPeriod = 1000
+
+// checkCode is the check inserted at every function start and loop head;
+// flag is the interrupt global's index, flag+1 the countdown's:
+//
+//	global.get count; i32.eqz
+//	if
+//	  i32.const 0; memory.grow; drop   ;; leaves the machine code for Go
+//	  global.get flag; if unreachable end
+//	  i32.const checkPeriod; global.set count
+//	end
+//	global.get count; i32.const 1; i32.sub; global.set count
+//
+// The usual path is a load, a compare, a branch and a decrement.
+// memory.grow by 0 pages changes nothing; wazero runs every memory.grow
+// in Go.
+func checkCode(flag uint32) []byte {
+	count := flag + 1
+	b := appendU32([]byte{0x23}, count)
+	b = append(b, 0x45, 0x04, 0x40, 0x41, 0x00, 0x40, 0x00, 0x1a, 0x23)
+	b = appendU32(b, flag)
+	b = append(b, 0x04, 0x40, 0x00, 0x0b, 0x41)
+	b = appendS32(b, checkPeriod)
+	b = appendU32(append(b, 0x24), count)
+	b = appendU32(append(b, 0x0b, 0x23), count)
+	b = append(b, 0x41, 0x01, 0x6b, 0x24)
+	return appendU32(b, count)
+}
+
+// appendS32 appends v as a signed LEB128.
+func appendS32(b []byte, v int32) []byte {
+	for {
+		c := byte(v & 0x7f)
+		v >>= 7
+		if (v == 0 && c&0x40 == 0) || (v == -1 && c&0x40 != 0) {
+			return append(b, c)
+		}
+		b = append(b, c|0x80)
+	}
 }
 
 func appendInterruptExport(b []byte, global uint32) []byte {

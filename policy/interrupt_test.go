@@ -6,6 +6,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 	"time"
 
@@ -40,7 +41,8 @@ func forkWasm() []byte {
 func oneFunc(types, body []byte, extraExport string) []byte {
 	b := []byte("\x00asm\x01\x00\x00\x00")
 	b = appendSection(b, 1, types)
-	b = appendSection(b, 3, []byte{1, 0}) // one function of type 0
+	b = appendSection(b, 3, []byte{1, 0})       // one function of type 0
+	b = appendSection(b, 5, []byte{1, 0x00, 1}) // one memory of one page
 	exports := []byte{1, 4, 's', 'p', 'i', 'n', 0, 0}
 	if extraExport != "" {
 		exports[0] = 2
@@ -51,8 +53,8 @@ func oneFunc(types, body []byte, extraExport string) []byte {
 	return appendSection(b, 10, append([]byte{1, byte(len(body))}, body...))
 }
 
-// The check instrument inserts for global 0.
-var checkGlobal0 = []byte{0x23, 0, 0x04, 0x40, 0x00, 0x0b}
+// The check instrument inserts for a module with no globals of its own.
+var checkGlobal0 = checkCode(0)
 
 // TestInstrumentSpin: the check lands at the start of the function and
 // right after the loop's block type,
@@ -119,8 +121,27 @@ func TestWatchdogStopsSpin(t *testing.T) {
 			flag := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
 			w := newWatchdog(flag)
 			for range 2 { // the second time shows the flag was cleared and the timer re-armed
+				// Garbage collections meanwhile: their stop-the-world must
+				// get the spinning goroutine to stop (the check's exits to
+				// Go), or nothing, the timer included, runs again.
+				done := make(chan struct{})
+				gcs := make(chan int)
+				go func() {
+					n := 0
+					for ; ; n++ {
+						select {
+						case <-done:
+							gcs <- n
+							return
+						default:
+							runtime.GC()
+						}
+					}
+				}()
 				w.arm(ctx, 20*time.Millisecond)
 				_, err = spin.Call(ctx, args...)
+				close(done)
+				t.Logf("%d garbage collections during the spin", <-gcs)
 				if st := w.disarm(); st != stopTimeout || err == nil {
 					t.Fatalf("spin: err %v, stop %d, want a trap and stopTimeout", err, st)
 				}
@@ -169,6 +190,7 @@ func TestInstrumentRefuses(t *testing.T) {
 		"exports the name":  spinWasm(interruptExport),
 		"threads opcode":    threads,
 		"not wasm":          []byte("\x00asm\x02\x00\x00\x00"),
+		"no memory":         selfTestWasm,
 		"truncated section": spinWasm("")[:20],
 	} {
 		if _, err := instrument(wasm); err == nil {

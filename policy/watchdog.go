@@ -22,13 +22,16 @@ const (
 )
 
 // watchdog stops an interruptible wasm instance (instrument) that
-// overruns its deadline: one timer per instance, armed for each call,
-// sets the interrupt global, and the guest traps at its next loop header.
-// A call costs a Reset and a Stop of the timer: no goroutine, channel or
-// context per call, unlike wazero's WithCloseOnContextDone.
+// overruns its deadline: a timer, started for each call, sets the
+// interrupt global, and the guest traps at its next check's slow path. A
+// call costs a timer started and stopped (a new one each time, added as
+// any time.AfterFunc is): no goroutine, channel or context per call,
+// unlike wazero's WithCloseOnContextDone. The timer's goroutine needs the
+// scheduler, which the check's periodic exit to Go lets stop the guest's
+// goroutine (checkPeriod).
 type watchdog struct {
 	flag  api.MutableGlobal
-	timer *time.Timer
+	timer *time.Timer   // of the current call
 	fired chan struct{} // one token per firing, taken by disarm
 	// byCaller: the armed deadline is the caller's context's, which came
 	// before the call's own timeout.
@@ -36,10 +39,7 @@ type watchdog struct {
 }
 
 func newWatchdog(flag api.MutableGlobal) *watchdog {
-	w := &watchdog{flag: flag, fired: make(chan struct{}, 1)}
-	w.timer = time.AfterFunc(time.Hour, w.fire)
-	w.timer.Stop()
-	return w
+	return &watchdog{flag: flag, fired: make(chan struct{}, 1)}
 }
 
 // fire runs on the timer's goroutine while the owner's call runs.
@@ -56,7 +56,7 @@ func (w *watchdog) arm(ctx context.Context, timeout time.Duration) {
 			timeout, w.byCaller = left, true
 		}
 	}
-	w.timer.Reset(timeout)
+	w.timer = time.AfterFunc(timeout, w.fire)
 }
 
 // disarm stops the timer. If it fired, it waits until fire is done,
