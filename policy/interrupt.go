@@ -8,19 +8,22 @@ import (
 
 // interruptExport names the global that instrument adds to a module: an
 // i32, 0 while the module may run; the host's deadline timer sets it to 1
-// (Instance.watchdog). The module's own code cannot name it (it is
-// appended after every global the code was written against, and a wasm
-// module cannot read its own exports); only the checks instrument
-// inserts read it.
+// (watchdog). The module's own code cannot name it (it is appended after
+// every global the code was written against, and a wasm module cannot
+// read its own exports); only the checks instrument inserts read it. The
+// countdown global after it is not exported.
 const interruptExport = "edgeproxy.interrupt"
 
-// instrument returns a copy of the module wasm with a check at the start
-// of every function and the head of every loop: read the interrupt
-// global, and trap (unreachable) when it is set. A guest that runs long
-// loops or calls, so setting the global stops it within one iteration or
-// call; the check is a load and a branch
-// in the compiled code instead of the call into Go that wazero inserts
-// with WithCloseOnContextDone (RATIONALE.md, "What a guest call costs").
+// instrument returns a copy of the module wasm with a check (checkCode)
+// at the start of every function and the head of every loop: every
+// checkPeriod checks it leaves the machine code for Go and traps
+// (unreachable) when the interrupt global is set. A guest that runs long
+// loops or calls, so setting the global stops it within checkPeriod
+// iterations or calls; the usual path of the check is a load, a branch
+// and a decrement in the compiled code instead of the call into Go that
+// wazero inserts with WithCloseOnContextDone (RATIONALE.md, "The
+// interrupt check"). A module without a memory of its own is refused: the
+// slow path grows memory by 0 pages.
 //
 // It reads every instruction as wazero's validator does (the opcodes of
 // WebAssembly 2.0, which the host enables: MVP, sign extension,
