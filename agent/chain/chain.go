@@ -537,57 +537,14 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 	live := make([]*job, 0, len(jobs))
 	for si := range ch.steps {
 		st := &ch.steps[si]
-		ins, live = ins[:0], live[:0]
-		for j := range jobs {
-			jb := &jobs[j]
-			if jb.done {
-				continue
-			}
-			eps, node := reqs[jb.k].Endpoints, reqs[jb.k].Node
-			jb.idx, jb.in.Endpoints = jb.idx[:0], jb.in.Endpoints[:0]
-			for i := range eps {
-				if jb.weights[i] > 0 {
-					jb.idx = append(jb.idx, i)
-					jb.in.Endpoints = append(jb.in.Endpoints, endpoint(&eps[i], node, jb.weights[i]))
-				}
-			}
-			ins, live = append(ins, &jb.in), append(live, jb)
-		}
+		ins, live = stepInputs(jobs, reqs, ins[:0], live[:0])
 		if len(ins) == 0 {
 			break
 		}
 		st.calls.Add(float64(len(ins)))
 		results := st.inst.EvaluateBatch(ctx, ins)
 		for n, res := range results {
-			jb := live[n]
-			v := &out[jb.k]
-			s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
-			jb.allCached = jb.allCached && res.Cached
-			if res.Cached {
-				st.cacheHits.Inc()
-			} else if res.Duration > 0 {
-				st.duration.Observe(res.Duration.Seconds())
-			}
-			if res.Err != nil {
-				s.Failure, s.Error = policy.ReasonOf(res.Err), res.Err.Error()
-				if s.Failure == "" {
-					s.Failure = policy.ReasonTrap
-				}
-				v.Steps = append(v.Steps, s)
-				*v = e.fallback(ch, jb.spn, *v, reqs[jb.k].Endpoints, s, res.Err)
-				jb.done = true
-				continue
-			}
-			next := make([]uint32, len(jb.weights))
-			for i, ei := range jb.idx {
-				next[ei] = res.Output.Weights[i]
-			}
-			jb.weights = next
-			s.Weights, s.Reason, s.Scheduler = slices.Clone(next), res.Output.Reason, res.Output.Scheduler
-			if res.Output.Scheduler != "" {
-				v.Scheduler, v.SchedulerFlags = res.Output.Scheduler, res.Output.SchedulerFlags
-			}
-			v.Steps = append(v.Steps, s)
+			e.takeResult(ch, st, live[n], res, reqs, out)
 		}
 		if len(st.shadows) > 0 {
 			e.runShadows(ctx, ch, st, ins, live, results, out, b)
@@ -598,20 +555,77 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 		if jb.done {
 			continue
 		}
-		v := &out[jb.k]
-		v.Weights = jb.weights
-		if jb.allCached {
-			continue // a fully cached answer is the one already remembered
+		out[jb.k].Weights = jb.weights
+		if !jb.allCached { // a fully cached answer is the one already remembered
+			e.rememberGood(ch, jb, reqs[jb.k].Endpoints, &out[jb.k])
 		}
-		eps := reqs[jb.k].Endpoints
-		lg := lastGood{addrs: make([]netip.AddrPort, len(eps)), weights: jb.weights, scheduler: v.Scheduler, flags: v.SchedulerFlags}
-		for i := range eps {
-			lg.addrs[i] = eps[i].AddrPort()
-		}
-		e.lgMu.Lock()
-		e.lastGood[lastGoodKey{ch.cfg.Name, jb.spn}] = lg
-		e.lgMu.Unlock()
 	}
+}
+
+// stepInputs builds the next step's input of every job still running: the
+// endpoints the chain so far left a weight, with that weight.
+func stepInputs(jobs []job, reqs []Request, ins []*abi.Input, live []*job) ([]*abi.Input, []*job) {
+	for j := range jobs {
+		jb := &jobs[j]
+		if jb.done {
+			continue
+		}
+		eps, node := reqs[jb.k].Endpoints, reqs[jb.k].Node
+		jb.idx, jb.in.Endpoints = jb.idx[:0], jb.in.Endpoints[:0]
+		for i := range eps {
+			if jb.weights[i] > 0 {
+				jb.idx = append(jb.idx, i)
+				jb.in.Endpoints = append(jb.in.Endpoints, endpoint(&eps[i], node, jb.weights[i]))
+			}
+		}
+		ins, live = append(ins, &jb.in), append(live, jb)
+	}
+	return ins, live
+}
+
+// takeResult records step st's result for job jb in its verdict: the new
+// weights, or the chain's fallback when the step failed.
+func (e *Evaluator) takeResult(ch *chain, st *step, jb *job, res policy.BatchResult, reqs []Request, out []Verdict) {
+	v := &out[jb.k]
+	s := Step{Module: st.module, Cached: res.Cached, Duration: res.Duration}
+	jb.allCached = jb.allCached && res.Cached
+	if res.Cached {
+		st.cacheHits.Inc()
+	} else if res.Duration > 0 {
+		st.duration.Observe(res.Duration.Seconds())
+	}
+	if res.Err != nil {
+		s.Failure, s.Error = policy.ReasonOf(res.Err), res.Err.Error()
+		if s.Failure == "" {
+			s.Failure = policy.ReasonTrap
+		}
+		v.Steps = append(v.Steps, s)
+		*v = e.fallback(ch, jb.spn, *v, reqs[jb.k].Endpoints, s, res.Err)
+		jb.done = true
+		return
+	}
+	next := make([]uint32, len(jb.weights))
+	for i, ei := range jb.idx {
+		next[ei] = res.Output.Weights[i]
+	}
+	jb.weights = next
+	s.Weights, s.Reason, s.Scheduler = slices.Clone(next), res.Output.Reason, res.Output.Scheduler
+	if res.Output.Scheduler != "" {
+		v.Scheduler, v.SchedulerFlags = res.Output.Scheduler, res.Output.SchedulerFlags
+	}
+	v.Steps = append(v.Steps, s)
+}
+
+// rememberGood keeps a job's finished verdict as the chain's last good
+// output for its service port (failure: last-good).
+func (e *Evaluator) rememberGood(ch *chain, jb *job, eps []model.PortEndpoint, v *Verdict) {
+	lg := lastGood{addrs: make([]netip.AddrPort, len(eps)), weights: jb.weights, scheduler: v.Scheduler, flags: v.SchedulerFlags}
+	for i := range eps {
+		lg.addrs[i] = eps[i].AddrPort()
+	}
+	e.lgMu.Lock()
+	e.lastGood[lastGoodKey{ch.cfg.Name, jb.spn}] = lg
+	e.lgMu.Unlock()
 }
 
 // fallback applies the chain's failure policy after step s failed.
