@@ -161,51 +161,94 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if o.Modules == nil {
 		o.Modules = DefaultModules
 	}
-	kernel := o.Kernel
-	if kernel == "" {
-		k, err := newestKernel()
-		if err != nil {
-			return nil, err
-		}
-		kernel = k
-	}
-	rel, err := kernelRelease(kernel)
+	p, err := findParts(o)
 	if err != nil {
 		return nil, err
+	}
+	meta, err := prepareShare(o)
+	if err != nil {
+		return nil, err
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, p.qemu,
+		"-accel", "tcg", "-m", strconv.Itoa(o.MemoryMB), "-smp", "1",
+		"-nographic", "-no-reboot",
+		"-kernel", p.kernel, "-initrd", p.initrd,
+		"-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off edd=off epshare="+o.Dir+keepArg(o.HostPaths),
+		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
+		"-virtfs", "local,path="+o.Dir+",mount_tag=share,security_model=none,multidevs=remap",
+		"-nic", "user,model=virtio-net-pci",
+	)
+	// CommandContext kills the process by its PID (Process.Kill) when ctx
+	// ends; WaitDelay bounds the wait for its output pipes after that.
+	cmd.WaitDelay = 5 * time.Second
+	start := time.Now()
+	con := &console{start: start, live: o.Console}
+	cmd.Stdout = con
+	cmd.Stderr = con
+	runErr := cmd.Run()
+	res := &Result{Elapsed: time.Since(start)}
+	res.Console, res.Boot = con.snapshot()
+	return res, readResult(ctx, res, meta, o.Timeout, runErr)
+}
+
+// parts are the host programs and files a boot needs.
+type parts struct{ kernel, initrd, qemu string }
+
+// findParts finds the kernel (o.Kernel or the newest installed), builds
+// or reuses the initramfs in the cache, and finds qemu.
+func findParts(o Options) (parts, error) {
+	var p parts
+	p.kernel = o.Kernel
+	if p.kernel == "" {
+		k, err := newestKernel()
+		if err != nil {
+			return p, err
+		}
+		p.kernel = k
+	}
+	rel, err := kernelRelease(p.kernel)
+	if err != nil {
+		return p, err
 	}
 	cache := o.CacheDir
 	if cache == "" {
 		base, err := os.UserCacheDir()
 		if err != nil {
-			return nil, fmt.Errorf("vm: cache dir: %w", err)
+			return p, fmt.Errorf("vm: cache dir: %w", err)
 		}
 		cache = filepath.Join(base, "edgeproxy", "vm")
 	}
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
-		return nil, fmt.Errorf("vm: busybox: %w", err)
+		return p, fmt.Errorf("vm: busybox: %w", err)
 	}
-	initrd, err := buildInitramfs(cache, rel, busybox)
-	if err != nil {
-		return nil, err
+	if p.initrd, err = buildInitramfs(cache, rel, busybox); err != nil {
+		return p, err
 	}
-	qemu, err := exec.LookPath("qemu-system-x86_64")
-	if err != nil {
-		return nil, fmt.Errorf("vm: qemu: %w", err)
+	if p.qemu, err = exec.LookPath("qemu-system-x86_64"); err != nil {
+		return p, fmt.Errorf("vm: qemu: %w", err)
 	}
+	return p, nil
+}
 
+// prepareShare writes the guest's second stage, script, environment and
+// module list into o.Dir/.vm (emptied first) and returns that directory.
+func prepareShare(o Options) (string, error) {
 	meta := filepath.Join(o.Dir, ".vm")
 	if err := os.RemoveAll(meta); err != nil {
-		return nil, fmt.Errorf("vm: clear %s: %w", meta, err)
+		return "", fmt.Errorf("vm: clear %s: %w", meta, err)
 	}
 	if err := os.MkdirAll(meta, 0o755); err != nil {
-		return nil, fmt.Errorf("vm: %w", err)
+		return "", fmt.Errorf("vm: %w", err)
 	}
 	var env strings.Builder
 	for _, kv := range o.Env {
 		k, v, ok := strings.Cut(kv, "=")
 		if !ok || k == "" {
-			return nil, fmt.Errorf("vm: env %q is not KEY=value", kv)
+			return "", fmt.Errorf("vm: env %q is not KEY=value", kv)
 		}
 		fmt.Fprintf(&env, "%s=%s\n", k, shellQuote(v))
 	}
@@ -217,48 +260,33 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	}
 	for name, content := range files {
 		if err := os.WriteFile(filepath.Join(meta, name), []byte(content), 0o755); err != nil {
-			return nil, fmt.Errorf("vm: %w", err)
+			return "", fmt.Errorf("vm: %w", err)
 		}
 	}
+	return meta, nil
+}
 
-	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, qemu,
-		"-accel", "tcg", "-m", strconv.Itoa(o.MemoryMB), "-smp", "1",
-		"-nographic", "-no-reboot",
-		"-kernel", kernel, "-initrd", initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off edd=off epshare="+o.Dir+keepArg(o.HostPaths),
-		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
-		"-virtfs", "local,path="+o.Dir+",mount_tag=share,security_model=none,multidevs=remap",
-		"-nic", "user,model=virtio-net-pci",
-	)
-	// CommandContext kills the process by its PID (Process.Kill) when ctx
-	// ends; WaitDelay bounds the wait for its output pipes after that.
-	cmd.WaitDelay = 5 * time.Second
-	con := &console{start: time.Now(), live: o.Console}
-	cmd.Stdout = con
-	cmd.Stderr = con
-	start := time.Now()
-	con.start = start
-	runErr := cmd.Run()
-	res := &Result{Elapsed: time.Since(start)}
-	res.Console, res.Boot = con.snapshot()
+// readResult fills res with the script's output and exit status from the
+// share; without an exit status the script did not finish, and the error
+// says why (timeout, qemu's own error) with the console's end.
+func readResult(ctx context.Context, res *Result, meta string, timeout time.Duration, runErr error) error {
 	res.Output, _ = os.ReadFile(filepath.Join(meta, "output"))
 	code, readErr := os.ReadFile(filepath.Join(meta, "exit"))
 	if readErr != nil {
 		why := "it stopped"
 		if ctx.Err() != nil {
-			why = fmt.Sprintf("timed out after %s", o.Timeout)
+			why = fmt.Sprintf("timed out after %s", timeout)
 		} else if runErr != nil {
 			why = runErr.Error()
 		}
-		return res, fmt.Errorf("%w (%s); console ends:\n%s", ErrNotFinished, why, tail(res.Console, 3000))
+		return fmt.Errorf("%w (%s); console ends:\n%s", ErrNotFinished, why, tail(res.Console, 3000))
 	}
-	res.ExitCode, err = strconv.Atoi(strings.TrimSpace(string(code)))
+	n, err := strconv.Atoi(strings.TrimSpace(string(code)))
 	if err != nil {
-		return res, fmt.Errorf("vm: exit status %q: %w", code, err)
+		return fmt.Errorf("vm: exit status %q: %w", code, err)
 	}
-	return res, nil
+	res.ExitCode = n
+	return nil
 }
 
 func shellQuote(s string) string { return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'" }
