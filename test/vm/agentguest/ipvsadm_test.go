@@ -119,7 +119,21 @@ func (w *world) ipvsadmIPv6(t *testing.T) {
 		}
 		return n
 	}
-	before := conns(false)
+	// The kernel folds its per-CPU counters into what ipvsadm reads every
+	// two seconds: the connections of the subtests before must be counted
+	// before the baseline is taken (two equal reads 3s apart, bounded).
+	var before map[netip.AddrPort]int
+	prev := conns(true)
+	w.waitFor(t, 30*time.Second, "ipvsadm --stats settled before the IPv6 connections", func() error {
+		time.Sleep(3 * time.Second)
+		before = conns(true)
+		if !maps.Equal(before, prev) {
+			prev = before
+			return fmt.Errorf("counters still moving: %v", before)
+		}
+		return nil
+	})
+	conns(false)
 	const total = 20
 	answered := map[netip.AddrPort]int{}
 	for i := range total {
@@ -140,8 +154,7 @@ func (w *world) ipvsadmIPv6(t *testing.T) {
 	if answered[a6] == 0 || answered[b6] == 0 {
 		t.Errorf("rr over two IPv6 real servers reached only %v", answered)
 	}
-	// The kernel folds its per-CPU counters into what ipvsadm reads every
-	// two seconds: wait for them, bounded.
+	// Wait for the fold again, bounded.
 	w.waitFor(t, 20*time.Second, "ipvsadm --stats counting the IPv6 connections per real server", func() error {
 		after := conns(true)
 		for _, ap := range []netip.AddrPort{a6, b6} {
