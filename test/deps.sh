@@ -1,7 +1,9 @@
 #!/bin/sh
 # deps.sh installs the Debian packages the test tiers need, when any is
 # missing: iptables (nft and legacy), ipset, conntrack, iproute2 and kmod
-# for the kernel tiers; qemu, Debian's kernel and busybox for the IPVS VM;
+# for the kernel tiers; qemu, Debian's kernel and busybox for the IPVS VM,
+# ipvsadm and socat inside it (the guest runs the host's root: they are
+# installed here, nothing is cached for them);
 # systemd for unit verification; gcc for -race; nftables and binutils for
 # the benchmark harness (test/bench); rustc, cargo, the wasm32 Rust std,
 # clang, lld and wasi-libc for the Rust and C policy modules; lintian, rpm,
@@ -10,7 +12,7 @@
 # it only says what is missing (those tiers then skip and say why).
 set -eu
 pkgs="iptables ipset conntrack iproute2 kmod procps file make gcc libc6-dev
-qemu-system-x86 linux-image-amd64 busybox-static systemd ca-certificates
+qemu-system-x86 linux-image-amd64 busybox-static ipvsadm socat systemd ca-certificates
 nftables binutils lintian rpm zsh fish
 rustc cargo libstd-rust-dev-wasm32 clang lld wasi-libc libclang-rt-14-dev-wasm32"
 missing=""
