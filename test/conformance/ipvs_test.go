@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -69,7 +70,7 @@ func TestMatrixIPVS(t *testing.T) {
 	defer cancel()
 	start := time.Now()
 	c := cluster.New(t, cluster.Options{ServiceCIDR: serviceCIDR, ExtraSANs: []string{"10.0.2.2"}})
-	w := &World{t: t, Cluster: c, Client: c.Client(), Services: map[string]*corev1.Service{}}
+	w := &World{t: t, Cluster: c, Client: c.Client(), Services: map[string]*corev1.Service{}, names: map[netip.Addr]string{}}
 	if err := w.populate(ctx); err != nil {
 		t.Fatal(err)
 	}
@@ -174,6 +175,7 @@ func TestMatrixIPVSGuest(t *testing.T) {
 		}
 		w.Services[s.Name] = svc
 	}
+	w.nameServices()
 	t.Logf("world ready in %s", time.Since(start).Round(time.Millisecond))
 	rows := w.matrix(ctx, t, Binaries{KubeProxy: setup.KubeProxy, EdgeProxy: setup.EdgeProxy}, BackendIPVS, diffs, bugs)
 	report(t, rows, diffs, bugs)

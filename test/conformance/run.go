@@ -21,7 +21,10 @@ type Binaries struct {
 
 // parallel is how many cells are probed at once. Cells of one run cannot
 // interfere: each probe is its own flow, and no cell changes the world
-// (the stale-conntrack cells, which do, run after the others).
+// (the stale-conntrack cells, which do, run after the others). Cells that
+// send to the same address do run one after the other: IPVS's round robin
+// is one sequence per virtual server, and two clients in lockstep on it
+// would each see one endpoint only.
 const parallel = 32
 
 // settings for a profile; the same for both proxies. BackendIPVS is IPVS
@@ -161,32 +164,44 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 		return nil, err
 	}
 	defer p.Stop()
-	if err := w.ready(ctx, p, backend == BackendIPVS); err != nil {
+	if err := w.ready(ctx, p, backend == BackendIPVS && kind == proxies.EdgeProxy); err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, p.tail(30))
 	}
 	out := map[string]Outcome{}
 	var mu sync.Mutex
 	var stale []Cell
-	work := make(chan Cell)
+	work := make(chan []Cell)
 	var wg sync.WaitGroup
 	for range parallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for c := range work {
-				o := w.Probe(ctx, c)
-				mu.Lock()
-				out[c.Key()] = o
-				mu.Unlock()
+			for group := range work {
+				for _, c := range group {
+					o := w.Probe(ctx, c)
+					mu.Lock()
+					out[c.Key()] = o
+					mu.Unlock()
+				}
 			}
 		}()
 	}
+	var order []string
+	groups := map[string][]Cell{}
 	for _, c := range cells {
 		if c.Shape.Stale {
 			stale = append(stale, c)
 			continue
 		}
-		work <- c
+		dst, _ := w.target(c) // an error is the cell's outcome
+		k := dst.String() + "/" + string(c.Shape.Proto)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], c)
+	}
+	for _, k := range order {
+		work <- groups[k]
 	}
 	close(work)
 	wg.Wait()

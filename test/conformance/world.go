@@ -292,6 +292,7 @@ func (w *World) populate(ctx context.Context) error {
 		}
 		w.Services[s.Name] = svc
 	}
+	w.nameServices()
 	return w.waitSlices(ctx)
 }
 
@@ -428,6 +429,31 @@ func (w *World) relabel(ctx context.Context, shape, from, to string) error {
 		}
 	}
 	return w.waitEndpoints(ctx, shape, []string{to})
+}
+
+// nameServices names the Services' addresses, which an endpoint sees as
+// the source when the node reaches a Service address that is its own
+// (IPVS mode's dummy link): "<shape>/clusterip", "<shape>/lb",
+// "<shape>/extip". The addresses differ from one world to the next; the
+// names do not.
+func (w *World) nameServices() {
+	for name, svc := range w.Services {
+		for _, a := range svc.Spec.ClusterIPs {
+			w.nameAddr(a, name+"/clusterip")
+		}
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			w.nameAddr(in.IP, name+"/lb")
+		}
+		for _, a := range svc.Spec.ExternalIPs {
+			w.nameAddr(a, name+"/extip")
+		}
+	}
+}
+
+func (w *World) nameAddr(s, name string) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		w.names[a] = name
+	}
 }
 
 // name is an address's name in outcomes: a pod, the client, a node
