@@ -156,6 +156,16 @@ func TestMatrixIPVSGuest(t *testing.T) {
 
 	start := time.Now()
 	w := newNet(t)
+	// IPVS schedules round robin, and cells that share a virtual server run
+	// one after another: two answers show both of two endpoints. The
+	// probe bound matters for cells where fewer endpoints can answer than
+	// the Service selects (iTP/eTP Local), which use every probe: under
+	// TCG each costs tens of milliseconds.
+	w.probes = 12
+	// A SYN IPVS drops (a reused source port of a connection it still
+	// holds, with net.ipv4.vs.conntrack=1) is sent again after a second;
+	// under TCG the answer can take longer than probeTimeout after that.
+	w.timeout = 3 * time.Second
 	// The kubeconfig names https://127.0.0.1:<port>: served in the test's
 	// namespace and in the node's by a relay to the host.
 	forwardAPI(t, nil, setup.APIPort)
