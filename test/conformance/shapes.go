@@ -1,6 +1,7 @@
 // Package conformance is the differential conformance matrix: upstream
-// kube-proxy (iptables mode) is the oracle, edgeproxy (iptables mode) is
-// judged against it. Both run, one at a time, in the same world — a real
+// kube-proxy is the oracle, edgeproxy in the same mode is judged against
+// it — iptables mode on this machine (TestMatrix), IPVS mode in the qemu
+// VM (TestMatrixIPVS). Both run, one at a time, in the same world — a real
 // kube-apiserver with the EndpointSlice controller, a node namespace with
 // local pods, a second node whose pods are reached by routes, and clients
 // in four positions — and every cell (shape × frontend × position × family
