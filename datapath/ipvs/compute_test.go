@@ -250,3 +250,29 @@ func TestConnReuseWorkaround(t *testing.T) {
 		}
 	}
 }
+
+// NodePorts are served on the node addresses nodePortAddresses selects,
+// per family; a family nothing restricts keeps every address, as
+// kube-proxy's --nodeport-addresses (primary included).
+func TestNodePortAddrs(t *testing.T) {
+	a, p := netip.MustParseAddr, netip.MustParsePrefix
+	all := []netip.Addr{a("192.168.77.1"), a("10.0.0.7"), a("fd00:77::1"), a("fd00:88::1")}
+	both := []datapath.Family{datapath.IPv4, datapath.IPv6}
+	for _, tc := range []struct {
+		name    string
+		cidrs   []netip.Prefix
+		primary bool
+		nodeIPs []netip.Addr
+		want    []netip.Addr
+	}{
+		{"nothing set", nil, false, nil, all},
+		{"an IPv4 CIDR leaves IPv6 alone", []netip.Prefix{p("192.168.77.0/24")}, false, nil, []netip.Addr{a("192.168.77.1"), a("fd00:77::1"), a("fd00:88::1")}},
+		{"primary", nil, true, []netip.Addr{a("10.0.0.7"), a("fd00:88::1")}, []netip.Addr{a("10.0.0.7"), a("fd00:88::1")}},
+		{"primary not known yet", nil, true, nil, all},
+		{"no address in the range", []netip.Prefix{p("172.16.0.0/12")}, false, nil, []netip.Addr{a("fd00:77::1"), a("fd00:88::1")}},
+	} {
+		if got := nodePortAddrs(all, both, tc.cidrs, tc.primary, tc.nodeIPs); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
