@@ -195,8 +195,13 @@ func (d *desired) addressEntries(cfg config, f *datapath.Frontend, a netip.Addr)
 			}
 		}
 	}
+	// Without endpoints a frontend refuses, as IPVS does for a virtual
+	// server without real servers (an ICMP port unreachable), also with
+	// internal traffic policy Local; an external one of policy Local whose
+	// service has endpoints on other nodes (Drop) sends pods and the node
+	// to those and drops the rest (realEndpoints).
 	if len(f.Endpoints) == 0 {
-		add(map[bool]string{false: setNoEndpoints, true: setNoEndpointsLo}[f.LocalOnly], e)
+		add(map[bool]string{false: setNoEndpoints, true: setNoEndpointsLo}[f.LocalOnly && f.Drop], e)
 	}
 }
 

@@ -101,6 +101,47 @@ func TestComputeDualStack(t *testing.T) {
 	golden(t, "compute-dualstack.golden", d.String())
 }
 
+// TestNoEndpointsSets: a frontend without endpoints is refused (as IPVS
+// refuses a virtual server without real servers), also with a Local
+// policy when its service has no endpoint anywhere or only internal
+// policy Local; only an external frontend of policy Local whose endpoints
+// are all on other nodes (Drop) goes to the set whose outsiders are
+// dropped, and its virtual server gets the cluster-wide endpoints.
+func TestNoEndpointsSets(t *testing.T) {
+	remote := []datapath.Endpoint{ep("10.244.1.2:8080", 1)}
+	for _, c := range []struct {
+		name            string
+		kind            datapath.Kind
+		localOnly, drop bool
+		cluster         []datapath.Endpoint
+		want            string
+		reals           int
+	}{
+		{"no endpoints", datapath.ClusterIP, false, false, nil, setNoEndpoints, 0},
+		{"internal Local, endpoints elsewhere", datapath.ClusterIP, false, true, nil, setNoEndpoints, 0},
+		{"external Local, no endpoints anywhere", datapath.LoadBalancer, true, false, nil, setNoEndpoints, 0},
+		{"external Local, endpoints elsewhere", datapath.LoadBalancer, true, true, remote, setNoEndpointsLo, 1},
+	} {
+		f := datapath.Frontend{Service: "a/s:http", Kind: c.kind, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.9"),
+			Family: datapath.IPv4, Port: 80, LocalOnly: c.localOnly, Drop: c.drop, Cluster: c.cluster}
+		d, err := compute(config{}, &datapath.Plan{Frontends: []datapath.Frontend{f}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := ipset.Entry{Addr: f.Addr, Protocol: f.Protocol, Port: f.Port}
+		for _, set := range []string{setNoEndpoints, setNoEndpointsLo} {
+			if got := slices.Contains(d.Entries[set], e); got != (set == c.want) {
+				t.Errorf("%s: in %s: %t", c.name, set, got)
+			}
+		}
+		for _, s := range d.Servers {
+			if len(s.Reals) != c.reals {
+				t.Errorf("%s: %d real servers, want %d", c.name, len(s.Reals), c.reals)
+			}
+		}
+	}
+}
+
 // TestLoadBalancerSourceRangesAllowFromNode: a source range holding a
 // node address lets the node reach the load balancer address (source:
 // that address), as kube-proxy's allowFromNode; otherwise it may not.
