@@ -58,7 +58,7 @@ func (d *desired) String() string {
 
 func TestCompute(t *testing.T) {
 	cfg := config{Scheduler: "lc", NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
-	plan := &datapath.Plan{Frontends: []datapath.Frontend{
+	plan := &datapath.Plan{HealthCheckPorts: []uint16{31000}, Frontends: []datapath.Frontend{
 		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1)}},
 		{Service: "a/canary:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.2"), Family: datapath.IPv4, Port: 80,
