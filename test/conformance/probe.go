@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -105,11 +107,7 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 	case FNodePortX:
 		return netip.AddrPortFrom(fam(v6, client4, client6), nodePort), nil
 	case FLB:
-		var ips []string
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			ips = append(ips, in.IP)
-		}
-		a, err := pick(ips)
+		a, err := pick(ingressIPs(svc))
 		return netip.AddrPortFrom(a, servicePort), err
 	case FExtIP:
 		a, err := pick(svc.Spec.ExternalIPs)
@@ -120,14 +118,19 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 		a, err := pick(svc.Spec.ClusterIPs)
 		return netip.AddrPortFrom(a, hostDaemonPort), err
 	case FHostPortLB:
-		var ips []string
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			ips = append(ips, in.IP)
-		}
-		a, err := pick(ips)
+		a, err := pick(ingressIPs(svc))
 		return netip.AddrPortFrom(a, hostDaemonPort), err
 	}
 	return netip.AddrPort{}, fmt.Errorf("unknown frontend %q", c.Frontend)
+}
+
+// ingressIPs are the LB IPs of svc's status.
+func ingressIPs(svc *corev1.Service) []string {
+	var ips []string
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		ips = append(ips, in.IP)
+	}
+	return ips
 }
 
 func fam(v6 bool, a4, a6 netip.Addr) netip.Addr {

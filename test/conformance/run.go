@@ -105,6 +105,34 @@ func (p *proc) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// errors are the first n distinct error lines of the proxy's log
+// (kube-proxy's klog "E" lines, edgeproxy's level=ERROR), with their
+// timestamps cut, so that a proxy failing part of each sync shows why.
+func (p *proc) errors(n int) []string {
+	b, _ := os.ReadFile(p.Log)
+	var out []string
+	seen := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var msg string
+		switch {
+		case len(l) > 22 && l[0] == 'E' && l[5] == ' ':
+			msg = l[22:] // "E1124 21:49:05.139059 " then pid and source
+		case strings.Contains(l, "level=ERROR"):
+			msg = l[strings.Index(l, "level=ERROR"):]
+		default:
+			continue
+		}
+		if len(msg) > 400 {
+			msg = msg[:400]
+		}
+		if !seen[msg] && len(out) < n {
+			seen[msg] = true
+			out = append(out, msg)
+		}
+	}
+	return out
+}
+
 // ready waits (bounded) until the proxy has programmed the Services: the
 // ClusterIP of "cip" answers in both families. Both
 // proxies list everything before their first sync, so one answer means the
@@ -212,6 +240,9 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	}
 	if err := p.Exited(); err != nil {
 		return out, fmt.Errorf("%w\n%s", err, p.tail(30))
+	}
+	if errs := p.errors(8); len(errs) > 0 && w.t != nil {
+		w.t.Logf("%s on %s (%s) logged errors:\n  %s", kind, backend, profileName(profile), strings.Join(errs, "\n  "))
 	}
 	return out, nil
 }
