@@ -868,11 +868,15 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 	denied.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	allowed := fe("default/lb-allow:http", datapath.LoadBalancer, "203.0.113.31", 80, false, "a")
 	allowed.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+	// Policy Local, and the service's endpoints are all elsewhere (Drop):
+	// outside clients are dropped.
+	empty := fe("default/lb-local-empty:http", datapath.LoadBalancer, "203.0.113.40", 80, true)
+	empty.Drop = true
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 		fe("default/ext:http", datapath.ExternalIP, "203.0.113.10", 80, false, "a"),
 		fe("default/lb-local:http", datapath.LoadBalancer, "203.0.113.20", 80, true, "b"),
 		fe("default/np-local:http", datapath.NodePort, "", 30090, true, "b"),
-		fe("default/lb-local-empty:http", datapath.LoadBalancer, "203.0.113.40", 80, true),
+		empty,
 		fe("default/self:http", datapath.ClusterIP, "10.96.3.1", 80, false, "a"),
 		denied, allowed,
 	}})
