@@ -89,7 +89,7 @@ test: deps build modules cluster-bins vet package fuzz-smoke
 
 # edgeproxy against upstream kube-proxy v1.36.3, one at a time, on a real
 # API server (test/bench/README.md). BENCH_SIZE=quick (1k services, about
-# 15 minutes), full (1k/5k/10k, the committed test/bench/RESULTS.md), or
+# 25 minutes), full (1k/5k/10k, the committed test/bench/RESULTS.md), or
 # service counts like 1000,5000. Needs root. Report in $(BENCH_OUT)/report.md.
 BENCH_SIZE  ?= quick
 BENCH_OUT   ?= bench-out

@@ -224,11 +224,11 @@ func TestNoLocalEndpointsMetric(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	m := newMetrics(reg, state.New(nil), func() float64 { return 0 }, func() float64 { return 0 })
 	m.setNoLocalEndpoints([]datapath.Frontend{
-		{Service: "a/x:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
-		{Service: "a/x:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
-		{Service: "a/x:", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
-		{Service: "a/y:", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv6, Drop: true},
-		{Service: "a/z:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "x"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "x"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "x"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Drop: true},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "y"}, Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv6, Drop: true},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "z"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4},
 	})
 	mfs, err := reg.Gather()
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 
+	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/recorder"
 )
 
@@ -66,7 +67,7 @@ func TestConflictingServicesDoNotStopTheRest(t *testing.T) {
 	}
 	var found bool
 	for _, r := range a.Refused() {
-		if r.Service == "new/b" && strings.Contains(r.Reason, "old/a") {
+		if r.Service == (datapath.ServicePortName{Namespace: "new", Name: "b"}) && strings.Contains(r.Reason, "old/a") {
 			found = true
 		}
 	}

@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"slices"
-	"sort"
 	"strconv"
 	"strings"
 	"time"
@@ -18,6 +17,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -141,11 +141,11 @@ func (a *Agent) serveHealth(w http.ResponseWriter, h Health, ok bool, count *pro
 
 // PlanView is the /debug/plan answer.
 type PlanView struct {
-	Mode       string                       `json:"mode"`
-	Generation uint64                       `json:"generation"`
-	Frontends  []datapath.Frontend          `json:"frontends"`
-	Explain    map[string][]planner.Explain `json:"explain"`
-	Text       string                       `json:"text"`
+	Mode       string                                      `json:"mode"`
+	Generation uint64                                      `json:"generation"`
+	Frontends  []datapath.Frontend                         `json:"frontends"`
+	Explain    map[model.ServicePortName][]planner.Explain `json:"explain"`
+	Text       string                                      `json:"text"`
 }
 
 func (a *Agent) planView() (PlanView, bool) {
@@ -205,8 +205,8 @@ type Status struct {
 
 // ServiceView is one service port's frontends and weighted endpoints.
 type ServiceView struct {
-	Service   string              `json:"service"`
-	Frontends []datapath.Frontend `json:"frontends"`
+	Service   model.ServicePortName `json:"service"`
+	Frontends []datapath.Frontend   `json:"frontends"`
 }
 
 func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
@@ -231,7 +231,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		st.ExternalIPsIgnored = res.ExternalIPsIgnored
-		byService := map[string]*ServiceView{}
+		byService := map[model.ServicePortName]*ServiceView{}
 		for _, f := range res.Plan.Frontends {
 			v := byService[f.Service]
 			if v == nil {
@@ -243,7 +243,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 		for _, v := range byService {
 			st.Services = append(st.Services, *v)
 		}
-		sort.Slice(st.Services, func(i, j int) bool { return st.Services[i].Service < st.Services[j].Service })
+		slices.SortFunc(st.Services, func(a, b ServiceView) int { return a.Service.Compare(b.Service) })
 	}
 	writeJSON(w, http.StatusOK, st)
 }
@@ -259,9 +259,9 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "no plan yet: the first sync has not finished"})
 		return
 	}
-	out := map[string][]planner.Explain{}
+	out := map[model.ServicePortName][]planner.Explain{}
 	for port, ex := range res.Explain {
-		if port == name || strings.HasPrefix(port, name+":") {
+		if port.Namespace+"/"+port.Name == name {
 			out[port] = withNotes(ex, append(refusalNotes(port, a.Refused()), a.probeNotes(port)...))
 		}
 	}
@@ -289,7 +289,7 @@ func (a *Agent) serveShadow(w http.ResponseWriter, r *http.Request) {
 }
 
 // refusalNotes returns a note for each refusal of port.
-func refusalNotes(port string, refused []datapath.Refusal) []string {
+func refusalNotes(port model.ServicePortName, refused []datapath.Refusal) []string {
 	var notes []string
 	for _, r := range refused {
 		if r.Service == port {

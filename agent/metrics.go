@@ -132,8 +132,10 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 // kube-proxy's sync_proxy_rules_no_local_endpoints_total.
 func (m *metrics) setNoLocalEndpoints(frontends []datapath.Frontend) {
 	type key struct {
-		service, policy string
-		fam             datapath.Family
+		service datapath.ServicePortName
+		proto   datapath.Protocol
+		policy  string
+		fam     datapath.Family
 	}
 	seen := map[key]bool{}
 	for i := range frontends {
@@ -145,7 +147,7 @@ func (m *metrics) setNoLocalEndpoints(frontends []datapath.Frontend) {
 		if f.Kind.External() {
 			policy = "external"
 		}
-		seen[key{f.Service + " " + string(f.Protocol), policy, f.Family}] = true
+		seen[key{f.Service, f.Protocol, policy, f.Family}] = true
 	}
 	for _, policy := range []string{"internal", "external"} {
 		for _, fam := range []datapath.Family{datapath.IPv4, datapath.IPv6} {

@@ -14,6 +14,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/health"
+	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -167,8 +168,8 @@ func (s probeSpec) target(e netip.AddrPort, proto datapath.Protocol) (health.Tar
 // Service sets edgeproxy.io/offline-probe, keyed as Frontend.Service. A
 // value that does not parse is logged once per Service and value, and the
 // default applies.
-func (a *Agent) probeSpecs(snap *state.Snapshot) map[string]probeSpec {
-	out := map[string]probeSpec{}
+func (a *Agent) probeSpecs(snap *state.Snapshot) map[model.ServicePortName]probeSpec {
+	out := map[model.ServicePortName]probeSpec{}
 	for name, port := range snap.Ports {
 		v, ok := port.Service.Annotations[AnnotationOfflineProbe]
 		if !ok {
@@ -182,7 +183,7 @@ func (a *Agent) probeSpecs(snap *state.Snapshot) map[string]probeSpec {
 				a.log.Warn("Service annotation ignored, probing as by default", "service", svc, "err", err)
 			}
 		}
-		out[name.String()] = spec
+		out[name] = spec
 	}
 	return out
 }
@@ -225,7 +226,7 @@ func (a *Agent) applyProbeVerdicts(plan *datapath.Plan, snap *state.Snapshot) bo
 
 // leftOut is what one sync left out: per service port, each endpoint with
 // its verdict.
-type leftOut map[string]map[netip.AddrPort]health.Verdict
+type leftOut map[model.ServicePortName]map[netip.AddrPort]health.Verdict
 
 // filter returns eps of frontend f without the failed endpoints, all of
 // them when every one failed, and whether it left any out; what it leaves
@@ -287,9 +288,8 @@ func (p *probing) publish() {
 }
 
 // ProbeVerdicts returns what the last sync left out because of probes:
-// per service port ("namespace/name:port"), each endpoint with its
-// verdict; nil when nothing.
-func (a *Agent) ProbeVerdicts() map[string]map[netip.AddrPort]health.Verdict {
+// per service port, each endpoint with its verdict; nil when nothing.
+func (a *Agent) ProbeVerdicts() map[model.ServicePortName]map[netip.AddrPort]health.Verdict {
 	if a.probes == nil {
 		return nil
 	}
@@ -301,7 +301,7 @@ func (a *Agent) ProbeVerdicts() map[string]map[netip.AddrPort]health.Verdict {
 
 // probeNotes returns explain's notes for the endpoints of service port
 // svc that the last sync left out because of their probes.
-func (a *Agent) probeNotes(svc string) []string {
+func (a *Agent) probeNotes(svc model.ServicePortName) []string {
 	eps := a.ProbeVerdicts()[svc]
 	notes := make([]string, 0, len(eps))
 	for addr, v := range eps {
@@ -312,7 +312,7 @@ func (a *Agent) probeNotes(svc string) []string {
 }
 
 // probeTargets lists, once each, what the plan's endpoints probe as.
-func probeTargets(plan *datapath.Plan, specs map[string]probeSpec) []health.Target {
+func probeTargets(plan *datapath.Plan, specs map[model.ServicePortName]probeSpec) []health.Target {
 	seen := map[health.Target]bool{}
 	var out []health.Target
 	for _, f := range plan.Frontends {

@@ -52,7 +52,7 @@ func (s *probedServer) stop() { s.l.Close() }
 
 // clusterIPEndpoints returns the endpoints of the last plan's ClusterIP
 // frontend of service port svc.
-func clusterIPEndpoints(b *flaky, svc string) []netip.AddrPort {
+func clusterIPEndpoints(b *flaky, svc datapath.ServicePortName) []netip.AddrPort {
 	plans := b.got()
 	if len(plans) == 0 {
 		return nil
@@ -127,20 +127,22 @@ func TestProbedEndpointsLeftOut(t *testing.T) {
 	b := &flaky{}
 	a := startProbingAgent(t, b, dir, dial)
 	<-a.Synced()
-	eventually(t, "three endpoints", func() bool { return slices.Equal(clusterIPEndpoints(b, "t/web"), addrs) })
+	eventually(t, "three endpoints", func() bool {
+		return slices.Equal(clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "web"}), addrs)
+	})
 	without1 := []netip.AddrPort{addrs[0], addrs[2]}
 
 	servers[8080][1].stop()
 	eventually(t, "the dead endpoint left out", func() bool {
-		return slices.Equal(clusterIPEndpoints(b, "t/web"), without1)
+		return slices.Equal(clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "web"}), without1)
 	})
-	if v, ok := a.ProbeVerdicts()["t/web"][addrs[1]]; !ok || v.Reason() == "" {
+	if v, ok := a.ProbeVerdicts()[datapath.ServicePortName{Namespace: "t", Name: "web"}][addrs[1]]; !ok || v.Reason() == "" {
 		t.Errorf("no reason for the endpoint left out: %v", a.ProbeVerdicts())
 	}
-	if got := clusterIPEndpoints(b, "t/quiet"); !slices.Equal(got, addrs) {
+	if got := clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "quiet"}); !slices.Equal(got, addrs) {
 		t.Errorf("offline-probe false: endpoints %v, want all three (not probed)", got)
 	}
-	if got := clusterIPEndpoints(b, "t/alt"); !slices.Equal(got, addrs) {
+	if got := clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "alt"}); !slices.Equal(got, addrs) {
 		t.Errorf("offline-probe 9090 with 9090 up: endpoints %v, want all three", got)
 	}
 	rec := httptest.NewRecorder()
@@ -157,13 +159,15 @@ func TestProbedEndpointsLeftOut(t *testing.T) {
 		t.Errorf("explain does not give the reason:\n%s", body)
 	}
 	servers[8080][1].start(t)
-	eventually(t, "the endpoint back", func() bool { return slices.Equal(clusterIPEndpoints(b, "t/web"), addrs) })
+	eventually(t, "the endpoint back", func() bool {
+		return slices.Equal(clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "web"}), addrs)
+	})
 
 	servers[9090][1].stop()
 	eventually(t, "alt leaves out the endpoint whose 9090 died", func() bool {
-		return slices.Equal(clusterIPEndpoints(b, "t/alt"), without1)
+		return slices.Equal(clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "alt"}), without1)
 	})
-	if got := clusterIPEndpoints(b, "t/web"); !slices.Equal(got, addrs) {
+	if got := clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "web"}); !slices.Equal(got, addrs) {
 		t.Errorf("web (probed at 8080) lost an endpoint to alt's probe port: %v", got)
 	}
 	servers[9090][1].start(t)
@@ -176,7 +180,7 @@ func TestProbedEndpointsLeftOut(t *testing.T) {
 	})
 	gen := a.Last().Plan.Generation
 	eventually(t, "a sync after every endpoint failed", func() bool { a.runner.Run(); return a.Last().Plan.Generation > gen })
-	if got := clusterIPEndpoints(b, "t/web"); !slices.Equal(got, addrs) {
+	if got := clusterIPEndpoints(b, datapath.ServicePortName{Namespace: "t", Name: "web"}); !slices.Equal(got, addrs) {
 		t.Errorf("with every endpoint failed the plan has %v, want all three kept", got)
 	}
 }

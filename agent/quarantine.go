@@ -2,7 +2,6 @@ package agent
 
 import (
 	"log/slog"
-	"strings"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -25,7 +24,7 @@ type quarantine struct {
 	refused   prometheus.Gauge
 	// taken is what Sanitize took out in the last sync, by service port:
 	// a change there must reach the backend as a change of that port.
-	taken map[string]string
+	taken map[model.ServicePortName]string
 	// shown is every refusal of the last sync, to log only the new ones.
 	shown map[string]bool
 }
@@ -51,12 +50,12 @@ func newQuarantine(reg prometheus.Registerer, log *slog.Logger) *quarantine {
 // so that a partial sync adds or removes their frontends.
 func (q *quarantine) sanitize(plan *datapath.Plan, snap *state.Snapshot) []datapath.Refusal {
 	refused := plan.Sanitize(olderFirst(snap))
-	taken := make(map[string]string, len(refused))
+	taken := make(map[model.ServicePortName]string, len(refused))
 	for _, r := range refused {
 		taken[r.Service] += r.Frontend + "\x00" + r.Reason + "\n"
 	}
 	if plan.Changed == nil {
-		plan.Changed = map[string]bool{}
+		plan.Changed = map[model.ServicePortName]bool{}
 	}
 	for s, v := range taken {
 		if q.taken[s] != v {
@@ -77,7 +76,7 @@ func (q *quarantine) sanitize(plan *datapath.Plan, snap *state.Snapshot) []datap
 func (q *quarantine) report(refused []datapath.Refusal) {
 	shown := make(map[string]bool, len(refused))
 	conflicts := 0
-	ports := map[string]bool{}
+	ports := map[model.ServicePortName]bool{}
 	for _, r := range refused {
 		k := r.String()
 		shown[k] = true
@@ -102,33 +101,27 @@ func (q *quarantine) report(refused []datapath.Refusal) {
 
 // olderFirst orders service ports for conflicts as the API server's own
 // allocators would: the older Service (creationTimestamp) wins, then the
-// lower namespace/name, then the port name. The lookup table is built on
-// the first conflict only.
-func olderFirst(snap *state.Snapshot) func(a, b string) bool {
-	var created map[string]time.Time
-	return func(a, b string) bool {
-		if created == nil {
-			created = make(map[string]time.Time, len(snap.Ports))
-			for name, p := range snap.Ports {
-				created[name.String()] = serviceCreated(p.Service)
-			}
-		}
-		ta, tb := created[a], created[b]
+// lower namespace/name, then the port name.
+func olderFirst(snap *state.Snapshot) func(a, b model.ServicePortName) bool {
+	return func(a, b model.ServicePortName) bool {
+		ta, tb := created(snap, a), created(snap, b)
 		if !ta.Equal(tb) {
 			return ta.Before(tb)
 		}
-		na, _, _ := strings.Cut(a, ":")
-		nb, _, _ := strings.Cut(b, ":")
-		if na != nb {
-			return na < nb
+		sa := model.ServicePortName{Namespace: a.Namespace, Name: a.Name}
+		sb := model.ServicePortName{Namespace: b.Namespace, Name: b.Name}
+		if c := sa.Compare(sb); c != 0 {
+			return c < 0
 		}
-		return a < b
+		return a.Compare(b) < 0
 	}
 }
 
-func serviceCreated(s *model.Service) time.Time {
-	if s == nil {
-		return time.Time{}
+// created is the creation time of the Service of port n in snap, zero
+// when it has none or is not there.
+func created(snap *state.Snapshot, n model.ServicePortName) time.Time {
+	if p := snap.Ports[n]; p != nil && p.Service != nil {
+		return p.Service.Created
 	}
-	return s.Created
+	return time.Time{}
 }

@@ -83,7 +83,7 @@ func TestChangeDoesNotWaitForCompare(t *testing.T) {
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.6")}, Ports: []model.ServicePort{{Protocol: "TCP", Port: 80}}})
 	eventually(t, "two plans", func() bool { return len(b.got()) >= n+2 })
 	change, compare := b.got()[n], b.got()[n+1]
-	if change.Full || !change.Changed["t/api"] || !hasService(change, "t/api") {
+	if change.Full || !change.Changed[datapath.ServicePortName{Namespace: "t", Name: "api"}] || !hasService(change, datapath.ServicePortName{Namespace: "t", Name: "api"}) {
 		t.Fatalf("the change came in plan full=%v changed=%v; want a partial plan with t/api:", change.Full, change.Changed)
 	}
 	if !compare.Full {
@@ -91,7 +91,7 @@ func TestChangeDoesNotWaitForCompare(t *testing.T) {
 	}
 }
 
-func hasService(p *datapath.Plan, svc string) bool {
+func hasService(p *datapath.Plan, svc datapath.ServicePortName) bool {
 	for _, f := range p.Frontends {
 		if f.Service == svc {
 			return true

@@ -152,7 +152,7 @@ func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle b
 func healthChecks(res *planner.Result) map[uint16]healthcheck.Info {
 	out := make(map[uint16]healthcheck.Info, len(res.HealthChecks))
 	for port, hc := range res.HealthChecks {
-		out[port] = healthcheck.Info{Service: hc.Service, LocalEndpoints: hc.LocalEndpoints}
+		out[port] = healthcheck.Info{Namespace: hc.Namespace, Name: hc.Name, LocalEndpoints: hc.LocalEndpoints}
 	}
 	return out
 }

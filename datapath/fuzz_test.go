@@ -12,7 +12,7 @@ import (
 func planFrom(b []byte) *Plan {
 	kinds := []Kind{ClusterIP, NodePort, ExternalIP, LoadBalancer, "Bogus"}
 	protos := []Protocol{TCP, UDP, SCTP, "ICMP"}
-	svcs := []string{"a/x", "b/y", "c/z:p", "d/w"}
+	svcs := []ServicePortName{{Namespace: "a", Name: "x"}, {Namespace: "b", Name: "y"}, {Namespace: "c", Name: "z", Port: "p"}, {Namespace: "d", Name: "w"}}
 	p := &Plan{}
 	for len(b) >= 6 && len(p.Frontends) < 16 {
 		f := Frontend{
@@ -47,7 +47,7 @@ func planFrom(b []byte) *Plan {
 func ids(p *Plan) string {
 	var out []string
 	for i := range p.Frontends {
-		out = append(out, p.Frontends[i].Service+" "+frontendID(&p.Frontends[i]))
+		out = append(out, p.Frontends[i].Service.String()+" "+frontendID(&p.Frontends[i]))
 	}
 	slices.Sort(out)
 	return strings.Join(out, "\n")

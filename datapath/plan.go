@@ -71,11 +71,10 @@ func (e Endpoint) String() string { return fmt.Sprintf("%s w=%d", e.Addr, e.Weig
 // Frontend is one address:port:protocol that the node must answer for, with
 // the endpoints that traffic to it is spread over.
 type Frontend struct {
-	// Service names the service port this frontend belongs to, as
-	// "namespace/name:port" (":port" is empty for an unnamed port). Frontends
-	// of one service port share a name; datapaths use it to group, to name
-	// kernel objects and to sync partially.
-	Service  string
+	// Service names the service port this frontend belongs to. Frontends
+	// of one service port share it; datapaths use it to group, to sync
+	// partially and (by its String form) to name kernel objects.
+	Service  ServicePortName
 	Kind     Kind
 	Protocol Protocol
 	// Addr is the virtual address. For a NodePort frontend it is invalid
@@ -223,7 +222,7 @@ type Plan struct {
 	// the previous plan handed to the same Backend. Full is set when the
 	// backend must not rely on Changed and has to compare everything, e.g.
 	// the first plan, after a failed apply, or on a periodic resync.
-	Changed map[string]bool
+	Changed map[ServicePortName]bool
 	Full    bool
 	// NodeIPs are the node's primary addresses, at most one per family
 	// (from its Node object), for node ports restricted to them.
@@ -235,7 +234,7 @@ type Plan struct {
 
 // Compare orders frontends by service, then kind, address, port and protocol.
 func Compare(a, b *Frontend) int {
-	if c := strings.Compare(a.Service, b.Service); c != 0 {
+	if c := a.Service.Compare(b.Service); c != 0 {
 		return c
 	}
 	if c := strings.Compare(string(a.Kind), string(b.Kind)); c != 0 {
@@ -272,7 +271,7 @@ func (p *Plan) String() string {
 // violation found, joined. A plan that went through Sanitize passes.
 func (p *Plan) Validate() error {
 	var errs []string
-	seen := make(map[Key]string, len(p.Frontends))
+	seen := make(map[Key]ServicePortName, len(p.Frontends))
 	for i := range p.Frontends {
 		f := &p.Frontends[i]
 		where := fmt.Sprintf("frontend %s %s (%s)", f.Protocol, f.AddrString(), f.Service)

@@ -12,7 +12,7 @@ import (
 // must not be given is taken out and reported, and the rest is programmed.
 type Refusal struct {
 	// Service is the service port (Frontend.Service) concerned.
-	Service string `json:"service"`
+	Service ServicePortName `json:"service"`
 	// Frontend is the frontend left out (Frontend.String without the
 	// endpoints' part), or empty when the whole service port is.
 	Frontend string `json:"frontend,omitempty"`
@@ -23,9 +23,9 @@ type Refusal struct {
 
 func (r Refusal) String() string {
 	if r.Frontend == "" {
-		return r.Service + ": " + r.Reason
+		return r.Service.String() + ": " + r.Reason
 	}
-	return r.Service + " " + r.Frontend + ": " + r.Reason
+	return r.Service.String() + " " + r.Frontend + ": " + r.Reason
 }
 
 // PortError is a service port a backend could not program while it
@@ -33,7 +33,7 @@ func (r Refusal) String() string {
 // errors.Join) so that the caller can tell a refused service port from a
 // failed apply.
 type PortError struct {
-	Service string
+	Service ServicePortName
 	Err     error
 }
 
@@ -141,12 +141,12 @@ func frontendProblems(f *Frontend) []string {
 //
 // Sanitize does not change Changed; the caller marks the service ports
 // whose refusals changed.
-func (p *Plan) Sanitize(first func(a, b string) bool) []Refusal {
+func (p *Plan) Sanitize(first func(a, b ServicePortName) bool) []Refusal {
 	if first == nil {
-		first = func(a, b string) bool { return a < b }
+		first = func(a, b ServicePortName) bool { return a.Compare(b) < 0 }
 	}
 	var out []Refusal
-	bad := map[string]bool{}
+	bad := map[ServicePortName]bool{}
 	for i := range p.Frontends {
 		f := &p.Frontends[i]
 		if probs := frontendProblems(f); len(probs) > 0 && !bad[f.Service] {
@@ -185,7 +185,7 @@ func (p *Plan) Sanitize(first func(a, b string) bool) []Refusal {
 	}
 	p.Frontends = fs
 	slices.SortFunc(out, func(a, b Refusal) int {
-		if c := strings.Compare(a.Service, b.Service); c != 0 {
+		if c := a.Service.Compare(b.Service); c != 0 {
 			return c
 		}
 		return strings.Compare(a.Frontend, b.Frontend)

@@ -168,11 +168,16 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 		r.skip("not run: an earlier check failed", rest("compile")...)
 		return r, nil
 	}
-	cm, err := h.compile(ctx, r.SHA256, spec.Wasm)
-	if !r.add("compile", err, "valid, compiled with the "+h.engine) {
+	c, err := h.compile(ctx, r.SHA256, spec.Wasm)
+	detail := "valid, compiled with the " + h.engine + ", wazero's deadline checks"
+	if err == nil && c.interruptible {
+		detail = "valid, compiled with the " + h.engine + ", interrupt checks inserted"
+	}
+	if !r.add("compile", err, detail) {
 		r.skip("not run: an earlier check failed", rest("imports")...)
 		return r, nil
 	}
+	cm := c.cm
 	ok = r.add("imports", checkImports(cm), fmt.Sprintf("%d imports, all on the allow-list with exact signatures", len(cm.ImportedFunctions())))
 	exports := cm.ExportedFunctions()
 	var abiErr error
@@ -203,7 +208,7 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 		r.skip("not run: an earlier check failed", probeCheckNames()...)
 		return r, nil
 	}
-	inst := h.newInstance(spec, cm)
+	inst := h.newInstance(spec, c)
 	if !r.add("instantiate", inst.instantiate(ctx, false), "instantiated, _initialize and ep_init succeeded") {
 		inst.Close(ctx)
 		r.skip("not run: an earlier check failed", probeCheckNames()...)

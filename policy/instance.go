@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -27,14 +28,22 @@ type Instance struct {
 	h        *Host
 	spec     Spec
 	sha      string
-	compiled wazero.CompiledModule
+	compiled *compiledModule
 	log      *slog.Logger
+	// callCtx is the context of every call of an interruptible module:
+	// wazero does not look at it (its deadline is the watchdog's), so one
+	// value serves all calls and none allocates.
+	callCtx context.Context
 
 	mu          sync.Mutex
 	mod         api.Module // nil while discarded
 	mem         api.Memory
 	alloc, eval api.Function
-	batch       api.Function // nil when the module does not export it
+	batch       api.Function    // nil when the module does not export it
+	watch       *watchdog       // nil unless compiled.interruptible
+	deadline    context.Context // of the current call, without a watchdog
+	cancel      context.CancelFunc
+	stack       [2]uint64
 	stderr      tailBuffer
 	logs        int    // log lines in the current call
 	logLimit    int    // log lines kept in the current call
@@ -81,17 +90,19 @@ type State struct {
 	MemoryBytes  uint32    // linear memory of the current wasm instance
 }
 
-func (h *Host) newInstance(spec Spec, cm wazero.CompiledModule) *Instance {
+func (h *Host) newInstance(spec Spec, cm *compiledModule) *Instance {
 	if spec.Config == nil {
 		spec.Config = []byte("{}")
 	}
 	sum := sha256.Sum256(spec.Wasm)
 	spec.Wasm = nil // compiled; do not keep the bytes
-	return &Instance{
+	i := &Instance{
 		h: h, spec: spec, sha: hex.EncodeToString(sum[:]), compiled: cm,
 		log:   h.opts.Log.With("module", spec.Name),
 		cache: resultCache{max: h.opts.CacheEntries},
 	}
+	i.callCtx = context.WithValue(context.Background(), callKey{}, i)
+	return i
 }
 
 // Name returns the module's name.
@@ -129,7 +140,7 @@ func (i *Instance) discard(ctx context.Context) {
 	if i.mod != nil {
 		_ = i.mod.Close(ctx) // may already be closed by a deadline
 	}
-	i.mod, i.mem, i.alloc, i.eval, i.batch = nil, nil, nil, nil, nil
+	i.mod, i.mem, i.alloc, i.eval, i.batch, i.watch = nil, nil, nil, nil, nil, nil
 	i.inPtr, i.inCap = 0, 0
 }
 
@@ -144,39 +155,35 @@ func (i *Instance) instantiate(ctx context.Context, warm bool) error {
 	i.stderr.reset()
 	cfg := wazero.NewModuleConfig().WithName("").WithStartFunctions().
 		WithStdout(&i.stderr).WithStderr(&i.stderr)
-	ictx, cancel := context.WithTimeout(ctx, i.h.opts.InitTimeout)
-	defer cancel()
-	ictx = context.WithValue(ictx, callKey{}, i)
 	i.logs, i.logLimit = 0, maxLogsPerCall
-	mod, err := i.h.rt.InstantiateModule(experimental.WithMemoryAllocator(ictx, memoryAllocator), i.compiled, cfg)
+	actx := experimental.WithMemoryAllocator(context.WithValue(ctx, callKey{}, i), memoryAllocator)
+	mod, err := i.compiled.rt.InstantiateModule(actx, i.compiled.cm, cfg) // runs no guest code
 	if err != nil {
 		return fmt.Errorf("instantiate: %w", shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
-	}
-	fail := func(what string, err error) error {
-		_ = mod.Close(ctx)
-		return fmt.Errorf("%s: %w", what, shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
-	}
-	if f := mod.ExportedFunction(abi.InitializeExport); f != nil {
-		if _, err := f.Call(ictx); err != nil {
-			return fail(abi.InitializeExport, err)
-		}
 	}
 	i.mod, i.mem = mod, mod.ExportedMemory(abi.MemoryExport)
 	i.alloc, i.eval = mod.ExportedFunction(abi.AllocExport), mod.ExportedFunction(abi.EvaluateExport)
 	i.batch = mod.ExportedFunction(abi.BatchExport)
-	ptr, err := i.write(ictx, i.spec.Config)
-	if err != nil {
-		i.discard(ctx)
-		return fail("write config", err)
+	if i.compiled.interruptible {
+		flag, ok := mod.ExportedGlobal(interruptExport).(api.MutableGlobal)
+		if !ok {
+			i.discard(ctx)
+			return fmt.Errorf("instantiate: no mutable global %s", interruptExport)
+		}
+		i.watch = newWatchdog(flag)
 	}
-	res, err := mod.ExportedFunction(abi.InitExport).Call(ictx, uint64(ptr), uint64(len(i.spec.Config)))
-	if err != nil {
+	cctx := i.begin(ctx, i.h.opts.InitTimeout)
+	what, err := i.initialize(cctx)
+	if st := i.end(ctx); err != nil {
 		i.discard(ctx)
-		return fail(abi.InitExport, err)
+		if st == stopTimeout {
+			err = fmt.Errorf("%w after %s: %w", errDeadline, i.h.opts.InitTimeout, err)
+		}
+		return fmt.Errorf("%s: %w", what, shortErr{firstLine(err.Error()) + i.stderr.suffix(), err})
 	}
-	if st := api.DecodeI32(res[0]); st != 0 {
+	if what != "" {
 		i.discard(ctx)
-		return fmt.Errorf("%s returned %d: the module refused its config (%s)", abi.InitExport, st, i.lastLog)
+		return fmt.Errorf("%s returned %s: the module refused its config (%s)", abi.InitExport, what, i.lastLog)
 	}
 	// Warm up: a language runtime's first call is slow (Go sizes its heap
 	// and stacks), and it must not count against the per-call deadline.
@@ -190,6 +197,29 @@ func (i *Instance) instantiate(ctx context.Context, warm bool) error {
 		return fmt.Errorf("warm-up call: %w", err)
 	}
 	return nil
+}
+
+// initialize runs the reactor initializer and ep_init with the config.
+// On an error it returns which step failed; without one, a non-empty
+// string is ep_init's non-zero status.
+func (i *Instance) initialize(cctx context.Context) (string, error) {
+	if f := i.mod.ExportedFunction(abi.InitializeExport); f != nil {
+		if err := f.CallWithStack(cctx, i.stack[:]); err != nil {
+			return abi.InitializeExport, err
+		}
+	}
+	ptr, err := i.write(cctx, i.spec.Config)
+	if err != nil {
+		return "write config", err
+	}
+	i.stack[0], i.stack[1] = uint64(ptr), uint64(len(i.spec.Config))
+	if err := i.mod.ExportedFunction(abi.InitExport).CallWithStack(cctx, i.stack[:]); err != nil {
+		return abi.InitExport, err
+	}
+	if st := api.DecodeI32(i.stack[0]); st != 0 {
+		return strconv.Itoa(int(st)), nil
+	}
+	return "", nil
 }
 
 // warmUp is the input of the call made right after instantiation.
@@ -269,7 +299,7 @@ func (i *Instance) admit(ctx context.Context, now time.Time) error {
 			return i.callErr(ReasonCircuitOpen, fmt.Errorf("%w: instance discarded, re-created after %s", ErrCircuitOpen, i.retryAt.Format(time.RFC3339Nano)))
 		}
 		if err := i.instantiate(ctx, true); err != nil {
-			return i.fail(ctx, now, i.classify(ctx, nil, err))
+			return i.fail(ctx, now, i.classify(ctx, stopNone, err))
 		}
 	}
 	return nil
@@ -322,7 +352,7 @@ func (i *Instance) fail(ctx context.Context, now time.Time, err *CallError) erro
 func (i *Instance) invoke(ctx context.Context, timeout time.Duration, in *abi.Input, rejectEmpty bool) (abi.Output, time.Duration, *CallError) {
 	if i.mod == nil {
 		if err := i.instantiate(ctx, false); err != nil {
-			return abi.Output{}, 0, i.classify(ctx, nil, err)
+			return abi.Output{}, 0, i.classify(ctx, stopNone, err)
 		}
 	}
 	i.buf = abi.AppendInput(i.buf[:0], in)
@@ -354,19 +384,21 @@ var errReported = errors.New("the module reported a failure")
 // most limit bytes, into i.out. calls is the number of evaluations the
 // call makes, for the log limit.
 func (i *Instance) call(ctx context.Context, timeout time.Duration, fn api.Function, input []byte, limit uint32, calls int) *CallError {
-	cctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	cctx = context.WithValue(cctx, callKey{}, i)
+	if err := ctx.Err(); err != nil {
+		return i.callErr(ReasonCanceled, err)
+	}
 	i.logs, i.logLimit = 0, maxLogsPerCall*calls
 	i.lastLog = ""
+	cctx := i.begin(ctx, timeout)
 	ptr, err := i.write(cctx, input)
-	if err != nil {
-		return i.classify(ctx, cctx, err)
+	if err == nil {
+		i.stack[0], i.stack[1] = uint64(ptr), uint64(len(input))
+		err = fn.CallWithStack(cctx, i.stack[:])
 	}
-	res, err := fn.Call(cctx, uint64(ptr), uint64(len(input)))
-	if err != nil {
-		return i.classify(ctx, cctx, err)
+	if st := i.end(ctx); err != nil {
+		return i.classify(ctx, st, err)
 	}
+	res := i.stack[:1]
 	optr, olen := uint32(res[0]>>32), uint32(res[0])
 	if olen == 0 {
 		return i.callErr(ReasonInvalid, errReported)
@@ -405,14 +437,22 @@ func maxOutput(endpoints int) uint32 {
 	return uint32(8 + 4*endpoints + 2 + abi.MaxSchedulerLen + 2 + abi.MaxFlags*(2+32) + 2 + abi.MaxReasonLen)
 }
 
+// interruptTrap starts the error of a guest stopped by its interrupt
+// check: a guest whose deadline passed while it failed on its own (an
+// exit, a memory fault) is reported as the trap it is.
+const interruptTrap = "wasm error: unreachable"
+
 // classify turns a wazero error into a CallError. ctx is the caller's
-// context, cctx the call's (nil outside a call).
-func (i *Instance) classify(ctx, cctx context.Context, err error) *CallError {
-	if ctx.Err() != nil {
+// context, st how the call's deadline ended (end).
+func (i *Instance) classify(ctx context.Context, st stop, err error) *CallError {
+	if ctx.Err() != nil || st == stopCanceled {
 		return i.callErr(ReasonCanceled, err)
 	}
-	if cctx != nil && errors.Is(cctx.Err(), context.DeadlineExceeded) {
-		return i.callErr(ReasonTimeout, fmt.Errorf("per-call deadline exceeded: %w", err))
+	if st == stopTimeout && (i.watch == nil || strings.HasPrefix(err.Error(), interruptTrap)) {
+		return i.callErr(ReasonTimeout, fmt.Errorf("per-call %w: %w", errDeadline, shortErr{firstLine(err.Error()), err}))
+	}
+	if errors.Is(err, errDeadline) {
+		return i.callErr(ReasonTimeout, err)
 	}
 	var ee *sys.ExitError
 	if errors.As(err, &ee) {

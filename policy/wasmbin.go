@@ -31,50 +31,48 @@ func parseImports(b []byte) ([]wasmImport, error) {
 	if !bytes.Equal(b[4:8], []byte{1, 0, 0, 0}) {
 		return nil, fmt.Errorf("unsupported binary version % x", b[4:8])
 	}
-	p := &parser{b: b, off: 8}
-	for p.off < len(p.b) {
-		id := p.byte()
-		size := int(p.u32())
-		if p.err != nil {
-			return nil, p.err
-		}
-		if size > len(p.b)-p.off {
-			return nil, fmt.Errorf("section %d: size %d past the end", id, size)
-		}
-		if id != 2 {
-			p.off += size
-			continue
-		}
-		sec := &parser{b: p.b[:p.off+size], off: p.off}
-		n := int(sec.u32())
-		var out []wasmImport
-		for i := 0; i < n && sec.err == nil; i++ {
-			im := wasmImport{Module: sec.name(), Name: sec.name(), Kind: sec.byte()}
-			switch im.Kind {
-			case 0: // type index
-				sec.u32()
-			case 1: // reftype + limits
-				sec.byte()
-				sec.limits()
-			case 2:
-				sec.limits()
-			case 3: // valtype + mutability
-				sec.byte()
-				sec.byte()
-			case 4: // attribute + type index
-				sec.byte()
-				sec.u32()
-			default:
-				return nil, fmt.Errorf("import %d: unknown kind %d", i, im.Kind)
+	secs, err := splitSections(b[8:])
+	if err != nil {
+		return nil, err
+	}
+	for _, s := range secs {
+		if s.id == secImport {
+			out, err := parseImportEntries(&parser{b: s.body})
+			if err != nil {
+				return nil, fmt.Errorf("import section: %w", err)
 			}
-			out = append(out, im)
+			return out, nil
 		}
-		if sec.err != nil {
-			return nil, fmt.Errorf("import section: %w", sec.err)
-		}
-		return out, nil
 	}
 	return nil, nil
+}
+
+// parseImportEntries reads the entries of an import section from p.
+func parseImportEntries(sec *parser) ([]wasmImport, error) {
+	n := int(sec.u32())
+	var out []wasmImport
+	for i := 0; i < n && sec.err == nil; i++ {
+		im := wasmImport{Module: sec.name(), Name: sec.name(), Kind: sec.byte()}
+		switch im.Kind {
+		case 0: // type index
+			sec.u32()
+		case 1: // reftype + limits
+			sec.byte()
+			sec.limits()
+		case 2:
+			sec.limits()
+		case 3: // valtype + mutability
+			sec.byte()
+			sec.byte()
+		case 4: // attribute + type index
+			sec.byte()
+			sec.u32()
+		default:
+			return nil, fmt.Errorf("import %d: unknown kind %d", i, im.Kind)
+		}
+		out = append(out, im)
+	}
+	return out, sec.err
 }
 
 type parser struct {

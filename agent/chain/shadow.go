@@ -14,6 +14,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/policy"
 	"github.com/edgeproxy/edgeproxy/policy/abi"
 )
@@ -96,16 +97,16 @@ type ShadowOutput struct {
 // ShadowDiff is one recorded difference between a shadow and the module it
 // shadows, on one input.
 type ShadowDiff struct {
-	Time        time.Time    `json:"time"`
-	Service     string       `json:"service"` // namespace/name:port
-	Chain       string       `json:"chain"`
-	Module      string       `json:"module"`
-	Of          string       `json:"of"`
-	InputSHA256 string       `json:"inputSha256"`
-	Endpoints   []string     `json:"endpoints"` // the input's, in order
-	Active      ShadowOutput `json:"active"`
-	Shadow      ShadowOutput `json:"shadow"`
-	Reason      string       `json:"reason"`
+	Time        time.Time             `json:"time"`
+	Service     model.ServicePortName `json:"service"`
+	Chain       string                `json:"chain"`
+	Module      string                `json:"module"`
+	Of          string                `json:"of"`
+	InputSHA256 string                `json:"inputSha256"`
+	Endpoints   []string              `json:"endpoints"` // the input's, in order
+	Active      ShadowOutput          `json:"active"`
+	Shadow      ShadowOutput          `json:"shadow"`
+	Reason      string                `json:"reason"`
 }
 
 // ShadowStatus is one loaded shadow and its counts since the agent
@@ -363,7 +364,7 @@ func (e *Evaluator) compareShadow(ch *chain, sh *shadowStep, in *abi.Input, jb *
 	st.diffs++
 	d := ShadowDiff{
 		Time: e.opts.now(), Chain: ch.cfg.Name, Module: sh.module, Of: sh.of, InputSHA256: s.InputSHA256,
-		Service: jb.spn.String(),
+		Service: jb.spn,
 		Active:  outputOf(a), Shadow: outputOf(r), Reason: diff,
 	}
 	d.Endpoints = make([]string, len(in.Endpoints))
@@ -470,7 +471,7 @@ func (e *Evaluator) ShadowReport(service string) ShadowReport {
 	}
 	rep.Diffs = []ShadowDiff{}
 	for _, d := range e.shadows.diffs() {
-		if service == "" || d.Service == service || strings.HasPrefix(d.Service, service+":") {
+		if service == "" || d.Service.Namespace+"/"+d.Service.Name == service {
 			rep.Diffs = append(rep.Diffs, d)
 		}
 	}

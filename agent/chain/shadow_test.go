@@ -81,7 +81,7 @@ func TestShadowCandidateDiffers(t *testing.T) {
 		t.Fatalf("report for shop/web: %+v", rep)
 	}
 	d := rep.Diffs[0]
-	if d.Service != "shop/web:http" || d.Chain != "canary" || d.InputSHA256 != s[0].InputSHA256 ||
+	if d.Service != (model.ServicePortName{Namespace: "shop", Name: "web", Port: "http"}) || d.Chain != "canary" || d.InputSHA256 != s[0].InputSHA256 ||
 		!slices.Equal(d.Active.Weights, []uint32{10, 10, 10}) || !slices.Equal(d.Shadow.Weights, []uint32{30, 30, 30}) ||
 		!slices.Equal(d.Endpoints, []string{"10.1.0.1:8080", "10.1.0.2:8080", "10.1.0.3:8080"}) || d.Reason != s[0].Diff {
 		t.Fatalf("recorded difference %+v", d)

@@ -225,42 +225,10 @@ func (d *decoder) decodeValue(key string, v reflect.Value, raw any) {
 	}
 	switch v.Type() {
 	case durationType:
-		s, ok := raw.(string)
-		if !ok {
-			if n, isInt := toInt(raw); isInt && n == 0 {
-				v.SetInt(0)
-				return
-			}
-			d.fail(key, "%s is not a duration (write it with a unit, e.g. 30s or 500ms)", show(raw))
-			return
-		}
-		dur, err := time.ParseDuration(strings.TrimSpace(s))
-		if err != nil {
-			d.fail(key, "%s is not a duration", show(raw))
-			return
-		}
-		v.SetInt(int64(dur))
+		d.decodeDuration(key, v, raw)
 		return
 	case sizeType:
-		if n, ok := toInt(raw); ok {
-			if n < 0 {
-				d.fail(key, "%s is not a size (it is negative)", show(raw))
-				return
-			}
-			v.SetInt(n)
-			return
-		}
-		s, ok := raw.(string)
-		if !ok {
-			d.fail(key, "%s is not a size (e.g. 16Mi, 512Ki, 1G or a number of bytes)", show(raw))
-			return
-		}
-		sz, err := ParseSize(s)
-		if err != nil {
-			d.fail(key, "%v", err)
-			return
-		}
-		v.SetInt(int64(sz))
+		d.decodeSize(key, v, raw)
 		return
 	}
 
@@ -280,32 +248,9 @@ func (d *decoder) decodeValue(key string, v reflect.Value, raw any) {
 		}
 		v.SetString(s)
 	case reflect.Bool:
-		switch b := raw.(type) {
-		case bool:
-			v.SetBool(b)
-		case string:
-			p, err := strconv.ParseBool(strings.TrimSpace(b))
-			if err != nil {
-				d.fail(key, "%s is not a boolean (true or false)", show(raw))
-				return
-			}
-			v.SetBool(p)
-		default:
-			d.fail(key, "%s is not a boolean (true or false)", show(raw))
-		}
+		d.decodeBool(key, v, raw)
 	case reflect.Int, reflect.Int64, reflect.Int32:
-		n, ok := toInt(raw)
-		if !ok {
-			if s, isStr := raw.(string); isStr {
-				p, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
-				n, ok = p, err == nil
-			}
-		}
-		if !ok || v.OverflowInt(n) {
-			d.fail(key, "%s is not an integer", show(raw))
-			return
-		}
-		v.SetInt(n)
+		d.decodeInt(key, v, raw)
 	case reflect.Slice:
 		d.decodeSlice(key, v, raw)
 	case reflect.Map:
@@ -313,6 +258,83 @@ func (d *decoder) decodeValue(key string, v reflect.Value, raw any) {
 	default:
 		d.fail(key, "cannot be set (unsupported type %s)", v.Type())
 	}
+}
+
+// decodeDuration takes a Go duration string; a bare 0 is zero too.
+func (d *decoder) decodeDuration(key string, v reflect.Value, raw any) {
+	s, ok := raw.(string)
+	if !ok {
+		if n, isInt := toInt(raw); isInt && n == 0 {
+			v.SetInt(0)
+			return
+		}
+		d.fail(key, "%s is not a duration (write it with a unit, e.g. 30s or 500ms)", show(raw))
+		return
+	}
+	dur, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil {
+		d.fail(key, "%s is not a duration", show(raw))
+		return
+	}
+	v.SetInt(int64(dur))
+}
+
+// decodeSize takes a number of bytes or a size with a unit (ParseSize).
+func (d *decoder) decodeSize(key string, v reflect.Value, raw any) {
+	if n, ok := toInt(raw); ok {
+		if n < 0 {
+			d.fail(key, "%s is not a size (it is negative)", show(raw))
+			return
+		}
+		v.SetInt(n)
+		return
+	}
+	s, ok := raw.(string)
+	if !ok {
+		d.fail(key, "%s is not a size (e.g. 16Mi, 512Ki, 1G or a number of bytes)", show(raw))
+		return
+	}
+	sz, err := ParseSize(s)
+	if err != nil {
+		d.fail(key, "%v", err)
+		return
+	}
+	v.SetInt(int64(sz))
+}
+
+// decodeBool takes a YAML boolean or, from the environment and flags, its
+// spelling as a string.
+func (d *decoder) decodeBool(key string, v reflect.Value, raw any) {
+	switch b := raw.(type) {
+	case bool:
+		v.SetBool(b)
+	case string:
+		p, err := strconv.ParseBool(strings.TrimSpace(b))
+		if err != nil {
+			d.fail(key, "%s is not a boolean (true or false)", show(raw))
+			return
+		}
+		v.SetBool(p)
+	default:
+		d.fail(key, "%s is not a boolean (true or false)", show(raw))
+	}
+}
+
+// decodeInt takes an integer, or its decimal spelling as a string, that
+// fits v.
+func (d *decoder) decodeInt(key string, v reflect.Value, raw any) {
+	n, ok := toInt(raw)
+	if !ok {
+		if s, isStr := raw.(string); isStr {
+			p, err := strconv.ParseInt(strings.TrimSpace(s), 10, 64)
+			n, ok = p, err == nil
+		}
+	}
+	if !ok || v.OverflowInt(n) {
+		d.fail(key, "%s is not an integer", show(raw))
+		return
+	}
+	v.SetInt(n)
 }
 
 func (d *decoder) decodeSlice(key string, v reflect.Value, raw any) {

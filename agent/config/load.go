@@ -118,37 +118,10 @@ func Load(opts LoadOptions) (*Config, error) {
 		}
 	}
 
-	var errs []error
-	env := map[string]any{}
-	for _, kv := range opts.Env {
-		name, val, _ := strings.Cut(kv, "=")
-		rest, ok := strings.CutPrefix(name, EnvPrefix)
-		if !ok || name == EnvConfig {
-			continue
-		}
-		l, ok := schema.byNorm[normKey(rest)]
-		if !ok {
-			log.Warn("config: ignoring environment variable that names no config key", "name", name)
-			continue
-		}
-		env[l.key] = val
-	}
-	if err := k.Load(confmap.Provider(env, "."), nil); err != nil {
+	if err := k.Load(confmap.Provider(envLayer(opts.Env, log), "."), nil); err != nil {
 		return nil, fmt.Errorf("config: environment: %w", err)
 	}
-
-	flags := map[string]any{}
-	for name, val := range opts.Flags {
-		if name == flagConfig {
-			continue
-		}
-		l, ok := schema.byNorm[normKey(name)]
-		if !ok {
-			errs = append(errs, fieldErr(name, "unknown key (given as a flag)"))
-			continue
-		}
-		flags[l.key] = val
-	}
+	flags, errs := flagLayer(opts.Flags)
 	if err := k.Load(confmap.Provider(flags, "."), nil); err != nil {
 		return nil, fmt.Errorf("config: flags: %w", err)
 	}
@@ -178,23 +151,71 @@ func Load(opts LoadOptions) (*Config, error) {
 		}
 	}
 
-	// Validate what decoded, but say nothing more about a key that did not
-	// decode: its default may not fit the file's other values.
-	bad := map[string]bool{}
-	for _, e := range errs {
-		if fe, ok := e.(*FieldError); ok {
-			bad[fe.Key] = true
-		}
-	}
-	if err := cfg.Validate(); err != nil {
-		for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
-			if fe, ok := e.(*FieldError); !ok || !bad[fe.Key] {
-				errs = append(errs, e)
-			}
-		}
-	}
+	errs = append(errs, validateDecoded(&cfg, errs)...)
 	if len(errs) > 0 {
 		return nil, errors.Join(errs...)
 	}
 	return &cfg, nil
+}
+
+// envLayer maps the EDGEPROXY_* variables of env to config keys, warning
+// once about each variable that names no key.
+func envLayer(env []string, log *slog.Logger) map[string]any {
+	layer := map[string]any{}
+	for _, kv := range env {
+		name, val, _ := strings.Cut(kv, "=")
+		rest, ok := strings.CutPrefix(name, EnvPrefix)
+		if !ok || name == EnvConfig {
+			continue
+		}
+		l, ok := schema.byNorm[normKey(rest)]
+		if !ok {
+			log.Warn("config: ignoring environment variable that names no config key", "name", name)
+			continue
+		}
+		layer[l.key] = val
+	}
+	return layer
+}
+
+// flagLayer maps command-line flags to config keys; a flag that names no
+// key is an error.
+func flagLayer(flags map[string]string) (map[string]any, []error) {
+	var errs []error
+	layer := map[string]any{}
+	for name, val := range flags {
+		if name == flagConfig {
+			continue
+		}
+		l, ok := schema.byNorm[normKey(name)]
+		if !ok {
+			errs = append(errs, fieldErr(name, "unknown key (given as a flag)"))
+			continue
+		}
+		layer[l.key] = val
+	}
+	return layer, errs
+}
+
+// validateDecoded validates cfg but says nothing more about a key that
+// did not decode (named in decodeErrs): its default may not fit the
+// file's other values.
+func validateDecoded(cfg *Config, decodeErrs []error) []error {
+	bad := map[string]bool{}
+	for _, e := range decodeErrs {
+		if fe, ok := e.(*FieldError); ok {
+			bad[fe.Key] = true
+		}
+	}
+	err := cfg.Validate()
+	if err == nil {
+		return nil
+	}
+	var errs []error
+	for _, e := range err.(interface{ Unwrap() []error }).Unwrap() {
+		if fe, ok := e.(*FieldError); !ok || !bad[fe.Key] {
+			errs = append(errs, e)
+		}
+	}
+	return errs
 }

@@ -40,53 +40,90 @@ const (
 
 func reflectValue(c *Config) reflect.Value { return reflect.ValueOf(c).Elem() }
 
-// Validate checks c and returns every problem joined (errors.Join), each a
-// *FieldError naming the dotted key and the bad value. Load calls it; call
-// it yourself after building a Config by hand. It does not touch the file
-// system or the network: module files, the kubeconfig and the manifest
-// directory are checked by whoever opens them.
 // MinSyncPeriod is the shortest sync.period: a shorter one would keep a
 // core busy with full resyncs.
 const MinSyncPeriod = 100 * time.Millisecond
 
-func (c *Config) Validate() error {
-	var errs []error
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, fieldErr(key, format, args...))
-	}
-	oneOf := func(key, v string, allowed []string) {
-		if !slices.Contains(allowed, v) {
-			bad(key, "%q is not one of %s", v, strings.Join(allowed, ", "))
-		}
-	}
-	nonNegative := func(key string, v fmt.Stringer, neg bool) {
-		if neg {
-			bad(key, "%s is negative", v)
-		}
-	}
+// problems collects the errors of one validation, each a *FieldError.
+type problems []error
 
-	if strings.TrimSpace(c.NodeName) == "" {
-		bad("nodeName", "must not be empty")
+func (ps *problems) bad(key, format string, args ...any) {
+	*ps = append(*ps, fieldErr(key, format, args...))
+}
+
+func (ps *problems) oneOf(key, v string, allowed []string) {
+	if !slices.Contains(allowed, v) {
+		ps.bad(key, "%q is not one of %s", v, strings.Join(allowed, ", "))
 	}
-	oneOf("mode", string(c.Mode), Modes)
+}
+
+func (ps *problems) nonNegative(key string, v time.Duration) {
+	if v < 0 {
+		ps.bad(key, "%s is negative", v)
+	}
+}
+
+// Validate checks c and returns every problem joined (errors.Join), each a
+// *FieldError naming the dotted key and the bad value, sorted by key. Load
+// calls it; call it yourself after building a Config by hand. It does not
+// touch the file system or the network: module files, the kubeconfig and
+// the manifest directory are checked by whoever opens them.
+func (c *Config) Validate() error {
+	var ps problems
+	c.validateSource(&ps)
+	c.validateAddresses(&ps)
+	c.validateSync(&ps)
+	validateHealth(c.Health, ps.bad)
+	c.validateKernel(&ps)
+	ps = append(ps, c.Policy.validate()...)
+	c.validateHost(&ps)
+	slices.SortStableFunc(ps, func(a, b error) int {
+		var fa, fb *FieldError
+		if errors.As(a, &fa) && errors.As(b, &fb) {
+			return strings.Compare(fa.Key, fb.Key)
+		}
+		return 0
+	})
+	return errors.Join(ps...)
+}
+
+// validateSource checks who the agent is and where its input comes from.
+func (c *Config) validateSource(ps *problems) {
+	if strings.TrimSpace(c.NodeName) == "" {
+		ps.bad("nodeName", "must not be empty")
+	}
+	ps.oneOf("mode", string(c.Mode), Modes)
 	if c.Kubeconfig != "" && c.Manifests != "" {
-		bad("manifests", "%q cannot be used together with kubeconfig %q: pick one source", c.Manifests, c.Kubeconfig)
+		ps.bad("manifests", "%q cannot be used together with kubeconfig %q: pick one source", c.Manifests, c.Kubeconfig)
 	}
 	if c.ProxyName == "" {
-		bad("proxyName", "must not be empty")
+		ps.bad("proxyName", "must not be empty")
 	}
+	if c.MaxManifestSize <= 0 {
+		ps.bad("maxManifestSize", "%s must be positive", c.MaxManifestSize)
+	}
+	for i, l := range c.NodeLabels {
+		if strings.TrimSpace(l) == "" {
+			ps.bad(fmt.Sprintf("nodeLabels[%d]", i), "must not be empty")
+		}
+	}
+}
+
+// validateAddresses checks clusterCIDR (at most one CIDR per family) and
+// nodePortAddresses.
+func (c *Config) validateAddresses(ps *problems) {
 	if c.ClusterCIDR != "" {
 		seen := map[bool]string{}
 		for p := range strings.SplitSeq(c.ClusterCIDR, ",") {
 			p = strings.TrimSpace(p)
 			pfx, err := netip.ParsePrefix(p)
 			if err != nil {
-				bad("clusterCIDR", "%q is not a CIDR", p)
+				ps.bad("clusterCIDR", "%q is not a CIDR", p)
 				continue
 			}
 			v4 := pfx.Addr().Is4()
 			if prev, dup := seen[v4]; dup {
-				bad("clusterCIDR", "%q and %q are of the same IP family: give at most one CIDR per family", prev, p)
+				ps.bad("clusterCIDR", "%q and %q are of the same IP family: give at most one CIDR per family", prev, p)
 			}
 			seen[v4] = p
 		}
@@ -96,92 +133,80 @@ func (c *Config) Validate() error {
 			continue
 		}
 		if _, err := netip.ParsePrefix(strings.TrimSpace(a)); err != nil {
-			bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is neither a CIDR nor %q", a, NodePortPrimary)
+			ps.bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is neither a CIDR nor %q", a, NodePortPrimary)
 		}
 	}
+}
 
+// validateSync checks the sync and offline periods.
+func (c *Config) validateSync(ps *problems) {
 	s := c.Sync
-	nonNegative("sync.minPeriod", s.MinPeriod, s.MinPeriod < 0)
-	nonNegative("offline.startTimeout", c.Offline.StartTimeout, c.Offline.StartTimeout < 0)
-	nonNegative("offline.snapshotInterval", c.Offline.SnapshotInterval, c.Offline.SnapshotInterval < 0)
-	validateHealth(c.Health, bad)
+	ps.nonNegative("sync.minPeriod", s.MinPeriod)
+	ps.nonNegative("offline.startTimeout", c.Offline.StartTimeout)
+	ps.nonNegative("offline.snapshotInterval", c.Offline.SnapshotInterval)
 	if s.Period < MinSyncPeriod {
-		bad("sync.period", "%s is shorter than %s", s.Period, MinSyncPeriod)
+		ps.bad("sync.period", "%s is shorter than %s", s.Period, MinSyncPeriod)
 	} else if s.MinPeriod > s.Period {
-		bad("sync.minPeriod", "%s is longer than sync.period (%s)", s.MinPeriod, s.Period)
+		ps.bad("sync.minPeriod", "%s is longer than sync.period (%s)", s.MinPeriod, s.Period)
 	}
 	if s.HealthTimeout <= 0 {
-		bad("sync.healthTimeout", "%s must be positive", s.HealthTimeout)
+		ps.bad("sync.healthTimeout", "%s must be positive", s.HealthTimeout)
 	}
+}
 
+// validateKernel checks the iptables, conntrack and ipvs sections.
+func (c *Config) validateKernel(ps *problems) {
 	if b := c.IPTables.MasqueradeBit; b < 0 || b > 31 {
-		bad("iptables.masqueradeBit", "%d is not in 0..31", b)
+		ps.bad("iptables.masqueradeBit", "%d is not in 0..31", b)
 	}
-	nonNegative("iptables.lockWait", c.IPTables.LockWait, c.IPTables.LockWait < 0)
+	ps.nonNegative("iptables.lockWait", c.IPTables.LockWait)
 	ct := c.Conntrack
-	for _, d := range []struct {
-		key string
-		v   time.Duration
-	}{{"conntrack.tcpEstablishedTimeout", ct.TCPEstablishedTimeout}, {"conntrack.tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout},
-		{"conntrack.udpTimeout", ct.UDPTimeout}, {"conntrack.udpStreamTimeout", ct.UDPStreamTimeout}} {
-		nonNegative(d.key, d.v, d.v < 0)
-	}
+	ps.nonNegative("conntrack.tcpEstablishedTimeout", ct.TCPEstablishedTimeout)
+	ps.nonNegative("conntrack.tcpCloseWaitTimeout", ct.TCPCloseWaitTimeout)
+	ps.nonNegative("conntrack.udpTimeout", ct.UDPTimeout)
+	ps.nonNegative("conntrack.udpStreamTimeout", ct.UDPStreamTimeout)
 	if ct.MaxPerCore < 0 {
-		bad("conntrack.maxPerCore", "%d is negative", ct.MaxPerCore)
+		ps.bad("conntrack.maxPerCore", "%d is negative", ct.MaxPerCore)
 	}
 	if ct.Min < 0 {
-		bad("conntrack.min", "%d is negative", ct.Min)
+		ps.bad("conntrack.min", "%d is negative", ct.Min)
 	}
 
 	v := c.IPVS
-	oneOf("ipvs.scheduler", v.Scheduler, IPVSSchedulers)
+	ps.oneOf("ipvs.scheduler", v.Scheduler, IPVSSchedulers)
 	for i, f := range v.SchedulerFlags {
 		if strings.TrimSpace(f) == "" {
-			bad(fmt.Sprintf("ipvs.schedulerFlags[%d]", i), "must not be empty")
+			ps.bad(fmt.Sprintf("ipvs.schedulerFlags[%d]", i), "must not be empty")
 		}
 	}
 	if err := checkIfName(v.Interface); err != nil {
-		bad("ipvs.interface", "%q %v", v.Interface, err)
+		ps.bad("ipvs.interface", "%q %v", v.Interface, err)
 	}
-	nonNegative("ipvs.gracePeriod", v.GracePeriod, v.GracePeriod < 0)
-	nonNegative("ipvs.tcpTimeout", v.TCPTimeout, v.TCPTimeout < 0)
-	nonNegative("ipvs.tcpFinTimeout", v.TCPFinTimeout, v.TCPFinTimeout < 0)
-	nonNegative("ipvs.udpTimeout", v.UDPTimeout, v.UDPTimeout < 0)
+	ps.nonNegative("ipvs.gracePeriod", v.GracePeriod)
+	ps.nonNegative("ipvs.tcpTimeout", v.TCPTimeout)
+	ps.nonNegative("ipvs.tcpFinTimeout", v.TCPFinTimeout)
+	ps.nonNegative("ipvs.udpTimeout", v.UDPTimeout)
+}
 
-	errs = append(errs, c.Policy.validate()...)
-
+// validateHost checks what the agent uses on its own host: memory, the
+// state directory, its listeners and its log.
+func (c *Config) validateHost(ps *problems) {
 	if c.Memory.Limit != 0 && c.Memory.Limit < MinMemoryLimit {
-		bad("memory.limit", "%s is below %s (0 picks one)", c.Memory.Limit, MinMemoryLimit)
-	}
-	if c.MaxManifestSize <= 0 {
-		bad("maxManifestSize", "%s must be positive", c.MaxManifestSize)
+		ps.bad("memory.limit", "%s is below %s (0 picks one)", c.Memory.Limit, MinMemoryLimit)
 	}
 	if strings.TrimSpace(c.StateDir) == "" {
-		bad("stateDir", "must not be empty")
+		ps.bad("stateDir", "must not be empty")
 	}
 	for key, addr := range map[string]string{"server.healthz": c.Server.Healthz, "server.metrics": c.Server.Metrics} {
 		if addr == "" {
 			continue
 		}
 		if err := checkListen(addr); err != nil {
-			bad(key, "%q is not a listen address (%v)", addr, err)
+			ps.bad(key, "%q is not a listen address (%v)", addr, err)
 		}
 	}
-	oneOf("log.level", c.Log.Level, LogLevels)
-	oneOf("log.format", c.Log.Format, LogFormats)
-	for i, l := range c.NodeLabels {
-		if strings.TrimSpace(l) == "" {
-			bad(fmt.Sprintf("nodeLabels[%d]", i), "must not be empty")
-		}
-	}
-	slices.SortStableFunc(errs, func(a, b error) int {
-		var fa, fb *FieldError
-		if errors.As(a, &fa) && errors.As(b, &fb) {
-			return strings.Compare(fa.Key, fb.Key)
-		}
-		return 0
-	})
-	return errors.Join(errs...)
+	ps.oneOf("log.level", c.Log.Level, LogLevels)
+	ps.oneOf("log.format", c.Log.Format, LogFormats)
 }
 
 // Validate checks the policy section alone, as a reload of the policy engine
@@ -189,91 +214,95 @@ func (c *Config) Validate() error {
 func (p Policy) Validate() error { return errors.Join(p.validate()...) }
 
 func (p Policy) validate() []error {
-	var errs []error
-	bad := func(key, format string, args ...any) {
-		errs = append(errs, fieldErr(key, format, args...))
-	}
-	if !slices.Contains(PolicyEngines, p.Engine) {
-		bad("policy.engine", "%q is not one of %s", p.Engine, strings.Join(PolicyEngines, ", "))
-	}
+	var ps problems
+	ps.oneOf("policy.engine", p.Engine, PolicyEngines)
 	if p.Timeout <= 0 {
-		bad("policy.timeout", "%s must be positive", p.Timeout)
+		ps.bad("policy.timeout", "%s must be positive", p.Timeout)
 	}
 	if p.MemoryLimit < minMemoryLimit || p.MemoryLimit > maxMemoryLimit {
-		bad("policy.memoryLimit", "%s is not in %s..%s", p.MemoryLimit, minMemoryLimit, maxMemoryLimit)
+		ps.bad("policy.memoryLimit", "%s is not in %s..%s", p.MemoryLimit, minMemoryLimit, maxMemoryLimit)
 	}
 	if p.MaxModuleSize <= 0 {
-		bad("policy.maxModuleSize", "%s must be positive", p.MaxModuleSize)
+		ps.bad("policy.maxModuleSize", "%s must be positive", p.MaxModuleSize)
 	}
 	if p.ShadowBudget < 0 {
-		bad("policy.shadowBudget", "%s must not be negative", p.ShadowBudget)
+		ps.bad("policy.shadowBudget", "%s must not be negative", p.ShadowBudget)
 	}
+	modules := p.validateModules(&ps)
+	ps = append(ps, p.validateShadows(modules)...)
+	chains := map[string]int{}
+	for i, c := range p.Chains {
+		p.validateChain(&ps, fmt.Sprintf("policy.chains[%d]", i), i, c, chains, modules)
+	}
+	return ps
+}
 
+// validateModules checks policy.modules and returns the index of each
+// module name.
+func (p Policy) validateModules(ps *problems) map[string]int {
 	modules := map[string]int{}
 	for i, m := range p.Modules {
 		key := fmt.Sprintf("policy.modules[%d]", i)
 		switch prev, dup := modules[m.Name]; {
 		case m.Name == "":
-			bad(key+".name", "must not be empty")
+			ps.bad(key+".name", "must not be empty")
 		case dup:
-			bad(key+".name", "%q is already the name of policy.modules[%d]", m.Name, prev)
+			ps.bad(key+".name", "%q is already the name of policy.modules[%d]", m.Name, prev)
 		default:
 			modules[m.Name] = i
 		}
 		if m.Path == "" {
-			bad(key+".path", "must not be empty")
+			ps.bad(key+".path", "must not be empty")
 		}
 		if m.SHA256 != "" {
 			if b, err := hex.DecodeString(m.SHA256); err != nil || len(b) != 32 {
-				bad(key+".sha256", "%q is not a sha256 (64 hex digits)", m.SHA256)
+				ps.bad(key+".sha256", "%q is not a sha256 (64 hex digits)", m.SHA256)
 			}
 		}
 	}
+	return modules
+}
 
-	errs = append(errs, p.validateShadows(modules)...)
-
-	chains := map[string]int{}
-	for i, c := range p.Chains {
-		key := fmt.Sprintf("policy.chains[%d]", i)
-		switch prev, dup := chains[c.Name]; {
-		case c.Name == "":
-			bad(key+".name", "must not be empty")
-		case dup:
-			bad(key+".name", "%q is already the name of policy.chains[%d]", c.Name, prev)
-		default:
-			chains[c.Name] = i
-		}
-		if len(c.Modules) == 0 {
-			bad(key+".modules", "must name at least one module")
-		}
-		for j, step := range c.Modules {
-			switch i, ok := modules[step.Module]; {
-			case !ok:
-				bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is not defined in policy.modules", step.Module)
-			case p.Modules[i].ShadowOf != "":
-				bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is a shadow (policy.modules[%d].shadowOf); to promote it, drop its shadowOf", step.Module, i)
-			}
-		}
-		if c.Failure != "" && !slices.Contains(ChainFailures, c.Failure) { // "" is keep-builtin
-			bad(key+".failure", "%q is not one of %s", c.Failure, strings.Join(ChainFailures, ", "))
-		}
-		for j, ns := range c.Match.Namespaces {
-			if strings.TrimSpace(ns) == "" {
-				bad(fmt.Sprintf("%s.match.namespaces[%d]", key, j), "must not be empty")
-			}
-		}
-		for k := range c.Match.Labels {
-			if k == "" {
-				bad(key+".match.labels", "a label key must not be empty")
-			}
-		}
-		for k := range c.Match.Annotations {
-			if k == "" {
-				bad(key+".match.annotations", "an annotation key must not be empty")
-			}
+// validateChain checks chain i (at key), recording its name in chains and
+// resolving its steps against the module index.
+func (p Policy) validateChain(ps *problems, key string, i int, c Chain, chains, modules map[string]int) {
+	switch prev, dup := chains[c.Name]; {
+	case c.Name == "":
+		ps.bad(key+".name", "must not be empty")
+	case dup:
+		ps.bad(key+".name", "%q is already the name of policy.chains[%d]", c.Name, prev)
+	default:
+		chains[c.Name] = i
+	}
+	if len(c.Modules) == 0 {
+		ps.bad(key+".modules", "must name at least one module")
+	}
+	for j, step := range c.Modules {
+		switch m, ok := modules[step.Module]; {
+		case !ok:
+			ps.bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is not defined in policy.modules", step.Module)
+		case p.Modules[m].ShadowOf != "":
+			ps.bad(fmt.Sprintf("%s.modules[%d].module", key, j), "%q is a shadow (policy.modules[%d].shadowOf); to promote it, drop its shadowOf", step.Module, m)
 		}
 	}
-	return errs
+	if c.Failure != "" && !slices.Contains(ChainFailures, c.Failure) { // "" is keep-builtin
+		ps.bad(key+".failure", "%q is not one of %s", c.Failure, strings.Join(ChainFailures, ", "))
+	}
+	for j, ns := range c.Match.Namespaces {
+		if strings.TrimSpace(ns) == "" {
+			ps.bad(fmt.Sprintf("%s.match.namespaces[%d]", key, j), "must not be empty")
+		}
+	}
+	for k := range c.Match.Labels {
+		if k == "" {
+			ps.bad(key+".match.labels", "a label key must not be empty")
+		}
+	}
+	for k := range c.Match.Annotations {
+		if k == "" {
+			ps.bad(key+".match.annotations", "an annotation key must not be empty")
+		}
+	}
 }
 
 // validateShadows checks policy.modules[].shadowOf and config, given the

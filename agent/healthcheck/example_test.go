@@ -12,8 +12,8 @@ func ExampleServers_Update() {
 	s := healthcheck.New(healthcheck.Options{})
 	defer s.Close()
 	err := s.Update(map[uint16]healthcheck.Info{
-		32000: {Service: "default/web", LocalEndpoints: 2}, // answers 200
-		32001: {Service: "default/db", LocalEndpoints: 0},  // answers 503
+		32000: {Namespace: "default", Name: "web", LocalEndpoints: 2}, // answers 200
+		32001: {Namespace: "default", Name: "db", LocalEndpoints: 0},  // answers 503
 	})
 	if err != nil {
 		log.Print(err) // ports that could not be opened; the others are served

@@ -23,9 +23,12 @@ import (
 
 // Info is what one health-check port reports.
 type Info struct {
-	Service        string // "namespace/name"
-	LocalEndpoints int
+	Namespace, Name string // the Service's
+	LocalEndpoints  int
 }
+
+// service is "namespace/name", for logs and errors.
+func (i Info) service() string { return i.Namespace + "/" + i.Name }
 
 // Options configure a Server set.
 type Options struct {
@@ -116,7 +119,7 @@ func (s *Servers) start(n uint16, info Info) (*port, error) {
 			for _, l := range ls {
 				l.Close()
 			}
-			return nil, fmt.Errorf("healthcheck: listen on %s port %d for %s: %w", a, n, info.Service, err)
+			return nil, fmt.Errorf("healthcheck: listen on %s port %d for %s: %w", a, n, info.service(), err)
 		}
 		ls = append(ls, l)
 	}
@@ -131,7 +134,7 @@ func (s *Servers) start(n uint16, info Info) (*port, error) {
 			}
 		}()
 	}
-	s.log.Info("serving health check node port", "port", n, "service", info.Service)
+	s.log.Info("serving health check node port", "port", n, "service", info.service())
 	return p, nil
 }
 
@@ -141,7 +144,7 @@ func (s *Servers) stop(n uint16) {
 	for _, srv := range p.srvs {
 		_ = srv.Close()
 	}
-	s.log.Info("stopped health check node port", "port", n, "service", p.info.Service)
+	s.log.Info("stopped health check node port", "port", n, "service", p.info.service())
 }
 
 // Close stops every server and waits for them.
@@ -176,7 +179,7 @@ func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	info, healthy := p.info, p.healthy
 	p.mu.RUnlock()
 	var body response
-	body.Service.Namespace, body.Service.Name = splitName(info.Service)
+	body.Service.Namespace, body.Service.Name = info.Namespace, info.Name
 	body.LocalEndpoints = info.LocalEndpoints
 	body.ProxyHealthy = healthy == nil || healthy()
 	w.Header().Set("Content-Type", "application/json")
@@ -187,13 +190,4 @@ func (p *port) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusServiceUnavailable)
 	}
 	_ = json.NewEncoder(w).Encode(body)
-}
-
-func splitName(s string) (ns, name string) {
-	for i := 0; i < len(s); i++ {
-		if s[i] == '/' {
-			return s[:i], s[i+1:]
-		}
-	}
-	return "", s
 }

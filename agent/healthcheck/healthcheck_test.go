@@ -75,8 +75,8 @@ func get(hc *http.Client, node *netns.Node, port int) (int, body, error) {
 func TestUpdate(t *testing.T) {
 	s, node, hc := setup(t, nil)
 	if err := s.Update(map[uint16]healthcheck.Info{
-		30001: {Service: "default/a", LocalEndpoints: 2},
-		30002: {Service: "default/b", LocalEndpoints: 0},
+		30001: {Namespace: "default", Name: "a", LocalEndpoints: 2},
+		30002: {Namespace: "default", Name: "b", LocalEndpoints: 0},
 	}); err != nil {
 		t.Fatal(err)
 	}
@@ -90,7 +90,7 @@ func TestUpdate(t *testing.T) {
 	}
 
 	// b gains an endpoint, a is gone.
-	if err := s.Update(map[uint16]healthcheck.Info{30002: {Service: "default/b", LocalEndpoints: 1}}); err != nil {
+	if err := s.Update(map[uint16]healthcheck.Info{30002: {Namespace: "default", Name: "b", LocalEndpoints: 1}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, b, err = get(hc, node, 30002); err != nil || code != 200 || b.LocalEndpoints != 1 {
@@ -117,8 +117,8 @@ func TestAddressesAndConflicts(t *testing.T) {
 	}
 	defer busy.Close()
 	err := s.Update(map[uint16]healthcheck.Info{
-		30004: {Service: "default/a", LocalEndpoints: 1},
-		30005: {Service: "default/c", LocalEndpoints: 1},
+		30004: {Namespace: "default", Name: "a", LocalEndpoints: 1},
+		30005: {Namespace: "default", Name: "c", LocalEndpoints: 1},
 	})
 	if err == nil {
 		t.Fatal("Update with a busy port returned no error")
@@ -140,7 +140,7 @@ func TestAddressesAndConflicts(t *testing.T) {
 func TestProxyUnhealthy(t *testing.T) {
 	var sick atomic.Bool
 	s, node, hc := setup(t, nil, func() bool { return !sick.Load() })
-	if err := s.Update(map[uint16]healthcheck.Info{30001: {Service: "default/a", LocalEndpoints: 2}}); err != nil {
+	if err := s.Update(map[uint16]healthcheck.Info{30001: {Namespace: "default", Name: "a", LocalEndpoints: 2}}); err != nil {
 		t.Fatal(err)
 	}
 	if code, b, err := get(hc, node, 30001); err != nil || code != 200 || !b.ProxyHealthy {

@@ -7,23 +7,14 @@ package model
 import (
 	"net/netip"
 	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
-// ServicePortName identifies one port of one service.
-type ServicePortName struct {
-	Namespace string
-	Name      string
-	Port      string // the port's name; empty for a service's only, unnamed port
-}
-
-// String is "namespace/name:port", or "namespace/name" for an unnamed port.
-func (n ServicePortName) String() string {
-	s := n.Namespace + "/" + n.Name
-	if n.Port != "" {
-		s += ":" + n.Port
-	}
-	return s
-}
+// ServicePortName identifies one port of one service. It is the datapath's
+// key, so that state, planner, plan and backends share one comparable key
+// and never join or split strings.
+type ServicePortName = datapath.ServicePortName
 
 // TrafficDistribution values the selection understands.
 const (

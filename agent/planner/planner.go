@@ -61,16 +61,16 @@ type Options struct {
 
 // Explain records how one service port in one family was planned.
 type Explain struct {
-	Service   string            `json:"service"`
-	Family    datapath.Family   `json:"family"`
-	Topology  string            `json:"topology,omitempty"`
-	Internal  []Decision        `json:"internal"`
-	External  []Decision        `json:"external,omitempty"`
-	Skipped   []Decision        `json:"skipped,omitempty"`
-	Notes     []string          `json:"notes,omitempty"`
-	Policy    any               `json:"policy,omitempty"`
-	Frontends []string          `json:"frontends"`
-	Weights   map[string]uint32 `json:"weights"`
+	Service   model.ServicePortName `json:"service"`
+	Family    datapath.Family       `json:"family"`
+	Topology  string                `json:"topology,omitempty"`
+	Internal  []Decision            `json:"internal"`
+	External  []Decision            `json:"external,omitempty"`
+	Skipped   []Decision            `json:"skipped,omitempty"`
+	Notes     []string              `json:"notes,omitempty"`
+	Policy    any                   `json:"policy,omitempty"`
+	Frontends []string              `json:"frontends"`
+	Weights   map[string]uint32     `json:"weights"`
 }
 
 // Decision is one endpoint's built-in verdict.
@@ -87,14 +87,14 @@ type Decision struct {
 
 // HealthCheck is what a healthCheckNodePort reports for one Service.
 type HealthCheck struct {
-	Service        string
-	LocalEndpoints int
+	Namespace, Name string // the Service's
+	LocalEndpoints  int
 }
 
 // Result is a plan with what goes beside it.
 type Result struct {
 	Plan         *datapath.Plan
-	Explain      map[string][]Explain // by service port name
+	Explain      map[model.ServicePortName][]Explain
 	HealthChecks map[uint16]HealthCheck
 	// Evaluated counts the service ports computed in this call (the rest
 	// were reused from the previous one).
@@ -151,11 +151,11 @@ func (p *Planner) Settled() bool { return !p.unsettled }
 // Build computes the plan for snap. Ports not in snap.Changed are reused
 // unless the node changed or the cache was invalidated.
 func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
-	res := &Result{Explain: make(map[string][]Explain), HealthChecks: make(map[uint16]HealthCheck)}
-	changed := make(map[string]bool)
+	res := &Result{Explain: make(map[model.ServicePortName][]Explain), HealthChecks: make(map[uint16]HealthCheck)}
+	changed := make(map[model.ServicePortName]bool)
 	for name := range p.ports {
 		if _, ok := snap.Ports[name]; !ok {
-			changed[name.String()] = true
+			changed[name] = true
 			delete(p.ports, name)
 		}
 	}
@@ -177,7 +177,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		old, cached := p.ports[name]
 		pp := p.planPort(pw)
 		if !cached || !reflect.DeepEqual(old.frontends, pp.frontends) {
-			changed[name.String()] = true
+			changed[name] = true
 		}
 		p.ports[name] = pp
 		p.unsettled = p.unsettled || pp.retry
@@ -190,20 +190,20 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	// its own and the larger count is the answer, as kube-proxy's
 	// dual-stack proxiers each report their family's count to one health
 	// server (a dual-stack pod is one endpoint, not two).
-	local := make(map[string][2][][]model.PortEndpoint)
+	local := make(map[HealthCheck][2][][]model.PortEndpoint) // by Namespace and Name only
 	for name, pp := range p.ports {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
-		res.Explain[name.String()] = pp.explain
+		res.Explain[name] = pp.explain
 		svc := snap.Ports[name].Service
 		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
 			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
 		}
 		if svc.ExternalLocal && svc.HealthCheckNodePort != 0 {
-			key := svc.Namespace + "/" + svc.Name
+			key := HealthCheck{Namespace: svc.Namespace, Name: svc.Name}
 			l := local[key]
 			l[0], l[1] = append(l[0], pp.epsV4), append(l[1], pp.epsV6)
 			local[key] = l
-			res.HealthChecks[svc.HealthCheckNodePort] = HealthCheck{Service: key}
+			res.HealthChecks[svc.HealthCheckNodePort] = key
 		}
 	}
 	nodeName := ""
@@ -211,7 +211,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		nodeName = snap.Node.Name
 	}
 	for port, hc := range res.HealthChecks {
-		l := local[hc.Service]
+		l := local[HealthCheck{Namespace: hc.Namespace, Name: hc.Name}]
 		hc.LocalEndpoints = max(selection.CountLocalReady(nodeName, l[0]...), selection.CountLocalReady(nodeName, l[1]...))
 		res.HealthChecks[port] = hc
 	}
@@ -347,89 +347,105 @@ func (w *weigher) wait() {
 
 func (p *Planner) planPort(pw *portWork) *portPlan {
 	pp := &portPlan{}
-	port := pw.port
-	svc := port.Service
-	name := port.Name.String()
-	for _, fw := range pw.fams {
-		fam, vips, eps, sel, union, w := fw.fam, fw.vips, fw.eps, fw.sel, fw.union, fw.w
-		pp.retry = pp.retry || w.Retry
-		weight := make(map[netip.AddrPort]uint32, len(union))
-		for i, e := range union {
-			if i < len(w.Weights) {
-				weight[e.AddrPort()] = min(w.Weights[i], datapath.MaxWeight)
-			}
-		}
-		dfam := datapath.Family(fam)
-		base := datapath.Frontend{
-			Service:        name,
-			Protocol:       datapath.Protocol(port.Port.Protocol),
-			Family:         dfam,
-			Affinity:       svc.Affinity,
-			Scheduler:      w.Scheduler,
-			SchedulerFlags: w.SchedulerFlags,
-		}
-		if base.Protocol == datapath.UDP {
-			base.Serving = serving(eps)
-		}
-		internal := endpoints(sel.Internal, weight)
-		external := endpoints(sel.External, weight)
-		for _, vip := range vips {
-			f := base
-			f.Kind, f.Addr, f.Port, f.Endpoints = datapath.ClusterIP, vip, port.Port.Port, internal
-			f.Drop = svc.InternalLocal && sel.Usable && len(internal) == 0
-			pp.frontends = append(pp.frontends, f)
-		}
-		ext := base
-		ext.LocalOnly = svc.ExternalLocal
-		ext.Endpoints = external
-		ext.Drop = svc.ExternalLocal && sel.Usable && len(external) == 0
-		if svc.ExternalLocal {
-			ext.Cluster = endpoints(sel.Cluster, weight)
-		}
-		if port.Port.NodePort != 0 {
-			f := ext
-			f.Kind, f.Port = datapath.NodePort, port.Port.NodePort
-			pp.frontends = append(pp.frontends, f)
-		}
-		if p.opts.ExternalIPs {
-			for _, a := range ofFamily(svc.ExternalIPs, fam) {
-				f := ext
-				f.Kind, f.Addr, f.Port = datapath.ExternalIP, a, port.Port.Port
-				pp.frontends = append(pp.frontends, f)
-			}
-		}
-		for _, a := range ofFamily(svc.LoadBalancerIPs, fam) {
-			f := ext
-			f.Kind, f.Addr, f.Port = datapath.LoadBalancer, a, port.Port.Port
-			f.SourceRanges = prefixesOfFamily(svc.SourceRanges, fam)
-			pp.frontends = append(pp.frontends, f)
-		}
-		// Two VIPs of a Service can coincide (e.g. an ExternalIP equal to a
-		// LoadBalancer IP); keep the first frontend of each key.
-		pp.frontends = dedupe(pp.frontends)
-
-		ex := Explain{
-			Service: name, Family: dfam, Topology: sel.Topology, Notes: sel.Notes, Policy: w.Explain,
-			Internal: decisions(sel.Internal), External: decisions(sel.External),
-			Skipped: skipped(sel.InternalSkipped, sel.ExternalSkipped),
-			Weights: make(map[string]uint32, len(weight)),
-		}
-		for a, v := range weight {
-			ex.Weights[a.String()] = v
-		}
-		for i := range pp.frontends {
-			if pp.frontends[i].Family == dfam {
-				ex.Frontends = append(ex.Frontends, pp.frontends[i].String())
-			}
-		}
-		pp.explain = append(pp.explain, ex)
-		if fam == model.IPv4 {
-			pp.epsV4 = eps
+	for i := range pw.fams {
+		fw := &pw.fams[i]
+		pp.retry = pp.retry || fw.w.Retry
+		weight := weightsOf(fw)
+		fs := p.frontends(pw.port, fw, weight)
+		pp.frontends = append(pp.frontends, fs...)
+		pp.explain = append(pp.explain, explain(pw.port.Name, fw, weight, fs))
+		if fw.fam == model.IPv4 {
+			pp.epsV4 = fw.eps
 		} else {
-			pp.epsV6 = eps
+			pp.epsV6 = fw.eps
 		}
 	}
 	return pp
+}
+
+// weightsOf maps each endpoint the policy weighed to its weight, capped at
+// datapath.MaxWeight.
+func weightsOf(fw *famWork) map[netip.AddrPort]uint32 {
+	weight := make(map[netip.AddrPort]uint32, len(fw.union))
+	for i, e := range fw.union {
+		if i < len(fw.w.Weights) {
+			weight[e.AddrPort()] = min(fw.w.Weights[i], datapath.MaxWeight)
+		}
+	}
+	return weight
+}
+
+// frontends lays out the frontends of port in one family: its cluster IPs,
+// node port, external IPs and load balancer IPs, each with the endpoints
+// its traffic policy allows, weighted.
+func (p *Planner) frontends(port *state.Port, fw *famWork, weight map[netip.AddrPort]uint32) []datapath.Frontend {
+	svc, sel := port.Service, &fw.sel
+	base := datapath.Frontend{
+		Service:        port.Name,
+		Protocol:       datapath.Protocol(port.Port.Protocol),
+		Family:         datapath.Family(fw.fam),
+		Affinity:       svc.Affinity,
+		Scheduler:      fw.w.Scheduler,
+		SchedulerFlags: fw.w.SchedulerFlags,
+	}
+	if base.Protocol == datapath.UDP {
+		base.Serving = serving(fw.eps)
+	}
+	var out []datapath.Frontend
+	internal := endpoints(sel.Internal, weight)
+	for _, vip := range fw.vips {
+		f := base
+		f.Kind, f.Addr, f.Port, f.Endpoints = datapath.ClusterIP, vip, port.Port.Port, internal
+		f.Drop = svc.InternalLocal && sel.Usable && len(internal) == 0
+		out = append(out, f)
+	}
+	ext := base
+	ext.LocalOnly = svc.ExternalLocal
+	ext.Endpoints = endpoints(sel.External, weight)
+	ext.Drop = svc.ExternalLocal && sel.Usable && len(ext.Endpoints) == 0
+	if svc.ExternalLocal {
+		ext.Cluster = endpoints(sel.Cluster, weight)
+	}
+	if port.Port.NodePort != 0 {
+		f := ext
+		f.Kind, f.Port = datapath.NodePort, port.Port.NodePort
+		out = append(out, f)
+	}
+	if p.opts.ExternalIPs {
+		for _, a := range ofFamily(svc.ExternalIPs, fw.fam) {
+			f := ext
+			f.Kind, f.Addr, f.Port = datapath.ExternalIP, a, port.Port.Port
+			out = append(out, f)
+		}
+	}
+	for _, a := range ofFamily(svc.LoadBalancerIPs, fw.fam) {
+		f := ext
+		f.Kind, f.Addr, f.Port = datapath.LoadBalancer, a, port.Port.Port
+		f.SourceRanges = prefixesOfFamily(svc.SourceRanges, fw.fam)
+		out = append(out, f)
+	}
+	// Two VIPs of a Service can coincide (e.g. an ExternalIP equal to a
+	// LoadBalancer IP); keep the first frontend of each key.
+	return dedupe(out)
+}
+
+// explain records how port name was planned in one family, with the
+// frontends fs laid out for it.
+func explain(name model.ServicePortName, fw *famWork, weight map[netip.AddrPort]uint32, fs []datapath.Frontend) Explain {
+	sel := &fw.sel
+	ex := Explain{
+		Service: name, Family: datapath.Family(fw.fam), Topology: sel.Topology, Notes: sel.Notes, Policy: fw.w.Explain,
+		Internal: decisions(sel.Internal), External: decisions(sel.External),
+		Skipped: skipped(sel.InternalSkipped, sel.ExternalSkipped),
+		Weights: make(map[string]uint32, len(weight)),
+	}
+	for a, v := range weight {
+		ex.Weights[a.String()] = v
+	}
+	for i := range fs {
+		ex.Frontends = append(ex.Frontends, fs[i].String())
+	}
+	return ex
 }
 
 // endpoints turns choices into plan endpoints, dropping weight 0.

@@ -61,7 +61,7 @@ func TestDemoPlanGolden(t *testing.T) {
 	golden(t, "demo.golden", res.Plan.String())
 	// The LoadBalancer service with externalTrafficPolicy Local gets a
 	// health check port reporting its one local endpoint.
-	if hc := res.HealthChecks[32000]; hc.Service != "plant/scada-gw" || hc.LocalEndpoints != 1 {
+	if hc := res.HealthChecks[32000]; hc.Namespace != "plant" || hc.Name != "scada-gw" || hc.LocalEndpoints != 1 {
 		t.Errorf("health check 32000 = %+v, want plant/scada-gw with 1 local endpoint", hc)
 	}
 	// ExternalIPs stay off unless enabled.
@@ -107,7 +107,7 @@ func TestPolicyWeightsAndPartialRebuild(t *testing.T) {
 	if second.Evaluated != 0 || pol.calls != calls {
 		t.Errorf("deleting a service evaluated %d ports and called the policy %d times; want 0", second.Evaluated, pol.calls-calls)
 	}
-	if !second.Plan.Changed["kube-system/dns:dns"] || !second.Plan.Changed["kube-system/dns:dns-tcp"] || len(second.Plan.Changed) != 2 {
+	if !second.Plan.Changed[model.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns"}] || !second.Plan.Changed[model.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns-tcp"}] || len(second.Plan.Changed) != 2 {
 		t.Errorf("changed = %v, want the two dns ports", second.Plan.Changed)
 	}
 	if strings.Contains(second.Plan.String(), "kube-system/dns") {

@@ -27,10 +27,10 @@ func sample() *snapshot.Snapshot {
 	p := &datapath.Plan{
 		Generation: 42,
 		Full:       true,
-		Changed:    map[string]bool{"default/web:http": true},
+		Changed:    map[datapath.ServicePortName]bool{{Namespace: "default", Name: "web", Port: "http"}: true},
 		Frontends: []datapath.Frontend{
 			{
-				Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+				Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 				Addr: a("10.96.0.10"), Family: datapath.IPv4, Port: 80,
 				Affinity: 3 * time.Hour, Scheduler: "mh", SchedulerFlags: []string{"mh-port"},
 				Endpoints: []datapath.Endpoint{
@@ -39,12 +39,12 @@ func sample() *snapshot.Snapshot {
 				},
 			},
 			{
-				Service: "default/web:http", Kind: datapath.NodePort, Protocol: datapath.TCP,
+				Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.NodePort, Protocol: datapath.TCP,
 				Family: datapath.IPv4, Port: 30080, LocalOnly: true,
 				Endpoints: []datapath.Endpoint{{Addr: ap("10.244.1.5:8080"), Weight: 1, Local: true}},
 			},
 			{
-				Service: "default/web:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
+				Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
 				Addr: a("2001:db8::1"), Family: datapath.IPv6, Port: 80,
 				SourceRanges: []netip.Prefix{netip.MustParsePrefix("2001:db8:1::/48")},
 				Endpoints:    []datapath.Endpoint{{Addr: ap("[fd00::5]:8080"), Weight: 1}},
@@ -335,7 +335,7 @@ func big(n, m int) *snapshot.Snapshot {
 			Ports: []model.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}},
 		}
 		f := datapath.Frontend{
-			Service: "default/" + name + ":http", Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+			Service: datapath.ServicePortName{Namespace: "default", Name: name, Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 			Addr: cip, Family: datapath.IPv4, Port: 80,
 		}
 		for j := range m {
@@ -388,4 +388,27 @@ func reportSize(b *testing.B, dir string) {
 		b.Fatal(err)
 	}
 	b.ReportMetric(float64(fi.Size()), "file-bytes")
+}
+
+// TestReadsStringKeyedSnapshot: a snapshot written before the service-port
+// key became a struct (testdata/v1-string-keys.json, written by that code
+// from sample()) loads as the same snapshot, and saving it again writes the
+// same bytes: the file format did not change.
+func TestReadsStringKeyedSnapshot(t *testing.T) {
+	old, err := os.ReadFile(filepath.Join("testdata", "v1-string-keys.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	rewrite(t, dir, old)
+	got, err := snapshot.Load(dir)
+	if err != nil {
+		t.Fatalf("load the string-keyed snapshot: %v", err)
+	}
+	if want := sample(); !reflect.DeepEqual(got, want) {
+		t.Fatalf("loaded\n%+v\nwant\n%+v", got, want)
+	}
+	if again := save(t, t.TempDir()); !bytes.Equal(again, old) {
+		t.Fatalf("saved again:\n%s\nwant the old bytes:\n%s", again, old)
+	}
 }

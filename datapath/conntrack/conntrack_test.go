@@ -76,10 +76,10 @@ func TestReconcile(t *testing.T) {
 	// 10.244.0.4 serves but is not planned: a flow to it is live.
 	serving := []netip.AddrPort{ep.Addr, netip.MustParseAddrPort("10.244.0.4:53")}
 	frontends := []datapath.Frontend{
-		{Service: "kube-system/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53, Endpoints: []datapath.Endpoint{ep}, Serving: serving},
-		{Service: "kube-system/dns:dns", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, Endpoints: []datapath.Endpoint{ep}, Serving: serving},
-		{Service: "kube-system/dns:dns-tcp", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53},
-		{Service: "default/empty:", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.11"), Family: datapath.IPv4, Port: 53},
+		{Service: datapath.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns"}, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53, Endpoints: []datapath.Endpoint{ep}, Serving: serving},
+		{Service: datapath.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns"}, Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, Endpoints: []datapath.Endpoint{ep}, Serving: serving},
+		{Service: datapath.ServicePortName{Namespace: "kube-system", Name: "dns", Port: "dns-tcp"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 53},
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "empty"}, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.11"), Family: datapath.IPv4, Port: 53},
 	}
 	reg := prometheus.NewRegistry()
 	c, err := conntrack.New(conntrack.Options{

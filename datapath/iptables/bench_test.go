@@ -21,7 +21,7 @@ import (
 func benchPlan(n, shift int) *datapath.Plan {
 	p := &datapath.Plan{}
 	for i := range n {
-		svc := fmt.Sprintf("ns%d/svc%d:http", i%50, i)
+		svc := datapath.ServicePortName{Namespace: fmt.Sprintf("ns%d", i%50), Name: fmt.Sprintf("svc%d", i), Port: "http"}
 		eps := make([]datapath.Endpoint, 10)
 		for j := range eps {
 			k := i*10 + j
@@ -115,7 +115,7 @@ func BenchmarkSync(b *testing.B) {
 					i := 0
 					for b.Loop() {
 						i++
-						plans[i%2].Changed = map[string]bool{"ns0/svc0:http": true}
+						plans[i%2].Changed = map[datapath.ServicePortName]bool{{Namespace: "ns0", Name: "svc0", Port: "http"}: true}
 						apply(plans[i%2])
 					}
 					reportBytes(b, reg)

@@ -81,7 +81,7 @@ func (f *family) cleanup(ctx context.Context) error {
 	}
 	var tx transaction
 	for _, c := range chains {
-		tx.declare("", c)
+		tx.declare(nil, c)
 	}
 	for _, c := range chains {
 		tx.delete(c)

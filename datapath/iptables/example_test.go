@@ -12,7 +12,7 @@ import (
 // Render shows the rules a plan becomes, without touching the kernel.
 func ExampleRender() {
 	frontends := []datapath.Frontend{{
-		Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+		Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 		Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
 		Endpoints: []datapath.Endpoint{
 			{Addr: netip.MustParseAddrPort("10.244.0.2:8080"), Weight: 3},

@@ -2,7 +2,10 @@ package iptables
 
 import (
 	"net/netip"
+	"strings"
 	"testing"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
 // BreakService makes every rendering of the named service port carry a
@@ -11,9 +14,9 @@ import (
 // under both backends. It stands in for any refusal of one service's
 // rules (a missing match module, a limit) so that failure isolation can
 // be tested with the real kernel.
-func BreakService(t testing.TB, service string) {
+func BreakService(t testing.TB, service datapath.ServicePortName) {
 	renderHook = func(u *unit) {
-		if u.service != service || len(u.chains) == 0 {
+		if u.id.service != service || len(u.chains) == 0 {
 			return
 		}
 		bad := netip.MustParsePrefix("fd00:bad::/64")
@@ -35,4 +38,12 @@ func FullTamperChecks(p *Proxier) int {
 		n += f.fullChecks
 	}
 	return n
+}
+
+// SPN is the service port written s ("namespace/name:port"), for the
+// tables of the tests.
+func SPN(s string) datapath.ServicePortName {
+	ns, rest, _ := strings.Cut(s, "/")
+	n, port, _ := strings.Cut(rest, ":")
+	return datapath.ServicePortName{Namespace: ns, Name: n, Port: port}
 }

@@ -143,7 +143,7 @@ func (e *env) ep(i int, w uint32) datapath.Endpoint {
 }
 
 func fe(svc string, kind datapath.Kind, proto datapath.Protocol, addr netip.Addr, port uint16, eps ...datapath.Endpoint) datapath.Frontend {
-	return datapath.Frontend{Service: svc, Kind: kind, Protocol: proto, Addr: addr, Family: datapath.IPv4, Port: port, Endpoints: eps}
+	return datapath.Frontend{Service: iptables.SPN(svc), Kind: kind, Protocol: proto, Addr: addr, Family: datapath.IPv4, Port: port, Endpoints: eps}
 }
 
 func ap(a netip.Addr, port uint16) netip.AddrPort { return netip.AddrPortFrom(a, port) }
@@ -471,7 +471,7 @@ func TestUDPFirstEndpoint(t *testing.T) {
 		}
 		dns := fe("default/dns:", datapath.ClusterIP, datapath.UDP, vip, 53, e.ep(0, 1))
 		dns.Serving = []netip.AddrPort{e.ep(0, 1).Addr}
-		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{dns}, Changed: map[string]bool{"default/dns:": true}})
+		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{dns}, Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "dns"}: true}})
 		r, err := client.UDP(ap(vip, 53), 45001, waitResp)
 		expect(t, "after the first endpoint", r, err, "a", client.IP)
 	})
@@ -489,7 +489,7 @@ func TestPartialSync(t *testing.T) {
 		before := e.save()
 		x.Endpoints = []datapath.Endpoint{e.ep(2, 1)}
 		xnp.Endpoints = x.Endpoints
-		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{x, xnp, y}, Changed: map[string]bool{"default/x:": true}})
+		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{x, xnp, y}, Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "x"}: true}})
 		r, err := e.client.TCP(ap(e.node.LinkIP, 30080), waitResp)
 		expect(t, "changed service's NodePort", r, err, "c", netip.Addr{})
 		r, err = c.TCP(ap(vip, 80), waitResp)
@@ -498,19 +498,19 @@ func TestPartialSync(t *testing.T) {
 		expect(t, "unchanged service", r, err, "b", netip.Addr{})
 		after := e.save()
 		// The old endpoint's chain is gone, the unchanged service's chains stay.
-		oldSEP := iptables.ChainName("SEP", iptables.ChainName("SVC", "default/x: tcp cluster")+" "+e.pods[0].AddrPort(podPort).String())
+		oldSEP := iptables.ChainName("SEP", iptables.ChainName("SVC", "default/x tcp cluster")+" "+e.pods[0].AddrPort(podPort).String())
 		if !strings.Contains(before, oldSEP) || strings.Contains(after, oldSEP) {
 			t.Fatalf("stale endpoint chain %s: before=%v after=%v", oldSEP, strings.Contains(before, oldSEP), strings.Contains(after, oldSEP))
 		}
 		// Deleting a service closes it and removes its chains.
-		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{y}, Changed: map[string]bool{"default/x:": true}})
+		e.mustApply(&datapath.Plan{Frontends: []datapath.Frontend{y}, Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "x"}: true}})
 		if _, err := c.TCP(ap(vip, 80), waitDrop); err == nil {
 			t.Fatal("deleted service still answers")
 		}
 		if _, err := e.client.TCP(ap(e.node.LinkIP, 30080), 10*time.Second); !errors.Is(err, syscall.ECONNREFUSED) {
 			t.Fatalf("NodePort of the deleted service: %v, want connection refused (closed)", err)
 		}
-		if svc := iptables.ChainName("SVC", "default/x: tcp cluster"); strings.Contains(e.save(), svc) {
+		if svc := iptables.ChainName("SVC", "default/x tcp cluster"); strings.Contains(e.save(), svc) {
 			t.Fatalf("chain %s of the deleted service remains", svc)
 		}
 	})
@@ -521,14 +521,14 @@ func TestPartialSync(t *testing.T) {
 func TestBadServiceIsolated(t *testing.T) {
 	eachVariant(t, func(t *testing.T, v iptables.Variant) {
 		e := newEnv(t, v, 2, nil)
-		iptables.BreakService(t, "default/bad:")
+		iptables.BreakService(t, datapath.ServicePortName{Namespace: "default", Name: "bad"})
 		for _, full := range []bool{true, false} {
 			err := e.apply(e.p, &datapath.Plan{Full: full, Frontends: []datapath.Frontend{
 				fe("default/bad:", datapath.ClusterIP, datapath.TCP, vip2, 80, e.ep(1, 1)),
 				fe("default/good:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1)),
 			}})
-			if err == nil || !strings.Contains(err.Error(), "default/bad:") {
-				t.Fatalf("full=%v: apply error = %v, want one naming default/bad:", full, err)
+			if err == nil || !strings.Contains(err.Error(), "default/bad tcp") {
+				t.Fatalf("full=%v: apply error = %v, want one naming default/bad tcp", full, err)
 			}
 			r, err := e.pods[1].TCP(ap(vip, 80), waitResp)
 			expect(t, "good service", r, err, "a", netip.Addr{})
@@ -565,7 +565,7 @@ func TestTamperedAndRepaired(t *testing.T) {
 			t.Fatalf("a quiet check ran iptables (%d full checks, was %d)", iptables.FullTamperChecks(e.p), checks)
 		}
 		// Our own writes do not call for a full check either.
-		changed := &datapath.Plan{Changed: map[string]bool{"default/x:": true}, Frontends: []datapath.Frontend{
+		changed := &datapath.Plan{Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "x"}: true}, Frontends: []datapath.Frontend{
 			fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(1, 1)),
 		}}
 		e.mustApply(changed)
@@ -730,7 +730,7 @@ func TestRestartAdopts(t *testing.T) {
 			t.Fatalf("%d of %d connections failed across the restart: %v", failed.Load(), ok.Load()+failed.Load(), firstErr.Load())
 		}
 		t.Logf("%d connections across the restart, none failed", ok.Load())
-		if svc := iptables.ChainName("SVC", "default/gone: tcp cluster"); strings.Contains(e.save(), svc) {
+		if svc := iptables.ChainName("SVC", "default/gone tcp cluster"); strings.Contains(e.save(), svc) {
 			t.Fatalf("chain %s of a service absent from the new plan remains", svc)
 		}
 	})

@@ -130,7 +130,7 @@ type family struct {
 	// units are the summaries of the units as last written (see
 	// unit.summarize): their chains and digests, no rule text. Reused by
 	// partial syncs for the units that did not change.
-	units        map[string]*unit
+	units        map[unitID]*unit
 	lastFixed    map[tableChain]digest // digests of the fixed chains as written
 	lastFixedSum digest                // Ruleset.fixedSum as written
 	lastRewrite  time.Time             // of the last full rewrite
@@ -423,7 +423,7 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 	// Each round either succeeds or drops the unit that a failed line
 	// belongs to; the bound keeps a systematic failure from looping.
 	const maxRounds = 8
-	dropped := map[string]bool{}
+	dropped := map[unitID]bool{}
 	for round := 0; ; round++ {
 		var keepFixed bool
 		rs, keepFixed = f.ruleset(plan, full, compareAll, dropped)
@@ -433,7 +433,7 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 		ws = f.writeSpec(rs, rs.chains(), existing, missing, full)
 		ws.keepFixed = keepFixed
 		var text []byte
-		var owner []string
+		var owner []*unitID
 		text, owner, fixed, err = rs.restoreText(ws)
 		st.bytes = len(text)
 		if err == nil {
@@ -447,15 +447,15 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 		}
 		st.failures++
 		id := failedOwner(err, owner)
-		if id == "" || round == maxRounds-1 {
+		if id == nil || round == maxRounds-1 {
 			return rs, ws, fixed, errs, err
 		}
 		var oe *opError
 		if !errors.As(err, &oe) { // an opError names its unit already
 			err = fmt.Errorf("iptables: unit %s: %w", id, err)
 		}
-		errs = append(errs, &datapath.PortError{Service: rs.serviceOf(id), Err: err})
-		dropped[id] = true
+		errs = append(errs, &datapath.PortError{Service: id.service, Err: err})
+		dropped[*id] = true
 	}
 }
 
@@ -464,7 +464,7 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 // the fixed chains are as last written; when they are not, units taken
 // from the last sync are rendered again, as the fixed chains hold rules
 // of every unit.
-func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map[string]bool) (rs *Ruleset, keepFixed bool) {
+func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map[unitID]bool) (rs *Ruleset, keepFixed bool) {
 	rs = render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
 	rs.dropAll(dropped)
 	keepFixed = !full && rs.fixedSum() == f.lastFixedSum
@@ -480,12 +480,12 @@ func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map
 // taken as the summaries kept (see family.ruleset for when they are
 // rendered after all). Nil (render everything) on a full or compare-all
 // sync.
-func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id, service string) *unit {
+func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id unitID) *unit {
 	if full || compareAll || plan.Changed == nil {
 		return nil
 	}
-	return func(id, service string) *unit {
-		if plan.Changed[service] {
+	return func(id unitID) *unit {
+		if plan.Changed[id.service] {
 			return nil
 		}
 		return f.units[id]
@@ -517,17 +517,17 @@ func (f *family) existingChains(full bool) (existing []tableChain, missing []jum
 // the existing chains not desired are deleted; otherwise only units whose
 // digest changed, fixed chains whose content changed, and deletions of
 // the chains written last that are no longer desired.
-func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]string, existing []tableChain, missing []jump, full bool) writeSpec {
+func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]bool, existing []tableChain, missing []jump, full bool) writeSpec {
 	ws := writeSpec{jumps: missing}
 	if full {
 		for _, c := range existing {
-			if _, ok := desired[c]; !ok && !isFixed(c) {
+			if !desired[c] && !isFixed(c) {
 				ws.stale = append(ws.stale, c)
 			}
 		}
 		return ws
 	}
-	ws.write = map[string]bool{}
+	ws.write = map[unitID]bool{}
 	for _, u := range rs.units {
 		if last, ok := f.units[u.id]; !ok || last.digest != u.digest {
 			ws.write[u.id] = true
@@ -535,7 +535,7 @@ func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]string, existing 
 	}
 	for _, u := range f.units {
 		for _, c := range u.names {
-			if _, ok := desired[c]; !ok {
+			if !desired[c] {
 				ws.stale = append(ws.stale, c)
 			}
 		}
@@ -547,7 +547,7 @@ func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]string, existing 
 // remember records what a successful apply wrote, for the next one: unit
 // summaries and digests, no rule text.
 func (f *family) remember(rs *Ruleset, fixed map[tableChain]digest, full bool) {
-	f.units = make(map[string]*unit, len(rs.units))
+	f.units = make(map[unitID]*unit, len(rs.units))
 	for _, u := range rs.units {
 		if !u.summary {
 			u = u.summarize()

@@ -48,7 +48,7 @@ func TestUnchangedFollowsTheKernel(t *testing.T) {
 		if !unchanged() {
 			t.Fatal("not Unchanged after a passing tamper check")
 		}
-		e.mustApply(&datapath.Plan{Changed: map[string]bool{"default/x:": true}, Frontends: []datapath.Frontend{
+		e.mustApply(&datapath.Plan{Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "x"}: true}, Frontends: []datapath.Frontend{
 			fe("default/x:", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(1, 1)),
 		}})
 		if !unchanged() {

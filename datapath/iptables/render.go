@@ -70,6 +70,48 @@ type topRule struct {
 // digest is what is kept of rules between syncs instead of their text.
 type digest [16]byte
 
+// unitID identifies a unit: a service port and a protocol.
+type unitID struct {
+	service datapath.ServicePortName
+	proto   datapath.Protocol
+}
+
+// String is "namespace/name:port proto", the form chain names are hashed
+// from (ChainName) and errors show.
+func (id unitID) String() string {
+	n, proto := &id.service, lowerProto(id.proto)
+	if n.Port == "" {
+		return n.Namespace + "/" + n.Name + " " + proto
+	}
+	return n.Namespace + "/" + n.Name + ":" + n.Port + " " + proto
+}
+
+// lowerProto is p as iptables writes it ("tcp"), without allocating for
+// the protocols a plan may hold.
+func lowerProto(p datapath.Protocol) string {
+	switch p {
+	case datapath.TCP:
+		return "tcp"
+	case datapath.UDP:
+		return "udp"
+	case datapath.SCTP:
+		return "sctp"
+	}
+	return strings.ToLower(string(p))
+}
+
+// unitOf is the id of the unit frontend f belongs to.
+func unitOf(f *datapath.Frontend) unitID { return unitID{f.Service, f.Protocol} }
+
+// compare orders ids as their String forms order (no name holds a byte
+// below the space that separates the protocol).
+func (id unitID) compare(o unitID) int {
+	if c := id.service.Compare(o.service); c != 0 {
+		return c
+	}
+	return strings.Compare(string(id.proto), string(o.proto))
+}
+
 // unit is everything one service port (one protocol) renders to: the chains
 // it owns and its rules in the fixed dispatch chains. Units are the grain of
 // partial syncs and of failure isolation.
@@ -78,8 +120,7 @@ type digest [16]byte
 // digests, without chains and top. A summary is never written; a sync that
 // needs its rules renders it again.
 type unit struct {
-	id        string // Service + " " + protocol
-	service   string
+	id        unitID
 	chains    []chain
 	top       []topRule
 	names     []tableChain       // the chains it owns
@@ -92,7 +133,7 @@ type unit struct {
 
 // summarize returns what is kept of u between syncs.
 func (u *unit) summarize() *unit {
-	return &unit{id: u.id, service: u.service, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, summary: true}
+	return &unit{id: u.id, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, summary: true}
 }
 
 // Ruleset is the rendered form of a plan for one family.
@@ -113,10 +154,9 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 // render is Render with a cache: reuse may return the summary of the unit
 // written for the same id before (unit.summarize), which is then taken as
 // is: its digests and chain names, without rules.
-func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service string) *unit) *Ruleset {
+func render(cfg Config, frontends []datapath.Frontend, reuse func(id unitID) *unit) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
-	byUnit := map[string][]*datapath.Frontend{}
-	var ids []string
+	all := make([]*datapath.Frontend, 0, len(frontends))
 	for i := range frontends {
 		f := &frontends[i]
 		if f.Family != cfg.Family {
@@ -127,17 +167,20 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 			rs.Errors = append(rs.Errors, &datapath.PortError{Service: f.Service, Err: fmt.Errorf("iptables: %w", err)})
 			continue
 		}
-		id := f.Service + " " + strings.ToLower(string(f.Protocol))
-		if _, ok := byUnit[id]; !ok {
-			ids = append(ids, id)
-		}
-		byUnit[id] = append(byUnit[id], f)
+		all = append(all, f)
 	}
-	slices.Sort(ids)
-	for _, id := range ids {
-		fs := byUnit[id]
+	// Group by unit: sort by unit id (a plan comes sorted by service
+	// already), then take each run of one id.
+	slices.SortStableFunc(all, func(a, b *datapath.Frontend) int { return unitOf(a).compare(unitOf(b)) })
+	for len(all) > 0 {
+		id, n := unitOf(all[0]), 1
+		for n < len(all) && unitOf(all[n]) == id {
+			n++
+		}
+		fs := all[:n:n]
+		all = all[n:]
 		if reuse != nil {
-			if u := reuse(id, fs[0].Service); u != nil {
+			if u := reuse(id); u != nil {
 				rs.units = append(rs.units, u)
 				continue
 			}
@@ -200,10 +243,10 @@ func groupSig(affinity time.Duration, eps []datapath.Endpoint) string {
 	return string(b)
 }
 
-func renderUnit(cfg *Config, id string, fs []*datapath.Frontend) *unit {
+func renderUnit(cfg *Config, id unitID, fs []*datapath.Frontend) *unit {
 	ub := &unitBuilder{
-		cfg: cfg, id: id, proto: strings.ToLower(string(fs[0].Protocol)),
-		u:     &unit{id: id, service: fs[0].Service},
+		cfg: cfg, id: id.String(), proto: lowerProto(id.proto),
+		u:     &unit{id: id},
 		bySig: map[string]*group{}, names: map[string]bool{},
 		groupOf: map[*datapath.Frontend]*group{}, shortCircuit: map[*datapath.Frontend]*group{},
 		ext: map[extKey]string{},
@@ -231,7 +274,7 @@ type extKey struct{ g, sc *group }
 // unitBuilder holds what renderUnit works out while rendering one unit.
 type unitBuilder struct {
 	cfg   *Config
-	id    string
+	id    string // the unit's id as ChainName hashes it
 	proto string
 	u     *unit
 
@@ -282,7 +325,7 @@ func (ub *unitBuilder) groupFor(f *datapath.Frontend, eps []datapath.Endpoint, r
 }
 
 func comment(f *datapath.Frontend, what string) string {
-	return sanitize(f.Service) + " " + what
+	return sanitize(f.Service.String()) + " " + what
 }
 
 // frontendMatch is the destination part of f's rules: its address (none
@@ -386,7 +429,7 @@ func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []rule 
 	var rules []rule
 	if sc != nil {
 		for _, c := range ub.cfg.ClusterCIDRs {
-			rules = append(rules, rule{[]match{srcIn(c.Masked())}, "pod traffic for " + sanitize(f.Service) + " goes to the cluster", jumpTo(sc.svc)})
+			rules = append(rules, rule{[]match{srcIn(c.Masked())}, "pod traffic for " + sanitize(f.Service.String()) + " goes to the cluster", jumpTo(sc.svc)})
 		}
 	}
 	local := []match{srcLocal()}
@@ -563,7 +606,7 @@ func sanitize(s string) string {
 // writeSpec says what one restore writes: the fixed chains, the chains of
 // the units in write, and the stale chains to delete.
 type writeSpec struct {
-	write map[string]bool // unit ids; nil means all
+	write map[unitID]bool // nil means all
 	stale []tableChain
 	// fixed holds the digests of the fixed chains as last written; with
 	// write set, fixed chains whose digest is unchanged are left out.
@@ -576,29 +619,19 @@ type writeSpec struct {
 }
 
 // chains returns the set of chains the ruleset owns beyond the fixed ones.
-func (rs *Ruleset) chains() map[tableChain]string {
-	out := map[tableChain]string{}
+func (rs *Ruleset) chains() map[tableChain]bool {
+	out := map[tableChain]bool{}
 	for _, u := range rs.units {
 		for _, c := range u.names {
-			out[c] = u.id
+			out[c] = true
 		}
 	}
 	return out
 }
 
-// serviceOf returns the service port of unit id.
-func (rs *Ruleset) serviceOf(id string) string {
-	for _, u := range rs.units {
-		if u.id == id {
-			return u.service
-		}
-	}
-	return id
-}
-
 // dropAll removes the units in ids from the ruleset, after the kernel
 // refused their rules.
-func (rs *Ruleset) dropAll(ids map[string]bool) {
+func (rs *Ruleset) dropAll(ids map[unitID]bool) {
 	if len(ids) > 0 {
 		rs.units = slices.DeleteFunc(rs.units, func(u *unit) bool { return ids[u.id] })
 	}
@@ -622,7 +655,7 @@ func (rs *Ruleset) fixedSum() digest {
 		d.rule(&r.rule)
 	}
 	for _, u := range rs.units {
-		d.str(u.id, "\n")
+		d.str(u.id.service.Namespace, "/", u.id.service.Name, ":", u.id.service.Port, " ", string(u.id.proto), "\n")
 		d.str(string(u.topDigest[:]))
 	}
 	for _, a := range rs.hairpin() {
@@ -654,7 +687,7 @@ func (rs *Ruleset) RestoreText() (string, error) {
 func (rs *Ruleset) Services() []string {
 	out := make([]string, len(rs.units))
 	for i, u := range rs.units {
-		out[i] = u.id
+		out[i] = u.id.String()
 	}
 	return out
 }

@@ -25,47 +25,47 @@ func ep(s string, w uint32, local bool) datapath.Endpoint {
 func samplePlan() []datapath.Frontend {
 	a := netip.MustParseAddr
 	fs := []datapath.Frontend{
-		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.10"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.10"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3, true), ep("10.244.0.3:8080", 1, true)}},
-		{Service: "default/web:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3, true), ep("10.244.0.3:8080", 1, true)}},
-		{Service: "default/web:http", Kind: datapath.ExternalIP, Protocol: datapath.TCP, Addr: a("172.30.0.5"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ExternalIP, Protocol: datapath.TCP, Addr: a("172.30.0.5"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3, true), ep("10.244.0.3:8080", 1, true)}},
-		{Service: "default/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: a("10.96.0.53"), Family: datapath.IPv4, Port: 53,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "dns", Port: "dns"}, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: a("10.96.0.53"), Family: datapath.IPv4, Port: 53,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.4:5353", 1, true), ep("10.244.0.5:5353", 1, false), ep("10.244.0.6:5353", 1, false)}},
-		{Service: "default/dns:dns-tcp", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.53"), Family: datapath.IPv4, Port: 53,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "dns", Port: "dns-tcp"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.53"), Family: datapath.IPv4, Port: 53,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.4:5353", 1, true)}},
-		{Service: "default/sticky:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.20"), Family: datapath.IPv4, Port: 8080,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "sticky"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.20"), Family: datapath.IPv4, Port: 8080,
 			Affinity: 3 * time.Hour, Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1, true), ep("10.244.0.3:8080", 1, true)}},
-		{Service: "default/empty:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.30"), Family: datapath.IPv4, Port: 80},
-		{Service: "default/empty:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30030},
-		{Service: "edge/lb:https", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.1"), Family: datapath.IPv4, Port: 443,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "empty"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.0.30"), Family: datapath.IPv4, Port: 80},
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "empty"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30030},
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "lb", Port: "https"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.1"), Family: datapath.IPv4, Port: 443,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
-		{Service: "edge/lb:https", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.100"), Family: datapath.IPv4, Port: 443, LocalOnly: true,
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "lb", Port: "https"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.100"), Family: datapath.IPv4, Port: 443, LocalOnly: true,
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")},
 			Endpoints:    []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)},
 			Cluster:      []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
-		{Service: "edge/lb:https", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30443, LocalOnly: true,
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "lb", Port: "https"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30443, LocalOnly: true,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)},
 			Cluster:   []datapath.Endpoint{ep("10.244.0.2:8443", 1, true), ep("10.244.1.2:8443", 1, false)}},
 		// Both traffic policies Local: the ClusterIP has the local set, the
 		// short-circuit still uses the cluster-wide one.
-		{Service: "edge/both:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.5"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "both"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.5"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.7:80", 1, true)}},
-		{Service: "edge/both:", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30005, LocalOnly: true,
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "both"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30005, LocalOnly: true,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.7:80", 1, true)},
 			Cluster:   []datapath.Endpoint{ep("10.244.0.7:80", 1, true), ep("10.244.1.7:80", 1, false)}},
-		{Service: "edge/remote:", Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Addr: a("10.96.1.2"), Family: datapath.IPv4, Port: 9000,
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "remote"}, Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Addr: a("10.96.1.2"), Family: datapath.IPv4, Port: 9000,
 			Endpoints: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
-		{Service: "edge/remote:", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true, Drop: true,
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "remote"}, Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30900, LocalOnly: true, Drop: true,
 			Cluster: []datapath.Endpoint{ep("10.244.1.3:9000", 1, false)}},
 		// internalTrafficPolicy Local without local endpoints: dropped;
 		// externalTrafficPolicy Local without any endpoint: refused.
-		{Service: "edge/itp:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.3"), Family: datapath.IPv4, Port: 80, Drop: true},
-		{Service: "edge/gone:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.4"), Family: datapath.IPv4, Port: 80},
-		{Service: "edge/gone:", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.104"), Family: datapath.IPv4, Port: 80, LocalOnly: true},
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "itp"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.3"), Family: datapath.IPv4, Port: 80, Drop: true},
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "gone"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("10.96.1.4"), Family: datapath.IPv4, Port: 80},
+		{Service: datapath.ServicePortName{Namespace: "edge", Name: "gone"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: a("172.30.0.104"), Family: datapath.IPv4, Port: 80, LocalOnly: true},
 		// Another family: ignored by an IPv4 ruleset.
-		{Service: "default/v6:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("fd00::10"), Family: datapath.IPv6, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "v6"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: a("fd00::10"), Family: datapath.IPv6, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1, true)}},
 	}
 	p := datapath.Plan{Frontends: fs}
@@ -171,7 +171,7 @@ func TestWeights(t *testing.T) {
 			eps = append(eps, datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 0, 0, byte(i + 1)}), 80), Weight: w})
 			sum += float64(w)
 		}
-		fs := []datapath.Frontend{{Service: "a/b:c", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Endpoints: eps}}
+		fs := []datapath.Frontend{{Service: datapath.ServicePortName{Namespace: "a", Name: "b", Port: "c"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Endpoints: eps}}
 		rs := Render(Config{Family: datapath.IPv4, MasqueradeBit: 14}, fs)
 		svc := rs.units[0].chains[0]
 		if len(svc.rules) != len(ws) {
@@ -204,13 +204,13 @@ func TestPartialWrite(t *testing.T) {
 	before := Render(cfg, samplePlan())
 	fs := samplePlan()
 	for i := range fs {
-		if fs[i].Service == "default/sticky:" {
+		if fs[i].Service == (datapath.ServicePortName{Namespace: "default", Name: "sticky"}) {
 			fs[i].Endpoints = fs[i].Endpoints[:1]
 		}
 	}
 	after := Render(cfg, fs)
-	changed := map[string]bool{}
-	old := map[string]digest{}
+	changed := map[unitID]bool{}
+	old := map[unitID]digest{}
 	for _, u := range before.units {
 		old[u.id] = u.digest
 	}
@@ -219,8 +219,8 @@ func TestPartialWrite(t *testing.T) {
 			changed[u.id] = true
 		}
 	}
-	if len(changed) != 1 || !changed["default/sticky: tcp"] {
-		t.Fatalf("changed units = %v, want only default/sticky: tcp", changed)
+	if len(changed) != 1 || !changed[unitID{datapath.ServicePortName{Namespace: "default", Name: "sticky"}, datapath.TCP}] {
+		t.Fatalf("changed units = %v, want only default/sticky tcp", changed)
 	}
 	var stale []tableChain
 	now := after.chains()
@@ -263,10 +263,10 @@ func TestPartialWrite(t *testing.T) {
 		t.Errorf("partial restore rewrites EP-SERVICES although no dispatch rule changed:\n%s", s)
 	}
 	// A new service rewrites the dispatch chain, with every service's rules.
-	fs = append(fs, datapath.Frontend{Service: "default/new:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
+	fs = append(fs, datapath.Frontend{Service: datapath.ServicePortName{Namespace: "default", Name: "new"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
 		Endpoints: []datapath.Endpoint{ep("10.244.0.9:80", 1, true)}})
 	added := Render(cfg, fs)
-	text, _, _, err = added.restoreText(writeSpec{write: map[string]bool{"default/new: tcp": true}, fixed: fixed})
+	text, _, _, err = added.restoreText(writeSpec{write: map[unitID]bool{{datapath.ServicePortName{Namespace: "default", Name: "new"}, datapath.TCP}: true}, fixed: fixed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -279,12 +279,12 @@ func TestPartialWrite(t *testing.T) {
 
 func TestRenderRejectsBadFrontend(t *testing.T) {
 	fs := samplePlan()
-	fs = append(fs, datapath.Frontend{Service: "x/bad:", Kind: datapath.ClusterIP, Protocol: "ICMP", Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 1})
+	fs = append(fs, datapath.Frontend{Service: datapath.ServicePortName{Namespace: "x", Name: "bad"}, Kind: datapath.ClusterIP, Protocol: "ICMP", Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 1})
 	rs := Render(Config{Family: datapath.IPv4}, fs)
 	if len(rs.Errors) != 1 || !strings.Contains(rs.Errors[0].Error(), "x/bad") {
 		t.Fatalf("errors = %v, want one naming x/bad", rs.Errors)
 	}
-	if slices.Contains(rs.Services(), "x/bad: icmp") || len(rs.Services()) == 0 {
+	if slices.Contains(rs.Services(), "x/bad icmp") || len(rs.Services()) == 0 {
 		t.Fatalf("services = %v", rs.Services())
 	}
 }
@@ -302,12 +302,12 @@ func BenchmarkPartialRender(b *testing.B) {
 			k := i*10 + j
 			eps[j] = datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, byte(k >> 16), byte(k >> 8), byte(k)}), 8080), Weight: 1}
 		}
-		fs = append(fs, datapath.Frontend{Service: "ns/svc" + strconv.Itoa(i) + ":http", Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+		fs = append(fs, datapath.Frontend{Service: datapath.ServicePortName{Namespace: "ns", Name: "svc" + strconv.Itoa(i), Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 			Addr: netip.AddrFrom4([4]byte{172, 20, byte(i >> 8), byte(i)}), Family: datapath.IPv4, Port: 80, Endpoints: eps})
 	}
 	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14}
 	base := Render(cfg, fs)
-	units := map[string]*unit{}
+	units := map[unitID]*unit{}
 	for _, u := range base.units {
 		units[u.id] = u.summarize()
 	}
@@ -319,15 +319,15 @@ func BenchmarkPartialRender(b *testing.B) {
 	fs[0].Endpoints = fs[0].Endpoints[1:]
 	var size int
 	for b.Loop() {
-		rs := render(cfg, fs, func(id, service string) *unit {
-			if service == fs[0].Service {
+		rs := render(cfg, fs, func(id unitID) *unit {
+			if id.service == fs[0].Service {
 				return nil
 			}
 			return units[id]
 		})
 		_ = rs.chains()
 		keep := rs.fixedSum() == lastSum
-		text, _, _, err := rs.restoreText(writeSpec{write: map[string]bool{fs[0].Service + " tcp": true}, fixed: fixed, keepFixed: keep})
+		text, _, _, err := rs.restoreText(writeSpec{write: map[unitID]bool{{fs[0].Service, datapath.TCP}: true}, fixed: fixed, keepFixed: keep})
 		if err != nil || !keep {
 			b.Fatalf("keep fixed chains: %v, err %v", keep, err)
 		}

@@ -9,11 +9,11 @@ import (
 )
 
 // restoreText renders the iptables-restore --noflush input for ws. owner[i]
-// is the unit that line i+1 belongs to ("" for fixed rules), so a failing
+// is the unit that line i+1 belongs to (nil for fixed rules), so a failing
 // line can be traced to its service. digests are the fixed chains' as
 // written (ws.fixed when they were kept). err lists the objects refused
 // when they were added to the transaction, each naming its unit.
-func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, digests map[tableChain]digest, err error) {
+func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []*unitID, digests map[tableChain]digest, err error) {
 	w := &restoreWriter{rs: rs, ws: ws, digests: ws.fixed}
 	if !ws.keepFixed || ws.write == nil {
 		w.fixed = rs.fixedRules()
@@ -28,10 +28,10 @@ func (rs *Ruleset) restoreText(ws writeSpec) (text []byte, owner []string, diges
 	return text, owner, w.digests, err
 }
 
-// fixedRule is a rule of a fixed chain and the unit it belongs to ("" for
-// the static rules).
+// fixedRule is a rule of a fixed chain and the unit it belongs to (nil
+// for the static rules).
 type fixedRule struct {
-	own  string
+	own  *unitID
 	rule *rule
 }
 
@@ -41,20 +41,20 @@ type fixedRule struct {
 func (rs *Ruleset) fixedRules() map[tableChain][]fixedRule {
 	head, tail := staticRules(&rs.cfg)
 	fixed := map[tableChain][]fixedRule{}
-	add := func(own string, rs []topRule) {
+	add := func(own *unitID, rs []topRule) {
 		for i := range rs {
 			tc := tableChain{rs[i].table, rs[i].chain}
 			fixed[tc] = append(fixed[tc], fixedRule{own, &rs[i].rule})
 		}
 	}
-	add("", head)
+	add(nil, head)
 	for _, u := range rs.units {
-		add(u.id, u.top)
+		add(&u.id, u.top)
 	}
-	add("", tail)
+	add(nil, tail)
 	hp := tableChain{tableNAT, chainHairpin}
 	for _, a := range rs.hairpin() {
-		fixed[hp] = append(fixed[hp], fixedRule{"", &rule{matches: []match{srcHost(a), dstHost(a)}, target: masquerade(rs.cfg.RandomFully)}})
+		fixed[hp] = append(fixed[hp], fixedRule{nil, &rule{matches: []match{srcHost(a), dstHost(a)}, target: masquerade(rs.cfg.RandomFully)}})
 	}
 	for table, names := range fixedChains {
 		for _, name := range names {
@@ -125,7 +125,7 @@ func (w *restoreWriter) writeTable(table string) {
 				continue
 			}
 			for i := range c.rules {
-				w.tx.add(u.id, tableChain{table, c.name}, &c.rules[i])
+				w.tx.add(&u.id, tableChain{table, c.name}, &c.rules[i])
 			}
 		}
 	}
@@ -163,7 +163,7 @@ func (w *restoreWriter) size(table string) int {
 func (w *restoreWriter) declareChains(table string) {
 	for _, c := range fixedChains[table] {
 		if w.writeFixed(tableChain{table, c}) {
-			w.tx.declare("", tableChain{table, c})
+			w.tx.declare(nil, tableChain{table, c})
 		}
 	}
 	for _, u := range w.rs.units {
@@ -172,19 +172,19 @@ func (w *restoreWriter) declareChains(table string) {
 		}
 		if u.summary {
 			if table == tables[0] {
-				w.tx.fail(u.id, errors.New("unit to write was not rendered"))
+				w.tx.fail(&u.id, errors.New("unit to write was not rendered"))
 			}
 			continue
 		}
 		for _, c := range u.chains {
 			if c.table == table {
-				w.tx.declare(u.id, tableChain{table, c.name})
+				w.tx.declare(&u.id, tableChain{table, c.name})
 			}
 		}
 	}
 	for _, s := range w.stale {
 		if s.table == table {
-			w.tx.declare("", s)
+			w.tx.declare(nil, s)
 		}
 	}
 }

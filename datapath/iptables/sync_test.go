@@ -16,6 +16,9 @@ var discardLog = slog.New(slog.DiscardHandler)
 
 // TestTransactionOnState: what one transaction does to a given state of
 // the tables, and what it refuses (when built, or when applied).
+// testUnit owns the objects the transaction tests add for a unit.
+var testUnit = &unitID{datapath.ServicePortName{Namespace: "ns", Name: "u"}, datapath.TCP}
+
 func TestTransactionOnState(t *testing.T) {
 	svcA := tableChain{tableNAT, "EP-SVC-A"}
 	svcs := tableChain{tableNAT, chainServices}
@@ -37,22 +40,22 @@ func TestTransactionOnState(t *testing.T) {
 	}{{
 		name: "declare empties a chain and refills it",
 		build: func(tx *transaction) {
-			tx.declare("u", svcA)
-			tx.add("u", svcA, &dnat)
+			tx.declare(testUnit, svcA)
+			tx.add(testUnit, svcA, &dnat)
 		},
 		want: []string{":EP-SVC-A", "-A EP-SVC-A -p tcp -j DNAT --to-destination 10.244.0.2:8080"},
 	}, {
 		name: "delete of a chain still jumped to fails",
 		build: func(tx *transaction) {
-			tx.declare("", svcA)
+			tx.declare(nil, svcA)
 			tx.delete(svcA)
 		},
 		applyErr: "referenced",
 	}, {
 		name: "delete with the jumps to it rewritten",
 		build: func(tx *transaction) {
-			tx.declare("", svcs)
-			tx.declare("", svcA)
+			tx.declare(nil, svcs)
+			tx.declare(nil, svcA)
 			tx.delete(svcA)
 		},
 		want: []string{":EP-SERVICES\n:PREROUTING\n"},
@@ -64,31 +67,31 @@ func TestTransactionOnState(t *testing.T) {
 		want: []string{":PREROUTING\n-A PREROUTING -m comment --comment \"edgeproxy service portals\" -j EP-SERVICES\n"},
 	}, {
 		name:     "a rule in a chain not declared is refused",
-		build:    func(tx *transaction) { tx.add("u", svcA, &dnat) },
-		buildErr: "unit u: rule in nat/EP-SVC-A: chain not declared",
+		build:    func(tx *transaction) { tx.add(testUnit, svcA, &dnat) },
+		buildErr: "unit ns/u tcp: rule in nat/EP-SVC-A: chain not declared",
 	}, {
 		name:     "a chain name over 28 characters is refused",
-		build:    func(tx *transaction) { tx.declare("u", tableChain{tableNAT, "EP-SVC-" + strings.Repeat("X", 22)}) },
+		build:    func(tx *transaction) { tx.declare(testUnit, tableChain{tableNAT, "EP-SVC-" + strings.Repeat("X", 22)}) },
 		buildErr: "length 29",
 	}, {
 		name: "a jump to a bad name is refused",
 		build: func(tx *transaction) {
-			tx.declare("u", svcs)
-			tx.add("u", svcs, &rule{target: jumpTo("EP SVC")})
+			tx.declare(testUnit, svcs)
+			tx.add(testUnit, svcs, &rule{target: jumpTo("EP SVC")})
 		},
 		buildErr: "not a valid iptables chain name",
 	}, {
 		name: "a comment with a quote is refused",
 		build: func(tx *transaction) {
-			tx.declare("u", svcs)
-			tx.add("u", svcs, &rule{comment: `a"b`, target: verdict(tReturn)})
+			tx.declare(testUnit, svcs)
+			tx.add(testUnit, svcs, &rule{comment: `a"b`, target: verdict(tReturn)})
 		},
 		buildErr: "comment",
 	}, {
 		name: "a probability out of range is refused",
 		build: func(tx *transaction) {
-			tx.declare("u", svcA)
-			tx.add("u", svcA, &rule{matches: []match{probability(1.5)}, target: verdict(tReturn)})
+			tx.declare(testUnit, svcA)
+			tx.add(testUnit, svcA, &rule{matches: []match{probability(1.5)}, target: verdict(tReturn)})
 		},
 		buildErr: "probability",
 	}, {
@@ -159,7 +162,7 @@ func TestSyncsLikeFull(t *testing.T) {
 	fs := samplePlan()
 	set := func(service string, f func(*datapath.Frontend)) {
 		for i := range fs {
-			if fs[i].Service == service {
+			if fs[i].Service == SPN(service) {
 				f(&fs[i])
 			}
 		}
@@ -184,11 +187,13 @@ func TestSyncsLikeFull(t *testing.T) {
 	}{
 		{"one endpoint fewer", func() { set("default/sticky:", func(f *datapath.Frontend) { f.Endpoints = f.Endpoints[:1] }) }, []string{"default/sticky:"}, false, 600},
 		{"a service added", func() {
-			fs = append(fs, datapath.Frontend{Service: "default/new:", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
+			fs = append(fs, datapath.Frontend{Service: datapath.ServicePortName{Namespace: "default", Name: "new"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.9.9"), Family: datapath.IPv4, Port: 80,
 				Endpoints: []datapath.Endpoint{ep("10.244.0.9:80", 1, true)}})
 		}, []string{"default/new:"}, false, 0},
 		{"a service removed", func() {
-			fs = slices.DeleteFunc(fs, func(f datapath.Frontend) bool { return f.Service == "edge/lb:https" })
+			fs = slices.DeleteFunc(fs, func(f datapath.Frontend) bool {
+				return f.Service == (datapath.ServicePortName{Namespace: "edge", Name: "lb", Port: "https"})
+			})
 		}, []string{"edge/lb:https"}, false, 0},
 		{"a change missed by Changed, found by compare-all", func() {
 			set("default/web:http", func(f *datapath.Frontend) { f.Endpoints = f.Endpoints[1:] })
@@ -203,9 +208,9 @@ func TestSyncsLikeFull(t *testing.T) {
 			step.change()
 			plan := &datapath.Plan{Frontends: slices.Clone(fs), Full: step.compare}
 			if !step.compare {
-				plan.Changed = map[string]bool{}
+				plan.Changed = map[datapath.ServicePortName]bool{}
 				for _, s := range step.changed {
-					plan.Changed[s] = true
+					plan.Changed[SPN(s)] = true
 				}
 			}
 			st := apply(t, f, plan, false)
@@ -233,14 +238,14 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 		t.Fatal(err)
 	}
 	renderHook = func(u *unit) {
-		if u.service == "default/web:http" && len(u.chains) > 0 {
+		if u.id.service == (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}) && len(u.chains) > 0 {
 			u.chains[0].rules = append(u.chains[0].rules, rule{target: jumpTo("EP-NO-SUCH-CHAIN")})
 		}
 	}
 	defer func() { renderHook = nil }()
-	_, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Changed: map[string]bool{"default/web:http": true}}, false, false)
+	_, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "web", Port: "http"}: true}}, false, false)
 	var pe *datapath.PortError
-	if !errors.As(err, &pe) || pe.Service != "default/web:http" {
+	if !errors.As(err, &pe) || pe.Service != (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}) {
 		t.Fatalf("apply error = %v, want a PortError for default/web:http", err)
 	}
 	if f.needFull {
@@ -248,7 +253,9 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 	}
 	renderHook = nil
 	fresh := newFakeTables()
-	without := slices.DeleteFunc(slices.Clone(fs), func(f datapath.Frontend) bool { return f.Service == "default/web:http" })
+	without := slices.DeleteFunc(slices.Clone(fs), func(f datapath.Frontend) bool {
+		return f.Service == (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"})
+	})
 	if _, err := newFakeFamily(cfg, fresh).apply(context.Background(), &datapath.Plan{Frontends: without, Full: true}, true, true); err != nil {
 		t.Fatal(err)
 	}

@@ -23,7 +23,7 @@ const (
 
 type op struct {
 	kind  opKind
-	owner string // the unit that wrote it, "" for none
+	owner *unitID // the unit that wrote it, nil for none
 	chain string
 	rule  *rule
 }
@@ -48,12 +48,12 @@ type transaction struct {
 // opError is an object refused when it was added; owner is the unit that
 // added it.
 type opError struct {
-	owner string
+	owner *unitID
 	err   error
 }
 
 func (e *opError) Error() string {
-	if e.owner == "" {
+	if e.owner == nil {
 		return "iptables: " + e.err.Error()
 	}
 	return fmt.Sprintf("iptables: unit %s: %v", e.owner, e.err)
@@ -61,7 +61,7 @@ func (e *opError) Error() string {
 
 func (e *opError) Unwrap() error { return e.err }
 
-func (tx *transaction) fail(owner string, err error) {
+func (tx *transaction) fail(owner *unitID, err error) {
 	tx.errs = append(tx.errs, &opError{owner, err})
 }
 
@@ -76,7 +76,7 @@ func (tx *transaction) grow(table string, n int) {
 }
 
 // declare creates chain c, or empties it when it exists.
-func (tx *transaction) declare(owner string, c tableChain) {
+func (tx *transaction) declare(owner *unitID, c tableChain) {
 	if err := c.validate(); err != nil {
 		tx.fail(owner, err)
 		return
@@ -95,7 +95,7 @@ func (tx *transaction) declare(owner string, c tableChain) {
 
 // add appends r to chain c, which the transaction must have declared:
 // appending to a chain it did not empty would duplicate rules.
-func (tx *transaction) add(owner string, c tableChain, r *rule) {
+func (tx *transaction) add(owner *unitID, c tableChain, r *rule) {
 	if err := r.validate(); err != nil {
 		tx.fail(owner, fmt.Errorf("rule in %s/%s: %w", c.table, c.name, err))
 		return
@@ -113,33 +113,33 @@ func (tx *transaction) add(owner string, c tableChain, r *rule) {
 func (tx *transaction) delete(c tableChain) {
 	i := tableIndex(c.table)
 	if !tx.declared[i][c.name] {
-		tx.fail("", fmt.Errorf("delete %s/%s: chain not declared in this transaction", c.table, c.name))
+		tx.fail(nil, fmt.Errorf("delete %s/%s: chain not declared in this transaction", c.table, c.name))
 		return
 	}
-	tx.ops[i] = append(tx.ops[i], op{opDelete, "", c.name, nil})
+	tx.ops[i] = append(tx.ops[i], op{opDelete, nil, c.name, nil})
 }
 
 // insert puts r first in built-in chain c.
 func (tx *transaction) insert(c tableChain, r *rule) {
 	if err := c.validate(); err != nil {
-		tx.fail("", err)
+		tx.fail(nil, err)
 		return
 	}
 	if !builtin(c.name) {
-		tx.fail("", fmt.Errorf("insert into %s/%s: not a built-in chain", c.table, c.name))
+		tx.fail(nil, fmt.Errorf("insert into %s/%s: not a built-in chain", c.table, c.name))
 		return
 	}
 	if err := r.validate(); err != nil {
-		tx.fail("", fmt.Errorf("rule in %s/%s: %w", c.table, c.name, err))
+		tx.fail(nil, fmt.Errorf("rule in %s/%s: %w", c.table, c.name, err))
 		return
 	}
-	tx.ops[tableIndex(c.table)] = append(tx.ops[tableIndex(c.table)], op{opInsert, "", c.name, r})
+	tx.ops[tableIndex(c.table)] = append(tx.ops[tableIndex(c.table)], op{opInsert, nil, c.name, r})
 }
 
 // render returns the iptables-restore input and, per line, the unit that
 // owns it (owner[i] for line i+1), or the errors of the objects refused
 // when they were added.
-func (tx *transaction) render() (text []byte, owner []string, err error) {
+func (tx *transaction) render() (text []byte, owner []*unitID, err error) {
 	if len(tx.errs) > 0 {
 		return nil, nil, errors.Join(tx.errs...)
 	}
@@ -149,16 +149,16 @@ func (tx *transaction) render() (text []byte, owner []string, err error) {
 		size += 140 * len(tx.ops[i])
 	}
 	w := argWriter{mode: asText, b: make([]byte, 0, size)}
-	owner = make([]string, 0, lines)
+	owner = make([]*unitID, 0, lines)
 	for i, table := range tables {
 		w.b = append(append(append(w.b, '*'), table...), '\n')
-		owner = append(owner, "")
+		owner = append(owner, nil)
 		for j := range tx.ops[i] {
 			tx.ops[i][j].appendText(&w)
 			owner = append(owner, tx.ops[i][j].owner)
 		}
 		w.b = append(w.b, "COMMIT\n"...)
-		owner = append(owner, "")
+		owner = append(owner, nil)
 	}
 	return w.b, owner, nil
 }
@@ -194,9 +194,9 @@ func (o *op) appendText(w *argWriter) {
 
 // failedOwner returns the unit whose object made err: one refused when it
 // was added, or the one owning the line iptables-restore reported as
-// failed (xtables.RestoreError; owner as render returned it). "" when no
+// failed (xtables.RestoreError; owner as render returned it). Nil when no
 // unit is to blame.
-func failedOwner(err error, owner []string) string {
+func failedOwner(err error, owner []*unitID) *unitID {
 	var oe *opError
 	if errors.As(err, &oe) {
 		return oe.owner
@@ -205,5 +205,5 @@ func failedOwner(err error, owner []string) string {
 	if errors.As(err, &re) && re.Line >= 1 && re.Line <= len(owner) {
 		return owner[re.Line-1]
 	}
-	return ""
+	return nil
 }

@@ -18,7 +18,7 @@ func benchPlan(n int, dual bool) *datapath.Plan {
 	p := &datapath.Plan{Full: true}
 	for i := range n {
 		f := datapath.Frontend{
-			Service: fmt.Sprintf("ns/svc-%05d:http", i), Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+			Service: datapath.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("svc-%05d", i), Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 			Addr: netip.AddrFrom4([4]byte{10, 100, byte(i >> 8), byte(i)}), Family: datapath.IPv4, Port: 80,
 		}
 		f6 := f
@@ -85,7 +85,7 @@ func benchApply(b *testing.B, node *netns.NS, name string, plan *datapath.Plan, 
 		partial.Frontends = append([]datapath.Frontend(nil), plan.Frontends...)
 		f := &partial.Frontends[len(partial.Frontends)/2]
 		f.Endpoints = append([]datapath.Endpoint(nil), f.Endpoints...)
-		partial.Changed = map[string]bool{f.Service: true}
+		partial.Changed = map[datapath.ServicePortName]bool{f.Service: true}
 		for i := 0; b.Loop(); i++ {
 			f.Endpoints[0].Weight = uint32(2 + i%2)
 			do(func() error { return p.Apply(context.Background(), &partial) })

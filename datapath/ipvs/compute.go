@@ -98,7 +98,7 @@ var weightedForm = map[string]string{"rr": "wrr", "lc": "wlc"}
 type desiredServer struct {
 	VS       VirtualServer
 	Reals    []RealServer
-	Service  string
+	Service  datapath.ServicePortName
 	Weighted bool // the scheduler was switched to its weighted form
 }
 
@@ -297,6 +297,6 @@ func equalWeights(es []datapath.Endpoint) bool {
 
 // portError marks err as concerning service port service alone, so that
 // the agent shows it as refused and counts the rest of the sync as done.
-func portError(service string, err error) error {
+func portError(service datapath.ServicePortName, err error) error {
 	return &datapath.PortError{Service: service, Err: err}
 }

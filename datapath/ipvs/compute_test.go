@@ -59,18 +59,18 @@ func (d *desired) String() string {
 func TestCompute(t *testing.T) {
 	cfg := config{Scheduler: "lc", NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
 	plan := &datapath.Plan{HealthCheckPorts: []uint16{31000}, Frontends: []datapath.Frontend{
-		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1)}},
-		{Service: "a/canary:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.2"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "canary", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.2"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3), ep("10.244.0.3:8080", 1)}},
-		{Service: "a/hash:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.3"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "hash", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.3"), Family: datapath.IPv4, Port: 80,
 			Scheduler: "mh", SchedulerFlags: []string{"mh-fallback", "mh-port"}, Affinity: 90 * time.Second,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 3), ep("10.244.0.3:8080", 1)}},
-		{Service: "a/np:dns", Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, LocalOnly: true,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "np", Port: "dns"}, Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, LocalOnly: true,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.4:53", 1)}},
-		{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("203.0.113.5"), Family: datapath.IPv4, Port: 443,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "lb", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("203.0.113.5"), Family: datapath.IPv4, Port: 443,
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24")}},
-		{Service: "a/ext:http", Kind: datapath.ExternalIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("203.0.113.6"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "ext", Port: "http"}, Kind: datapath.ExternalIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("203.0.113.6"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1)}},
 	}}
 	d, err := compute(cfg, plan)
@@ -85,13 +85,13 @@ func TestCompute(t *testing.T) {
 func TestComputeDualStack(t *testing.T) {
 	cfg := config{IPv6: true, NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
 	plan := &datapath.Plan{Frontends: []datapath.Frontend{
-		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1)}},
-		{Service: "a/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00:96::1"), Family: datapath.IPv6, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00:96::1"), Family: datapath.IPv6, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1)}},
-		{Service: "a/web:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "web", Port: "http"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
 			Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1)}},
-		{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("2001:db8::5"), Family: datapath.IPv6, Port: 443,
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "lb", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Addr: netip.MustParseAddr("2001:db8::5"), Family: datapath.IPv6, Port: 443,
 			SourceRanges: []netip.Prefix{netip.MustParsePrefix("198.51.100.0/24"), netip.MustParsePrefix("2001:db8:1::/48")}},
 	}}
 	d, err := compute(cfg, plan)
@@ -122,7 +122,7 @@ func TestNoEndpointsSets(t *testing.T) {
 		{"external Local, no endpoints anywhere", datapath.LoadBalancer, true, false, nil, setNoEndpoints, 0},
 		{"external Local, endpoints elsewhere", datapath.LoadBalancer, true, true, remote, setNoEndpointsLo, 1},
 	} {
-		f := datapath.Frontend{Service: "a/s:http", Kind: c.kind, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.9"),
+		f := datapath.Frontend{Service: datapath.ServicePortName{Namespace: "a", Name: "s", Port: "http"}, Kind: c.kind, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.9"),
 			Family: datapath.IPv4, Port: 80, LocalOnly: c.localOnly, Drop: c.drop, Cluster: c.cluster}
 		d, err := compute(config{}, &datapath.Plan{Frontends: []datapath.Frontend{f}})
 		if err != nil {
@@ -151,7 +151,7 @@ func TestLoadBalancerSourceRangesAllowFromNode(t *testing.T) {
 		ranges string
 		want   bool
 	}{{"192.168.1.0/24", true}, {"198.51.100.0/24", false}} {
-		plan := &datapath.Plan{Frontends: []datapath.Frontend{{Service: "a/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
+		plan := &datapath.Plan{Frontends: []datapath.Frontend{{Service: datapath.ServicePortName{Namespace: "a", Name: "lb", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
 			Addr: lbIP, Family: datapath.IPv4, Port: 443, SourceRanges: []netip.Prefix{netip.MustParsePrefix(c.ranges)}}}}
 		d, err := compute(config{NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10")}}, plan)
 		if err != nil {
@@ -166,16 +166,16 @@ func TestLoadBalancerSourceRangesAllowFromNode(t *testing.T) {
 
 func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 	plan := &datapath.Plan{Frontends: []datapath.Frontend{
-		{Service: "a/v6:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::1"), Family: datapath.IPv6, Port: 80},
-		{Service: "a/bad:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.7"), Family: datapath.IPv4, Port: 80, Scheduler: "sh", SchedulerFlags: []string{"sh-bogus"}},
-		{Service: "a/ok:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.8"), Family: datapath.IPv4, Port: 80},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "v6", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::1"), Family: datapath.IPv6, Port: 80},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "bad", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.7"), Family: datapath.IPv4, Port: 80, Scheduler: "sh", SchedulerFlags: []string{"sh-bogus"}},
+		{Service: datapath.ServicePortName{Namespace: "a", Name: "ok", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.8"), Family: datapath.IPv4, Port: 80},
 	}}
 	d, err := compute(config{}, plan) // IPv6 off
 	if err == nil || !strings.Contains(err.Error(), "IPv6") || !strings.Contains(err.Error(), "sh-bogus") {
 		t.Errorf("err = %v, want both problems named", err)
 	}
 	ports, rest := datapath.SplitPortErrors(err)
-	if rest != nil || len(ports) != 2 || ports[0].Service != "a/v6:http" || ports[1].Service != "a/bad:http" {
+	if rest != nil || len(ports) != 2 || ports[0].Service != (datapath.ServicePortName{Namespace: "a", Name: "v6", Port: "http"}) || ports[1].Service != (datapath.ServicePortName{Namespace: "a", Name: "bad", Port: "http"}) {
 		t.Errorf("port errors = %v, rest = %v; want one PortError each for a/v6 and a/bad", ports, rest)
 	}
 	if len(d.Servers) != 1 {
@@ -225,7 +225,7 @@ func golden(t *testing.T, name, got string) {
 func BenchmarkCompute(b *testing.B) {
 	plan := &datapath.Plan{}
 	for i := range 1000 {
-		f := datapath.Frontend{Service: fmt.Sprintf("ns/s%d:p", i), Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+		f := datapath.Frontend{Service: datapath.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("s%d", i), Port: "p"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 			Addr: netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}), Family: datapath.IPv4, Port: 80}
 		for e := range 10 {
 			f.Endpoints = append(f.Endpoints, datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 244, byte(i >> 8), byte(i)}), uint16(8000+e)), Weight: 1})

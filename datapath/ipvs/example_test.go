@@ -24,7 +24,7 @@ func ExampleProxier_Apply() {
 	}
 	defer p.Close()
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{{
-		Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+		Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 		Addr: netip.MustParseAddr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
 		Endpoints: []datapath.Endpoint{
 			{Addr: netip.MustParseAddrPort("10.244.1.5:8080"), Weight: 3},

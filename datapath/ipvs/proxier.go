@@ -131,31 +131,9 @@ var (
 // needs and the connection timeouts. Sysctl failures are logged and kept
 // (SysctlErrors), not fatal: some are read-only in containers.
 func New(opts Options) (*Proxier, error) {
-	if opts.Interface == "" {
-		opts.Interface = "edgeproxy0"
-	}
-	if opts.Scheduler == "" {
-		opts.Scheduler = "rr"
-	}
-	if opts.GracePeriod == 0 {
-		opts.GracePeriod = 30 * time.Second
-	}
-	if opts.MasqueradeBit == 0 {
-		opts.MasqueradeBit = 14
-	}
-	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("ipvs: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
-	}
-	if opts.Logger == nil {
-		opts.Logger = slog.Default()
-	}
-	if opts.Now == nil {
-		opts.Now = time.Now
-	}
-	for _, f := range opts.SchedulerFlags {
-		if _, ok := schedulerFlags[f]; !ok {
-			return nil, fmt.Errorf("ipvs: unknown scheduler flag %q", f)
-		}
+	opts, err := opts.withDefaults()
+	if err != nil {
+		return nil, err
 	}
 	p := &Proxier{
 		opts: opts, link: dummy{opts.Interface},
@@ -165,11 +143,9 @@ func New(opts Options) (*Proxier, error) {
 		retry:       map[Key]bool{},
 		logged:      map[string]bool{},
 	}
-	m, err := newMetrics(opts.Registerer)
-	if err != nil {
+	if p.m, err = newMetrics(opts.Registerer); err != nil {
 		return nil, err
 	}
-	p.m = m
 	p.k = opts.Kernel
 	if p.k == nil {
 		if err := LoadModules("ip_vs", "nf_conntrack", "dummy"); err != nil {
@@ -216,6 +192,38 @@ func New(opts Options) (*Proxier, error) {
 		}
 	}
 	return p, nil
+}
+
+// withDefaults returns opts with the defaults filled in, or why it cannot
+// be used.
+func (opts Options) withDefaults() (Options, error) {
+	if opts.Interface == "" {
+		opts.Interface = "edgeproxy0"
+	}
+	if opts.Scheduler == "" {
+		opts.Scheduler = "rr"
+	}
+	if opts.GracePeriod == 0 {
+		opts.GracePeriod = 30 * time.Second
+	}
+	if opts.MasqueradeBit == 0 {
+		opts.MasqueradeBit = 14
+	}
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return opts, fmt.Errorf("ipvs: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
+	}
+	if opts.Logger == nil {
+		opts.Logger = slog.Default()
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	for _, f := range opts.SchedulerFlags {
+		if _, ok := schedulerFlags[f]; !ok {
+			return opts, fmt.Errorf("ipvs: unknown scheduler flag %q", f)
+		}
+	}
+	return opts, nil
 }
 
 // openIPTables opens the iptables tools (ip6tables too with IPv6) for the

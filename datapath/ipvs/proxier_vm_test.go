@@ -167,13 +167,13 @@ func (w *world) podReachesBoth(dst netip.AddrPort, src netip.Addr) {
 func TestClusterIPAndNodePortTraffic(t *testing.T) {
 	w := newWorld(t, "a", "b", "c", "client")
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 1), w.ep("b", 1)}},
-		{Service: "default/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: addr("10.96.0.53"), Family: datapath.IPv4, Port: 53,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "dns", Port: "dns"}, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: addr("10.96.0.53"), Family: datapath.IPv4, Port: 53,
 			Endpoints: []datapath.Endpoint{w.ep("c", 1)}},
-		{Service: "default/np:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "np", Port: "http"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080,
 			Endpoints: []datapath.Endpoint{w.ep("c", 1)}},
-		{Service: "default/empty:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.99"), Family: datapath.IPv4, Port: 80},
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "empty", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.99"), Family: datapath.IPv4, Port: 80},
 	}}
 	w.apply(w.p, plan)
 
@@ -243,15 +243,15 @@ func TestDualStack(t *testing.T) {
 	}
 	vip6, dns6, empty6 := netip.AddrPortFrom(addr("fd00:96::10"), 80), netip.AddrPortFrom(addr("fd00:96::53"), 53), netip.AddrPortFrom(addr("fd00:96::99"), 80)
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.0.10"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
-		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip6.Addr(), Family: datapath.IPv6, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip6.Addr(), Family: datapath.IPv6, Port: 80,
 			Endpoints: []datapath.Endpoint{ep6("a"), ep6("b")}},
-		{Service: "default/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: dns6.Addr(), Family: datapath.IPv6, Port: 53,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "dns", Port: "dns"}, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: dns6.Addr(), Family: datapath.IPv6, Port: 53,
 			Endpoints: []datapath.Endpoint{ep6("c")}},
-		{Service: "default/np:http", Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "np", Port: "http"}, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv6, Port: 30080,
 			Endpoints: []datapath.Endpoint{ep6("c")}},
-		{Service: "default/empty:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: empty6.Addr(), Family: datapath.IPv6, Port: 80},
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "empty", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: empty6.Addr(), Family: datapath.IPv6, Port: 80},
 	}}
 	w.apply(p, plan)
 
@@ -318,12 +318,12 @@ func TestDualStack(t *testing.T) {
 func TestWeightsAndSchedulerReachTheKernel(t *testing.T) {
 	w := newWorld(t, "a", "b", "client")
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		{Service: "default/canary:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.1.1"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "canary", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.1.1"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 3), w.ep("b", 1)}},
-		{Service: "default/sticky:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.1.2"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "sticky", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.1.2"), Family: datapath.IPv4, Port: 80,
 			Scheduler: "sh", SchedulerFlags: []string{"sh-port"},
 			Endpoints: []datapath.Endpoint{w.ep("a", 1), w.ep("b", 1)}},
-		{Service: "default/affinity:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.1.3"), Family: datapath.IPv4, Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "affinity", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: addr("10.96.1.3"), Family: datapath.IPv4, Port: 80,
 			Affinity: 3 * time.Hour, Endpoints: []datapath.Endpoint{w.ep("a", 1), w.ep("b", 1)}},
 	}}
 	w.apply(w.p, plan)
@@ -460,8 +460,8 @@ func talk(ns *netns.NS, dst netip.AddrPort, msg string) (string, error) {
 // drainPair returns builders of the two frontends the graceful termination
 // tests remove endpoints from: TCP service svc on vip:80 to the named
 // pods' podPort, and UDP default/dns:udp on vip:53 to their echo port.
-func (w *world) drainPair(svc string, vip netip.Addr, podPort uint16) (tcp, udp func(pods ...string) datapath.Frontend) {
-	build := func(svc string, proto datapath.Protocol, port, podPort uint16) func(pods ...string) datapath.Frontend {
+func (w *world) drainPair(svc datapath.ServicePortName, vip netip.Addr, podPort uint16) (tcp, udp func(pods ...string) datapath.Frontend) {
+	build := func(svc datapath.ServicePortName, proto datapath.Protocol, port, podPort uint16) func(pods ...string) datapath.Frontend {
 		return func(pods ...string) datapath.Frontend {
 			f := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: proto, Addr: vip, Family: datapath.IPv4, Port: port}
 			for _, p := range pods {
@@ -470,7 +470,7 @@ func (w *world) drainPair(svc string, vip netip.Addr, podPort uint16) (tcp, udp 
 			return f
 		}
 	}
-	return build(svc, datapath.TCP, 80, podPort), build("default/dns:udp", datapath.UDP, 53, 8080)
+	return build(svc, datapath.TCP, 80, podPort), build(datapath.ServicePortName{Namespace: "default", Name: "dns", Port: "udp"}, datapath.UDP, 53, 8080)
 }
 
 func TestGracefulTermination(t *testing.T) {
@@ -479,7 +479,7 @@ func TestGracefulTermination(t *testing.T) {
 		holdServer(t, w.pods[p], 9090)
 	}
 	vip := ap("10.96.2.1", 80)
-	tcp, udp := w.drainPair("default/hold:tcp", vip.Addr(), 9090)
+	tcp, udp := w.drainPair(datapath.ServicePortName{Namespace: "default", Name: "hold", Port: "tcp"}, vip.Addr(), 9090)
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{tcp("a"), udp("c")}})
 
 	// An established connection to a.
@@ -501,7 +501,7 @@ func TestGracefulTermination(t *testing.T) {
 	}
 
 	// a leaves the plan for b; c leaves for d.
-	w.apply(w.p, &datapath.Plan{Changed: map[string]bool{"default/hold:tcp": true, "default/dns:udp": true},
+	w.apply(w.p, &datapath.Plan{Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "hold", Port: "tcp"}: true, {Namespace: "default", Name: "dns", Port: "udp"}: true},
 		Frontends: []datapath.Frontend{tcp("b"), udp("d")}})
 	k := w.kernel()
 	hold := k[Key{vip.Addr(), datapath.TCP, 80}].Reals
@@ -633,8 +633,8 @@ func TestGracefulTerminationLongDownload(t *testing.T) {
 		chunkServer(t, w.pods[p], 9191, chunk)
 	}
 	vip := ap("10.96.2.2", 80)
-	tcp, udp := w.drainPair("default/dl:tcp", vip.Addr(), 9191)
-	changed := map[string]bool{"default/dl:tcp": true, "default/dns:udp": true}
+	tcp, udp := w.drainPair(datapath.ServicePortName{Namespace: "default", Name: "dl", Port: "tcp"}, vip.Addr(), 9191)
+	changed := map[datapath.ServicePortName]bool{{Namespace: "default", Name: "dl", Port: "tcp"}: true, {Namespace: "default", Name: "dns", Port: "udp"}: true}
 	tcpKey, udpKey := Key{vip.Addr(), datapath.TCP, 80}, Key{vip.Addr(), datapath.UDP, 53}
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{tcp("a"), udp("c", "d")}})
 
@@ -714,7 +714,7 @@ func manyServices(n int, ep datapath.Endpoint) *datapath.Plan {
 	for i := range n {
 		a := netip.AddrFrom4([4]byte{10, 97, byte(i >> 8), byte(i)})
 		p.Frontends = append(p.Frontends, datapath.Frontend{
-			Service: fmt.Sprintf("ns/svc-%04d:http", i), Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+			Service: datapath.ServicePortName{Namespace: "ns", Name: fmt.Sprintf("svc-%04d", i), Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
 			Addr: a, Family: datapath.IPv4, Port: 80, Endpoints: []datapath.Endpoint{ep},
 		})
 	}
@@ -773,7 +773,7 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 	// A partial sync of one changed service touches only it.
 	plan := manyServices(1000, w.ep("a", 1))
 	plan.Full = false
-	plan.Changed = map[string]bool{"ns/svc-0007:http": true}
+	plan.Changed = map[datapath.ServicePortName]bool{{Namespace: "ns", Name: "svc-0007", Port: "http"}: true}
 	plan.Frontends[7].Endpoints[0].Weight = 5
 	w.apply(p2, plan)
 	if st := p2.LastStats(); st.RealServers.Updated != 1 || st.Ops()-st.Reads != 1 {
@@ -854,7 +854,7 @@ func TestRuleCountConstantAndRestartWithoutDisruption(t *testing.T) {
 func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 	w := newWorld(t, "a", "b")
 	clientIP := addr("192.168.77.2")
-	fe := func(svc string, kind datapath.Kind, a string, port uint16, local bool, eps ...string) datapath.Frontend {
+	fe := func(svc datapath.ServicePortName, kind datapath.Kind, a string, port uint16, local bool, eps ...string) datapath.Frontend {
 		f := datapath.Frontend{Service: svc, Kind: kind, Protocol: datapath.TCP, Family: datapath.IPv4, Port: port, LocalOnly: local}
 		if a != "" {
 			f.Addr = addr(a)
@@ -864,20 +864,20 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 		}
 		return f
 	}
-	denied := fe("default/lb-deny:http", datapath.LoadBalancer, "203.0.113.30", 80, false, "a")
+	denied := fe(datapath.ServicePortName{Namespace: "default", Name: "lb-deny", Port: "http"}, datapath.LoadBalancer, "203.0.113.30", 80, false, "a")
 	denied.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
-	allowed := fe("default/lb-allow:http", datapath.LoadBalancer, "203.0.113.31", 80, false, "a")
+	allowed := fe(datapath.ServicePortName{Namespace: "default", Name: "lb-allow", Port: "http"}, datapath.LoadBalancer, "203.0.113.31", 80, false, "a")
 	allowed.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
 	// Policy Local, and the service's endpoints are all elsewhere (Drop):
 	// outside clients are dropped.
-	empty := fe("default/lb-local-empty:http", datapath.LoadBalancer, "203.0.113.40", 80, true)
+	empty := fe(datapath.ServicePortName{Namespace: "default", Name: "lb-local-empty", Port: "http"}, datapath.LoadBalancer, "203.0.113.40", 80, true)
 	empty.Drop = true
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		fe("default/ext:http", datapath.ExternalIP, "203.0.113.10", 80, false, "a"),
-		fe("default/lb-local:http", datapath.LoadBalancer, "203.0.113.20", 80, true, "b"),
-		fe("default/np-local:http", datapath.NodePort, "", 30090, true, "b"),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "ext", Port: "http"}, datapath.ExternalIP, "203.0.113.10", 80, false, "a"),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "lb-local", Port: "http"}, datapath.LoadBalancer, "203.0.113.20", 80, true, "b"),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "np-local", Port: "http"}, datapath.NodePort, "", 30090, true, "b"),
 		empty,
-		fe("default/self:http", datapath.ClusterIP, "10.96.3.1", 80, false, "a"),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "self", Port: "http"}, datapath.ClusterIP, "10.96.3.1", 80, false, "a"),
 		denied, allowed,
 	}})
 	cases := []struct {
@@ -930,15 +930,15 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 func TestLocalPolicyFallback(t *testing.T) {
 	w := newWorld(t, "b", "c")
 	cluster := []datapath.Endpoint{{Addr: w.pods["b"].AddrPort(8080), Weight: 1}} // elsewhere, as far as the plan says
-	lb := datapath.Frontend{Service: "default/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4,
+	lb := datapath.Frontend{Service: datapath.ServicePortName{Namespace: "default", Name: "lb", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4,
 		Addr: addr("203.0.113.50"), Port: 80, LocalOnly: true, Drop: true, Cluster: cluster}
 	np := lb
 	np.Kind, np.Addr, np.Port = datapath.NodePort, netip.Addr{}, 30091
 	// Refused, as kube-proxy IPVS does: policy Local and no endpoint
 	// anywhere; internal policy Local and none here.
 	none := lb
-	none.Service, none.Addr, none.Drop, none.Cluster = "default/none:http", addr("203.0.113.51"), false, nil
-	itp := datapath.Frontend{Service: "default/itp:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4,
+	none.Service, none.Addr, none.Drop, none.Cluster = datapath.ServicePortName{Namespace: "default", Name: "none", Port: "http"}, addr("203.0.113.51"), false, nil
+	itp := datapath.Frontend{Service: datapath.ServicePortName{Namespace: "default", Name: "itp", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4,
 		Addr: addr("10.96.5.1"), Port: 80, Drop: true}
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{lb, np, none, itp}})
 	for _, dst := range []netip.AddrPort{ap("203.0.113.51", 80), ap("10.96.5.1", 80)} {
@@ -988,7 +988,7 @@ func TestMasqueradeLikeUpstream(t *testing.T) {
 	w := newWorld(t, "a", "c")
 	p := w.newProxier(Options{}) // no clusterCIDR
 	vip := ap("10.96.4.1", 80)
-	fe := func(svc string, kind datapath.Kind, a netip.Addr, ranges ...string) datapath.Frontend {
+	fe := func(svc datapath.ServicePortName, kind datapath.Kind, a netip.Addr, ranges ...string) datapath.Frontend {
 		f := datapath.Frontend{Service: svc, Kind: kind, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: a, Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 1)}}
 		for _, r := range ranges {
@@ -997,9 +997,9 @@ func TestMasqueradeLikeUpstream(t *testing.T) {
 		return f
 	}
 	w.apply(p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		fe("default/web:http", datapath.ClusterIP, vip.Addr()),
-		fe("default/lb-node:http", datapath.LoadBalancer, addr("203.0.113.60"), "192.168.77.0/24"),
-		fe("default/lb-other:http", datapath.LoadBalancer, addr("203.0.113.61"), "198.51.100.0/24"),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, datapath.ClusterIP, vip.Addr()),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "lb-node", Port: "http"}, datapath.LoadBalancer, addr("203.0.113.60"), "192.168.77.0/24"),
+		fe(datapath.ServicePortName{Namespace: "default", Name: "lb-other", Port: "http"}, datapath.LoadBalancer, addr("203.0.113.61"), "198.51.100.0/24"),
 	}})
 	if r, err := w.pods["c"].TCP(vip, timeout); err != nil || r.Client.Addr() != w.pods["c"].IP {
 		t.Errorf("pod -> ClusterIP without clusterCIDR: %v %v, want the pod's own source %s", r, err, w.pods["c"].IP)
@@ -1033,9 +1033,9 @@ func TestHostPortsOnServiceAddresses(t *testing.T) {
 	// included, as kube-proxy's KUBE-IPVS-FILTER lets it.
 	serveConns(t, listenTCP(t, w.node.NS, 31999), func(c net.Conn) { fmt.Fprintf(c, "node %s\n", c.RemoteAddr()) })
 	w.apply(w.p, &datapath.Plan{Full: true, HealthCheckPorts: []uint16{31999}, Frontends: []datapath.Frontend{
-		{Service: "default/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("10.96.5.1"), Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("10.96.5.1"), Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
-		{Service: "default/lb:http", Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("203.0.113.70"), Port: 80,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "lb", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("203.0.113.70"), Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
 	}})
 	if r, err := w.client.TCP(netip.AddrPortFrom(w.node.LinkIP, 9999), timeout); err != nil || r.Name != "node" {

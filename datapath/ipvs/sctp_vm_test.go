@@ -99,11 +99,11 @@ func TestSCTP(t *testing.T) {
 	sctpServe(t, w.pods["a"], 9132)
 	ep := datapath.Endpoint{Addr: w.pods["a"].AddrPort(9132), Weight: 1, Local: true}
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		{Service: "default/sig:sctp", Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Family: datapath.IPv4, Addr: addr("10.96.7.1"), Port: 132,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "sig", Port: "sctp"}, Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Family: datapath.IPv4, Addr: addr("10.96.7.1"), Port: 132,
 			Endpoints: []datapath.Endpoint{ep}},
-		{Service: "default/sig:sctp", Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30132,
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "sig", Port: "sctp"}, Kind: datapath.NodePort, Protocol: datapath.SCTP, Family: datapath.IPv4, Port: 30132,
 			Endpoints: []datapath.Endpoint{ep}},
-		{Service: "default/none:sctp", Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Family: datapath.IPv4, Addr: addr("10.96.7.2"), Port: 132},
+		{Service: datapath.ServicePortName{Namespace: "default", Name: "none", Port: "sctp"}, Kind: datapath.ClusterIP, Protocol: datapath.SCTP, Family: datapath.IPv4, Addr: addr("10.96.7.2"), Port: 132},
 	}})
 	if r, err := sctpDial(w.pods["c"].NS, ap("10.96.7.1", 132)); err != nil || r.Name != "a" || r.Client.Addr() != w.pods["c"].IP {
 		t.Errorf("pod -> SCTP ClusterIP: %v %v, want a seeing %s", r, err, w.pods["c"].IP)

@@ -83,11 +83,12 @@ func TestSyncServersDrainsAndDeletes(t *testing.T) {
 	vip := netip.MustParseAddr("10.96.0.1")
 	a, b := netip.MustParseAddrPort("10.244.0.2:80"), netip.MustParseAddrPort("10.244.0.3:80")
 	plan := func(full bool, proto datapath.Protocol, eps ...netip.AddrPort) *datapath.Plan {
-		f := datapath.Frontend{Service: "s", Kind: datapath.ClusterIP, Protocol: proto, Addr: vip, Family: datapath.IPv4, Port: 80}
+		svc := datapath.ServicePortName{Namespace: "ns", Name: "s"}
+		f := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: proto, Addr: vip, Family: datapath.IPv4, Port: 80}
 		for _, e := range eps {
 			f.Endpoints = append(f.Endpoints, datapath.Endpoint{Addr: e, Weight: 1})
 		}
-		return &datapath.Plan{Full: full, Changed: map[string]bool{"s": true}, Frontends: []datapath.Frontend{f}}
+		return &datapath.Plan{Full: full, Changed: map[datapath.ServicePortName]bool{svc: true}, Frontends: []datapath.Frontend{f}}
 	}
 	sync := func(pl *datapath.Plan) Stats {
 		t.Helper()
@@ -182,7 +183,7 @@ func TestKernelRefusalsArePortErrors(t *testing.T) {
 	ep := func(s string) datapath.Endpoint {
 		return datapath.Endpoint{Addr: netip.MustParseAddrPort(s), Weight: 1}
 	}
-	fe := func(svc, vip string, eps ...datapath.Endpoint) datapath.Frontend {
+	fe := func(svc datapath.ServicePortName, vip string, eps ...datapath.Endpoint) datapath.Frontend {
 		return datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr(vip), Family: datapath.IPv4, Port: 80, Endpoints: eps}
 	}
 	goodKey := Key{netip.MustParseAddr("10.96.0.1"), datapath.TCP, 80}
@@ -192,9 +193,9 @@ func TestKernelRefusalsArePortErrors(t *testing.T) {
 	k.refuseVS = map[Key]error{vsKey: errors.New("ipvs: add virtual server: no such file or directory")}
 	k.refuseReal = map[netip.AddrPort]error{badReal: errors.New("ipvs: add real server: cannot allocate memory")}
 	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
-		fe("a/good:http", "10.96.0.1", ep("10.244.0.2:80")),
-		fe("a/vs:http", "10.96.0.2", ep("10.244.0.3:80")),
-		fe("a/real:http", "10.96.0.3", ep("10.244.0.4:80"), ep(badReal.String())),
+		fe(datapath.ServicePortName{Namespace: "a", Name: "good", Port: "http"}, "10.96.0.1", ep("10.244.0.2:80")),
+		fe(datapath.ServicePortName{Namespace: "a", Name: "vs", Port: "http"}, "10.96.0.2", ep("10.244.0.3:80")),
+		fe(datapath.ServicePortName{Namespace: "a", Name: "real", Port: "http"}, "10.96.0.3", ep("10.244.0.4:80"), ep(badReal.String())),
 	}}
 	d, err := compute(config{}, plan)
 	if err != nil {
@@ -206,11 +207,11 @@ func TestKernelRefusalsArePortErrors(t *testing.T) {
 	if rest != nil {
 		t.Fatalf("a refused server failed the sync: %v", rest)
 	}
-	got := map[string]bool{}
+	got := map[datapath.ServicePortName]bool{}
 	for _, pe := range ports {
 		got[pe.Service] = true
 	}
-	if len(got) != 2 || !got["a/vs:http"] || !got["a/real:http"] {
+	if len(got) != 2 || !got[datapath.ServicePortName{Namespace: "a", Name: "vs", Port: "http"}] || !got[datapath.ServicePortName{Namespace: "a", Name: "real", Port: "http"}] {
 		t.Fatalf("port errors for %v, want a/vs:http and a/real:http", got)
 	}
 	if _, ok := k.vs[goodKey]; !ok || len(k.reals[goodKey]) != 1 {

@@ -304,19 +304,14 @@ func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
 			continue
 		}
 	}
-	// A proxy clears conntrack right after it writes the rules; give that
-	// a moment (not an assertion: a later clear would only show sb too).
-	time.Sleep(time.Second)
+	// A proxy clears conntrack after it writes the rules, and on a loaded
+	// machine that can take a while: the old flow is asked (bounded) until
+	// it reaches sb. A proxy that never clears keeps answering sa, so the
+	// outcome is the same however long the wait; only a slow clear stops
+	// looking like a missing one.
 	for _, f := range flows {
 		if f.outcome == "" {
-			r, err := w.client(f.cell.Position).UDP(f.dst, f.port, w.timeout)
-			after := ""
-			if err != nil {
-				after = classify(err)
-			} else {
-				after = r.Name
-			}
-			f.outcome = "before " + f.before + ", old flow after replace: " + after
+			f.outcome = "before " + f.before + ", old flow after replace: " + w.oldFlow(ctx, f)
 		}
 		out[f.cell.Key()] = Outcome{Text: f.outcome}
 	}
@@ -325,3 +320,26 @@ func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
 	}
 	return out
 }
+
+// oldFlow sends on a stale-conntrack cell's original flow until it reaches
+// sb or staleClearWait passes, and says where its last packet went.
+func (w *World) oldFlow(ctx context.Context, f *staleFlow) string {
+	deadline := time.Now().Add(staleClearWait)
+	for {
+		r, err := w.client(f.cell.Position).UDP(f.dst, f.port, w.timeout)
+		after := ""
+		if err != nil {
+			after = classify(err)
+		} else {
+			after = r.Name
+		}
+		if after == "sb" || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return after
+		}
+		time.Sleep(250 * time.Millisecond)
+	}
+}
+
+// staleClearWait bounds how long a stale-conntrack cell waits for a proxy
+// to clear the old flow's entry after new flows reach the new endpoint.
+const staleClearWait = 10 * time.Second

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
@@ -129,7 +130,7 @@ func TestPlanPoliciesTopologyTerminating(t *testing.T) {
 		// PreferSameZone: the controller's zone hints keep zone-a traffic in zone-a.
 		fmt.Sprintf("TCP  10.96.2.12:80 ClusterIP %s/zonal -> 10.244.3.3:8080 w=1", ns),
 	})
-	if ex := p.Explain[ns+"/zonal"]; len(ex) != 1 || ex[0].Topology != "PreferSameZone" {
+	if ex := p.Explain[model.ServicePortName{Namespace: ns, Name: "zonal"}]; len(ex) != 1 || ex[0].Topology != "PreferSameZone" {
 		t.Errorf("explain of zonal: %+v, want topology PreferSameZone", ex)
 	}
 

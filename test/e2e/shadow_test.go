@@ -14,6 +14,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeproxy/edgeproxy/agent/chain"
+	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
@@ -105,7 +106,7 @@ policy:
 			diff = &rep.Diffs[i]
 		}
 	}
-	if diff == nil || diff.Service != ns+"/web" || diff.Of != "weighted" || len(diff.InputSHA256) != 64 ||
+	if diff == nil || diff.Service != (model.ServicePortName{Namespace: ns, Name: "web"}) || diff.Of != "weighted" || len(diff.InputSHA256) != 64 ||
 		!slices.Equal(diff.Active.Weights, []uint32{10, 20, 10}) || !slices.Equal(diff.Shadow.Weights, []uint32{40, 20, 40}) ||
 		!strings.Contains(diff.Reason, "weights differ at 2 of 3 endpoints") {
 		t.Fatalf("/debug/shadow: no difference of weighted-next as expected:\n%s", body)

@@ -45,10 +45,10 @@ func TestConntrackCleanupFailureIsNotFatal(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i := range 2 {
-		plan := &datapath.Plan{Full: i == 0, Changed: map[string]bool{"t/dns:dns": true}, Frontends: []datapath.Frontend{
-			{Service: "t/dns:dns", Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: vip, Family: datapath.IPv4, Port: 53,
+		plan := &datapath.Plan{Full: i == 0, Changed: map[datapath.ServicePortName]bool{{Namespace: "t", Name: "dns", Port: "dns"}: true}, Frontends: []datapath.Frontend{
+			{Service: datapath.ServicePortName{Namespace: "t", Name: "dns", Port: "dns"}, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: vip, Family: datapath.IPv4, Port: 53,
 				Endpoints: []datapath.Endpoint{{Addr: a.AddrPort(podPort), Weight: 1, Local: true}}},
-			{Service: "t/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip, Family: datapath.IPv4, Port: 80,
+			{Service: datapath.ServicePortName{Namespace: "t", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip, Family: datapath.IPv4, Port: 80,
 				Endpoints: []datapath.Endpoint{{Addr: a.AddrPort(podPort), Weight: 1, Local: true}}},
 		}}
 		if err := node.Do(func() error { return p.Apply(context.Background(), plan) }); err != nil {

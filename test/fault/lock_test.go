@@ -51,8 +51,8 @@ func TestXtablesLockHeld(t *testing.T) {
 		t.Fatal(err)
 	}
 	apply := func(to *netns.Pod) error {
-		plan := &datapath.Plan{Full: true, Changed: map[string]bool{"t/web:http": true}, Frontends: []datapath.Frontend{{
-			Service: "t/web:http", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip, Family: datapath.IPv4, Port: 80,
+		plan := &datapath.Plan{Full: true, Changed: map[datapath.ServicePortName]bool{{Namespace: "t", Name: "web", Port: "http"}: true}, Frontends: []datapath.Frontend{{
+			Service: datapath.ServicePortName{Namespace: "t", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip, Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{{Addr: to.AddrPort(podPort), Weight: 1, Local: true}},
 		}}}
 		return node.Do(func() error { return p.Apply(context.Background(), plan) })

@@ -8,10 +8,11 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
-	"sort"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -19,6 +20,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent"
 	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -32,9 +34,9 @@ func printPlan(w io.Writer, a *agent.Agent, format string) error {
 		enc := json.NewEncoder(w)
 		enc.SetIndent("", "  ")
 		return enc.Encode(struct {
-			Generation uint64                       `json:"generation"`
-			Frontends  []datapath.Frontend          `json:"frontends"`
-			Explain    map[string][]planner.Explain `json:"explain"`
+			Generation uint64                                      `json:"generation"`
+			Frontends  []datapath.Frontend                         `json:"frontends"`
+			Explain    map[model.ServicePortName][]planner.Explain `json:"explain"`
 		}{res.Plan.Generation, res.Plan.Frontends, res.Explain})
 	}
 	_, err := io.WriteString(w, res.Plan.String())
@@ -241,7 +243,7 @@ func runExplain(args []string, stdout io.Writer) error {
 	if err := checkOutput(*out); err != nil {
 		return err
 	}
-	var ex map[string][]planner.Explain
+	var ex map[model.ServicePortName][]planner.Explain
 	if err := debugGet(*server, *cfgPath, "/debug/explain", url.Values{"service": {pos[0]}}, &ex); err != nil {
 		return fmt.Errorf("explain: %w", err)
 	}
@@ -256,12 +258,8 @@ func runExplain(args []string, stdout io.Writer) error {
 
 // renderExplain prints, per service port and family, the built-in verdict
 // of every endpoint, the policy's word and the frontends programmed.
-func renderExplain(w io.Writer, ex map[string][]planner.Explain) {
-	ports := make([]string, 0, len(ex))
-	for p := range ex {
-		ports = append(ports, p)
-	}
-	sort.Strings(ports)
+func renderExplain(w io.Writer, ex map[model.ServicePortName][]planner.Explain) {
+	ports := slices.SortedFunc(maps.Keys(ex), model.ServicePortName.Compare)
 	for _, p := range ports {
 		for _, e := range ex[p] {
 			fmt.Fprintf(w, "%s (IPv%d)\n", p, e.Family)

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	edgeagent "github.com/edgeproxy/edgeproxy/agent"
+	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
@@ -101,7 +102,7 @@ sync: {minPeriod: 1s, period: 30s}
 	}
 	var conflict bool
 	for _, r := range st.Refused {
-		conflict = conflict || (r.Conflict && r.Service == "new/lb" && strings.Contains(r.Reason, "old/lb"))
+		conflict = conflict || (r.Conflict && r.Service == (datapath.ServicePortName{Namespace: "new", Name: "lb"}) && strings.Contains(r.Reason, "old/lb"))
 	}
 	if !conflict {
 		t.Errorf("status does not report that new/lb lost 172.30.0.50:80 to old/lb: %+v", st.Refused)
