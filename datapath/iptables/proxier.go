@@ -310,7 +310,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 				full = true
 			}
 		}
-		if ips, err := nodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
+		if ips, err := datapath.NodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
 			f.log.Warn("cannot list the node's addresses; node ports keep the addresses they had", "err", err)
 		} else {
 			f.cfg.NodePortIPs = ips

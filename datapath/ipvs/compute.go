@@ -19,14 +19,15 @@ const (
 	setExternalLocal = "EP-EXTERNAL-IP-LOCAL" // hash:ip,port: ExternalIP frontends, source kept
 	setLB            = "EP-LOAD-BALANCER"     // hash:ip,port: LoadBalancer frontends, masqueraded
 	setLBLocal       = "EP-LOAD-BALANCER-LOCAL"
-	setLBFirewall    = "EP-LOAD-BALANCER-FW"   // hash:ip,port: LoadBalancer frontends with source ranges
-	setLBSource      = "EP-LOAD-BALANCER-SRC"  // hash:ip,port,net: allowed (frontend, source range)
-	setLoopback      = "EP-LOOP-BACK"          // hash:ip,port,ip: endpoint reaching itself (hairpin)
-	setNoEndpoints   = "EP-NO-ENDPOINTS"       // hash:ip,port: refuse
-	setNoEndpointsLo = "EP-NO-ENDPOINTS-LOCAL" // hash:ip,port: drop (traffic policy Local)
-	setNodePortPfx   = "EP-NODE-PORT-"         // + TCP/UDP: bitmap:port; + SCTP-HASH: hash:ip,port (node address, port)
-	setNodePortLoPfx = "EP-NODE-PORT-LOCAL-"   // the same, source kept
-	setVIPs          = "EP-IPVS-IP"            // hash:ip: every address on the dummy link
+	setLBFirewall    = "EP-LOAD-BALANCER-FW"       // hash:ip,port: LoadBalancer frontends with source ranges
+	setLBSource      = "EP-LOAD-BALANCER-SRC"      // hash:ip,port,net: allowed (frontend, source range)
+	setLoopback      = "EP-LOOP-BACK"              // hash:ip,port,ip: endpoint reaching itself (hairpin)
+	setNoEndpoints   = "EP-NO-ENDPOINTS"           // hash:ip,port: refuse
+	setNoEndpointsLo = "EP-NO-ENDPOINTS-LOCAL"     // hash:ip,port: drop (traffic policy Local)
+	setNodePortPfx   = "EP-NODE-PORT-"             // + TCP/UDP: bitmap:port; + SCTP-HASH: hash:ip,port (node address, port)
+	setNodePortLoPfx = "EP-NODE-PORT-LOCAL-"       // the same, source kept
+	setVIPs          = "EP-IPVS-IP"                // hash:ip: every address on the dummy link
+	setHealthCheck   = "EP-HEALTH-CHECK-NODE-PORT" // bitmap:port: healthCheckNodePorts
 )
 
 var protocols = []datapath.Protocol{datapath.TCP, datapath.UDP, datapath.SCTP}
@@ -49,6 +50,9 @@ func sets(f datapath.Family) []ipset.Set {
 	for _, n := range []string{setClusterIP, setExternalIP, setExternalLocal, setLB, setLBLocal, setLBFirewall, setNoEndpoints, setNoEndpointsLo} {
 		out = append(out, typed(n, ipset.HashIPPort))
 	}
+	// bitmap:port sets hold ports only and match packets of both
+	// families; the kernel ignores their family.
+	out = append(out, ipset.Set{Name: setName(setHealthCheck, f), Type: ipset.BitmapPort, Family: datapath.IPv4})
 	for _, p := range protocols {
 		// bitmap:port sets hold ports only and match packets of both
 		// families; the kernel ignores their family. SCTP ports are not
@@ -115,6 +119,15 @@ func compute(cfg config, p *datapath.Plan) (*desired, error) {
 	for _, fam := range cfg.families() {
 		for _, s := range sets(fam) {
 			d.Entries[s.Name] = nil
+		}
+	}
+	// The health checks answer on every node address, service addresses
+	// included (EP-IPVS-HOST-FILTER lets them in, as kube-proxy's
+	// KUBE-IPVS-FILTER).
+	for _, fam := range cfg.families() {
+		for _, port := range p.HealthCheckPorts {
+			n := setName(setHealthCheck, fam)
+			d.Entries[n] = append(d.Entries[n], ipset.Entry{Port: port})
 		}
 	}
 	var errs []error
@@ -195,8 +208,13 @@ func (d *desired) addressEntries(cfg config, f *datapath.Frontend, a netip.Addr)
 			}
 		}
 	}
+	// Without endpoints a frontend refuses, as IPVS does for a virtual
+	// server without real servers (an ICMP port unreachable), also with
+	// internal traffic policy Local; an external one of policy Local whose
+	// service has endpoints on other nodes (Drop) sends pods and the node
+	// to those and drops the rest (realEndpoints).
 	if len(f.Endpoints) == 0 {
-		add(map[bool]string{false: setNoEndpoints, true: setNoEndpointsLo}[f.LocalOnly], e)
+		add(map[bool]string{false: setNoEndpoints, true: setNoEndpointsLo}[f.LocalOnly && f.Drop], e)
 	}
 }
 

@@ -58,7 +58,7 @@ func (d *desired) String() string {
 
 func TestCompute(t *testing.T) {
 	cfg := config{Scheduler: "lc", NodeAddresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("fd00::10")}}
-	plan := &datapath.Plan{Frontends: []datapath.Frontend{
+	plan := &datapath.Plan{HealthCheckPorts: []uint16{31000}, Frontends: []datapath.Frontend{
 		{Service: datapath.ServicePortName{Namespace: "a", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80,
 			Endpoints: []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1)}},
 		{Service: datapath.ServicePortName{Namespace: "a", Name: "canary", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.2"), Family: datapath.IPv4, Port: 80,
@@ -99,6 +99,47 @@ func TestComputeDualStack(t *testing.T) {
 		t.Fatal(err)
 	}
 	golden(t, "compute-dualstack.golden", d.String())
+}
+
+// TestNoEndpointsSets: a frontend without endpoints is refused (as IPVS
+// refuses a virtual server without real servers), also with a Local
+// policy when its service has no endpoint anywhere or only internal
+// policy Local; only an external frontend of policy Local whose endpoints
+// are all on other nodes (Drop) goes to the set whose outsiders are
+// dropped, and its virtual server gets the cluster-wide endpoints.
+func TestNoEndpointsSets(t *testing.T) {
+	remote := []datapath.Endpoint{ep("10.244.1.2:8080", 1)}
+	for _, c := range []struct {
+		name            string
+		kind            datapath.Kind
+		localOnly, drop bool
+		cluster         []datapath.Endpoint
+		want            string
+		reals           int
+	}{
+		{"no endpoints", datapath.ClusterIP, false, false, nil, setNoEndpoints, 0},
+		{"internal Local, endpoints elsewhere", datapath.ClusterIP, false, true, nil, setNoEndpoints, 0},
+		{"external Local, no endpoints anywhere", datapath.LoadBalancer, true, false, nil, setNoEndpoints, 0},
+		{"external Local, endpoints elsewhere", datapath.LoadBalancer, true, true, remote, setNoEndpointsLo, 1},
+	} {
+		f := datapath.Frontend{Service: datapath.ServicePortName{Namespace: "a", Name: "s", Port: "http"}, Kind: c.kind, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.9"),
+			Family: datapath.IPv4, Port: 80, LocalOnly: c.localOnly, Drop: c.drop, Cluster: c.cluster}
+		d, err := compute(config{}, &datapath.Plan{Frontends: []datapath.Frontend{f}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e := ipset.Entry{Addr: f.Addr, Protocol: f.Protocol, Port: f.Port}
+		for _, set := range []string{setNoEndpoints, setNoEndpointsLo} {
+			if got := slices.Contains(d.Entries[set], e); got != (set == c.want) {
+				t.Errorf("%s: in %s: %t", c.name, set, got)
+			}
+		}
+		for _, s := range d.Servers {
+			if len(s.Reals) != c.reals {
+				t.Errorf("%s: %d real servers, want %d", c.name, len(s.Reals), c.reals)
+			}
+		}
+	}
 }
 
 // TestLoadBalancerSourceRangesAllowFromNode: a source range holding a
@@ -247,6 +288,32 @@ func TestConnReuseWorkaround(t *testing.T) {
 	} {
 		if got := connReuseWorkaround(release); got != want {
 			t.Errorf("connReuseWorkaround(%q) = %v, want %v", release, got, want)
+		}
+	}
+}
+
+// NodePorts are served on the node addresses nodePortAddresses selects,
+// per family; a family nothing restricts keeps every address, as
+// kube-proxy's --nodeport-addresses (primary included).
+func TestNodePortAddrs(t *testing.T) {
+	a, p := netip.MustParseAddr, netip.MustParsePrefix
+	all := []netip.Addr{a("192.168.77.1"), a("10.0.0.7"), a("fd00:77::1"), a("fd00:88::1")}
+	both := []datapath.Family{datapath.IPv4, datapath.IPv6}
+	for _, tc := range []struct {
+		name    string
+		cidrs   []netip.Prefix
+		primary bool
+		nodeIPs []netip.Addr
+		want    []netip.Addr
+	}{
+		{"nothing set", nil, false, nil, all},
+		{"an IPv4 CIDR leaves IPv6 alone", []netip.Prefix{p("192.168.77.0/24")}, false, nil, []netip.Addr{a("192.168.77.1"), a("fd00:77::1"), a("fd00:88::1")}},
+		{"primary", nil, true, []netip.Addr{a("10.0.0.7"), a("fd00:88::1")}, []netip.Addr{a("10.0.0.7"), a("fd00:88::1")}},
+		{"primary not known yet", nil, true, nil, all},
+		{"no address in the range", []netip.Prefix{p("172.16.0.0/12")}, false, nil, []netip.Addr{a("fd00:77::1"), a("fd00:88::1")}},
+	} {
+		if got := nodePortAddrs(all, both, tc.cidrs, tc.primary, tc.nodeIPs); !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}
 }

@@ -50,14 +50,17 @@ type Options struct {
 	IPv6 bool
 	// NodeAddresses are where NodePorts are served; nil means every
 	// global unicast address (IPv4, and IPv6 with IPv6) on the node's
-	// links (but the dummy), looked
-	// up at each Apply, kept only if inside one of NodePortCIDRs (when
-	// any are given; config nodePortAddresses).
+	// links (but the dummy), looked up at each Apply; of a family that
+	// NodePortCIDRs or NodePortPrimary restrict, only those inside them
+	// (config nodePortAddresses).
 	NodeAddresses []netip.Addr
 	NodePortCIDRs []netip.Prefix
-	ClusterCIDRs  []netip.Prefix
-	MasqueradeAll bool
-	MasqueradeBit int // 0..31; 14
+	// NodePortPrimary adds the node's primary addresses (the plan's
+	// NodeIPs) to NodePortCIDRs: kube-proxy's "primary" keyword.
+	NodePortPrimary bool
+	ClusterCIDRs    []netip.Prefix
+	MasqueradeAll   bool
+	MasqueradeBit   int // 0..31; 14
 	// IPVS connection timeouts; zero keeps the kernel's.
 	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
 	// Variant selects the iptables backend of the static rules; Auto
@@ -311,7 +314,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	p.synced = false
 	defer func() { p.record(&st, start, full) }()
 
-	nodeAddrs, err := p.nodeAddrs()
+	nodeAddrs, err := p.nodeAddrs(plan.NodeIPs)
 	if err != nil {
 		return err
 	}
@@ -408,25 +411,33 @@ func (p *Proxier) syncSets(want *desired, full bool, st *Stats) []error {
 	return errs
 }
 
-// nodeAddrs returns where NodePorts are served (Options.NodeAddresses).
-func (p *Proxier) nodeAddrs() ([]netip.Addr, error) {
+// nodeAddrs returns where NodePorts are served (Options.NodeAddresses):
+// per family, the node's addresses inside NodePortCIDRs and, with
+// NodePortPrimary, its primary addresses (nodeIPs, the plan's); every
+// address of a family nothing restricts, as kube-proxy.
+func (p *Proxier) nodeAddrs(nodeIPs []netip.Addr) ([]netip.Addr, error) {
 	if p.opts.NodeAddresses != nil {
 		return p.opts.NodeAddresses, nil
 	}
 	all, err := nodeAddresses(p.opts.Interface, p.opts.IPv6)
-	if err != nil || len(p.opts.NodePortCIDRs) == 0 {
-		return all, err
+	if err != nil {
+		return nil, err
 	}
+	return nodePortAddrs(all, p.families(), p.opts.NodePortCIDRs, p.opts.NodePortPrimary, nodeIPs), nil
+}
+
+// nodePortAddrs keeps, of the node's addresses all, those NodePorts are
+// served on in families fams (see Proxier.nodeAddrs).
+func nodePortAddrs(all []netip.Addr, fams []datapath.Family, cidrs []netip.Prefix, primary bool, nodeIPs []netip.Addr) []netip.Addr {
 	var out []netip.Addr
-	for _, a := range all {
-		for _, c := range p.opts.NodePortCIDRs {
-			if c.Contains(a) {
-				out = append(out, a)
-				break
-			}
+	for _, fam := range fams {
+		ips, _ := datapath.NodePortIPs(fam, cidrs, primary, nodeIPs, func() ([]netip.Addr, error) { return all, nil })
+		if ips == nil {
+			ips = slices.DeleteFunc(slices.Clone(all), func(a netip.Addr) bool { return datapath.FamilyOf(a) != fam })
 		}
+		out = append(out, ips...)
 	}
-	return out, nil
+	return out
 }
 
 func (p *Proxier) ruleText(t iptables) string {
@@ -762,7 +773,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	nodeAddrs, _ := p.nodeAddrs()
+	nodeAddrs, _ := p.nodeAddrs(nil)
 	node := map[netip.Addr]bool{}
 	for _, a := range nodeAddrs {
 		node[a] = true

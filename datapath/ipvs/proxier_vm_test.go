@@ -868,11 +868,15 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 	denied.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.0.0.0/8")}
 	allowed := fe(datapath.ServicePortName{Namespace: "default", Name: "lb-allow", Port: "http"}, datapath.LoadBalancer, "203.0.113.31", 80, false, "a")
 	allowed.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+	// Policy Local, and the service's endpoints are all elsewhere (Drop):
+	// outside clients are dropped.
+	empty := fe(datapath.ServicePortName{Namespace: "default", Name: "lb-local-empty", Port: "http"}, datapath.LoadBalancer, "203.0.113.40", 80, true)
+	empty.Drop = true
 	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
 		fe(datapath.ServicePortName{Namespace: "default", Name: "ext", Port: "http"}, datapath.ExternalIP, "203.0.113.10", 80, false, "a"),
 		fe(datapath.ServicePortName{Namespace: "default", Name: "lb-local", Port: "http"}, datapath.LoadBalancer, "203.0.113.20", 80, true, "b"),
 		fe(datapath.ServicePortName{Namespace: "default", Name: "np-local", Port: "http"}, datapath.NodePort, "", 30090, true, "b"),
-		fe(datapath.ServicePortName{Namespace: "default", Name: "lb-local-empty", Port: "http"}, datapath.LoadBalancer, "203.0.113.40", 80, true),
+		empty,
 		fe(datapath.ServicePortName{Namespace: "default", Name: "self", Port: "http"}, datapath.ClusterIP, "10.96.3.1", 80, false, "a"),
 		denied, allowed,
 	}})
@@ -922,7 +926,7 @@ func TestExternalTrafficPolicyHairpinAndSourceRanges(t *testing.T) {
 // TestLocalPolicyFallback: an external frontend of policy Local on a node
 // without local endpoints serves pods and the node itself from the
 // cluster-wide endpoints (kube-proxy IPVS's fallback); outside clients
-// are dropped.
+// are dropped. Without any endpoint it may use, a frontend refuses.
 func TestLocalPolicyFallback(t *testing.T) {
 	w := newWorld(t, "b", "c")
 	cluster := []datapath.Endpoint{{Addr: w.pods["b"].AddrPort(8080), Weight: 1}} // elsewhere, as far as the plan says
@@ -930,7 +934,18 @@ func TestLocalPolicyFallback(t *testing.T) {
 		Addr: addr("203.0.113.50"), Port: 80, LocalOnly: true, Drop: true, Cluster: cluster}
 	np := lb
 	np.Kind, np.Addr, np.Port = datapath.NodePort, netip.Addr{}, 30091
-	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{lb, np}})
+	// Refused, as kube-proxy IPVS does: policy Local and no endpoint
+	// anywhere; internal policy Local and none here.
+	none := lb
+	none.Service, none.Addr, none.Drop, none.Cluster = datapath.ServicePortName{Namespace: "default", Name: "none", Port: "http"}, addr("203.0.113.51"), false, nil
+	itp := datapath.Frontend{Service: datapath.ServicePortName{Namespace: "default", Name: "itp", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4,
+		Addr: addr("10.96.5.1"), Port: 80, Drop: true}
+	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{lb, np, none, itp}})
+	for _, dst := range []netip.AddrPort{ap("203.0.113.51", 80), ap("10.96.5.1", 80)} {
+		if _, err := w.client.TCP(dst, timeout); err == nil || !strings.Contains(err.Error(), "refused") {
+			t.Errorf("outside client -> %s (no endpoint it may use): %v, want refused", dst, err)
+		}
+	}
 	lbAddr, npAddr := ap("203.0.113.50", 80), netip.AddrPortFrom(w.node.LinkIP, 30091)
 	for _, c := range []struct {
 		name string
@@ -1014,7 +1029,10 @@ func TestMasqueradeLikeUpstream(t *testing.T) {
 func TestHostPortsOnServiceAddresses(t *testing.T) {
 	w := newWorld(t, "a", "c")
 	serveConns(t, listenTCP(t, w.node.NS, 9999), func(c net.Conn) { fmt.Fprintf(c, "node %s\n", c.RemoteAddr()) })
-	w.apply(w.p, &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+	// A healthCheckNodePort answers on every address, service addresses
+	// included, as kube-proxy's KUBE-IPVS-FILTER lets it.
+	serveConns(t, listenTCP(t, w.node.NS, 31999), func(c net.Conn) { fmt.Fprintf(c, "node %s\n", c.RemoteAddr()) })
+	w.apply(w.p, &datapath.Plan{Full: true, HealthCheckPorts: []uint16{31999}, Frontends: []datapath.Frontend{
 		{Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("10.96.5.1"), Port: 80,
 			Endpoints: []datapath.Endpoint{w.ep("a", 1)}},
 		{Service: datapath.ServicePortName{Namespace: "default", Name: "lb", Port: "http"}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP, Family: datapath.IPv4, Addr: addr("203.0.113.70"), Port: 80,
@@ -1034,6 +1052,9 @@ func TestHostPortsOnServiceAddresses(t *testing.T) {
 		if r, err := w.client.TCP(dst, timeout); err != nil || r.Name != "a" {
 			t.Errorf("client -> %s (the service port): %v %v, want a", dst, r, err)
 		}
+	}
+	if r, err := w.client.TCP(ap("203.0.113.70", 31999), timeout); err != nil || r.Name != "node" {
+		t.Errorf("client -> LB address, healthCheckNodePort: %v %v, want the node's health check", r, err)
 	}
 }
 

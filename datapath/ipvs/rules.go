@@ -150,11 +150,12 @@ func (w ruleWriter) filter() {
 	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, set(setLBFirewall), set(setLBSource))
 	// A service address is bound on the dummy link, so the node's own
 	// sockets on 0.0.0.0 would answer on it: arriving at a service
-	// address, only service ports get in (kube-proxy's KUBE-IPVS-FILTER,
-	// kubernetes#72236).
+	// address, only service ports and healthCheckNodePorts get in
+	// (kube-proxy's KUBE-IPVS-FILTER, kubernetes#72236).
 	for _, s := range []string{setLB, setLBLocal, setClusterIP, setExternalIP, setExternalLocal} {
 		r("-A %s -m set --match-set %s dst,dst -j RETURN", chainHostFilter, set(s))
 	}
+	r("-A %s -m set --match-set %s dst -j RETURN", chainHostFilter, set(setHealthCheck))
 	r(`-A %s -m set --match-set %s dst -m comment --comment "edgeproxy other ports of service addresses" -j REJECT`, chainHostFilter, set(setVIPs))
 	r(`-A %s -m conntrack --ctstate INVALID -j DROP`, chainForward)
 	r(`-A %s -m comment --comment "edgeproxy service traffic" -m mark --mark %s -j ACCEPT`, chainForward, mark)

@@ -17,6 +17,8 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -97,7 +99,7 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 		a, err := pick(svc.Spec.ClusterIPs)
 		return netip.AddrPortFrom(a, servicePort), err
 	case FNodePort:
-		return netip.AddrPortFrom(fam(v6, w.Node.LinkIP, w.Node.LinkIP6), nodePort), nil
+		return netip.AddrPortFrom(fam(v6, nodeIP4, nodeIP6), nodePort), nil
 	case FNodePortBr:
 		return netip.AddrPortFrom(fam(v6, w.Node.Gateway, w.Node.Gateway6), nodePort), nil
 	case FNodePortLo:
@@ -105,19 +107,30 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 	case FNodePortX:
 		return netip.AddrPortFrom(fam(v6, client4, client6), nodePort), nil
 	case FLB:
-		var ips []string
-		for _, in := range svc.Status.LoadBalancer.Ingress {
-			ips = append(ips, in.IP)
-		}
-		a, err := pick(ips)
+		a, err := pick(ingressIPs(svc))
 		return netip.AddrPortFrom(a, servicePort), err
 	case FExtIP:
 		a, err := pick(svc.Spec.ExternalIPs)
 		return netip.AddrPortFrom(a, servicePort), err
 	case FHealth:
-		return netip.AddrPortFrom(fam(v6, w.Node.LinkIP, w.Node.LinkIP6), uint16(svc.Spec.HealthCheckNodePort)), nil
+		return netip.AddrPortFrom(fam(v6, nodeIP4, nodeIP6), uint16(svc.Spec.HealthCheckNodePort)), nil
+	case FHostPortCIP:
+		a, err := pick(svc.Spec.ClusterIPs)
+		return netip.AddrPortFrom(a, hostDaemonPort), err
+	case FHostPortLB:
+		a, err := pick(ingressIPs(svc))
+		return netip.AddrPortFrom(a, hostDaemonPort), err
 	}
 	return netip.AddrPort{}, fmt.Errorf("unknown frontend %q", c.Frontend)
+}
+
+// ingressIPs are the LB IPs of svc's status.
+func ingressIPs(svc *corev1.Service) []string {
+	var ips []string
+	for _, in := range svc.Status.LoadBalancer.Ingress {
+		ips = append(ips, in.IP)
+	}
+	return ips
 }
 
 func fam(v6 bool, a4, a6 netip.Addr) netip.Addr {
@@ -139,12 +152,12 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	}
 	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	answers, noAnswer := 0, 0
-	for i := 0; i < maxProbes && ctx.Err() == nil; i++ {
+	for i := 0; i < w.probes && ctx.Err() == nil; i++ {
 		var r netns.Reply
 		if c.Shape.Proto == udp {
-			r, err = from.UDP(dst, 0, probeTimeout)
+			r, err = from.UDP(dst, 0, w.timeout)
 		} else {
-			r, err = from.TCP(dst, probeTimeout)
+			r, err = from.TCP(dst, w.timeout)
 		}
 		if err != nil {
 			fails[classify(err)] = true
@@ -158,13 +171,21 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 		eps[r.Name] = true
 		srcs[w.name(r.Client.Addr())] = true
 		// Every candidate answered: more probes cannot add one.
-		if len(eps) == len(c.Shape.Pods) && len(fails) == 0 {
+		if len(eps) == candidates(c) && len(fails) == 0 {
 			break
 		}
 	}
 	o := Outcome{Endpoints: sorted(eps), Sources: sorted(srcs), Failures: sorted(fails)}
 	o.Sticky = c.Shape.Affinity && len(eps) == 1 && answers > 1
 	return o
+}
+
+// candidates is how many different endpoints can answer a cell.
+func candidates(c Cell) int {
+	if c.Frontend == FHostPortCIP || c.Frontend == FHostPortLB {
+		return 1 // the host daemon
+	}
+	return len(c.Shape.Pods)
 }
 
 // health asks a healthCheckNodePort and returns "http <code> local=<n>".
@@ -174,14 +195,14 @@ func (w *World) health(from *netns.NS, dst netip.AddrPort) string {
 	var conn net.Conn
 	err := from.Do(func() error {
 		var err error
-		conn, err = (&net.Dialer{Timeout: probeTimeout}).Dial("tcp", dst.String())
+		conn, err = (&net.Dialer{Timeout: w.timeout}).Dial("tcp", dst.String())
 		return err
 	})
 	if err != nil {
 		return classify(err)
 	}
 	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(probeTimeout))
+	_ = conn.SetDeadline(time.Now().Add(w.timeout))
 	if _, err := fmt.Fprintf(conn, "GET / HTTP/1.0\r\nHost: %s\r\n\r\n", dst); err != nil {
 		return classify(err)
 	}
@@ -249,7 +270,7 @@ func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
 			continue
 		}
 		f := &staleFlow{cell: c, dst: dst, port: uint16(40000 + i)}
-		r, err := w.client(c.Position).UDP(dst, f.port, probeTimeout)
+		r, err := w.client(c.Position).UDP(dst, f.port, w.timeout)
 		if err != nil {
 			f.before = classify(err)
 		} else {
@@ -271,7 +292,7 @@ func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
 		deadline := time.Now().Add(30 * time.Second)
 		seen := ""
 		for time.Now().Before(deadline) && ctx.Err() == nil {
-			r, err := from.UDP(f.dst, 0, probeTimeout)
+			r, err := from.UDP(f.dst, 0, w.timeout)
 			if err == nil && r.Name == "sb" {
 				seen = "sb"
 				break
@@ -305,7 +326,7 @@ func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
 func (w *World) oldFlow(ctx context.Context, f *staleFlow) string {
 	deadline := time.Now().Add(staleClearWait)
 	for {
-		r, err := w.client(f.cell.Position).UDP(f.dst, f.port, probeTimeout)
+		r, err := w.client(f.cell.Position).UDP(f.dst, f.port, w.timeout)
 		after := ""
 		if err != nil {
 			after = classify(err)

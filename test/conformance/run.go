@@ -21,13 +21,20 @@ type Binaries struct {
 
 // parallel is how many cells are probed at once. Cells of one run cannot
 // interfere: each probe is its own flow, and no cell changes the world
-// (the stale-conntrack cells, which do, run after the others).
+// (the stale-conntrack cells, which do, run after the others). Cells that
+// send to the same address do run one after the other: IPVS's round robin
+// is one sequence per virtual server, and two clients in lockstep on it
+// would each see one endpoint only.
 const parallel = 32
 
-// settings for a profile; the same for both proxies.
+// settings for a profile; the same for both proxies. BackendIPVS is IPVS
+// mode with iptables-nft.
 func settings(profile, backend string) proxies.Settings {
 	s := proxies.Settings{Backend: backend, MinSync: time.Second, Sync: 30 * time.Second,
 		ClusterCIDR: ClusterCIDR, ExternalIPs: true}
+	if backend == BackendIPVS {
+		s.Mode, s.Backend = proxies.ModeIPVS, "nft"
+	}
 	switch profile {
 	case ProfileNPA:
 		s.NodePortAddresses = []string{extNet4.String()}
@@ -45,8 +52,12 @@ type proc struct {
 
 // start starts one proxy, alone, in the emptied node namespace.
 func (w *World) start(kind proxies.Kind, bins Binaries, s proxies.Settings, dir string) (*proc, error) {
-	if err := proxies.Reset(w.Node.Run); err != nil {
-		return nil, err
+	reset := proxies.Reset(w.Node.Run)
+	if s.Mode == proxies.ModeIPVS {
+		reset = proxies.ResetIPVS(w.Node.Do, w.Node.Run)
+	}
+	if reset != nil {
+		return nil, reset
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
@@ -94,18 +105,51 @@ func (p *proc) tail(n int) string {
 	return strings.Join(lines, "\n")
 }
 
+// errors are the first n distinct error lines of the proxy's log
+// (kube-proxy's klog "E" lines, edgeproxy's level=ERROR), with their
+// timestamps cut, so that a proxy failing part of each sync shows why.
+func (p *proc) errors(n int) []string {
+	b, _ := os.ReadFile(p.Log)
+	var out []string
+	seen := map[string]bool{}
+	for _, l := range strings.Split(string(b), "\n") {
+		var msg string
+		switch {
+		case len(l) > 22 && l[0] == 'E' && l[5] == ' ':
+			msg = l[22:] // "E1124 21:49:05.139059 " then pid and source
+		case strings.Contains(l, "level=ERROR"):
+			msg = l[strings.Index(l, "level=ERROR"):]
+		default:
+			continue
+		}
+		if len(msg) > 400 {
+			msg = msg[:400]
+		}
+		if !seen[msg] && len(out) < n {
+			seen[msg] = true
+			out = append(out, msg)
+		}
+	}
+	return out
+}
+
 // ready waits (bounded) until the proxy has programmed the Services: the
 // ClusterIP of "cip" answers in both families. Both
 // proxies list everything before their first sync, so one answer means the
 // whole first sync is in; a pause of two minimum sync periods lets a
-// follow-up sync land.
-func (w *World) ready(ctx context.Context, p *proc) error {
+// follow-up sync land. With optional6 (IPVS mode, where edgeproxy does not
+// program IPv6 yet) the IPv6 canary is waited for a bounded while only:
+// the cells show what is missing.
+func (w *World) ready(ctx context.Context, p *proc, optional6 bool) error {
 	canaries := []Cell{
 		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v4"},
 		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v6"},
 	}
 	deadline := time.Now().Add(2 * time.Minute)
 	for _, c := range canaries {
+		if short := time.Now().Add(20 * time.Second); optional6 && c.Family == "v6" && short.Before(deadline) {
+			deadline = short
+		}
 		for {
 			if err := p.Exited(); err != nil {
 				return err
@@ -116,6 +160,9 @@ func (w *World) ready(ctx context.Context, p *proc) error {
 			}
 			_, err = w.client(c.Position).TCP(dst, time.Second)
 			if err == nil {
+				break
+			}
+			if optional6 && c.Family == "v6" && time.Now().After(deadline) {
 				break
 			}
 			if time.Now().After(deadline) || ctx.Err() != nil {
@@ -145,32 +192,44 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 		return nil, err
 	}
 	defer p.Stop()
-	if err := w.ready(ctx, p); err != nil {
+	if err := w.ready(ctx, p, backend == BackendIPVS && kind == proxies.EdgeProxy); err != nil {
 		return nil, fmt.Errorf("%w\n%s", err, p.tail(30))
 	}
 	out := map[string]Outcome{}
 	var mu sync.Mutex
 	var stale []Cell
-	work := make(chan Cell)
+	work := make(chan []Cell)
 	var wg sync.WaitGroup
 	for range parallel {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			for c := range work {
-				o := w.Probe(ctx, c)
-				mu.Lock()
-				out[c.Key()] = o
-				mu.Unlock()
+			for group := range work {
+				for _, c := range group {
+					o := w.Probe(ctx, c)
+					mu.Lock()
+					out[c.Key()] = o
+					mu.Unlock()
+				}
 			}
 		}()
 	}
+	var order []string
+	groups := map[string][]Cell{}
 	for _, c := range cells {
 		if c.Shape.Stale {
 			stale = append(stale, c)
 			continue
 		}
-		work <- c
+		dst, _ := w.target(c) // an error is the cell's outcome
+		k := dst.String() + "/" + string(c.Shape.Proto)
+		if _, ok := groups[k]; !ok {
+			order = append(order, k)
+		}
+		groups[k] = append(groups[k], c)
+	}
+	for _, k := range order {
+		work <- groups[k]
 	}
 	close(work)
 	wg.Wait()
@@ -181,6 +240,9 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	}
 	if err := p.Exited(); err != nil {
 		return out, fmt.Errorf("%w\n%s", err, p.tail(30))
+	}
+	if errs := p.errors(8); len(errs) > 0 && w.t != nil {
+		w.t.Logf("%s on %s (%s) logged errors:\n  %s", kind, backend, profileName(profile), strings.Join(errs, "\n  "))
 	}
 	return out, nil
 }

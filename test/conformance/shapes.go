@@ -1,6 +1,7 @@
 // Package conformance is the differential conformance matrix: upstream
-// kube-proxy (iptables mode) is the oracle, edgeproxy (iptables mode) is
-// judged against it. Both run, one at a time, in the same world — a real
+// kube-proxy is the oracle, edgeproxy in the same mode is judged against
+// it — iptables mode on this machine (TestMatrix), IPVS mode in the qemu
+// VM (TestMatrixIPVS). Both run, one at a time, in the same world — a real
 // kube-apiserver with the EndpointSlice controller, a node namespace with
 // local pods, a second node whose pods are reached by routes, and clients
 // in four positions — and every cell (shape × frontend × position × family
@@ -54,6 +55,9 @@ type Shape struct {
 	Traffic     string // spec.trafficDistribution
 	Profile     string
 	Stale       bool // the UDP stale-conntrack check instead of plain probes
+	// HostPort: instead of the Service's port, the node's own daemon's
+	// (hostDaemonPort, on 0.0.0.0) through the ClusterIP and the LB IP.
+	HostPort bool
 }
 
 // Pods of the world: node-a (this node, zone-a) holds l1, l2, tl and the
@@ -113,6 +117,7 @@ var Shapes = []Shape{
 	{Name: "udp-stale", Type: np, Proto: udp, Families: "dual", Stale: true, Pods: []string{"sa"}},
 	{Name: "np-npa", Type: np, Proto: tcp, Families: "dual", Profile: ProfileNPA, Pods: []string{"l1", "r1"}},
 	{Name: "np-primary", Type: np, Proto: tcp, Families: "dual", Profile: ProfilePrimary, Pods: []string{"l1", "r1"}},
+	{Name: "hostport", Type: lb, Proto: tcp, Families: "dual", HostPort: true, Pods: []string{"l1", "r1"}},
 }
 
 // Position is where a client stands.
@@ -139,12 +144,18 @@ const (
 	FLB         = "lb"
 	FExtIP      = "extip"
 	FHealth     = "hc" // healthCheckNodePort, HTTP on the node's InternalIP
+	// The host daemon's port (not the Service's) on a Service address.
+	FHostPortCIP = "hostport-clusterip"
+	FHostPortLB  = "hostport-lb"
 )
 
-// Families and backends.
+// Families and backends. Backends are the iptables matrix's (TestMatrix);
+// BackendIPVS is the VM matrix's (TestMatrixIPVS): both proxies in IPVS
+// mode, their iptables rules written with iptables-nft.
 var (
-	Families = []string{"v4", "v6"}
-	Backends = []string{"legacy", "nft"}
+	Families    = []string{"v4", "v6"}
+	Backends    = []string{"legacy", "nft"}
+	BackendIPVS = "ipvs"
 )
 
 // Cell is one probe: a frontend of a shape from a position in a family.
@@ -167,6 +178,9 @@ func (s *Shape) hasFamily(f string) bool { return s.Families == "dual" || s.Fami
 
 // frontends lists the shape's frontends, by rule from its spec.
 func (s *Shape) frontends() []string {
+	if s.HostPort {
+		return []string{FHostPortCIP, FHostPortLB}
+	}
 	fs := []string{FClusterIP}
 	if s.Type == np || s.Type == lb {
 		fs = append(fs, FNodePort, FNodePortBr, FNodePortLo)
@@ -189,7 +203,7 @@ func (s *Shape) frontends() []string {
 // applies is the rule that leaves out cells that make no sense.
 func applies(s *Shape, frontend, position, family string) bool {
 	switch frontend {
-	case FClusterIP, FLB, FExtIP:
+	case FClusterIP, FLB, FExtIP, FHostPortCIP, FHostPortLB:
 		// The address exists only in the Service's families.
 		if !s.hasFamily(family) {
 			return false

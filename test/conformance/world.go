@@ -3,6 +3,7 @@ package conformance
 import (
 	"context"
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"path/filepath"
@@ -15,6 +16,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
@@ -47,15 +49,33 @@ var (
 	remotePodNet6 = netip.MustParsePrefix("fd00:244:1::/64")
 )
 
+// The node's InternalIPs (its address on the client link, netns.AddClient).
+var (
+	nodeIP4 = netip.MustParseAddr("192.168.77.1")
+	nodeIP6 = netip.MustParseAddr("fd00:77::1")
+)
+
+// hostDaemonPort is where the node's own daemon listens on every address
+// (0.0.0.0 and ::): a port no Service uses, for the host-port cells.
+const hostDaemonPort = 9099
+
+// hostDaemon is the name the node's daemon answers with.
+const hostDaemon = "node-daemon"
+
 // World is the fixed part of the matrix: the control plane, the namespaces
-// and their pods, the Services.
+// and their pods, the Services. Its two halves can live apart: the API
+// objects (populate) and the namespaces (newNet) agree on every address by
+// construction (podAddrs), so the VM run builds the namespaces in the
+// guest against objects the host created.
 type World struct {
 	t       testing.TB
-	Cluster *cluster.Cluster
-	Node    *netns.Node
-	Remote  *netns.Node
-	Ext     *netns.NS
-	Pods    map[string]*netns.Pod
+	Cluster *cluster.Cluster // on the host side only
+	// Client reaches the API server from where the test runs.
+	Client kubernetes.Interface
+	Node   *netns.Node
+	Remote *netns.Node
+	Ext    *netns.NS
+	Pods   map[string]*netns.Pod
 	// Kubeconfig reaches the API server from inside the node.
 	Kubeconfig string
 	Dir        string
@@ -64,30 +84,73 @@ type World struct {
 	Services map[string]*corev1.Service
 	// names maps every address of the world to a name, for outcomes.
 	names map[netip.Addr]string
+	// probes and timeout bound each cell (maxProbes, probeTimeout).
+	probes  int
+	timeout time.Duration
 }
 
-// NewWorld builds the world; everything goes when t ends.
+// podAddrs are the pods' addresses: local pods in the node's pod network
+// in localPods order, remote pods in node-b's in name order, outpod
+// outside clusterCIDR.
+func podAddrs() map[string][2]netip.Addr {
+	out := map[string][2]netip.Addr{"outpod": {outside4, outside6}}
+	nets := []struct {
+		names  []string
+		p4, p6 netip.Prefix
+	}{
+		{localPods, netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("fd00:244::/64")},
+		{slices.Sorted(maps.Keys(remotePods)), remotePodNet, remotePodNet6},
+	}
+	for _, n := range nets {
+		for i, name := range n.names {
+			a4, a6 := n.p4.Addr().As4(), n.p6.Addr().As16()
+			a4[3], a6[15] = byte(2+i), byte(2+i)
+			out[name] = [2]netip.Addr{netip.AddrFrom4(a4), netip.AddrFrom16(a6)}
+		}
+	}
+	return out
+}
+
+// NewWorld builds the whole world on this machine (the iptables matrix);
+// everything goes when t ends.
 func NewWorld(ctx context.Context, t testing.TB) *World {
 	t.Helper()
-	w := &World{t: t, Dir: t.TempDir(), Pods: map[string]*netns.Pod{}, Services: map[string]*corev1.Service{}, names: map[netip.Addr]string{}}
+	w := newNet(t)
+	host, nodeHost := w.Node.LinkHost()
+	w.names[nodeHost] = "node/host-link"
+	w.Cluster = cluster.New(t, cluster.Options{BindAddress: host.String(), ServiceCIDR: serviceCIDR, Dir: filepath.Join(w.Dir, "cluster")})
+	w.Client = w.Cluster.Client()
+	w.Kubeconfig = filepath.Join(w.Dir, "node.kubeconfig")
+	if err := w.Cluster.WriteKubeconfig(w.Kubeconfig, fmt.Sprintf("https://%s:%d", host, w.Cluster.Port())); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.populate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return w
+}
+
+// newNet builds the namespaces: the node with its pods, client and host
+// daemon, node-b with its pods, the link between them.
+func newNet(t testing.TB) *World {
+	t.Helper()
+	w := &World{t: t, Dir: t.TempDir(), Pods: map[string]*netns.Pod{}, Services: map[string]*corev1.Service{}, names: map[netip.Addr]string{},
+		probes: maxProbes, timeout: probeTimeout}
 	w.Node = netns.NewNode(t, "node")
 	w.Ext = w.Node.AddClient("ext")
+	if w.Node.LinkIP != nodeIP4 || w.Node.LinkIP6 != nodeIP6 {
+		t.Fatalf("node addresses %s, %s: want %s, %s", w.Node.LinkIP, w.Node.LinkIP6, nodeIP4, nodeIP6)
+	}
 	w.Remote = netns.NewNodeNets(t, "remote", remotePodNet, remotePodNet6)
 	w.linkRemote()
-	host, nodeHost := w.Node.LinkHost()
 
+	addrs := podAddrs()
 	for _, name := range localPods {
-		w.Pods[name] = w.Node.AddPod(name)
+		w.Pods[name] = w.Node.AddPodAddrs(name, addrs[name][0], addrs[name][1])
 	}
 	w.Pods["outpod"] = w.Node.AddPodAddrs("outpod", outside4, outside6)
-	for _, name := range slices.Sorted(func(yield func(string) bool) {
-		for k := range remotePods {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
-		w.Pods[name] = w.Remote.AddPod(name)
+	for _, name := range slices.Sorted(maps.Keys(remotePods)) {
+		w.Pods[name] = w.Remote.AddPodAddrs(name, addrs[name][0], addrs[name][1])
 	}
 	// Refusals are ICMP errors: without a rate limit every probe gets its
 	// own, however many run at once.
@@ -107,25 +170,22 @@ func NewWorld(ctx context.Context, t testing.TB) *World {
 			t.Fatal(err)
 		}
 	}
+	// The node's own daemon, on every address, for the host-port cells.
+	daemon := &netns.Pod{NS: w.Node.NS, PodName: hostDaemon}
+	if err := daemon.Serve(hostDaemonPort); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(daemon.Stop)
 	for a, n := range map[netip.Addr]string{
 		w.Node.Gateway: "node/br", w.Node.Gateway6: "node/br",
 		w.Node.LinkIP: "node/ext-link", w.Node.LinkIP6: "node/ext-link",
 		nodeRemote4: "node/remote-link", nodeRemote6: "node/remote-link",
-		nodeHost: "node/host-link", client4: "ext", client6: "ext",
+		client4: "ext", client6: "ext",
 		w.Remote.Gateway: "node-b/br", w.Remote.Gateway6: "node-b/br",
 		remoteNode4: "node-b", remoteNode6: "node-b",
 		netip.MustParseAddr("127.0.0.1"): "node/lo",
 	} {
 		w.names[a] = n
-	}
-
-	w.Cluster = cluster.New(t, cluster.Options{BindAddress: host.String(), ServiceCIDR: serviceCIDR, Dir: filepath.Join(w.Dir, "cluster")})
-	w.Kubeconfig = filepath.Join(w.Dir, "node.kubeconfig")
-	if err := w.Cluster.WriteKubeconfig(w.Kubeconfig, fmt.Sprintf("https://%s:%d", host, w.Cluster.Port())); err != nil {
-		t.Fatal(err)
-	}
-	if err := w.populate(ctx); err != nil {
-		t.Fatal(err)
 	}
 	return w
 }
@@ -182,6 +242,7 @@ func ipnet(p netip.Prefix) *net.IPNet {
 // EndpointSlice controller to have written every Service's slices.
 func (w *World) populate(ctx context.Context) error {
 	c := w.Cluster
+	addrs := podAddrs()
 	if err := c.CreateNamespace(ctx, namespace); err != nil {
 		return err
 	}
@@ -189,7 +250,7 @@ func (w *World) populate(ctx context.Context) error {
 		name, zone string
 		ips        []netip.Addr
 	}{
-		{NodeName, "zone-a", []netip.Addr{w.Node.LinkIP, w.Node.LinkIP6}},
+		{NodeName, "zone-a", []netip.Addr{nodeIP4, nodeIP6}},
 		{"node-b", "zone-b", []netip.Addr{remoteNode4, remoteNode6}},
 		{"node-c", "zone-a", []netip.Addr{nodeC4, nodeC6}},
 	}
@@ -198,7 +259,7 @@ func (w *World) populate(ctx context.Context) error {
 			return err
 		}
 	}
-	for name, p := range w.Pods {
+	for name, ip := range addrs {
 		if name == "outpod" {
 			continue
 		}
@@ -212,13 +273,13 @@ func (w *World) populate(ctx context.Context) error {
 				labels["s-"+s.Name] = "y"
 			}
 		}
-		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{p.IP.String(), p.IP6.String()}, labels, nil); err != nil {
+		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{ip[0].String(), ip[1].String()}, labels, nil); err != nil {
 			return err
 		}
 		if terminal[name] {
 			// No kubelet: the Pod stays terminating (serving, not ready).
 			grace := int64(3600)
-			if err := c.Client().CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
+			if err := w.Client.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 				return fmt.Errorf("terminate pod %s: %w", name, err)
 			}
 		}
@@ -231,11 +292,12 @@ func (w *World) populate(ctx context.Context) error {
 		}
 		w.Services[s.Name] = svc
 	}
+	w.nameServices()
 	return w.waitSlices(ctx)
 }
 
 func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, error) {
-	client := w.Cluster.Client().CoreV1().Services(namespace)
+	client := w.Client.CoreV1().Services(namespace)
 	policy := map[string]corev1.IPFamilyPolicy{"dual": corev1.IPFamilyPolicyPreferDualStack, "v4": corev1.IPFamilyPolicySingleStack, "v6": corev1.IPFamilyPolicySingleStack}[s.Families]
 	svc := &corev1.Service{
 		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: s.Name},
@@ -312,17 +374,18 @@ func (w *World) waitSlices(ctx context.Context) error {
 func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) error {
 	want := map[string]bool{}
 	svc := w.Services[name]
+	addrs := podAddrs()
 	for _, p := range pods {
 		for _, f := range svc.Spec.IPFamilies {
 			if f == corev1.IPv4Protocol {
-				want[w.Pods[p].IP.String()] = true
+				want[addrs[p][0].String()] = true
 			} else {
-				want[w.Pods[p].IP6.String()] = true
+				want[addrs[p][1].String()] = true
 			}
 		}
 	}
 	err := cluster.WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := w.Cluster.Client().DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		list, err := w.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
 		if err != nil {
 			return false, nil
 		}
@@ -352,7 +415,7 @@ func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) e
 
 // relabel moves the stale-conntrack Service from pod from to pod to.
 func (w *World) relabel(ctx context.Context, shape, from, to string) error {
-	pods := w.Cluster.Client().CoreV1().Pods(namespace)
+	pods := w.Client.CoreV1().Pods(namespace)
 	key := "s-" + shape
 	for _, p := range []struct {
 		name  string
@@ -366,6 +429,31 @@ func (w *World) relabel(ctx context.Context, shape, from, to string) error {
 		}
 	}
 	return w.waitEndpoints(ctx, shape, []string{to})
+}
+
+// nameServices names the Services' addresses, which an endpoint sees as
+// the source when the node reaches a Service address that is its own
+// (IPVS mode's dummy link): "<shape>/clusterip", "<shape>/lb",
+// "<shape>/extip". The addresses differ from one world to the next; the
+// names do not.
+func (w *World) nameServices() {
+	for name, svc := range w.Services {
+		for _, a := range svc.Spec.ClusterIPs {
+			w.nameAddr(a, name+"/clusterip")
+		}
+		for _, in := range svc.Status.LoadBalancer.Ingress {
+			w.nameAddr(in.IP, name+"/lb")
+		}
+		for _, a := range svc.Spec.ExternalIPs {
+			w.nameAddr(a, name+"/extip")
+		}
+	}
+}
+
+func (w *World) nameAddr(s, name string) {
+	if a, err := netip.ParseAddr(s); err == nil {
+		w.names[a] = name
+	}
 }
 
 // name is an address's name in outcomes: a pod, the client, a node

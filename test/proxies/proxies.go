@@ -1,6 +1,7 @@
 // Package proxies starts the Service proxies the harnesses compare —
-// upstream kube-proxy in iptables mode (and, for the benchmarks, in
-// nftables mode) and edgeproxy in iptables mode — with the same settings, and empties a node namespace between them. The
+// upstream kube-proxy and edgeproxy, both in iptables mode or both in IPVS
+// mode (and, for the benchmarks, kube-proxy in nftables mode) — with the
+// same settings, and empties a node namespace between them. The
 // benchmarks (test/bench) and the conformance matrix (test/conformance)
 // share it, so both proxies are configured in one place.
 //
@@ -33,9 +34,12 @@ const (
 
 // Settings are what both proxies are given, the same for both.
 type Settings struct {
+	// Mode is ModeIPTables (also when empty) or ModeIPVS; IPVS mode still
+	// writes iptables rules, with Backend's programs.
+	Mode        string
 	Backend     string        // legacy | nft
-	MinSync     time.Duration // kube-proxy --iptables-min-sync-period, edgeproxy sync.minPeriod
-	Sync        time.Duration // kube-proxy --iptables-sync-period, edgeproxy sync.period
+	MinSync     time.Duration // kube-proxy --<mode>-min-sync-period, edgeproxy sync.minPeriod
+	Sync        time.Duration // kube-proxy --<mode>-sync-period, edgeproxy sync.period
 	ClusterCIDR string        // masquerade traffic to ClusterIPs from outside it; comma-separated, one per family
 	// NodePortAddresses limits NodePorts to the node's addresses in these
 	// CIDRs (kube-proxy --nodeport-addresses); empty: every address.
@@ -43,6 +47,20 @@ type Settings struct {
 	// ExternalIPs turns on spec.externalIPs in edgeproxy, where they are
 	// opt-in; kube-proxy always programs them.
 	ExternalIPs bool
+}
+
+// The proxy modes both proxies share.
+const (
+	ModeIPTables = "iptables"
+	ModeIPVS     = "ipvs"
+)
+
+// mode is s.Mode with its default.
+func (s Settings) mode() string {
+	if s.Mode == "" {
+		return ModeIPTables
+	}
+	return s.Mode
 }
 
 // Node is where a proxy runs and how it is reached.
@@ -53,10 +71,10 @@ type Node struct {
 	HealthzAddr string // host:port of /healthz
 }
 
-// KubeProxyArgs are kube-proxy's flags for s: iptables mode, no conntrack
+// KubeProxyArgs are kube-proxy's flags for s: its mode, no conntrack
 // table sizing (nf_conntrack_max cannot be written from a network
 // namespace), verbosity 2.
-func KubeProxyArgs(n Node, s Settings) []string { return kubeProxyArgs("iptables", n, s) }
+func KubeProxyArgs(n Node, s Settings) []string { return kubeProxyArgs(s.mode(), n, s) }
 
 // KubeProxyNFTablesArgs are the same flags in nftables mode. The
 // --iptables-*sync-period flags set the sync periods of every mode but
@@ -70,8 +88,8 @@ func kubeProxyArgs(mode string, n Node, s Settings) []string {
 		"--hostname-override=" + n.Name,
 		"--cluster-cidr=" + s.ClusterCIDR,
 		"--conntrack-max-per-core=0",
-		"--iptables-min-sync-period=" + s.MinSync.String(),
-		"--iptables-sync-period=" + s.Sync.String(),
+		"--" + mode + "-min-sync-period=" + s.MinSync.String(),
+		"--" + mode + "-sync-period=" + s.Sync.String(),
 		"--metrics-bind-address=" + n.MetricsAddr,
 		"--healthz-bind-address=" + n.HealthzAddr,
 		"--v=2",
@@ -82,12 +100,12 @@ func kubeProxyArgs(mode string, n Node, s Settings) []string {
 	return args
 }
 
-// EdgeProxyConfig is edgeproxy's config file for s (mode iptables), keeping
+// EdgeProxyConfig is edgeproxy's config file for s (its mode), keeping
 // its state in stateDir.
 func EdgeProxyConfig(n Node, s Settings, stateDir string) string {
 	cfg := fmt.Sprintf(`nodeName: %s
 kubeconfig: %s
-mode: iptables
+mode: %s
 clusterCIDR: %q
 stateDir: %s
 externalIPs: %t
@@ -99,7 +117,7 @@ server:
   metrics: %q
 log:
   level: info
-`, n.Name, n.Kubeconfig, s.ClusterCIDR, stateDir, s.ExternalIPs, s.MinSync, s.Sync, n.HealthzAddr, n.MetricsAddr)
+`, n.Name, n.Kubeconfig, s.mode(), s.ClusterCIDR, stateDir, s.ExternalIPs, s.MinSync, s.Sync, n.HealthzAddr, n.MetricsAddr)
 	if len(s.NodePortAddresses) > 0 {
 		cfg += "nodePortAddresses:\n"
 		for _, a := range s.NodePortAddresses {

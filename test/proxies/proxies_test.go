@@ -17,14 +17,7 @@ var testNode = Node{Name: "node-a", Kubeconfig: "/k", MetricsAddr: "127.0.0.1:10
 func TestEdgeProxyConfigLoads(t *testing.T) {
 	s := Settings{Backend: "nft", MinSync: time.Second, Sync: 30 * time.Second,
 		ClusterCIDR: "10.244.0.0/16,fd00:244::/48", NodePortAddresses: []string{"192.168.77.0/24"}, ExternalIPs: true}
-	path := filepath.Join(t.TempDir(), "edgeproxy.yaml")
-	if err := os.WriteFile(path, []byte(EdgeProxyConfig(testNode, s, t.TempDir())), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg, err := config.Load(config.LoadOptions{File: path})
-	if err != nil {
-		t.Fatal(err)
-	}
+	cfg := loadConfig(t, s)
 	if cfg.NodeName != "node-a" || !cfg.ExternalIPs || len(cfg.NodePortAddresses) != 1 || cfg.Sync.MinPeriod != time.Second {
 		t.Errorf("loaded %+v", cfg)
 	}
@@ -38,4 +31,33 @@ func TestEdgeProxyConfigLoads(t *testing.T) {
 	if !slices.Contains(nft, "--proxy-mode=nftables") || slices.Contains(nft, "--proxy-mode=iptables") || len(nft) != len(args) {
 		t.Errorf("kube-proxy nftables args %v: want the iptables args in nftables mode", nft)
 	}
+}
+
+// In IPVS mode both proxies get their mode and kube-proxy its IPVS sync
+// flags.
+func TestIPVSMode(t *testing.T) {
+	s := Settings{Mode: ModeIPVS, Backend: "nft", MinSync: time.Second, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
+	if cfg := loadConfig(t, s); cfg.Mode != config.ModeIPVS {
+		t.Errorf("edgeproxy mode %q, want ipvs", cfg.Mode)
+	}
+	args := KubeProxyArgs(testNode, s)
+	for _, want := range []string{"--proxy-mode=ipvs", "--ipvs-min-sync-period=1s", "--ipvs-sync-period=30s"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("kube-proxy args %v lack %s", args, want)
+		}
+	}
+}
+
+// loadConfig writes EdgeProxyConfig for s and loads it as edgeproxy does.
+func loadConfig(t *testing.T, s Settings) *config.Config {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "edgeproxy.yaml")
+	if err := os.WriteFile(path, []byte(EdgeProxyConfig(testNode, s, t.TempDir())), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cfg, err := config.Load(config.LoadOptions{File: path})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cfg
 }

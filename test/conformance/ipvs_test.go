@@ -1,0 +1,278 @@
+package conformance
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
+	"github.com/edgeproxy/edgeproxy/test/agenttest"
+	"github.com/edgeproxy/edgeproxy/test/cluster"
+)
+
+// The IPVS matrix runs in the qemu VM (the host kernel has no IPVS), split
+// in two halves. On the host, TestMatrixIPVS starts the control plane
+// (TCG is too slow for it), creates the world's API objects and boots the
+// VM with this package's test binary. In the guest, TestMatrixIPVSGuest
+// builds the namespaces, runs kube-proxy and edgeproxy in IPVS mode one at
+// a time, probes every cell, prints the matrix and judges it; its result
+// is the host test's. The guest reaches the API server through qemu's
+// user network (the host's loopback is 10.0.2.2 there).
+
+// vmShared is the directory the host hands the guest (read-only there):
+// guest.json, the kubeconfig and a copy of the edgeproxy binary.
+var vmShared = flag.String("conformance.vm", "", "run TestMatrixIPVSGuest with the host's world in this directory")
+
+// guestSetup is guest.json.
+type guestSetup struct {
+	KubeProxy string // kube-proxy binary
+	EdgeProxy string // edgeproxy binary
+	APIPort   int    // the API server's port on the host's loopback
+}
+
+// vmTimeout bounds the VM run, boot included: 7-8 minutes on a busy
+// two-core machine, over 12 at a load of 50 (other VMs on the same cores).
+const vmTimeout = 20 * time.Minute
+
+func TestMatrixIPVS(t *testing.T) {
+	gate.Root(t)
+	if err := vm.Check(); err != nil {
+		gate.Skip(t, err.Error())
+	}
+	kp, err := cluster.BinPath(cluster.KubeProxyBinary)
+	if err != nil {
+		gate.Skip(t, err.Error())
+	}
+	dir := sharedDir(t)
+	ep := filepath.Join(dir, "edgeproxy")
+	if err := copyFile(agenttest.Binary(t), ep); err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout+5*time.Minute)
+	defer cancel()
+	start := time.Now()
+	c := cluster.New(t, cluster.Options{ServiceCIDR: serviceCIDR, ExtraSANs: []string{"10.0.2.2"}})
+	w := &World{t: t, Cluster: c, Client: c.Client(), Services: map[string]*corev1.Service{}, names: map[netip.Addr]string{}}
+	if err := w.populate(ctx); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("API objects ready in %s", time.Since(start).Round(time.Millisecond))
+	if err := c.WriteKubeconfig(filepath.Join(dir, "kubeconfig"), fmt.Sprintf("https://127.0.0.1:%d", c.Port())); err != nil {
+		t.Fatal(err)
+	}
+	setup, err := json.Marshal(guestSetup{KubeProxy: kp, EdgeProxy: ep, APIPort: c.Port()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "guest.json"), setup, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	vm.RunGoTests(t, vmTimeout, vm.GoTest{Package: "./test/conformance",
+		Args: []string{"-test.run=^TestMatrixIPVSGuest$", "-conformance.vm=" + dir}})
+	t.Logf("IPVS matrix: %s in all (VM boot included)", time.Since(start).Round(time.Second))
+}
+
+// sharedDir is a fresh directory the guest can read: not under /tmp,
+// /run or /var, which are the guest's own tmpfs.
+func sharedDir(t *testing.T) string {
+	t.Helper()
+	base, err := os.UserCacheDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	base = filepath.Join(base, "edgeproxy")
+	for _, p := range []string{"/tmp", "/run", "/var", "/dev/shm"} {
+		if strings.HasPrefix(base+"/", p+"/") {
+			gate.Skip(t, "the user cache directory "+base+" is not visible in the VM (set XDG_CACHE_HOME)")
+		}
+	}
+	if err := os.MkdirAll(base, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	dir, err := os.MkdirTemp(base, "conformance-ipvs-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := os.Chmod(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	return dir
+}
+
+func copyFile(from, to string) error {
+	in, err := os.Open(from)
+	if err != nil {
+		return err
+	}
+	defer in.Close()
+	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
+	if err != nil {
+		return err
+	}
+	if _, err := io.Copy(out, in); err != nil {
+		out.Close()
+		return fmt.Errorf("copy %s: %w", from, err)
+	}
+	return out.Close()
+}
+
+// TestMatrixIPVSGuest is the guest's half of TestMatrixIPVS.
+func TestMatrixIPVSGuest(t *testing.T) {
+	vm.Guest(t)
+	if *vmShared == "" {
+		t.Skip("started by TestMatrixIPVS, with -conformance.vm")
+	}
+	b, err := os.ReadFile(filepath.Join(*vmShared, "guest.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var setup guestSetup
+	if err := json.Unmarshal(b, &setup); err != nil {
+		t.Fatalf("guest.json: %v", err)
+	}
+	diffs := readRules(t, "DIFFERENCES.md")
+	bugs := readRules(t, "KNOWN_BUGS.md")
+	ctx, cancel := context.WithTimeout(context.Background(), vmTimeout)
+	defer cancel()
+
+	start := time.Now()
+	w := newNet(t)
+	// IPVS schedules round robin, and cells that share a virtual server run
+	// one after another: two answers show both of two endpoints. The
+	// probe bound matters for cells where fewer endpoints can answer than
+	// the Service selects (iTP/eTP Local), which use every probe: under
+	// TCG each costs tens of milliseconds.
+	w.probes = 12
+	// A SYN IPVS drops (a reused source port of a connection it still
+	// holds, with net.ipv4.vs.conntrack=1) is sent again after a second;
+	// under TCG the answer can take longer than probeTimeout after that.
+	w.timeout = 3 * time.Second
+	// The kubeconfig names https://127.0.0.1:<port>: served in the test's
+	// namespace and in the node's by a relay to the host.
+	forwardAPI(t, nil, setup.APIPort)
+	forwardAPI(t, w.Node.NS, setup.APIPort)
+	w.Kubeconfig = filepath.Join(*vmShared, "kubeconfig")
+	cfg, err := clientcmd.BuildConfigFromFlags("", w.Kubeconfig)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if w.Client, err = kubernetes.NewForConfig(cfg); err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range Shapes {
+		svc, err := w.Client.CoreV1().Services(namespace).Get(ctx, s.Name, metav1.GetOptions{})
+		if err != nil {
+			t.Fatalf("service %s: %v", s.Name, err)
+		}
+		w.Services[s.Name] = svc
+	}
+	w.nameServices()
+	t.Logf("world ready in %s", time.Since(start).Round(time.Millisecond))
+	rows := w.matrix(ctx, t, Binaries{KubeProxy: setup.KubeProxy, EdgeProxy: setup.EdgeProxy}, BackendIPVS, diffs, bugs)
+	report(t, rows, diffs, bugs)
+	t.Logf("IPVS matrix: %d cells in %s", len(rows), time.Since(start).Round(time.Second))
+}
+
+// forwardAPI relays 127.0.0.1:port in ns (nil: the test's own namespace)
+// to the host's API server, 10.0.2.2:port on qemu's user network. The
+// relay and every connection through it end with the test.
+func forwardAPI(t *testing.T, ns *netns.NS, port int) {
+	t.Helper()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+	var l net.Listener
+	listen := func() (err error) {
+		l, err = net.Listen("tcp", addr)
+		return err
+	}
+	var err error
+	if ns != nil {
+		err = ns.Do(listen)
+	} else {
+		err = listen()
+	}
+	if err != nil {
+		t.Fatalf("relay to the API server: %v", err)
+	}
+	var (
+		wg     sync.WaitGroup
+		mu     sync.Mutex
+		conns  = map[net.Conn]bool{}
+		closed bool
+	)
+	track := func(c net.Conn, on bool) {
+		mu.Lock()
+		defer mu.Unlock()
+		switch {
+		case on && closed:
+			c.Close()
+		case on:
+			conns[c] = true
+		default:
+			delete(conns, c)
+		}
+	}
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		closed = true
+		for c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	upstream := net.JoinHostPort("10.0.2.2", strconv.Itoa(port))
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := l.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer in.Close()
+				out, err := net.DialTimeout("tcp", upstream, 10*time.Second)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				track(in, true)
+				track(out, true)
+				defer track(in, false)
+				defer track(out, false)
+				done := make(chan struct{})
+				go func() {
+					_, _ = io.Copy(out, in)
+					out.Close()
+					close(done)
+				}()
+				_, _ = io.Copy(in, out)
+				in.Close()
+				<-done
+			}()
+		}
+	}()
+}
