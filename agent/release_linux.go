@@ -20,7 +20,10 @@ import (
 // Why: a Go binary's start-up (every package's init, the first list and
 // sync) touches most of its 30 MiB, and fault-around keeps it all mapped,
 // although a quiet agent runs a few MiB of it. At 100 services that was
-// 25 of 35 MiB RSS.
+// 25 of 35 MiB RSS. The mappings are also marked MADV_RANDOM, so that a page
+// faulted back in comes without its read-ahead window: file RSS of a quiet
+// agent 13.6 → 5.9 MiB, at the cost of one read per page first touched
+// after the start.
 func pageOutExecutable() (int64, error) {
 	var self syscall.Stat_t
 	if err := syscall.Stat("/proc/self/exe", &self); err != nil {
@@ -38,8 +41,12 @@ func pageOutExecutable() (int64, error) {
 		if !ok {
 			continue
 		}
-		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_PAGEOUT); errno != 0 {
-			return advised, fmt.Errorf("page out the executable: madvise %#x-%#x: %w", start, end, errno)
+		// MADV_RANDOM first: a page faulted back in later then comes alone,
+		// not with the read-ahead window around it.
+		for _, advice := range []uintptr{unix.MADV_RANDOM, unix.MADV_PAGEOUT} {
+			if _, _, errno := unix.Syscall(unix.SYS_MADVISE, start, end-start, advice); errno != 0 {
+				return advised, fmt.Errorf("page out the executable: madvise(%d) %#x-%#x: %w", advice, start, end, errno)
+			}
 		}
 		advised += int64(end - start)
 	}
