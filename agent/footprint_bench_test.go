@@ -126,8 +126,8 @@ func BenchmarkPeriodicCompare5k(b *testing.B) {
 var footprint []any
 
 // BenchmarkFootprint5k is the agent's steady memory with 5,000 Services of
-// 10 endpoints: API objects as listed, through the informer transform into
-// a cache store (what the informers hold), converted into the state,
+// 10 endpoints: API objects as listed, through the informer transform (the
+// conversion) into a cache store (what the informers hold) and the state,
 // planned and applied once (mode plan). It reports the live heap after a
 // GC; run it with -memprofile and `go tool pprof -top -inuse_space` to see
 // what is held.
@@ -151,26 +151,23 @@ func BenchmarkFootprint5k(b *testing.B) {
 		services := cache.NewStore(cache.MetaNamespaceKeyFunc)
 		slices := cache.NewStore(cache.MetaNamespaceKeyFunc)
 		for i := range n {
-			obj, _ := conv.Strip(apiService(i))
-			svc := obj.(*v1.Service)
-			if err := services.Add(svc); err != nil {
+			obj, _ := conv.Transform(apiService(i))
+			if err := services.Add(obj); err != nil {
 				b.Fatal(err)
 			}
-			m, err := conv.Service(svc)
-			if err != nil {
+			c := obj.(*source.Converted)
+			if c.Err != nil {
+				b.Fatal(c.Err)
+			}
+			a.state.SetService("shop/"+c.Meta.Name, c.Service)
+			obj, _ = conv.Transform(apiSlice(i, 10))
+			if err := slices.Add(obj); err != nil {
 				b.Fatal(err)
 			}
-			a.state.SetService("shop/"+svc.Name, m)
-			obj, _ = conv.Strip(apiSlice(i, 10))
-			sl := obj.(*discovery.EndpointSlice)
-			if err := slices.Add(sl); err != nil {
-				b.Fatal(err)
+			if c = obj.(*source.Converted); c.Err != nil {
+				b.Fatal(c.Err)
 			}
-			ms, _, err := conv.EndpointSlice(sl)
-			if err != nil {
-				b.Fatal(err)
-			}
-			a.state.SetSlice("shop/"+sl.Name, ms)
+			a.state.SetSlice("shop/"+c.Meta.Name, c.Slice)
 		}
 		if err := a.sync(context.Background()); err != nil {
 			b.Fatal(err)

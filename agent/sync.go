@@ -95,6 +95,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		if err := a.notifier.MarkReady(fmt.Sprintf("programmed %d frontends", len(res.Plan.Frontends))); err != nil {
 			a.log.Warn("systemd notify", "err", err)
 		}
+		releaseAfterStart(a.log)
 	})
 	status := fmt.Sprintf("generation %d: %d frontends", res.Plan.Generation, len(res.Plan.Frontends))
 	if a.fromSnapshot.Load() {

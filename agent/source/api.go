@@ -11,10 +11,11 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/edgeproxy/edgeproxy/agent/model"
 )
 
 // API watches Services, EndpointSlices and this Node on a kube-apiserver.
@@ -53,8 +54,8 @@ const (
 func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
 	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now()}
 	// No periodic informer resync: the sync runner owns timing.
-	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip))
-	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Strip),
+	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform))
+	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
 			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 		}))
@@ -179,37 +180,35 @@ func (a *API) touch() {
 }
 
 func (a *API) onService(key string, obj any) {
-	s, _ := obj.(*v1.Service)
-	if s == nil {
+	c, _ := obj.(*Converted)
+	if c == nil {
 		a.report.clear("Service", key)
 		a.sink.SetService(key, nil)
 		return
 	}
-	m, err := a.conv.Service(s)
-	if err != nil {
-		a.report.problem("Service", key, err)
+	if c.Err != nil {
+		a.report.problem("Service", key, c.Err)
 		a.sink.SetService(key, nil)
 		return
 	}
 	a.report.clear("Service", key)
-	a.sink.SetService(key, m)
+	a.sink.SetService(key, c.Service)
 }
 
 func (a *API) onSlice(key string, obj any) {
-	s, _ := obj.(*discovery.EndpointSlice)
-	if s == nil {
+	c, _ := obj.(*Converted)
+	if c == nil {
 		a.report.clear("EndpointSlice", key)
 		a.sink.SetSlice(key, nil)
 		return
 	}
-	m, warnings, err := a.conv.EndpointSlice(s)
-	if err != nil {
-		a.report.problem("EndpointSlice", key, err)
+	if c.Err != nil {
+		a.report.problem("EndpointSlice", key, c.Err)
 		a.sink.SetSlice(key, nil)
 		return
 	}
-	a.report.warnings("EndpointSlice", key, warnings)
-	a.sink.SetSlice(key, m)
+	a.report.warnings("EndpointSlice", key, c.Warnings)
+	a.sink.SetSlice(key, c.Slice)
 }
 
 func (a *API) onNode(_ string, obj any) {
@@ -229,79 +228,55 @@ func keyOf(obj any) string {
 	return k
 }
 
-// Strip drops what the proxy never reads before an informer caches the
-// object, so that the cache holds only the fields the converter reads (see
-// Service, EndpointSlice and Node) and what the informer itself needs
-// (name, namespace, UID, resourceVersion). Memory on small edge nodes
-// matters: a listed EndpointSlice is mostly managed fields, pod references
-// and labels copied from its Service. TestStripChangesNoConversion holds
-// it to the converter.
-func (c *Converter) Strip(obj any) (any, error) {
-	acc, ok := obj.(metav1.Object)
-	if !ok {
-		return obj, nil
-	}
-	acc.SetManagedFields(nil)
-	acc.SetOwnerReferences(nil)
-	acc.SetFinalizers(nil)
-	acc.SetGenerateName("")
-	if ann := acc.GetAnnotations(); len(ann) > 0 {
-		kept := make(map[string]string)
-		for k, v := range ann {
-			if keepAnnotation(k, c.KeepPrefix) {
-				kept[k] = v
-			}
-		}
-		acc.SetAnnotations(kept)
-	}
+// Converted is what the Service and EndpointSlice informers cache: the
+// model the converter made of the object (or why it could not), and the
+// little of its metadata the informer's store keys on. The cache and the
+// state then hold one copy of each object, the small model one, and no API
+// object outlives its conversion (at 5,000 services the stripped API
+// objects in the caches were about a third of the live heap).
+type Converted struct {
+	Meta     metav1.ObjectMeta // name, namespace, UID, resourceVersion
+	Service  *model.Service
+	Slice    *model.EndpointSlice
+	Warnings []string
+	Err      error
+}
+
+// GetObjectMeta makes Converted a metav1.ObjectMetaAccessor, which is what
+// the informer's key function (meta.Accessor) needs.
+func (c *Converted) GetObjectMeta() metav1.Object { return &c.Meta }
+
+// Transform is the informers' transform, run before anything is cached:
+// Services and EndpointSlices become Converted; a Node keeps only what
+// Node reads (taints, addresses, labels, the kept annotations) and what the
+// informer needs. Anything else, a Converted included, is returned as is.
+func (c *Converter) Transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
-		stripService(o)
+		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
+		out.Service, out.Err = c.Service(o)
+		return out, nil
 	case *discovery.EndpointSlice:
-		stripSlice(o)
+		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
+		out.Slice, out.Warnings, out.Err = c.EndpointSlice(o)
+		return out, nil
 	case *v1.Node:
-		// Taints, addresses and labels are read; the rest of spec and
-		// status (images, conditions, capacity, volumes) is not.
+		o.ManagedFields, o.OwnerReferences, o.Finalizers, o.GenerateName = nil, nil, nil, ""
+		if len(o.Annotations) > 0 {
+			kept := make(map[string]string)
+			for k, v := range o.Annotations {
+				if keepAnnotation(k, c.KeepPrefix) {
+					kept[k] = v
+				}
+			}
+			o.Annotations = kept
+		}
 		o.Spec = v1.NodeSpec{Taints: o.Spec.Taints}
 		o.Status = v1.NodeStatus{Addresses: o.Status.Addresses}
 	}
 	return obj, nil
 }
 
-// stripService keeps labels (policy chains match on them) and the spec
-// and status fields the converter reads.
-func stripService(s *v1.Service) {
-	sp := &s.Spec
-	sp.Selector = nil
-	sp.IPFamilies, sp.IPFamilyPolicy = nil, nil
-	sp.LoadBalancerIP, sp.LoadBalancerClass, sp.AllocateLoadBalancerNodePorts = "", nil, nil
-	sp.ExternalName = ""
-	for i := range sp.Ports {
-		sp.Ports[i].TargetPort, sp.Ports[i].AppProtocol = intstr.IntOrString{}, nil
-	}
-	s.Status.Conditions = nil
-	for i := range s.Status.LoadBalancer.Ingress {
-		ing := &s.Status.LoadBalancer.Ingress[i]
-		ing.Hostname, ing.Ports = "", nil
-	}
-}
-
-// stripSlice keeps the service-name label, and of each endpoint the first
-// address (the only one used), its conditions, node, zone and hints.
-func stripSlice(s *discovery.EndpointSlice) {
-	if name, ok := s.Labels[LabelServiceName]; ok {
-		s.Labels = map[string]string{LabelServiceName: name}
-	} else {
-		s.Labels = nil
-	}
-	for i := range s.Ports {
-		s.Ports[i].AppProtocol = nil
-	}
-	for i := range s.Endpoints {
-		e := &s.Endpoints[i]
-		if len(e.Addresses) > 1 {
-			e.Addresses = e.Addresses[:1:1]
-		}
-		e.Hostname, e.TargetRef, e.DeprecatedTopology = nil, nil, nil
-	}
+func keptMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
+	return metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
 }

@@ -11,6 +11,7 @@ import (
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/cache"
 )
 
 func ptr[T any](v T) *T { return &v }
@@ -143,14 +144,14 @@ func TestEndpointSliceConversion(t *testing.T) {
 	}
 }
 
-func TestStripKeepsOnlyWhatIsRead(t *testing.T) {
+func TestTransformStripsNodes(t *testing.T) {
 	conv := &Converter{KeepPrefix: "edgeproxy.io/"}
 	n := &v1.Node{
 		ObjectMeta: metav1.ObjectMeta{Name: "n", ManagedFields: []metav1.ManagedFieldsEntry{{Manager: "kubelet"}},
 			Annotations: map[string]string{"node.alpha.kubernetes.io/ttl": "0", "edgeproxy.io/x": "y"}},
 		Status: v1.NodeStatus{Images: []v1.ContainerImage{{Names: []string{"big"}}}, Addresses: []v1.NodeAddress{{Type: v1.NodeInternalIP, Address: "192.0.2.1"}}},
 	}
-	out, err := conv.Strip(n)
+	out, err := conv.Transform(n)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,15 +207,21 @@ func richObjects() (*v1.Service, *discovery.EndpointSlice, *v1.Node) {
 	return svc, sl, node
 }
 
-// Strip keeps every field the converter reads: converting a stripped
-// object gives what converting the whole one gives. And it drops the bulk.
-func TestStripChangesNoConversion(t *testing.T) {
+// Transform caches what the converter makes of a Service or an
+// EndpointSlice (the same as converting the whole object), under the
+// object's key, and a Node that converts as the whole one does; its output
+// comes back unchanged, and a bad object is cached with its error.
+func TestTransform(t *testing.T) {
 	conv := &Converter{ProxyName: "", KeepPrefix: "edgeproxy.io/"}
 	svc, sl, node := richObjects()
-	strip := func(o any) any {
-		out, err := conv.Strip(o)
+	transform := func(o any) any {
+		t.Helper()
+		out, err := conv.Transform(o)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if again, err := conv.Transform(out); err != nil || again != out {
+			t.Fatalf("Transform of its own output = %v, %v; want it unchanged", again, err)
 		}
 		return out
 	}
@@ -222,36 +229,35 @@ func TestStripChangesNoConversion(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotSvc, err := conv.Service(strip(svc.DeepCopy()).(*v1.Service))
-	if err != nil || !reflect.DeepEqual(gotSvc, wantSvc) {
-		t.Errorf("stripped Service converts to\n%+v, %v\nwant\n%+v", gotSvc, err, wantSvc)
+	c := transform(svc.DeepCopy()).(*Converted)
+	if c.Err != nil || !reflect.DeepEqual(c.Service, wantSvc) || c.Slice != nil {
+		t.Errorf("Service transforms to\n%+v, %v\nwant\n%+v", c.Service, c.Err, wantSvc)
+	}
+	if key, err := cache.MetaNamespaceKeyFunc(c); err != nil || key != "ns/web" || c.Meta.ResourceVersion != "42" || c.Meta.UID != "u-1" {
+		t.Errorf("transformed Service: key %q, %v; meta %+v", key, err, c.Meta)
 	}
 	wantSl, wantWarn, err := conv.EndpointSlice(sl.DeepCopy())
 	if err != nil {
 		t.Fatal(err)
 	}
-	gotSl, gotWarn, err := conv.EndpointSlice(strip(sl.DeepCopy()).(*discovery.EndpointSlice))
-	if err != nil || !reflect.DeepEqual(gotSl, wantSl) || !reflect.DeepEqual(gotWarn, wantWarn) {
-		t.Errorf("stripped EndpointSlice converts to\n%+v %v, %v\nwant\n%+v %v", gotSl, gotWarn, err, wantSl, wantWarn)
+	c = transform(sl.DeepCopy()).(*Converted)
+	if c.Err != nil || !reflect.DeepEqual(c.Slice, wantSl) || !reflect.DeepEqual(c.Warnings, wantWarn) {
+		t.Errorf("EndpointSlice transforms to\n%+v %v, %v\nwant\n%+v %v", c.Slice, c.Warnings, c.Err, wantSl, wantWarn)
 	}
-	if got, want := conv.Node(strip(node.DeepCopy()).(*v1.Node)), conv.Node(node.DeepCopy()); !reflect.DeepEqual(got, want) {
+	if got, want := conv.Node(transform(node.DeepCopy()).(*v1.Node)), conv.Node(node.DeepCopy()); !reflect.DeepEqual(got, want) {
 		t.Errorf("stripped Node converts to\n%+v\nwant\n%+v", got, want)
 	}
-
-	s := strip(svc).(*v1.Service)
-	e := strip(sl).(*discovery.EndpointSlice)
-	n := strip(node).(*v1.Node)
-	if s.ManagedFields != nil || s.Spec.Selector != nil || s.OwnerReferences != nil || len(s.Annotations) != 3 ||
-		s.Spec.LoadBalancerIP != "" || s.Status.LoadBalancer.Ingress[0].Hostname != "" {
-		t.Errorf("stripped Service keeps what is not read: %+v", s)
-	}
-	if len(e.Labels) != 1 || e.Endpoints[0].TargetRef != nil || len(e.Endpoints[0].Addresses) != 1 || e.Endpoints[0].Hostname != nil {
-		t.Errorf("stripped EndpointSlice keeps what is not read: %+v", e)
-	}
-	if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.PodCIDR != "" {
+	n := transform(node).(*v1.Node)
+	if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.PodCIDR != "" || n.ManagedFields != nil {
 		t.Errorf("stripped Node keeps what is not read: %+v", n)
 	}
-	if s.Name != "web" || s.Namespace != "ns" || s.UID != "u-1" || s.ResourceVersion != "42" {
-		t.Errorf("stripped Service lost what the informer needs: %+v", s.ObjectMeta)
+	if n.Name != "n1" || n.Namespace != "ns" || n.UID != "u-1" || n.ResourceVersion != "42" {
+		t.Errorf("stripped Node lost what the informer needs: %+v", n.ObjectMeta)
+	}
+
+	bad := svc.DeepCopy()
+	bad.Labels[LabelServiceProxyName] = "other"
+	if c := transform(bad).(*Converted); !errors.Is(c.Err, ErrSkip) || c.Service != nil {
+		t.Errorf("Service of another proxy transforms to %+v, %v; want ErrSkip", c.Service, c.Err)
 	}
 }

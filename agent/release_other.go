@@ -1,0 +1,9 @@
+//go:build !linux
+
+package agent
+
+import "errors"
+
+func pageOutExecutable() (int64, error) {
+	return 0, errors.New("page out the executable: only on Linux")
+}
