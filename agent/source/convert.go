@@ -65,49 +65,8 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 	if s.Spec.TrafficDistribution != nil {
 		out.TrafficDistribution = *s.Spec.TrafficDistribution
 	}
-	var err error
-	ips := s.Spec.ClusterIPs
-	if len(ips) == 0 && s.Spec.ClusterIP != "" {
-		ips = []string{s.Spec.ClusterIP}
-	}
-	if len(ips) == 0 {
-		return nil, errors.New("spec.clusterIP: no address allocated (manifests must set it)")
-	}
-	if out.ClusterIPs, err = parseAddrs("spec.clusterIPs", ips); err != nil {
+	if err := serviceAddrs(s, out); err != nil {
 		return nil, err
-	}
-	if out.ExternalIPs, err = parseAddrs("spec.externalIPs", s.Spec.ExternalIPs); err != nil {
-		return nil, err
-	}
-	for i, a := range out.ClusterIPs {
-		if why := unusableVIP(a); why != "" {
-			return nil, fmt.Errorf("spec.clusterIPs[%d]: %s %s", i, a, why)
-		}
-	}
-	for i, a := range out.ExternalIPs {
-		if why := unusableVIP(a); why != "" {
-			return nil, fmt.Errorf("spec.externalIPs[%d]: %s %s", i, a, why)
-		}
-	}
-	for i, ing := range s.Status.LoadBalancer.Ingress {
-		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
-			continue
-		}
-		a, err := netip.ParseAddr(ing.IP)
-		if err != nil {
-			return nil, fmt.Errorf("status.loadBalancer.ingress[%d].ip: %q is not an IP address", i, ing.IP)
-		}
-		if why := unusableVIP(a.Unmap()); why != "" {
-			return nil, fmt.Errorf("status.loadBalancer.ingress[%d].ip: %s %s", i, a, why)
-		}
-		out.LoadBalancerIPs = append(out.LoadBalancerIPs, a.Unmap())
-	}
-	for i, r := range s.Spec.LoadBalancerSourceRanges {
-		p, err := netip.ParsePrefix(strings.TrimSpace(r))
-		if err != nil {
-			return nil, fmt.Errorf("spec.loadBalancerSourceRanges[%d]: %q is not a CIDR", i, r)
-		}
-		out.SourceRanges = append(out.SourceRanges, p.Masked())
 	}
 	external := s.Spec.Type == v1.ServiceTypeNodePort || s.Spec.Type == v1.ServiceTypeLoadBalancer || len(s.Spec.ExternalIPs) > 0
 	out.ExternalLocal = external && s.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
@@ -118,7 +77,68 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 		}
 		out.Affinity = time.Duration(timeout) * time.Second
 	}
-	for i, p := range s.Spec.Ports {
+	ports, err := servicePorts(s.Spec.Ports)
+	if err != nil {
+		return nil, err
+	}
+	out.Ports = ports
+	return out, nil
+}
+
+// serviceAddrs fills out's ClusterIPs, ExternalIPs, LoadBalancerIPs and
+// SourceRanges from s, refusing an address a Service cannot use.
+func serviceAddrs(s *v1.Service, out *model.Service) error {
+	var err error
+	ips := s.Spec.ClusterIPs
+	if len(ips) == 0 && s.Spec.ClusterIP != "" {
+		ips = []string{s.Spec.ClusterIP}
+	}
+	if len(ips) == 0 {
+		return errors.New("spec.clusterIP: no address allocated (manifests must set it)")
+	}
+	if out.ClusterIPs, err = parseAddrs("spec.clusterIPs", ips); err != nil {
+		return err
+	}
+	if out.ExternalIPs, err = parseAddrs("spec.externalIPs", s.Spec.ExternalIPs); err != nil {
+		return err
+	}
+	for i, a := range out.ClusterIPs {
+		if why := unusableVIP(a); why != "" {
+			return fmt.Errorf("spec.clusterIPs[%d]: %s %s", i, a, why)
+		}
+	}
+	for i, a := range out.ExternalIPs {
+		if why := unusableVIP(a); why != "" {
+			return fmt.Errorf("spec.externalIPs[%d]: %s %s", i, a, why)
+		}
+	}
+	for i, ing := range s.Status.LoadBalancer.Ingress {
+		if ing.IP == "" || (ing.IPMode != nil && *ing.IPMode == v1.LoadBalancerIPModeProxy) {
+			continue
+		}
+		a, err := netip.ParseAddr(ing.IP)
+		if err != nil {
+			return fmt.Errorf("status.loadBalancer.ingress[%d].ip: %q is not an IP address", i, ing.IP)
+		}
+		if why := unusableVIP(a.Unmap()); why != "" {
+			return fmt.Errorf("status.loadBalancer.ingress[%d].ip: %s %s", i, a, why)
+		}
+		out.LoadBalancerIPs = append(out.LoadBalancerIPs, a.Unmap())
+	}
+	for i, r := range s.Spec.LoadBalancerSourceRanges {
+		p, err := netip.ParsePrefix(strings.TrimSpace(r))
+		if err != nil {
+			return fmt.Errorf("spec.loadBalancerSourceRanges[%d]: %q is not a CIDR", i, r)
+		}
+		out.SourceRanges = append(out.SourceRanges, p.Masked())
+	}
+	return nil
+}
+
+// servicePorts converts spec.ports (protocol TCP when unset).
+func servicePorts(ports []v1.ServicePort) ([]model.ServicePort, error) {
+	var out []model.ServicePort
+	for i, p := range ports {
 		proto := string(p.Protocol)
 		if proto == "" {
 			proto = string(v1.ProtocolTCP)
@@ -132,7 +152,7 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 		if p.NodePort < 0 || p.NodePort > 65535 {
 			return nil, fmt.Errorf("spec.ports[%d].nodePort: %d is out of range", i, p.NodePort)
 		}
-		out.Ports = append(out.Ports, model.ServicePort{
+		out = append(out, model.ServicePort{
 			Name: p.Name, Protocol: proto, Port: uint16(p.Port), NodePort: uint16(p.NodePort),
 		})
 	}
@@ -202,32 +222,37 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 			warnings = append(warnings, fmt.Sprintf("endpoints[%d].addresses[0]: %s is not of addressType %s", i, a, s.AddressType))
 			continue
 		}
-		me := model.Endpoint{Addr: a}
-		// Conditions as kube-proxy reads them: a missing ready means ready,
-		// a missing serving means "same as ready", terminating defaults false.
-		me.Ready = e.Conditions.Ready == nil || *e.Conditions.Ready
-		me.Serving = me.Ready
-		if e.Conditions.Serving != nil {
-			me.Serving = *e.Conditions.Serving
-		}
-		me.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
-		if e.NodeName != nil {
-			me.NodeName = *e.NodeName
-		}
-		if e.Zone != nil {
-			me.Zone = *e.Zone
-		}
-		if e.Hints != nil {
-			for _, z := range e.Hints.ForZones {
-				me.HintZones = append(me.HintZones, z.Name)
-			}
-			for _, n := range e.Hints.ForNodes {
-				me.HintNodes = append(me.HintNodes, n.Name)
-			}
-		}
-		out.Endpoints = append(out.Endpoints, me)
+		out.Endpoints = append(out.Endpoints, endpointOf(a, &e))
 	}
 	return out, warnings, nil
+}
+
+// endpointOf converts one endpoint, whose address a has been checked.
+func endpointOf(a netip.Addr, e *discovery.Endpoint) model.Endpoint {
+	me := model.Endpoint{Addr: a}
+	// Conditions as kube-proxy reads them: a missing ready means ready,
+	// a missing serving means "same as ready", terminating defaults false.
+	me.Ready = e.Conditions.Ready == nil || *e.Conditions.Ready
+	me.Serving = me.Ready
+	if e.Conditions.Serving != nil {
+		me.Serving = *e.Conditions.Serving
+	}
+	me.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
+	if e.NodeName != nil {
+		me.NodeName = *e.NodeName
+	}
+	if e.Zone != nil {
+		me.Zone = *e.Zone
+	}
+	if e.Hints != nil {
+		for _, z := range e.Hints.ForZones {
+			me.HintZones = append(me.HintZones, z.Name)
+		}
+		for _, n := range e.Hints.ForNodes {
+			me.HintNodes = append(me.HintNodes, n.Name)
+		}
+	}
+	return me
 }
 
 // TaintToBeDeleted marks a node the cluster autoscaler is removing.
