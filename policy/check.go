@@ -138,32 +138,12 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 	rest := func(from string) []string {
 		return append(slices.Clone(checkNames[slices.Index(checkNames, from):]), probeCheckNames()...)
 	}
-	ok := r.add("size", func() error {
-		if int64(len(spec.Wasm)) > h.opts.MaxModuleSize {
-			return fmt.Errorf("%d bytes, limit %d", len(spec.Wasm), h.opts.MaxModuleSize)
-		}
-		return nil
-	}(), fmt.Sprintf("%d bytes, limit %d", len(spec.Wasm), h.opts.MaxModuleSize))
-	if spec.SHA256 == "" {
-		r.skip("no pin configured", "sha256")
-	} else if !strings.EqualFold(strings.TrimPrefix(spec.SHA256, "sha256:"), r.SHA256) {
-		ok = r.add("sha256", fmt.Errorf("file hash %s does not match the pinned %s", r.SHA256, spec.SHA256), "") && ok
-	} else {
-		r.add("sha256", nil, "matches the pin")
-	}
+	ok := h.checkFile(spec, r)
 	if !ok {
 		r.skip("not run: an earlier check failed", rest("format")...)
 		return r, nil
 	}
-	imports, err := parseImports(spec.Wasm)
-	if err == nil {
-		for _, im := range imports {
-			if im.Kind != 0 {
-				err = fmt.Errorf("imports a %s (%s.%s); modules may import functions only", im.kind(), im.Module, im.Name)
-				break
-			}
-		}
-	}
+	imports, err := functionImports(spec.Wasm)
 	if !r.add("format", err, fmt.Sprintf("wasm 1.0, %d function imports, no imported memory, table or global", len(imports))) {
 		r.skip("not run: an earlier check failed", rest("compile")...)
 		return r, nil
@@ -177,8 +157,64 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 		r.skip("not run: an earlier check failed", rest("imports")...)
 		return r, nil
 	}
-	cm := c.cm
-	ok = r.add("imports", checkImports(cm), fmt.Sprintf("%d imports, all on the allow-list with exact signatures", len(cm.ImportedFunctions())))
+	ok = checkInterface(c.cm, r)
+	if !ok {
+		h.release(ctx, r.SHA256)
+		r.skip("not run: an earlier check failed", "instantiate")
+		r.skip("not run: an earlier check failed", probeCheckNames()...)
+		return r, nil
+	}
+	inst := h.newInstance(spec, c)
+	if !r.add("instantiate", inst.instantiate(ctx, false), "instantiated, _initialize and ep_init succeeded") {
+		inst.Close(ctx)
+		r.skip("not run: an earlier check failed", probeCheckNames()...)
+		return r, nil
+	}
+	if !h.probe(ctx, inst, r) {
+		inst.Close(ctx)
+		return r, nil
+	}
+	return r, inst
+}
+
+// checkFile runs the checks on the file itself: its size and its pin.
+func (h *Host) checkFile(spec Spec, r *Report) bool {
+	ok := r.add("size", func() error {
+		if int64(len(spec.Wasm)) > h.opts.MaxModuleSize {
+			return fmt.Errorf("%d bytes, limit %d", len(spec.Wasm), h.opts.MaxModuleSize)
+		}
+		return nil
+	}(), fmt.Sprintf("%d bytes, limit %d", len(spec.Wasm), h.opts.MaxModuleSize))
+	switch {
+	case spec.SHA256 == "":
+		r.skip("no pin configured", "sha256")
+	case !strings.EqualFold(strings.TrimPrefix(spec.SHA256, "sha256:"), r.SHA256):
+		ok = r.add("sha256", fmt.Errorf("file hash %s does not match the pinned %s", r.SHA256, spec.SHA256), "") && ok
+	default:
+		r.add("sha256", nil, "matches the pin")
+	}
+	return ok
+}
+
+// functionImports parses the import section and refuses any import that
+// is not a function (a memory, table or global).
+func functionImports(wasm []byte) ([]wasmImport, error) {
+	imports, err := parseImports(wasm)
+	if err != nil {
+		return imports, err
+	}
+	for _, im := range imports {
+		if im.Kind != 0 {
+			return imports, fmt.Errorf("imports a %s (%s.%s); modules may import functions only", im.kind(), im.Module, im.Name)
+		}
+	}
+	return imports, nil
+}
+
+// checkInterface runs the checks on what a compiled module imports and
+// exports: the allow-list, the ABI marker, the entry points, the memory.
+func checkInterface(cm wazero.CompiledModule, r *Report) bool {
+	ok := r.add("imports", checkImports(cm), fmt.Sprintf("%d imports, all on the allow-list with exact signatures", len(cm.ImportedFunctions())))
 	exports := cm.ExportedFunctions()
 	var abiErr error
 	if f, found := exports[abi.MarkerExport]; !found {
@@ -201,24 +237,7 @@ func (h *Host) check(ctx context.Context, spec Spec) (*Report, *Instance) {
 	if _, found := cm.ExportedMemories()[abi.MemoryExport]; !found {
 		memErr = fmt.Errorf("no exported memory named %q", abi.MemoryExport)
 	}
-	ok = r.add("memory", memErr, "exports its memory") && ok
-	if !ok {
-		h.release(ctx, r.SHA256)
-		r.skip("not run: an earlier check failed", "instantiate")
-		r.skip("not run: an earlier check failed", probeCheckNames()...)
-		return r, nil
-	}
-	inst := h.newInstance(spec, c)
-	if !r.add("instantiate", inst.instantiate(ctx, false), "instantiated, _initialize and ep_init succeeded") {
-		inst.Close(ctx)
-		r.skip("not run: an earlier check failed", probeCheckNames()...)
-		return r, nil
-	}
-	if !h.probe(ctx, inst, r) {
-		inst.Close(ctx)
-		return r, nil
-	}
-	return r, inst
+	return r.add("memory", memErr, "exports its memory") && ok
 }
 
 func checkImports(cm wazero.CompiledModule) error {
