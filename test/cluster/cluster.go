@@ -191,9 +191,25 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 
-	// etcd: one member, loopback only; fsync off, the data is thrown away.
-	etcdURL := "http://127.0.0.1:" + strconv.Itoa(etcdClient)
-	peerURL := "http://127.0.0.1:" + strconv.Itoa(etcdPeer)
+	etcdURL, err := c.startEtcd(ctx, etcdClient, etcdPeer)
+	if err != nil {
+		return nil, err
+	}
+	c.apiserverArgs = apiserverArgs(opts, etcdURL, dial, c.port, c.pki, c.Dir)
+	if err := c.startAPIServer(ctx); err != nil {
+		return nil, err
+	}
+	if err := c.startControllerManager(ctx, kcmPort); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// startEtcd starts etcd: one member, loopback only; fsync off, the data is
+// thrown away. It returns the client URL once etcd is healthy.
+func (c *Cluster) startEtcd(ctx context.Context, clientPort, peerPort int) (string, error) {
+	etcdURL := "http://127.0.0.1:" + strconv.Itoa(clientPort)
+	peerURL := "http://127.0.0.1:" + strconv.Itoa(peerPort)
 	etcdArgs := []string{
 		"--name=edgeproxy-test",
 		"--data-dir=" + filepath.Join(c.Dir, "etcd"),
@@ -205,27 +221,33 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--unsafe-no-fsync=true",
 		"--log-level=warn",
 	}
-	if c.etcd, err = startProcess("etcd", filepath.Join(binDir, EtcdBinary), etcdArgs, filepath.Join(c.Dir, "etcd.log")); err != nil {
-		return nil, err
+	var err error
+	if c.etcd, err = startProcess("etcd", filepath.Join(c.binDir, EtcdBinary), etcdArgs, filepath.Join(c.Dir, "etcd.log")); err != nil {
+		return "", err
 	}
 	if err := c.waitHealthy(ctx, c.etcd, http.DefaultClient, etcdURL+"/health"); err != nil {
-		return nil, err
+		return "", err
 	}
+	return etcdURL, nil
+}
 
-	c.apiserverArgs = []string{
+// apiserverArgs are kube-apiserver's flags: etcd at etcdURL, serving on
+// port at opts.BindAddress and advertising dial.
+func apiserverArgs(opts Options, etcdURL string, dial netip.Addr, port int, pki *pki, dir string) []string {
+	return []string{
 		"--etcd-servers=" + etcdURL,
 		"--bind-address=" + opts.BindAddress,
 		"--advertise-address=" + dial.String(),
-		"--secure-port=" + strconv.Itoa(c.port),
+		"--secure-port=" + strconv.Itoa(port),
 		"--service-cluster-ip-range=" + opts.ServiceCIDR,
-		"--client-ca-file=" + c.pki.caFile,
-		"--tls-cert-file=" + c.pki.servingCertFile,
-		"--tls-private-key-file=" + c.pki.servingKeyFile,
+		"--client-ca-file=" + pki.caFile,
+		"--tls-cert-file=" + pki.servingCertFile,
+		"--tls-private-key-file=" + pki.servingKeyFile,
 		"--service-account-issuer=https://kubernetes.default.svc",
-		"--service-account-key-file=" + c.pki.saPubFile,
-		"--service-account-signing-key-file=" + c.pki.saKeyFile,
+		"--service-account-key-file=" + pki.saPubFile,
+		"--service-account-signing-key-file=" + pki.saKeyFile,
 		"--authorization-mode=RBAC",
-		"--cert-dir=" + filepath.Join(c.Dir, "apiserver-certs"),
+		"--cert-dir=" + filepath.Join(dir, "apiserver-certs"),
 		// No one serves the kubernetes Service, and a loopback advertise
 		// address is not a valid endpoint: do not reconcile its endpoints.
 		"--endpoint-reconciler-type=none",
@@ -237,33 +259,36 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		"--profiling=false",
 		"--v=1",
 	}
-	if err := c.startAPIServer(ctx); err != nil {
-		return nil, err
-	}
+}
 
+// startControllerManager starts kube-controller-manager with only the
+// EndpointSlice controllers, secure port on loopback, and waits until it
+// is healthy.
+func (c *Cluster) startControllerManager(ctx context.Context, port int) error {
 	kcmKubeconfig := filepath.Join(c.Dir, "controller-manager.kubeconfig")
 	if err := c.writeKubeconfig(kcmKubeconfig, c.URL, "system:kube-controller-manager", c.pki.controller); err != nil {
-		return nil, err
+		return err
 	}
 	kcmArgs := []string{
 		"--kubeconfig=" + kcmKubeconfig,
 		"--controllers=endpointslice-controller,endpointslice-mirroring-controller",
 		"--leader-elect=false",
 		"--bind-address=127.0.0.1",
-		"--secure-port=" + strconv.Itoa(kcmPort),
+		"--secure-port=" + strconv.Itoa(port),
 		"--cert-dir=" + filepath.Join(c.Dir, "controller-manager-certs"),
 		"--profiling=false",
 		"--v=1",
 	}
-	if c.kcm, err = startProcess("kube-controller-manager", filepath.Join(binDir, ControllerManagerBinary), kcmArgs, filepath.Join(c.Dir, "kube-controller-manager.log")); err != nil {
-		return nil, err
+	var err error
+	if c.kcm, err = startProcess("kube-controller-manager", filepath.Join(c.binDir, ControllerManagerBinary), kcmArgs, filepath.Join(c.Dir, "kube-controller-manager.log")); err != nil {
+		return err
 	}
 	// Its serving certificate is self-signed; /healthz needs no credentials.
 	insecure := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}
-	if err := c.waitHealthy(ctx, c.kcm, insecure, "https://127.0.0.1:"+strconv.Itoa(kcmPort)+"/healthz"); err != nil {
-		return nil, err
+	if err := c.waitHealthy(ctx, c.kcm, insecure, "https://127.0.0.1:"+strconv.Itoa(port)+"/healthz"); err != nil {
+		return err
 	}
-	return c, nil
+	return nil
 }
 
 // initClients builds the admin REST config, the clientset, the /readyz
