@@ -308,10 +308,17 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
+// tamperCheckEvery is how often the monitor asks the backend whether its
+// kernel objects were changed behind its back (kube-proxy's iptables mode
+// looks at its canary chains once per sync period). A look costs one
+// fingerprint read (nf_tables' generation, x_tables' counters) on a quiet
+// node; the sentinel rules are checked only when it moved.
+const tamperCheckEvery = 10 * time.Second
+
 // monitor polls the backend for tampering and forces a full sync when its
 // kernel objects were changed behind its back.
 func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
-	t := time.NewTicker(2 * time.Second)
+	t := time.NewTicker(tamperCheckEvery)
 	defer t.Stop()
 	for {
 		select {
