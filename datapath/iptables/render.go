@@ -87,12 +87,13 @@ type unit struct {
 	digest    digest             // of chains as written
 	topDigest digest             // of top
 	rules     [len(tables)]int32 // rules in chains and top, per table (tables order)
+	input     inputSum           // of what it was rendered from
 	summary   bool               // chains and top left out
 }
 
 // summarize returns what is kept of u between syncs.
 func (u *unit) summarize() *unit {
-	return &unit{id: u.id, service: u.service, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, summary: true}
+	return &unit{id: u.id, service: u.service, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, input: u.input, summary: true}
 }
 
 // Ruleset is the rendered form of a plan for one family.
@@ -110,10 +111,14 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 	return render(cfg, frontends, nil)
 }
 
-// render is Render with a cache: reuse may return the summary of the unit
-// written for the same id before (unit.summarize), which is then taken as
+// reuseFunc may return the summary of the unit written for the same id
+// before (unit.summarize); in hashes what the unit would be rendered from
+// (its inputSum), for a caller that reuses only an unchanged input.
+type reuseFunc func(id, service string, in func() inputSum) *unit
+
+// render is Render with a cache: a summary that reuse returns is taken as
 // is: its digests and chain names, without rules.
-func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service string) *unit) *Ruleset {
+func render(cfg Config, frontends []datapath.Frontend, reuse reuseFunc) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
 	byUnit := map[string][]*datapath.Frontend{}
 	var ids []string
@@ -134,16 +139,27 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id, service st
 		byUnit[id] = append(byUnit[id], f)
 	}
 	slices.Sort(ids)
+	cs := configSum(&rs.cfg)
 	for _, id := range ids {
 		fs := byUnit[id]
+		sorted := false
+		in := func() inputSum {
+			if !sorted {
+				slices.SortFunc(fs, datapath.Compare)
+				sorted = true
+			}
+			return sumInput(cs, fs)
+		}
 		if reuse != nil {
-			if u := reuse(id, fs[0].Service); u != nil {
+			if u := reuse(id, fs[0].Service, in); u != nil {
 				rs.units = append(rs.units, u)
 				continue
 			}
 		}
-		slices.SortFunc(fs, datapath.Compare)
-		rs.units = append(rs.units, renderUnit(&rs.cfg, id, fs))
+		sum := in()
+		u := renderUnit(&rs.cfg, id, fs)
+		u.input = sum
+		rs.units = append(rs.units, u)
 	}
 	return rs
 }
