@@ -63,14 +63,16 @@ func TestSumInputCoversFrontend(t *testing.T) {
 	base := datapath.Frontend{Service: "a/b:c", Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"),
 		Family: datapath.IPv4, Port: 80, Endpoints: []datapath.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:80"), Weight: 1}}}
 	changes := map[string]func(f *datapath.Frontend){
-		"Service":        func(f *datapath.Frontend) { f.Service = "a/b:d" },
-		"Kind":           func(f *datapath.Frontend) { f.Kind = datapath.NodePort },
-		"Protocol":       func(f *datapath.Frontend) { f.Protocol = datapath.UDP },
-		"Addr":           func(f *datapath.Frontend) { f.Addr = netip.MustParseAddr("10.96.0.2") },
-		"Family":         func(f *datapath.Frontend) { f.Family = datapath.IPv6 },
-		"Port":           func(f *datapath.Frontend) { f.Port = 81 },
-		"Endpoints":      func(f *datapath.Frontend) { f.Endpoints = []datapath.Endpoint{{Addr: f.Endpoints[0].Addr, Weight: 2}} },
-		"Endpoint Local": func(f *datapath.Frontend) { f.Endpoints = []datapath.Endpoint{{Addr: f.Endpoints[0].Addr, Weight: 1, Local: true}} },
+		"Service":   func(f *datapath.Frontend) { f.Service = "a/b:d" },
+		"Kind":      func(f *datapath.Frontend) { f.Kind = datapath.NodePort },
+		"Protocol":  func(f *datapath.Frontend) { f.Protocol = datapath.UDP },
+		"Addr":      func(f *datapath.Frontend) { f.Addr = netip.MustParseAddr("10.96.0.2") },
+		"Family":    func(f *datapath.Frontend) { f.Family = datapath.IPv6 },
+		"Port":      func(f *datapath.Frontend) { f.Port = 81 },
+		"Endpoints": func(f *datapath.Frontend) { f.Endpoints = []datapath.Endpoint{{Addr: f.Endpoints[0].Addr, Weight: 2}} },
+		"Endpoint Local": func(f *datapath.Frontend) {
+			f.Endpoints = []datapath.Endpoint{{Addr: f.Endpoints[0].Addr, Weight: 1, Local: true}}
+		},
 		"Drop":           func(f *datapath.Frontend) { f.Drop = true },
 		"LocalOnly":      func(f *datapath.Frontend) { f.LocalOnly = true },
 		"Cluster":        func(f *datapath.Frontend) { f.Cluster = f.Endpoints },
