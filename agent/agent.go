@@ -201,6 +201,10 @@ func newClient(path string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("api client: %w", err)
 	}
 	rc.UserAgent = "edgeproxy"
+	// Protocol buffers, as kube-proxy asks for: the list of thousands of
+	// EndpointSlices at start decodes several times faster than JSON.
+	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
+	rc.ContentType = "application/vnd.kubernetes.protobuf"
 	// Lists of thousands of slices at start must not be throttled.
 	rc.QPS, rc.Burst = 50, 100
 	return kubernetes.NewForConfig(rc)
