@@ -320,33 +320,34 @@ func (a *Agent) Run(ctx context.Context) error {
 const tamperCheckEvery = 10 * time.Second
 
 // monitor polls the backend for tampering and forces a full sync when its
-// kernel objects were changed behind its back.
+// kernel objects were changed behind its back. Its first look is right
+// after the first sync, so that the tables are verified (and the periodic
+// compare can trust their fingerprint) from then on.
 func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
+	select {
+	case <-ctx.Done():
+		return
+	case <-a.synced:
+	}
 	t := time.NewTicker(tamperCheckEvery)
 	defer t.Stop()
 	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		select {
-		case <-a.synced:
-		default:
-			continue // nothing programmed yet
-		}
 		bad, err := m.Tampered(ctx)
-		if err != nil {
+		switch {
+		case err != nil && ctx.Err() == nil:
 			a.log.Warn("cannot check the datapath for tampering", "err", err)
-			continue
-		}
-		if bad {
+		case bad:
 			a.log.Warn("datapath objects were changed outside edgeproxy; repairing with a full sync")
 			a.metrics.tamperedRepairs.Inc()
 			a.mu.Lock()
 			a.needFull = true
 			a.mu.Unlock()
 			a.runner.Run()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
 	}
 }
