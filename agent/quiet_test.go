@@ -99,3 +99,17 @@ func hasService(p *datapath.Plan, svc string) bool {
 	}
 	return false
 }
+
+// The tamper monitor wakes on multiples of its period on the wall clock.
+func TestUntilTick(t *testing.T) {
+	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for _, tc := range []struct{ now, want time.Duration }{
+		{0, 10 * time.Second},
+		{time.Millisecond, 10*time.Second - time.Millisecond},
+		{19 * time.Second, time.Second},
+	} {
+		if got := untilTick(base.Add(tc.now), 10*time.Second); got != tc.want {
+			t.Errorf("untilTick(+%v) = %v, want %v", tc.now, got, tc.want)
+		}
+	}
+}

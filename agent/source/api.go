@@ -45,8 +45,9 @@ type API struct {
 // the API server's /readyz (readable by every authenticated user), so that
 // last contact tells a quiet cluster from an unreachable one. At most one
 // small request per quietAfter per node. The heartbeat sleeps until the
-// last contact is quietAfter old (no fixed poll); before the first contact
-// and while the API server does not answer it asks every heartbeatCheck.
+// last contact is quietAfter old (no fixed poll; see heartbeatGrid); before
+// the first contact and while the API server does not answer it asks every
+// heartbeatCheck.
 const (
 	quietAfter     = 10 * time.Second
 	heartbeatCheck = 3 * time.Second
@@ -123,7 +124,7 @@ func (a *API) heartbeat(ctx context.Context) {
 		case <-t.C:
 		}
 		if wait := a.quietIn(time.Now()); wait > 0 {
-			t.Reset(wait)
+			t.Reset(onGrid(time.Now(), wait))
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -141,8 +142,29 @@ func (a *API) heartbeat(ctx context.Context) {
 		case a.setDown(true):
 			a.log.Warn("the API server does not answer; keeping the rules in place", "err", err)
 		}
-		t.Reset(max(a.quietIn(time.Now()), heartbeatCheck))
+		if wait := a.quietIn(time.Now()); wait > 0 {
+			t.Reset(onGrid(time.Now(), wait))
+		} else {
+			t.Reset(heartbeatCheck) // no answer: ask again soon
+		}
 	}
+}
+
+// heartbeatGrid: a quiet heartbeat wakes on multiples of it on the wall
+// clock, as the agent's tamper monitor does, so that the two cost one
+// wake-up of the process (each costs dozens of context switches while the
+// Go runtime's monitor thread winds down). A quiet cluster is then asked
+// every 10 to 20 seconds.
+const heartbeatGrid = 10 * time.Second
+
+// onGrid is the wait from now until the first multiple of heartbeatGrid at
+// least d away.
+func onGrid(now time.Time, d time.Duration) time.Duration {
+	at := now.Add(d)
+	if r := at.Truncate(heartbeatGrid); r.Equal(at) {
+		return d
+	}
+	return at.Truncate(heartbeatGrid).Add(heartbeatGrid).Sub(now)
 }
 
 // quietIn is how long until the API server has been quiet for quietAfter
