@@ -5,6 +5,7 @@ import (
 	"net/netip"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -93,4 +94,39 @@ func TestSumInputCoversFrontend(t *testing.T) {
 	if sumInput(2, []*datapath.Frontend{&base}) == want {
 		t.Error("the config hash is not in the input hash")
 	}
+}
+
+// BenchmarkCompare1k is the Go side of a sync.period compare of 1,000
+// unchanged service ports of 10 endpoints ("compare": an input hash per
+// unit, nothing rendered, nothing restored) beside a render of every unit
+// ("render-all": what a compare cost before units kept their input hash).
+func BenchmarkCompare1k(b *testing.B) {
+	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	var fs []datapath.Frontend
+	for i := range 1000 {
+		eps := make([]datapath.Endpoint, 10)
+		for j := range eps {
+			k := i*10 + j
+			eps[j] = datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 128, byte(k >> 8), byte(k)}), 8080), Weight: 1}
+		}
+		fs = append(fs, datapath.Frontend{Service: "ns/svc" + strconv.Itoa(i) + ":http", Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+			Addr: netip.AddrFrom4([4]byte{172, 20, byte(i >> 8), byte(i)}), Family: datapath.IPv4, Port: 80, Endpoints: eps})
+	}
+	plan := &datapath.Plan{Frontends: fs, Full: true}
+	f := newFakeFamily(cfg, newFakeTables())
+	if _, err := f.apply(context.Background(), plan, true, true); err != nil {
+		b.Fatal(err)
+	}
+	b.Run("compare", func(b *testing.B) {
+		for b.Loop() {
+			if st, err := f.apply(context.Background(), plan, false, true); err != nil || st.written > 0 {
+				b.Fatalf("compare wrote %d units: %v", st.written, err)
+			}
+		}
+	})
+	b.Run("render-all", func(b *testing.B) {
+		for b.Loop() {
+			render(cfg, fs, nil)
+		}
+	})
 }
