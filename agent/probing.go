@@ -100,23 +100,56 @@ func (a *Agent) probingWanted(now time.Time) bool {
 }
 
 // runProbing runs the prober and asks for a sync when probing starts or
-// stops being wanted, until ctx is done.
+// stops being wanted, until ctx is done. It sleeps until that can change:
+// the API server stops or starts answering (the heartbeat says so), or
+// health.after has passed since it was last heard from. Config reloads and
+// the end of a start from the snapshot request a sync themselves, and
+// every sync checks again.
 func (a *Agent) runProbing(ctx context.Context) {
 	done := make(chan struct{})
 	go func() { a.probes.prober.Run(ctx); close(done) }()
 	defer func() { <-done }() // bounded: a probe in flight ends by its timeout
-	t := time.NewTicker(time.Second)
+	var reach <-chan struct{}
+	if a.api != nil {
+		reach = a.api.ReachabilityChanged()
+	}
+	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
+		now := time.Now()
+		if a.probingWanted(now) != a.probes.active.Load() {
+			a.runner.Run()
+		}
+		t.Reset(a.probingCheckIn(now))
 		select {
 		case <-ctx.Done():
 			return
+		case <-reach:
 		case <-t.C:
 		}
-		if a.probingWanted(time.Now()) != a.probes.active.Load() {
-			a.runner.Run()
-		}
 	}
+}
+
+// probingCheckIn is how long runProbing may sleep before probingWanted
+// can change without a signal: once health.after has passed since the
+// last contact while the API server does not answer; a minute otherwise,
+// a backstop for a health.after changed by a reload.
+func (a *Agent) probingCheckIn(now time.Time) time.Duration {
+	const backstop = time.Minute
+	h := a.Config().Health
+	if h.Mode != config.HealthOffline || a.api == nil || a.api.Reachable() {
+		return backstop
+	}
+	last := a.api.LastContact()
+	if last.IsZero() {
+		return backstop
+	}
+	if d := last.Add(h.After).Sub(now); d > 0 {
+		return min(d+10*time.Millisecond, backstop)
+	}
+	// Already due: a sync was asked for (or is not needed); the next
+	// change is the API server answering again.
+	return backstop
 }
 
 // AnnotationOfflineProbe chooses how a Service's endpoints are probed:

@@ -125,7 +125,10 @@ type kernelWatch interface {
 // node then pays a snapshot and a fingerprint read per period.
 //
 // A compare that comes due while changes wait is left to the next sync
-// (once): the changes are applied partially first and do not wait for it.
+// (once): the changes are applied partially first and do not wait for it,
+// and no sync is asked for on its account: the next change's sync (which
+// then compares too: with the iptables datapath a hash per unit) or the
+// runner's periodic one takes it.
 func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle bool) {
 	moved := len(snap.Changed) > 0 || snap.NodeChanged || snap.Generation != a.syncedGen
 	idle = !moved && !a.needFull && a.planner.Settled() &&
@@ -138,8 +141,11 @@ func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle b
 		return false, idle
 	}
 	if moved && !a.deferred {
+		// No sync of its own: a compare sync right after this one would
+		// hold the next change for as long as it runs plus sync.minPeriod
+		// after it (the S2 tail). It comes with the next sync: the next
+		// change's, or the runner's at the end of sync.period.
 		a.deferred = true
-		a.runner.Run()
 		return false, false
 	}
 	if w, ok := a.backend.(kernelWatch); ok && snap.Generation == a.comparedGen && w.Unchanged() {

@@ -330,15 +330,21 @@ func (p *Prober) Run(ctx context.Context) {
 	}
 }
 
-// sleep waits for d, ctx or a change of targets; false when ctx is done.
+// sleep waits for d (0: no time limit), ctx or a change of targets; false
+// when ctx is done. A prober without targets (the API server is there)
+// sleeps until it gets some: no wake-ups on a quiet node.
 func sleep(ctx context.Context, d time.Duration, changed <-chan struct{}) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
+	var fire <-chan time.Time
+	if d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		fire = t.C
+	}
 	select {
 	case <-ctx.Done():
 		return false
 	case <-changed:
-	case <-t.C:
+	case <-fire:
 	}
 	return true
 }
@@ -359,8 +365,11 @@ func (p *Prober) due(now time.Time) (Target, time.Duration) {
 			best, bestAt, found = a, t.next, true
 		}
 	}
-	if !found {
-		return Target{}, p.opts.Interval
+	switch {
+	case len(p.targets) == 0:
+		return Target{}, 0 // nothing to probe: wait for targets
+	case !found:
+		return Target{}, p.opts.Interval // every target in flight
 	}
 	if wait := bestAt.Sub(now); wait > 0 {
 		return Target{}, wait

@@ -38,13 +38,17 @@ type API struct {
 	born     time.Time
 	nodeName string
 	client   kubernetes.Interface
-	down     atomic.Bool // the last heartbeat failed
+	down     atomic.Bool   // the last heartbeat failed
+	reach    chan struct{} // capacity 1: down changed (see ReachabilityChanged)
 }
 
 // Heartbeat timing: when nothing arrived for quietAfter, the API source asks
 // the API server's /readyz (readable by every authenticated user), so that
 // last contact tells a quiet cluster from an unreachable one. At most one
-// small request per quietAfter per node.
+// small request per quietAfter per node. The heartbeat sleeps until the
+// last contact is quietAfter old (no fixed poll; see heartbeatGrid); before
+// the first contact and while the API server does not answer it asks every
+// heartbeatCheck.
 const (
 	quietAfter     = 10 * time.Second
 	heartbeatCheck = 3 * time.Second
@@ -52,7 +56,8 @@ const (
 
 // NewAPI prepares informers; nothing is started until Run.
 func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
-	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now()}
+	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now(),
+		reach: make(chan struct{}, 1)}
 	// No periodic informer resync: the sync runner owns timing.
 	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform))
 	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform),
@@ -111,7 +116,7 @@ func (a *API) Run(ctx context.Context) error {
 // heartbeat asks the API server whether it is there when the watches have
 // been quiet, until ctx is done, and logs when it goes away and comes back.
 func (a *API) heartbeat(ctx context.Context) {
-	t := time.NewTicker(heartbeatCheck)
+	t := time.NewTimer(heartbeatCheck)
 	defer t.Stop()
 	for {
 		select {
@@ -119,7 +124,8 @@ func (a *API) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		if last := a.LastContact(); !last.IsZero() && time.Since(last) < quietAfter {
+		if wait := a.quietIn(time.Now()); wait > 0 {
+			t.Reset(onGrid(time.Now(), wait))
 			continue
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -127,28 +133,100 @@ func (a *API) heartbeat(ctx context.Context) {
 		cancel()
 		switch {
 		case err == nil:
+			back := a.down.Load()
 			a.touch()
-			if a.down.Swap(false) {
+			if back {
 				a.log.Info("the API server answers again")
 			}
 		case ctx.Err() != nil:
 			return
-		case !a.down.Swap(true):
+		case a.setDown(true):
 			a.log.Warn("the API server does not answer; keeping the rules in place", "err", err)
+		}
+		if wait := a.quietIn(time.Now()); wait > 0 {
+			t.Reset(onGrid(time.Now(), wait))
+		} else {
+			t.Reset(heartbeatCheck) // no answer: ask again soon
 		}
 	}
 }
+
+// heartbeatGrid: a quiet heartbeat wakes on multiples of it on the wall
+// clock, as the agent's tamper monitor does, so that the two cost one
+// wake-up of the process (each costs dozens of context switches while the
+// Go runtime's monitor thread winds down). A quiet cluster is then asked
+// every 10 to 20 seconds.
+const heartbeatGrid = 10 * time.Second
+
+// onGrid is the wait from now until the first multiple of heartbeatGrid at
+// least d away.
+func onGrid(now time.Time, d time.Duration) time.Duration {
+	at := now.Add(d)
+	if r := at.Truncate(heartbeatGrid); r.Equal(at) {
+		return d
+	}
+	return at.Truncate(heartbeatGrid).Add(heartbeatGrid).Sub(now)
+}
+
+// quietIn is how long until the API server has been quiet for quietAfter
+// (at most 0: it has, or it was never heard from).
+func (a *API) quietIn(now time.Time) time.Duration {
+	last := a.LastContact()
+	if last.IsZero() || a.down.Load() {
+		return 0
+	}
+	return quietAfter - now.Sub(last)
+}
+
+// setDown records whether the API server answers and reports whether that
+// changed; a change is signalled on ReachabilityChanged.
+func (a *API) setDown(down bool) bool {
+	if a.down.Swap(down) == down {
+		return false
+	}
+	select {
+	case a.reach <- struct{}{}:
+	default: // a signal is already pending
+	}
+	return true
+}
+
+// ReachabilityChanged receives (coalesced) when Reachable changes.
+func (a *API) ReachabilityChanged() <-chan struct{} { return a.reach }
 
 // Reachable reports whether the last heartbeat (if any) got an answer.
 func (a *API) Reachable() bool { return !a.down.Load() }
 
 // WaitForSync blocks until every informer has listed once, or ctx ends.
 func (a *API) WaitForSync(ctx context.Context) bool {
-	ok := cache.WaitForCacheSync(ctx.Done(), a.synced...)
-	if ok {
-		a.touch()
+	// client-go's WaitForCacheSync looks every 100 ms: on average 50 ms
+	// added to every cold start. A look is a few atomic loads.
+	t := time.NewTicker(syncedPoll)
+	defer t.Stop()
+	for {
+		if synced(a.synced) {
+			a.touch()
+			return true
+		}
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
 	}
-	return ok
+}
+
+// syncedPoll is how often WaitForSync looks whether every informer has
+// listed; it polls only until they have.
+const syncedPoll = 5 * time.Millisecond
+
+func synced(fns []cache.InformerSynced) bool {
+	for _, f := range fns {
+		if !f() {
+			return false
+		}
+	}
+	return true
 }
 
 // Keys lists the Services and EndpointSlices the API server has, as
@@ -176,7 +254,9 @@ func (a *API) LastContact() time.Time {
 
 func (a *API) touch() {
 	a.contact.Store(max(1, int64(time.Since(a.born))))
-	a.down.Store(false)
+	if a.down.Load() {
+		a.setDown(false)
+	}
 }
 
 func (a *API) onService(key string, obj any) {

@@ -478,13 +478,23 @@ func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map
 // reuse returns how render takes units from the last apply: those of
 // service ports the plan says did not change are not rendered again but
 // taken as the summaries kept (see family.ruleset for when they are
-// rendered after all). Nil (render everything) on a full or compare-all
-// sync.
-func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) func(id unitID) *unit {
-	if full || compareAll || plan.Changed == nil {
+// rendered after all). A compare (compareAll) does not trust plan.Changed:
+// it takes a summary only when the unit's input hash (its frontends and
+// the rendering config) is the one it was rendered from, and renders the
+// others. Nil (render everything) on a full sync.
+func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) reuseFunc {
+	switch {
+	case full || len(f.units) == 0:
 		return nil
+	case compareAll || plan.Changed == nil:
+		return func(id unitID, in func() inputSum) *unit {
+			if last := f.units[id]; last != nil && last.input == in() {
+				return last
+			}
+			return nil
+		}
 	}
-	return func(id unitID) *unit {
+	return func(id unitID, _ func() inputSum) *unit {
 		if plan.Changed[id.service] {
 			return nil
 		}

@@ -128,12 +128,13 @@ type unit struct {
 	digest    digest             // of chains as written
 	topDigest digest             // of top
 	rules     [len(tables)]int32 // rules in chains and top, per table (tables order)
+	input     inputSum           // of what it was rendered from
 	summary   bool               // chains and top left out
 }
 
 // summarize returns what is kept of u between syncs.
 func (u *unit) summarize() *unit {
-	return &unit{id: u.id, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, summary: true}
+	return &unit{id: u.id, names: u.names, hairpin: u.hairpin, digest: u.digest, topDigest: u.topDigest, rules: u.rules, input: u.input, summary: true}
 }
 
 // Ruleset is the rendered form of a plan for one family.
@@ -151,10 +152,14 @@ func Render(cfg Config, frontends []datapath.Frontend) *Ruleset {
 	return render(cfg, frontends, nil)
 }
 
-// render is Render with a cache: reuse may return the summary of the unit
-// written for the same id before (unit.summarize), which is then taken as
+// reuseFunc may return the summary of the unit written for the same id
+// before (unit.summarize); in hashes what the unit would be rendered from
+// (its inputSum), for a caller that reuses only an unchanged input.
+type reuseFunc func(id unitID, in func() inputSum) *unit
+
+// render is Render with a cache: a summary that reuse returns is taken as
 // is: its digests and chain names, without rules.
-func render(cfg Config, frontends []datapath.Frontend, reuse func(id unitID) *unit) *Ruleset {
+func render(cfg Config, frontends []datapath.Frontend, reuse reuseFunc) *Ruleset {
 	rs := &Ruleset{cfg: cfg}
 	all := make([]*datapath.Frontend, 0, len(frontends))
 	for i := range frontends {
@@ -172,6 +177,7 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id unitID) *un
 	// Group by unit: sort by unit id (a plan comes sorted by service
 	// already), then take each run of one id.
 	slices.SortStableFunc(all, func(a, b *datapath.Frontend) int { return unitOf(a).compare(unitOf(b)) })
+	cs := configSum(&rs.cfg)
 	for len(all) > 0 {
 		id, n := unitOf(all[0]), 1
 		for n < len(all) && unitOf(all[n]) == id {
@@ -179,14 +185,24 @@ func render(cfg Config, frontends []datapath.Frontend, reuse func(id unitID) *un
 		}
 		fs := all[:n:n]
 		all = all[n:]
+		sorted := false
+		in := func() inputSum {
+			if !sorted {
+				slices.SortFunc(fs, datapath.Compare)
+				sorted = true
+			}
+			return sumInput(cs, fs)
+		}
 		if reuse != nil {
-			if u := reuse(id); u != nil {
+			if u := reuse(id, in); u != nil {
 				rs.units = append(rs.units, u)
 				continue
 			}
 		}
-		slices.SortFunc(fs, datapath.Compare)
-		rs.units = append(rs.units, renderUnit(&rs.cfg, id, fs))
+		sum := in()
+		u := renderUnit(&rs.cfg, id, fs)
+		u.input = sum
+		rs.units = append(rs.units, u)
 	}
 	return rs
 }

@@ -319,7 +319,7 @@ func BenchmarkPartialRender(b *testing.B) {
 	fs[0].Endpoints = fs[0].Endpoints[1:]
 	var size int
 	for b.Loop() {
-		rs := render(cfg, fs, func(id unitID) *unit {
+		rs := render(cfg, fs, func(id unitID, _ func() inputSum) *unit {
 			if id.service == fs[0].Service {
 				return nil
 			}
