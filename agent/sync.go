@@ -66,6 +66,14 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.quarantine.report(refused)
 	a.last.Store(&published{res: res, refused: refused})
 	a.probes.publish()
+	a.observeSync(res, start, now)
+	a.afterSync(res, start, now)
+	return nil
+}
+
+// observeSync records a programmed plan in the metrics: the latency of
+// every change it carried, the sync's duration and the plan's size.
+func (a *Agent) observeSync(res *planner.Result, start, now time.Time) {
 	for _, t := range a.triggers {
 		if d := now.Sub(t); d >= 0 {
 			a.metrics.programming.Observe(d.Seconds())
@@ -77,6 +85,12 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.metrics.frontends.Set(float64(len(res.Plan.Frontends)))
 	a.metrics.setNoLocalEndpoints(res.Plan.Frontends)
 	a.metrics.generation.Set(float64(res.Plan.Generation))
+}
+
+// afterSync does what follows a programmed plan: health-check servers,
+// the externalIPs warning, the snapshot, another sync while IPVS real
+// servers drain, readiness after the first sync, and the systemd status.
+func (a *Agent) afterSync(res *planner.Result, start, now time.Time) {
 	if a.health != nil {
 		if err := a.health.Update(healthChecks(res)); err != nil {
 			a.log.Warn("health check servers", "err", err)
@@ -104,7 +118,6 @@ func (a *Agent) sync(ctx context.Context) error {
 	_ = a.notifier.Status(status)
 	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
 		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start))
-	return nil
 }
 
 // kernelWatch is a backend that tells cheaply whether its kernel objects
