@@ -224,92 +224,125 @@ func (a *Agent) Synced() <-chan struct{} { return a.synced }
 func (a *Agent) Run(ctx context.Context) error {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	var wg sync.WaitGroup
-	errc := make(chan error, 4)
-	goRun := func(name string, fn func(context.Context) error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(ctx); err != nil && ctx.Err() == nil {
-				errc <- fmt.Errorf("%s: %w", name, err)
-			}
-		}()
-	}
+	g := &parts{ctx: ctx, errc: make(chan error, 1)}
 	servers, err := a.listen()
 	if err != nil {
 		return err
 	}
 	for _, s := range servers {
-		goRun("http "+s.name, s.serve)
+		g.run("http "+s.name, s.serve)
 	}
 	rebooted := a.startAfterReboot(ctx)
-	goRun("source", a.source.Run)
-	if a.probes != nil {
-		goRun("endpoint prober", func(ctx context.Context) error { a.runProbing(ctx); return nil })
-	}
-	if a.watcher != nil {
-		goRun("config watcher", a.watcher.Run)
-	}
-	if a.health != nil {
-		goRun("healthcheck", func(ctx context.Context) error {
-			<-ctx.Done()
-			return a.health.Close()
-		})
-	}
-	if m, ok := a.backend.(datapath.Monitor); ok {
-		goRun("tamper monitor", func(ctx context.Context) error { a.monitor(ctx, m); return nil })
-	}
-
-	goRun("systemd notify", a.notifier.Run)
-	if a.opts.Backend == nil {
-		cleanupOtherMode(ctx, a.Config(), a.log)
-	}
-
+	a.startParts(g)
 	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
 	_ = a.notifier.Status("waiting for the API server")
-	startLoop := func() {
-		goRun("sync", func(ctx context.Context) error { a.runner.Loop(ctx); return nil })
-		a.runner.Run()
-	}
-	if rebooted {
-		_ = a.notifier.Status("serving the last known state until the API server is listed")
-		startLoop()
-		goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })
-	} else if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
-		wctx, wcancel := context.WithTimeout(ctx, wait)
-		synced := a.source.WaitForSync(wctx)
-		wcancel()
-		switch {
-		case synced:
-			a.log.Info("source synced; starting the sync loop")
-			startLoop()
-		case ctx.Err() == nil && a.startFromSnapshot("the API server is unreachable"):
-			_ = a.notifier.Status("API server unreachable: serving the last known state")
-			startLoop()
-			goRun("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })
-		case a.source.WaitForSync(ctx):
-			a.log.Info("source synced; starting the sync loop")
-			startLoop()
-		}
-	} else if a.source.WaitForSync(ctx) {
-		a.log.Info("source synced; starting the sync loop")
-		startLoop()
-	}
+	a.startSyncing(ctx, g, rebooted)
 
 	select {
 	case <-ctx.Done():
-	case err = <-errc:
+	case err = <-g.errc:
 		a.log.Error("stopping", "err", err)
 	}
 	_ = a.notifier.Stopping()
 	cancel()
-	wg.Wait()
+	g.wg.Wait()
 	if a.chains != nil {
 		if cerr := a.chains.Close(context.Background()); cerr != nil {
 			a.log.Warn("closing the policy engine", "err", cerr)
 		}
 	}
 	return err
+}
+
+// parts are the agent's goroutines, all ended by ctx: the first error of
+// one (while ctx lives) stops the agent; later ones are dropped, so no
+// part blocks on reporting while the agent stops.
+type parts struct {
+	ctx  context.Context
+	wg   sync.WaitGroup
+	errc chan error // capacity 1
+}
+
+func (g *parts) run(name string, fn func(context.Context) error) {
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		if err := fn(g.ctx); err != nil && g.ctx.Err() == nil {
+			select {
+			case g.errc <- fmt.Errorf("%s: %w", name, err):
+			default:
+			}
+		}
+	}()
+}
+
+// startParts starts what runs beside the sync loop: the source, the
+// prober, the config watcher, the health-check servers' closer, the tamper
+// monitor and the systemd notifier; and it cleans up the other mode's
+// kernel objects.
+func (a *Agent) startParts(g *parts) {
+	g.run("source", a.source.Run)
+	if a.probes != nil {
+		g.run("endpoint prober", func(ctx context.Context) error { a.runProbing(ctx); return nil })
+	}
+	if a.watcher != nil {
+		g.run("config watcher", a.watcher.Run)
+	}
+	if a.health != nil {
+		g.run("healthcheck", func(ctx context.Context) error {
+			<-ctx.Done()
+			return a.health.Close()
+		})
+	}
+	if m, ok := a.backend.(datapath.Monitor); ok {
+		g.run("tamper monitor", func(ctx context.Context) error { a.monitor(ctx, m); return nil })
+	}
+	g.run("systemd notify", a.notifier.Run)
+	if a.opts.Backend == nil {
+		cleanupOtherMode(g.ctx, a.Config(), a.log)
+	}
+}
+
+// startSyncing starts the sync loop once there is something to program:
+// at once after a reboot that restored the last known state; else when the
+// source has listed everything, or, if the API server stays away for
+// offline.startTimeout, from the snapshot on disk.
+func (a *Agent) startSyncing(ctx context.Context, g *parts, rebooted bool) {
+	startLoop := func() {
+		g.run("sync", func(ctx context.Context) error { a.runner.Loop(ctx); return nil })
+		a.runner.Run()
+	}
+	offline := func() {
+		startLoop()
+		g.run("offline reconcile", func(ctx context.Context) error { a.reconcileAfterOffline(ctx); return nil })
+	}
+	synced := func() {
+		a.log.Info("source synced; starting the sync loop")
+		startLoop()
+	}
+	if rebooted {
+		_ = a.notifier.Status("serving the last known state until the API server is listed")
+		offline()
+		return
+	}
+	if wait := a.Config().Offline.StartTimeout; a.api != nil && wait > 0 {
+		wctx, wcancel := context.WithTimeout(ctx, wait)
+		ok := a.source.WaitForSync(wctx)
+		wcancel()
+		switch {
+		case ok:
+			synced()
+		case ctx.Err() == nil && a.startFromSnapshot("the API server is unreachable"):
+			_ = a.notifier.Status("API server unreachable: serving the last known state")
+			offline()
+		case a.source.WaitForSync(ctx):
+			synced()
+		}
+		return
+	}
+	if a.source.WaitForSync(ctx) {
+		synced()
+	}
 }
 
 // tamperCheckEvery is how often the monitor asks the backend whether its
