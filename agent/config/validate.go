@@ -63,6 +63,19 @@ func (ps *problems) nonNegative(key string, v time.Duration) {
 	}
 }
 
+// uniqueName checks the name of item i of list (at key): not empty and
+// not taken by an earlier item of seen, where it is then recorded.
+func (ps *problems) uniqueName(key, list, name string, i int, seen map[string]int) {
+	switch prev, dup := seen[name]; {
+	case name == "":
+		ps.bad(key, "must not be empty")
+	case dup:
+		ps.bad(key, "%q is already the name of %s[%d]", name, list, prev)
+	default:
+		seen[name] = i
+	}
+}
+
 // Validate checks c and returns every problem joined (errors.Join), each a
 // *FieldError naming the dotted key and the bad value, sorted by key. Load
 // calls it; call it yourself after building a Config by hand. It does not
@@ -243,14 +256,7 @@ func (p Policy) validateModules(ps *problems) map[string]int {
 	modules := map[string]int{}
 	for i, m := range p.Modules {
 		key := fmt.Sprintf("policy.modules[%d]", i)
-		switch prev, dup := modules[m.Name]; {
-		case m.Name == "":
-			ps.bad(key+".name", "must not be empty")
-		case dup:
-			ps.bad(key+".name", "%q is already the name of policy.modules[%d]", m.Name, prev)
-		default:
-			modules[m.Name] = i
-		}
+		ps.uniqueName(key+".name", "policy.modules", m.Name, i, modules)
 		if m.Path == "" {
 			ps.bad(key+".path", "must not be empty")
 		}
@@ -266,14 +272,7 @@ func (p Policy) validateModules(ps *problems) map[string]int {
 // validateChain checks chain i (at key), recording its name in chains and
 // resolving its steps against the module index.
 func (p Policy) validateChain(ps *problems, key string, i int, c Chain, chains, modules map[string]int) {
-	switch prev, dup := chains[c.Name]; {
-	case c.Name == "":
-		ps.bad(key+".name", "must not be empty")
-	case dup:
-		ps.bad(key+".name", "%q is already the name of policy.chains[%d]", c.Name, prev)
-	default:
-		chains[c.Name] = i
-	}
+	ps.uniqueName(key+".name", "policy.chains", c.Name, i, chains)
 	if len(c.Modules) == 0 {
 		ps.bad(key+".modules", "must name at least one module")
 	}
