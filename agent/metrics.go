@@ -102,7 +102,16 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 		}, lastContact),
 	}
 	reg.MustRegister(m.syncDuration, m.programming, m.lastSync, m.lastQueued, m.syncErrors,
-		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.quietCompares, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints, m.snapshotWriteFailures,
+		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.quietCompares, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints, m.snapshotWriteFailures)
+	registerStateMetrics(reg, st, snapshotAge)
+	return m
+}
+
+// registerStateMetrics registers the metrics read from the state and the
+// snapshot when scraped: change counters and pending changes (kube-proxy's
+// names), and the snapshot's age.
+func registerStateMetrics(reg prometheus.Registerer, st *state.State, snapshotAge func() float64) {
+	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 			Name: "edgeproxy_snapshot_age_seconds",
 			Help: "Age of the last known state on disk (written, or loaded at an offline start); -1 when none.",
@@ -124,7 +133,6 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 			Help: "Services with EndpointSlice changes not yet synced.",
 		}, func() float64 { return float64(st.Counters().EndpointsPending) }),
 	)
-	return m
 }
 
 // setNoLocalEndpoints counts, per traffic policy and family, the service
