@@ -195,9 +195,9 @@ func (w *World) ready(ctx context.Context, p *proc, optional6 bool) error {
 // rules (masquerade, KUBE-IPVS-FILTER, source ranges, health-check ports)
 // only at its end, in one iptables-restore, after which it sets
 // kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family}
-// (pkg/proxy/ipvs/proxier.go). The two families sync one after the other;
-// in the VM the first IPv6 sync ended about 28 s after the IPv6 canary
-// answered, and cells probed meanwhile saw empty ip6tables chains.
+// (pkg/proxy/ipvs/proxier.go). In the VM the first IPv6 sync ran after
+// the IPv4 one and wrote its rules about 24 s after the IPv6 canary
+// answered: cells probed meanwhile saw empty ip6tables chains.
 func (w *World) kubeProxySynced(ctx context.Context, p *proc) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
