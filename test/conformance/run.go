@@ -1,11 +1,16 @@
 package conformance
 
 import (
+	"bufio"
 	"context"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -44,6 +49,9 @@ func settings(profile, backend string) proxies.Settings {
 	return s
 }
 
+// metricsAddr is where either proxy serves /metrics in the node namespace.
+const metricsAddr = "127.0.0.1:10249"
+
 // proc is a proxy running in the node namespace.
 type proc struct {
 	*proxies.Process
@@ -66,7 +74,7 @@ func (w *World) start(kind proxies.Kind, bins Binaries, s proxies.Settings, dir 
 	if err != nil {
 		return nil, err
 	}
-	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
+	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: metricsAddr, HealthzAddr: "0.0.0.0:10256"}
 	var args []string
 	switch kind {
 	case proxies.KubeProxy:
@@ -134,12 +142,12 @@ func (p *proc) errors(n int) []string {
 }
 
 // ready waits (bounded) until the proxy has programmed the Services: the
-// ClusterIP of "cip" answers in both families. Both
-// proxies list everything before their first sync, so one answer means the
-// whole first sync is in; a pause of two minimum sync periods lets a
-// follow-up sync land. With optional6 (IPVS mode, where edgeproxy does not
-// program IPv6 yet) the IPv6 canary is waited for a bounded while only:
-// the cells show what is missing.
+// ClusterIP of "cip" answers in both families, and kube-proxy has
+// finished a sync of each family (kubeProxySynced). Both proxies list
+// everything before their first sync; a pause of two minimum sync
+// periods lets a follow-up sync land. With optional6 (IPVS mode, where
+// edgeproxy does not program IPv6 yet) the IPv6 canary is waited for a
+// bounded while only: the cells show what is missing.
 func (w *World) ready(ctx context.Context, p *proc, optional6 bool) error {
 	canaries := []Cell{
 		{Shape: shape("cip"), Frontend: FClusterIP, Position: "pod", Family: "v4"},
@@ -171,8 +179,93 @@ func (w *World) ready(ctx context.Context, p *proc, optional6 bool) error {
 			time.Sleep(200 * time.Millisecond)
 		}
 	}
+	if p.kind == proxies.KubeProxy {
+		if err := w.kubeProxySynced(ctx, p); err != nil {
+			return err
+		}
+	}
 	time.Sleep(2 * time.Second)
 	return p.Exited()
+}
+
+// kubeProxySynced waits (bounded) until kube-proxy has finished a sync of
+// each IP family. An answering ClusterIP does not show that in IPVS mode:
+// there each family's syncProxyRules adds the virtual servers and binds
+// their addresses Service by Service, and writes that family's iptables
+// rules (masquerade, KUBE-IPVS-FILTER, source ranges, health-check ports)
+// only at its end, in one iptables-restore, after which it sets
+// kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family}
+// (pkg/proxy/ipvs/proxier.go). In the VM the first IPv6 sync ran after
+// the IPv4 one and wrote its rules about 24 s after the IPv6 canary
+// answered: cells probed meanwhile saw empty ip6tables chains.
+func (w *World) kubeProxySynced(ctx context.Context, p *proc) error {
+	deadline := time.Now().Add(3 * time.Minute)
+	for {
+		body, err := w.metrics()
+		if err == nil && familiesSynced(body, "IPv4", "IPv6") {
+			return nil
+		}
+		if err := p.Exited(); err != nil {
+			return err
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			return fmt.Errorf("%s: no finished sync of both IP families in its metrics (last error: %v)", p.kind, err)
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+}
+
+// metrics reads /metrics from metricsAddr in the node namespace.
+func (w *World) metrics() (string, error) {
+	var conn net.Conn
+	err := w.Node.Do(func() error {
+		var err error
+		conn, err = (&net.Dialer{Timeout: time.Second}).Dial("tcp", metricsAddr)
+		return err
+	})
+	if err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", metricsAddr); err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return "", fmt.Errorf("metrics: %w", err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("metrics: status %d", resp.StatusCode)
+	}
+	return string(body), nil
+}
+
+// familiesSynced reports whether kube-proxy's metrics text shows a
+// finished sync of every family: a nonzero
+// kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="<family>"}.
+func familiesSynced(metrics string, families ...string) bool {
+	done := map[string]bool{}
+	for _, line := range strings.Split(metrics, "\n") {
+		for _, f := range families {
+			name := `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="` + f + `"} `
+			if v, ok := strings.CutPrefix(line, name); ok {
+				ts, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+				done[f] = err == nil && ts > 0
+			}
+		}
+	}
+	for _, f := range families {
+		if !done[f] {
+			return false
+		}
+	}
+	return true
 }
 
 func shape(name string) *Shape {
