@@ -1,7 +1,6 @@
 package netns
 
 import (
-	"bufio"
 	"fmt"
 	"net"
 	"net/netip"
@@ -53,18 +52,7 @@ func (p *Pod) ServeSCTP(port uint16) error {
 	p.mu.Lock()
 	p.closers = append(p.closers, func() { l.Close() })
 	p.mu.Unlock()
-	p.wg.Add(1)
-	go func() {
-		defer p.wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			fmt.Fprintf(c, "%s %s\n", p.PodName, c.RemoteAddr())
-			c.Close()
-		}
-	}()
+	p.echoStream(l)
 	return nil
 }
 
@@ -88,14 +76,5 @@ func (n *NS) SCTP(dst netip.AddrPort, timeout time.Duration) (Reply, error) {
 		c, err = net.FileConn(f)
 		return err
 	})
-	if err != nil {
-		return Reply{}, err
-	}
-	defer c.Close()
-	_ = c.SetDeadline(time.Now().Add(timeout))
-	line, err := bufio.NewReader(c).ReadString('\n')
-	if err != nil {
-		return Reply{}, fmt.Errorf("netns: sctp read from %s: %w", dst, err)
-	}
-	return parseReply(line)
+	return readReply(c, err, dst, timeout)
 }
