@@ -2,6 +2,7 @@ package iptables_test
 
 import (
 	"net/netip"
+	"os/exec"
 	"strings"
 	"testing"
 
@@ -45,9 +46,18 @@ func TestSCTP(t *testing.T) {
 		if r, err := b.SCTP(ap(vip2, 132), waitDrop); err == nil {
 			t.Errorf("pod b -> SCTP ClusterIP without endpoints: answered by %s, want no association", r.Name)
 		}
+		// Standard output only: iptables-nft warns on standard error
+		// that legacy tables exist, and the two may interleave.
+		var filter []byte
+		if err := e.node.Do(func() (err error) {
+			filter, err = exec.Command("iptables-"+string(v)+"-save", "-t", "filter").Output()
+			return err
+		}); err != nil {
+			t.Fatalf("iptables-%s-save: %v", v, err)
+		}
 		want := "-d " + vip2.String() + "/32 -p sctp -m sctp --dport 132"
 		var rejected bool
-		for _, l := range strings.Split(e.save(), "\n") {
+		for _, l := range strings.Split(string(filter), "\n") {
 			rejected = rejected || strings.Contains(l, want) && strings.Contains(l, "-j REJECT")
 		}
 		if !rejected {
