@@ -10,10 +10,12 @@ import (
 )
 
 // guestPackages are the packages whose kernel tests need the VM (IPVS,
-// dummy links). They all run in one boot.
+// dummy links, SCTP). They all run in one boot. Of datapath/iptables only
+// the SCTP test: its other kernel tests run on the host.
 var guestPackages = []vm.GoTest{
 	{Package: "./datapath/ipvs"},
 	{Package: "./datapath/ipset"},
+	{Package: "./datapath/iptables", Args: []string{"-test.run=SCTP"}},
 }
 
 // TestGuestPackages runs the guest-only tests of guestPackages in one VM.

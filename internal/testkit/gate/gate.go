@@ -8,6 +8,8 @@ import (
 	"os"
 	"os/exec"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 // RequireAll reports whether skips are forbidden.
@@ -38,4 +40,16 @@ func Binaries(t testing.TB, names ...string) {
 			Skip(t, "needs "+n+" on PATH")
 		}
 	}
+}
+
+// SCTP skips unless the kernel makes SCTP sockets (module sctp; the host
+// here has none, the test VM's kernel has it).
+func SCTP(t testing.TB) {
+	t.Helper()
+	fd, err := unix.Socket(unix.AF_INET, unix.SOCK_STREAM, unix.IPPROTO_SCTP)
+	if err != nil {
+		Skip(t, "needs SCTP in the kernel (module sctp): "+err.Error())
+		return
+	}
+	unix.Close(fd)
 }

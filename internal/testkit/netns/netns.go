@@ -1,7 +1,8 @@
 // Package netns is the network-namespace test harness: a "node" namespace
 // with a bridge, "pod" namespaces wired to it with veth pairs, an optional
-// "outside client" namespace, and tiny TCP/UDP echo servers in the pods
-// that answer with their own name and the client address they saw.
+// "outside client" namespace, and tiny TCP/UDP (and SCTP, sctp.go) echo
+// servers in the pods that answer with their own name and the client
+// address they saw.
 //
 // Everything runs in the test process: code that must run inside a
 // namespace does so on a locked OS thread (NS.Do), and sockets keep the
@@ -212,6 +213,12 @@ func (n *NS) TCP(dst netip.AddrPort, timeout time.Duration) (Reply, error) {
 		c, err = (&net.Dialer{Timeout: timeout}).Dial("tcp", dst.String())
 		return err
 	})
+	return readReply(c, err, dst, timeout)
+}
+
+// readReply reads the echo reply on the stream c that dial returned with
+// err, within timeout, and closes c.
+func readReply(c net.Conn, err error, dst netip.AddrPort, timeout time.Duration) (Reply, error) {
 	if err != nil {
 		return Reply{}, err
 	}
@@ -509,18 +516,7 @@ func (p *Pod) Serve(port uint16) error {
 		return fmt.Errorf("netns: serve %s:%d: %w", p.PodName, port, err)
 	}
 	for _, l := range ls {
-		p.wg.Add(1)
-		go func() {
-			defer p.wg.Done()
-			for {
-				c, err := l.Accept()
-				if err != nil {
-					return
-				}
-				fmt.Fprintf(c, "%s %s\n", p.PodName, c.RemoteAddr())
-				c.Close()
-			}
-		}()
+		p.echoStream(l)
 	}
 	for _, c := range pcs {
 		p.wg.Add(1)
@@ -537,6 +533,23 @@ func (p *Pod) Serve(port uint16) error {
 		}()
 	}
 	return nil
+}
+
+// echoStream answers every connection l accepts with "<pod name> <client
+// address>\n" until l is closed (Stop closes it and waits).
+func (p *Pod) echoStream(l net.Listener) {
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			fmt.Fprintf(c, "%s %s\n", p.PodName, c.RemoteAddr())
+			c.Close()
+		}
+	}()
 }
 
 // Stop closes the pod's servers and waits for them.
