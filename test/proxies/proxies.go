@@ -82,14 +82,20 @@ func KubeProxyArgs(n Node, s Settings) []string { return kubeProxyArgs(s.mode(),
 func KubeProxyNFTablesArgs(n Node, s Settings) []string { return kubeProxyArgs("nftables", n, s) }
 
 func kubeProxyArgs(mode string, n Node, s Settings) []string {
+	// The sync-period flags are --ipvs-* in IPVS mode and --iptables-* in
+	// every other mode, nftables included (kube-proxy has no --nftables-*).
+	syncFlags := "iptables"
+	if mode == ModeIPVS {
+		syncFlags = "ipvs"
+	}
 	args := []string{
 		"--proxy-mode=" + mode,
 		"--kubeconfig=" + n.Kubeconfig,
 		"--hostname-override=" + n.Name,
 		"--cluster-cidr=" + s.ClusterCIDR,
 		"--conntrack-max-per-core=0",
-		"--" + mode + "-min-sync-period=" + s.MinSync.String(),
-		"--" + mode + "-sync-period=" + s.Sync.String(),
+		"--" + syncFlags + "-min-sync-period=" + s.MinSync.String(),
+		"--" + syncFlags + "-sync-period=" + s.Sync.String(),
 		"--metrics-bind-address=" + n.MetricsAddr,
 		"--healthz-bind-address=" + n.HealthzAddr,
 		"--v=2",

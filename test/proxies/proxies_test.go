@@ -31,6 +31,13 @@ func TestEdgeProxyConfigLoads(t *testing.T) {
 	if !slices.Contains(nft, "--proxy-mode=nftables") || slices.Contains(nft, "--proxy-mode=iptables") || len(nft) != len(args) {
 		t.Errorf("kube-proxy nftables args %v: want the iptables args in nftables mode", nft)
 	}
+	// kube-proxy has no --nftables-* sync flags: nftables mode reads the
+	// --iptables-* ones, and an unknown flag makes it exit at once.
+	for _, want := range []string{"--iptables-min-sync-period=1s", "--iptables-sync-period=" + s.Sync.String()} {
+		if !slices.Contains(nft, want) {
+			t.Errorf("kube-proxy nftables args %v lack %s", nft, want)
+		}
+	}
 }
 
 // In IPVS mode both proxies get their mode and kube-proxy its IPVS sync
