@@ -167,6 +167,14 @@ func TestMatrixIPVSGuest(t *testing.T) {
 	// holds, with net.ipv4.vs.conntrack=1) is sent again after a second;
 	// under TCG the answer can take longer than probeTimeout after that.
 	w.timeout = 3 * time.Second
+	// A second dropped SYN is resent 2s after the first resend, so a cell
+	// whose target has answered waits through two resends. With 3s, a
+	// single probe of such a cell timed out now and then in CI (2 of 717
+	// cells in one run, both in the second proxy's column, edgeproxy's:
+	// both proxies set the same IPVS sysctls, and the second run meets the
+	// source ports the first one used). A cell that never answers still
+	// gives up after noAnswerLimit probes of 3s.
+	w.patience = 8 * time.Second
 	// The kubeconfig names https://127.0.0.1:<port>: served in the test's
 	// namespace and in the node's by a relay to the host.
 	forwardAPI(t, nil, setup.APIPort)

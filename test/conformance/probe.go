@@ -153,11 +153,15 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	answers, noAnswer := 0, 0
 	for i := 0; i < w.probes && ctx.Err() == nil; i++ {
+		timeout := w.timeout
+		if answers > 0 && w.patience > 0 {
+			timeout = w.patience
+		}
 		var r netns.Reply
 		if c.Shape.Proto == udp {
-			r, err = from.UDP(dst, 0, w.timeout)
+			r, err = from.UDP(dst, 0, timeout)
 		} else {
-			r, err = from.TCP(dst, w.timeout)
+			r, err = from.TCP(dst, timeout)
 		}
 		if err != nil {
 			fails[classify(err)] = true

@@ -87,6 +87,10 @@ type World struct {
 	// probes and timeout bound each cell (maxProbes, probeTimeout).
 	probes  int
 	timeout time.Duration
+	// patience replaces timeout for the probes of a cell that has had an
+	// answer (0: timeout): there a timeout means a slow retransmission,
+	// not a drop (see the VM world).
+	patience time.Duration
 }
 
 // podAddrs are the pods' addresses: local pods in the node's pod network
