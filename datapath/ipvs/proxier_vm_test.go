@@ -386,45 +386,34 @@ func TestWeightsAndSchedulerReachTheKernel(t *testing.T) {
 // until the client closes.
 func holdServer(t *testing.T, pod *netns.Pod, port uint16) {
 	t.Helper()
-	l := listenTCP(t, pod.NS, port)
-	var wg sync.WaitGroup
 	var mu sync.Mutex
 	var conns []net.Conn
-	t.Cleanup(func() {
-		l.Close()
+	closed := false
+	serveConns(t, listenTCP(t, pod.NS, port), func(c net.Conn) {
 		mu.Lock()
+		if closed { // accepted while the test ended
+			mu.Unlock()
+			return
+		}
+		conns = append(conns, c)
+		mu.Unlock()
+		sc := bufio.NewScanner(c)
+		for sc.Scan() {
+			fmt.Fprintf(c, "%s %s\n", pod.PodName, sc.Text())
+		}
+	})
+	// Runs before serveConns' cleanup waits for the handlers: a peer cut
+	// off by a deleted real server never sends FIN.
+	t.Cleanup(func() {
+		mu.Lock()
+		closed = true
 		for _, c := range conns {
-			c.Close() // a peer cut off by a deleted real server never sends FIN
+			c.Close()
 		}
 		mu.Unlock()
-		wg.Wait()
 	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer c.Close()
-				sc := bufio.NewScanner(c)
-				for sc.Scan() {
-					fmt.Fprintf(c, "%s %s\n", pod.PodName, sc.Text())
-				}
-			}()
-		}
-	}()
 }
 
-// talk opens a connection from ns to dst, sends one line and returns the
-// answer.
 // dial opens a TCP connection from ns to dst, closed when the test ends.
 func dial(t *testing.T, ns *netns.NS, dst netip.AddrPort) net.Conn {
 	t.Helper()
