@@ -8,6 +8,7 @@ import (
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
+	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/client-go/util/retry"
@@ -161,6 +162,44 @@ func (c *Cluster) SetPodReady(ctx context.Context, ns, name string, ready bool) 
 		return fmt.Errorf("cluster: pod %s/%s: set ready=%t: %w", ns, name, ready, err)
 	}
 	return nil
+}
+
+// WaitSliceReady waits until the EndpointSlices of Service ns/service say
+// of address ip what ready says: listed and ready, or not listed as ready.
+// It is for tests that change a pod and then check a proxy: it separates
+// the controller manager's part from the proxy's. After an API server
+// restart the controller manager's informers resume on client-go's backoff
+// (up to about a minute when the outage spanned several retries), which is
+// the controller manager's time, not the proxy's. Errors from the API
+// server are ridden out until timeout.
+func (c *Cluster) WaitSliceReady(ctx context.Context, ns, service, ip string, ready bool, timeout time.Duration) error {
+	sel := metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + service}
+	err := WaitFor(ctx, timeout, func(ctx context.Context) (bool, error) {
+		list, err := c.client.DiscoveryV1().EndpointSlices(ns).List(ctx, sel)
+		if err != nil {
+			return false, nil
+		}
+		return sliceSaysReady(list.Items, ip) == ready, nil
+	})
+	if err != nil {
+		return fmt.Errorf("cluster: slices of %s/%s: %s ready=%t: %w", ns, service, ip, ready, err)
+	}
+	return nil
+}
+
+// sliceSaysReady reports whether any of slices lists ip as ready (a nil
+// Ready counts as ready, as the API documents).
+func sliceSaysReady(slices []discoveryv1.EndpointSlice, ip string) bool {
+	for _, s := range slices {
+		for _, e := range s.Endpoints {
+			for _, a := range e.Addresses {
+				if a == ip && (e.Conditions.Ready == nil || *e.Conditions.Ready) {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func setPodCondition(s *corev1.PodStatus, typ corev1.PodConditionType, status corev1.ConditionStatus) {

@@ -18,7 +18,7 @@ import (
 )
 
 // tailLines is how much of each log a failed test prints.
-const tailLines = 40
+const tailLines = 15
 
 // New starts a cluster for t alone (use it when the test stops or restarts
 // parts of it) and stops it when t ends. It skips t (gate.Skip) when the

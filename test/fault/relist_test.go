@@ -40,7 +40,7 @@ func TestAPIServerRelistStorm(t *testing.T) {
 	}
 	hostIP, nodeIP := node.LinkHost()
 	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	const ns, nodeName = "relist", "node1"
 	if err := c.CreateNamespace(ctx, ns); err != nil {
@@ -117,6 +117,13 @@ server: {healthz: %q, metrics: %q}
 	}
 	if err := c.SetPodReady(ctx, ns, "a", false); err != nil {
 		t.Fatal(err)
+	}
+	// The controller manager's part, bounded on its own: its informers
+	// resume on client-go's backoff after the restarts.
+	for ip, ready := range map[string]bool{b.IP.String(): true, a.IP.String(): false} {
+		if err := c.WaitSliceReady(ctx, ns, "web", ip, ready, 3*time.Minute); err != nil {
+			t.Fatal(err)
+		}
 	}
 	ag.Eventually(60*time.Second, "the Service answers from b after the storm", func() error { return answeredBy("b") })
 	if n := fullSyncs() - before; n > relistRestarts {

@@ -338,7 +338,14 @@ health: {mode: offline, after: 2s, interval: 300ms, timeout: 300ms, failureThres
 	if err := cl.SetPodReady(ctx, ns, "c", false); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 60*time.Second, "the slices win: a and b programmed, c gone, probing off", func() error {
+	// The controller manager's part first, with its own bound: after the
+	// outage its informers resume on client-go's backoff, up to a minute.
+	back := time.Now()
+	if err := cl.WaitSliceReady(ctx, ns, "web", c.IP.String(), false, 3*time.Minute); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("the controller manager updated the slice %s after the API server returned", time.Since(back).Round(10*time.Millisecond))
+	waitFor(t, 90*time.Second, "the slices win: a and b programmed, c gone, probing off", func() error {
 		dests, err := natDestinations(node, podPort, a.IP, b.IP, c.IP)
 		if err != nil {
 			return err
