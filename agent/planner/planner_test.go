@@ -285,7 +285,7 @@ func TestHealthCheckCountsDualStackPodOnce(t *testing.T) {
 // explainJSON is every port's explanation in res, as /debug/plan shows it.
 func explainJSON(t *testing.T, res *planner.Result) string {
 	t.Helper()
-	b, err := json.MarshalIndent(res.Explain, "", "  ")
+	b, err := json.MarshalIndent(res.Explains(nil), "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
