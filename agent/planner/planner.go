@@ -498,13 +498,20 @@ func explain(name model.ServicePortName, fw *famWork, weight map[netip.AddrPort]
 
 // endpoints turns choices into plan endpoints, dropping weight 0.
 func endpoints(cs []selection.Choice, weight map[netip.AddrPort]uint32) []datapath.Endpoint {
-	var out []datapath.Endpoint
+	if len(cs) == 0 {
+		return nil
+	}
+	// Kept in the plan until the port changes: sized once, not grown.
+	out := make([]datapath.Endpoint, 0, len(cs))
 	for _, c := range cs {
 		w := weight[c.AddrPort()]
 		if w == 0 {
 			continue
 		}
 		out = append(out, datapath.Endpoint{Addr: c.AddrPort(), Weight: w, Local: c.Local})
+	}
+	if len(out) == 0 {
+		return nil // every weight 0: none, as a port without endpoints
 	}
 	return out
 }

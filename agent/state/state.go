@@ -330,7 +330,29 @@ func (s *State) buildLocked(svcKey string) map[model.ServicePortName]*Port {
 // address:port seen in more than one slice (as during a slice migration) is
 // kept once, preferring the entry that is ready, then serving.
 func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v4, v6 []model.PortEndpoint) {
-	seen := make(map[netip.AddrPort]int)
+	keys := sortedKeys(sl)
+	// The lists are kept until the service changes: sized once, not grown
+	// by append (which left up to half of each unused).
+	var n4, n6 int
+	for _, key := range keys {
+		slice := sl[key]
+		for _, port := range slice.Ports {
+			if port.Name == sp.Name && port.Protocol == sp.Protocol {
+				if slice.Family == model.IPv6 {
+					n6 += len(slice.Endpoints)
+				} else {
+					n4 += len(slice.Endpoints)
+				}
+			}
+		}
+	}
+	if n4 > 0 {
+		v4 = make([]model.PortEndpoint, 0, n4)
+	}
+	if n6 > 0 {
+		v6 = make([]model.PortEndpoint, 0, n6)
+	}
+	seen := make(map[netip.AddrPort]int, max(n4, n6))
 	add := func(list *[]model.PortEndpoint, pe model.PortEndpoint) {
 		k := netip.AddrPortFrom(pe.Addr, pe.Port)
 		if i, dup := seen[k]; dup {
@@ -342,7 +364,7 @@ func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v
 		seen[k] = len(*list)
 		*list = append(*list, pe)
 	}
-	for _, key := range sortedKeys(sl) {
+	for _, key := range keys {
 		slice := sl[key]
 		for _, port := range slice.Ports {
 			if port.Name != sp.Name || port.Protocol != sp.Protocol {
