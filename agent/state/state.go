@@ -27,7 +27,8 @@ type Port struct {
 	Service *model.Service
 	Port    model.ServicePort
 	// V4 and V6 are the endpoints of each family, de-duplicated by
-	// address:port and sorted by address.
+	// address:port and sorted by address. They point into the slices'
+	// endpoints (model.PortEndpoint).
 	V4, V6 []model.PortEndpoint
 }
 
@@ -370,8 +371,8 @@ func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v
 			if port.Name != sp.Name || port.Protocol != sp.Protocol {
 				continue
 			}
-			for _, e := range slice.Endpoints {
-				pe := model.PortEndpoint{Endpoint: e, Port: port.Port}
+			for j := range slice.Endpoints {
+				pe := model.PortEndpoint{Endpoint: &slice.Endpoints[j], Port: port.Port}
 				if slice.Family == model.IPv6 {
 					add(&v6, pe)
 				} else {
@@ -388,7 +389,7 @@ func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v
 	return v4, v6
 }
 
-func better(a, b model.Endpoint) bool {
+func better(a, b *model.Endpoint) bool {
 	if a.Ready != b.Ready {
 		return a.Ready
 	}
