@@ -300,13 +300,15 @@ func (s *State) Snapshot() *Snapshot {
 			s.portsOf[key] = names
 		}
 	}
-	clear(s.dirty)
-	clear(s.dirtySvc)
-	clear(s.dirtyEp)
+	// New sets, not cleared ones: a cleared map keeps its size, and the
+	// cold start's sets hold every service.
+	s.dirty, s.dirtySvc, s.dirtyEp = make(map[string]bool), make(map[string]bool), make(map[string]bool)
 	s.nodeChanged = false
 	s.oldest = time.Time{}
 	s.triggers = nil
-	s.last = next
+	// The next snapshot needs only the ports and the node of this one,
+	// not its changes (every port, after a cold start).
+	s.last = &Snapshot{Generation: next.Generation, Node: next.Node, Ports: next.Ports}
 	return next
 }
 
