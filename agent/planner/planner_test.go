@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -335,5 +336,34 @@ func TestExplainGolden(t *testing.T) {
 		if string(ex) != string(before[name]) {
 			t.Errorf("%s explained differently after a Build that reused it:\n%s\nwas:\n%s", name, ex, before[name])
 		}
+	}
+}
+
+// A published result is explained (HTTP) while the planner builds the next
+// ones: what it explains does not move (run with -race to see the reads
+// and writes do not meet).
+func TestExplainWhileBuilding(t *testing.T) {
+	st := loadDemo(t)
+	p := planner.New(planner.Options{}, &threeToOne{})
+	first := p.Build(context.Background(), st.Snapshot())
+	want := explainJSON(t, first)
+	done := make(chan string)
+	go func() {
+		defer close(done)
+		for range 20 {
+			b, err := json.MarshalIndent(first.Explains(nil), "", "  ")
+			if got := string(b) + "\n"; err != nil || got != want {
+				done <- fmt.Sprint(got, err)
+				return
+			}
+		}
+	}()
+	for i := range 20 {
+		st.SetNode(&model.Node{Name: "demo-node", Zone: fmt.Sprint("zone-", i)})
+		p.Invalidate()
+		p.Build(context.Background(), st.Snapshot())
+	}
+	if got, changed := <-done; changed {
+		t.Errorf("explained while building:\n%s\nwant:\n%s", got, want)
 	}
 }
