@@ -155,7 +155,7 @@ func (a *Agent) planView() (PlanView, bool) {
 	}
 	return PlanView{
 		Mode: a.backend.Name(), Generation: res.Plan.Generation, Frontends: res.Plan.Frontends,
-		Explain: res.Explain, Text: res.Plan.String(),
+		Explain: res.Explains(nil), Text: res.Plan.String(),
 	}, true
 }
 
@@ -259,11 +259,9 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"error": "no plan yet: the first sync has not finished"})
 		return
 	}
-	out := map[model.ServicePortName][]planner.Explain{}
-	for port, ex := range res.Explain {
-		if port.Namespace+"/"+port.Name == name {
-			out[port] = withNotes(ex, append(refusalNotes(port, a.Refused()), a.probeNotes(port)...))
-		}
+	out := res.Explains(func(port model.ServicePortName) bool { return port.Namespace+"/"+port.Name == name })
+	for port, ex := range out {
+		out[port] = withNotes(ex, append(refusalNotes(port, a.Refused()), a.probeNotes(port)...))
 	}
 	if len(out) == 0 {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("service %s is not in the plan (unknown, not proxied, or without ports)", name)})
@@ -303,8 +301,8 @@ func refusalNotes(port model.ServicePortName, refused []datapath.Refusal) []stri
 	return notes
 }
 
-// withNotes returns ex with notes added, copying rather than changing the
-// planner's cached explanations.
+// withNotes returns ex with notes added, without writing into the notes
+// slices ex shares with the selection.
 func withNotes(ex []planner.Explain, notes []string) []planner.Explain {
 	if len(notes) == 0 {
 		return ex

@@ -162,7 +162,7 @@ func service(ns string, ann map[string]string) *model.Service {
 func endpoints(zones ...string) []model.PortEndpoint {
 	var eps []model.PortEndpoint
 	for i, z := range zones {
-		eps = append(eps, model.PortEndpoint{Port: 8080, Endpoint: model.Endpoint{
+		eps = append(eps, model.PortEndpoint{Port: 8080, Endpoint: &model.Endpoint{
 			Addr: netip.AddrFrom4([4]byte{10, 1, 0, byte(i + 1)}), NodeName: fmt.Sprintf("edge-%d", i+2),
 			Zone: z, Ready: true, Serving: true,
 		}})

@@ -5,6 +5,8 @@
 //
 // It is pure apart from the policy call and keeps per-port results between
 // calls, so a sync after a one-service change recomputes one service port.
+// How a port was planned (Explain) is not kept: a Result computes it when
+// asked, from its snapshot and the policy's verdicts.
 package planner
 
 import (
@@ -26,7 +28,8 @@ type Weighing struct {
 	Weights        []uint32
 	Scheduler      string
 	SchedulerFlags []string
-	// Explain is shown as-is in /debug/plan and `edgeproxy explain`.
+	// Explain is shown as-is in /debug/plan and `edgeproxy explain`. It
+	// is kept as long as the port's plan is: keep it small.
 	Explain any
 	// Retry asks for the port to be weighed again at the next Build even
 	// if nothing changed, e.g. because a module failed and its chain's
@@ -91,10 +94,10 @@ type HealthCheck struct {
 	LocalEndpoints  int
 }
 
-// Result is a plan with what goes beside it.
+// Result is a plan with what goes beside it. It is immutable and may be
+// read while the planner builds the next one.
 type Result struct {
 	Plan         *datapath.Plan
-	Explain      map[model.ServicePortName][]Explain
 	HealthChecks map[uint16]HealthCheck
 	// Evaluated counts the service ports computed in this call (the rest
 	// were reused from the previous one).
@@ -103,12 +106,21 @@ type Result struct {
 	// whose spec.externalIPs are not programmed because Options.ExternalIPs
 	// is off.
 	ExternalIPsIgnored []string
+
+	// What Explain computes from: the snapshot planned and each port's
+	// plan (shared with the planner, which replaces but never changes
+	// them).
+	node  *model.Node
+	ports map[model.ServicePortName]*state.Port
+	plans map[model.ServicePortName]*portPlan
 }
 
 type portPlan struct {
 	retry     bool // weigh again next time: the policy fell back
 	frontends []datapath.Frontend
-	explain   []Explain
+	// weighed is the policy's verdict for each family planned, in
+	// selectPort's order: what an explanation cannot compute again.
+	weighed []Weighing
 	// The port's endpoints of each family, all of them: the
 	// healthCheckNodePort count keeps the ready ones on this node.
 	epsV4 []model.PortEndpoint
@@ -151,7 +163,7 @@ func (p *Planner) Settled() bool { return !p.unsettled }
 // Build computes the plan for snap. Ports not in snap.Changed are reused
 // unless the node changed or the cache was invalidated.
 func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
-	res := &Result{Explain: make(map[model.ServicePortName][]Explain), HealthChecks: make(map[uint16]HealthCheck)}
+	res := &Result{HealthChecks: make(map[uint16]HealthCheck), node: snap.Node, ports: snap.Ports}
 	changed := make(map[model.ServicePortName]bool)
 	for name := range p.ports {
 		if _, ok := snap.Ports[name]; !ok {
@@ -166,7 +178,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
 		}
-		pw := p.selectPort(port, snap.Node)
+		pw := selectPort(port, snap.Node)
 		work = append(work, pw)
 		wg.add(pw, snap.Node)
 	}
@@ -193,7 +205,6 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	local := make(map[HealthCheck][2][][]model.PortEndpoint) // by Namespace and Name only
 	for name, pp := range p.ports {
 		plan.Frontends = append(plan.Frontends, pp.frontends...)
-		res.Explain[name] = pp.explain
 		svc := snap.Ports[name].Service
 		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
 			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
@@ -223,7 +234,44 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	res.ExternalIPsIgnored = slices.Compact(res.ExternalIPsIgnored)
 	plan.Sort()
 	res.Plan = plan
+	res.plans = maps.Clone(p.ports)
 	return res
+}
+
+// Explain returns how port name was planned, one Explain per IP family it
+// serves; nil when the port is not in the plan. It runs the built-in
+// selection again over the snapshot that was planned (selection is pure)
+// and takes the policy's verdicts and the frontends from the port's plan,
+// so it shows what the Build that planned the port saw.
+func (r *Result) Explain(name model.ServicePortName) []Explain {
+	pp, port := r.plans[name], r.ports[name]
+	if pp == nil || port == nil {
+		return nil
+	}
+	pw := selectPort(port, r.node)
+	var out []Explain
+	for i := range pw.fams {
+		fw := &pw.fams[i]
+		if i < len(pp.weighed) {
+			fw.w = pp.weighed[i]
+		}
+		fam := datapath.Family(fw.fam)
+		fs := slices.DeleteFunc(slices.Clone(pp.frontends), func(f datapath.Frontend) bool { return f.Family != fam })
+		out = append(out, explain(name, fw, weightsOf(fw), fs))
+	}
+	return out
+}
+
+// Explains returns the explanations of the planned ports that keep
+// accepts, or of all of them when keep is nil.
+func (r *Result) Explains(keep func(model.ServicePortName) bool) map[model.ServicePortName][]Explain {
+	out := make(map[model.ServicePortName][]Explain)
+	for name := range r.plans {
+		if keep == nil || keep(name) {
+			out[name] = r.Explain(name)
+		}
+	}
+	return out
 }
 
 // portWork is a service port being recomputed: built-in selection done
@@ -243,7 +291,7 @@ type famWork struct {
 }
 
 // selectPort runs built-in selection for each family the service serves.
-func (p *Planner) selectPort(port *state.Port, node *model.Node) *portWork {
+func selectPort(port *state.Port, node *model.Node) *portWork {
 	pw := &portWork{port: port}
 	for _, fam := range []model.Family{model.IPv4, model.IPv6} {
 		vips := ofFamily(port.Service.ClusterIPs, fam)
@@ -353,7 +401,7 @@ func (p *Planner) planPort(pw *portWork) *portPlan {
 		weight := weightsOf(fw)
 		fs := p.frontends(pw.port, fw, weight)
 		pp.frontends = append(pp.frontends, fs...)
-		pp.explain = append(pp.explain, explain(pw.port.Name, fw, weight, fs))
+		pp.weighed = append(pp.weighed, fw.w)
 		if fw.fam == model.IPv4 {
 			pp.epsV4 = fw.eps
 		} else {
@@ -450,13 +498,20 @@ func explain(name model.ServicePortName, fw *famWork, weight map[netip.AddrPort]
 
 // endpoints turns choices into plan endpoints, dropping weight 0.
 func endpoints(cs []selection.Choice, weight map[netip.AddrPort]uint32) []datapath.Endpoint {
-	var out []datapath.Endpoint
+	if len(cs) == 0 {
+		return nil
+	}
+	// Kept in the plan until the port changes: sized once, not grown.
+	out := make([]datapath.Endpoint, 0, len(cs))
 	for _, c := range cs {
 		w := weight[c.AddrPort()]
 		if w == 0 {
 			continue
 		}
 		out = append(out, datapath.Endpoint{Addr: c.AddrPort(), Weight: w, Local: c.Local})
+	}
+	if len(out) == 0 {
+		return nil // every weight 0: none, as a port without endpoints
 	}
 	return out
 }

@@ -2,7 +2,9 @@ package planner_test
 
 import (
 	"context"
+	"encoding/json"
 	"flag"
+	"fmt"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -278,5 +280,90 @@ func TestHealthCheckCountsDualStackPodOnce(t *testing.T) {
 	res := planner.New(planner.Options{}, nil).Build(context.Background(), st.Snapshot())
 	if got := res.HealthChecks[31000].LocalEndpoints; got != 1 {
 		t.Errorf("local endpoints %d, want 1 (one dual-stack pod)", got)
+	}
+}
+
+// explainJSON is every port's explanation in res, as /debug/plan shows it.
+func explainJSON(t *testing.T, res *planner.Result) string {
+	t.Helper()
+	b, err := json.MarshalIndent(res.Explains(nil), "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b) + "\n"
+}
+
+// The explanations of the demo with a policy, and of a dual-stack Service
+// with both traffic policies Local and skipped endpoints: what `edgeproxy explain` shows. A result's
+// explanations stay those of its own Build after the next one, and a port
+// the next Build reused explains the same.
+func TestExplainGolden(t *testing.T) {
+	st := loadDemo(t)
+	st.SetService("ns/a", &model.Service{Namespace: "ns", Name: "a", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.9.1"), netip.MustParseAddr("fd00:96::9")},
+		InternalLocal: true, ExternalLocal: true, HealthCheckNodePort: 31999,
+		Ports: []model.ServicePort{{Protocol: "TCP", Port: 80, NodePort: 30999}}})
+	st.SetSlice("ns/a-1", &model.EndpointSlice{Namespace: "ns", Name: "a-1", Service: "a", Family: model.IPv4,
+		Ports: []model.EndpointPort{{Protocol: "TCP", Port: 80}},
+		Endpoints: []model.Endpoint{
+			{Addr: netip.MustParseAddr("10.0.9.1"), Ready: true, Serving: true, NodeName: "demo-node"},
+			{Addr: netip.MustParseAddr("10.0.9.2"), Ready: true, Serving: true, NodeName: "elsewhere"},
+			{Addr: netip.MustParseAddr("10.0.9.3"), Serving: true, Terminating: true, NodeName: "demo-node"},
+		}})
+	st.SetSlice("ns/a-2", &model.EndpointSlice{Namespace: "ns", Name: "a-2", Service: "a", Family: model.IPv6,
+		Ports:     []model.EndpointPort{{Protocol: "TCP", Port: 80}},
+		Endpoints: []model.Endpoint{{Addr: netip.MustParseAddr("fd00::9:1"), Ready: true, Serving: true, NodeName: "demo-node"}}})
+	p := planner.New(planner.Options{}, &threeToOne{})
+	first := p.Build(context.Background(), st.Snapshot())
+	want := explainJSON(t, first)
+	golden(t, "explain.golden", want)
+
+	st.SetService("kube-system/dns", nil)
+	second := p.Build(context.Background(), st.Snapshot())
+	if got := explainJSON(t, first); got != want {
+		t.Errorf("the first result's explanations changed with the second Build:\n%s", got)
+	}
+	var before, after map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(want), &before); err != nil {
+		t.Fatal(err)
+	}
+	if err := json.Unmarshal([]byte(explainJSON(t, second)), &after); err != nil {
+		t.Fatal(err)
+	}
+	if len(after) != len(before)-2 {
+		t.Errorf("second build explains %d ports, want %d (the two dns ports gone)", len(after), len(before)-2)
+	}
+	for name, ex := range after {
+		if string(ex) != string(before[name]) {
+			t.Errorf("%s explained differently after a Build that reused it:\n%s\nwas:\n%s", name, ex, before[name])
+		}
+	}
+}
+
+// A published result is explained (HTTP) while the planner builds the next
+// ones: what it explains does not move (run with -race to see the reads
+// and writes do not meet).
+func TestExplainWhileBuilding(t *testing.T) {
+	st := loadDemo(t)
+	p := planner.New(planner.Options{}, &threeToOne{})
+	first := p.Build(context.Background(), st.Snapshot())
+	want := explainJSON(t, first)
+	done := make(chan string)
+	go func() {
+		defer close(done)
+		for range 20 {
+			b, err := json.MarshalIndent(first.Explains(nil), "", "  ")
+			if got := string(b) + "\n"; err != nil || got != want {
+				done <- fmt.Sprint(got, err)
+				return
+			}
+		}
+	}()
+	for i := range 20 {
+		st.SetNode(&model.Node{Name: "demo-node", Zone: fmt.Sprint("zone-", i)})
+		p.Invalidate()
+		p.Build(context.Background(), st.Snapshot())
+	}
+	if got, changed := <-done; changed {
+		t.Errorf("explained while building:\n%s\nwant:\n%s", got, want)
 	}
 }

@@ -20,7 +20,7 @@ func Example() {
 	}
 	port := model.ServicePort{Protocol: "TCP", Port: 80, NodePort: 30080}
 	endpoint := func(addr, node, zone string, ready bool) model.PortEndpoint {
-		return model.PortEndpoint{Port: 8080, Endpoint: model.Endpoint{
+		return model.PortEndpoint{Port: 8080, Endpoint: &model.Endpoint{
 			Addr: netip.MustParseAddr(addr), NodeName: node, Zone: zone,
 			Ready: ready, Serving: true, Terminating: !ready,
 		}}

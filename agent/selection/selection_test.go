@@ -54,7 +54,7 @@ func ep(n int, node, cond string, opts ...string) model.PortEndpoint {
 			panic("bad option " + o)
 		}
 	}
-	return model.PortEndpoint{Endpoint: e, Port: 8080}
+	return model.PortEndpoint{Endpoint: &e, Port: 8080}
 }
 
 // show renders choices as "<last octet>:<L if local>:<reason>" for compact

@@ -11,6 +11,7 @@ import (
 	discovery "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/tools/cache"
@@ -315,16 +316,27 @@ func keyOf(obj any) string {
 // object outlives its conversion (at 5,000 services the stripped API
 // objects in the caches were about a third of the live heap).
 type Converted struct {
-	Meta     metav1.ObjectMeta // name, namespace, UID, resourceVersion
+	Meta     Meta
 	Service  *model.Service
 	Slice    *model.EndpointSlice
 	Warnings []string
 	Err      error
 }
 
+// Meta is the metadata a Converted keeps. It is not a metav1.ObjectMeta,
+// whose other thirteen fields made a Converted two and a half times as
+// large (3 MB at 5,000 services).
+type Meta struct {
+	Name, Namespace, ResourceVersion string
+	UID                              types.UID
+}
+
 // GetObjectMeta makes Converted a metav1.ObjectMetaAccessor, which is what
-// the informer's key function (meta.Accessor) needs.
-func (c *Converted) GetObjectMeta() metav1.Object { return &c.Meta }
+// the informer's key function (meta.Accessor) needs. The ObjectMeta is
+// made for the call: changing it changes nothing.
+func (c *Converted) GetObjectMeta() metav1.Object {
+	return &metav1.ObjectMeta{Name: c.Meta.Name, Namespace: c.Meta.Namespace, UID: c.Meta.UID, ResourceVersion: c.Meta.ResourceVersion}
+}
 
 // Transform is the informers' transform, run before anything is cached:
 // Services and EndpointSlices become Converted; a Node keeps only what
@@ -357,6 +369,6 @@ func (c *Converter) Transform(obj any) (any, error) {
 	return obj, nil
 }
 
-func keptMeta(m *metav1.ObjectMeta) metav1.ObjectMeta {
-	return metav1.ObjectMeta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
+func keptMeta(m *metav1.ObjectMeta) Meta {
+	return Meta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
 }

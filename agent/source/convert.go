@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strings"
 	"time"
+	"unique"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
@@ -183,6 +184,10 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 		}
 	}
 	var warnings []string
+	if len(s.Endpoints) > 0 {
+		// Kept as long as the slice is: sized once, not grown by append.
+		out.Endpoints = make([]model.Endpoint, 0, len(s.Endpoints))
+	}
 	for i, p := range s.Ports {
 		if p.Port == nil {
 			warnings = append(warnings, fmt.Sprintf("ports[%d]: no port number", i))
@@ -224,6 +229,9 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 		}
 		out.Endpoints = append(out.Endpoints, endpointOf(a, &e))
 	}
+	if len(out.Endpoints) == 0 {
+		out.Endpoints = nil // as without the sizing: compared with DeepEqual
+	}
 	return out, warnings, nil
 }
 
@@ -238,18 +246,20 @@ func endpointOf(a netip.Addr, e *discovery.Endpoint) model.Endpoint {
 		me.Serving = *e.Conditions.Serving
 	}
 	me.Terminating = e.Conditions.Terminating != nil && *e.Conditions.Terminating
+	// Node and zone names repeat across every endpoint of the cluster:
+	// each is kept once (the decoder allocates one string per field).
 	if e.NodeName != nil {
-		me.NodeName = *e.NodeName
+		me.NodeName = unique.Make(*e.NodeName).Value()
 	}
 	if e.Zone != nil {
-		me.Zone = *e.Zone
+		me.Zone = unique.Make(*e.Zone).Value()
 	}
 	if e.Hints != nil {
 		for _, z := range e.Hints.ForZones {
-			me.HintZones = append(me.HintZones, z.Name)
+			me.HintZones = append(me.HintZones, unique.Make(z.Name).Value())
 		}
 		for _, n := range e.Hints.ForNodes {
-			me.HintNodes = append(me.HintNodes, n.Name)
+			me.HintNodes = append(me.HintNodes, unique.Make(n.Name).Value())
 		}
 	}
 	return me

@@ -27,7 +27,8 @@ type Port struct {
 	Service *model.Service
 	Port    model.ServicePort
 	// V4 and V6 are the endpoints of each family, de-duplicated by
-	// address:port and sorted by address.
+	// address:port and sorted by address. They point into the slices'
+	// endpoints (model.PortEndpoint).
 	V4, V6 []model.PortEndpoint
 }
 
@@ -69,7 +70,7 @@ type State struct {
 	mu       sync.Mutex
 	services map[string]*model.Service
 	slices   map[string]*model.EndpointSlice
-	bySvc    map[string]map[string]*model.EndpointSlice // service key → slice key → slice
+	bySvc    map[string][]keyedSlice // service key → its slices, sorted by key
 	node     *model.Node
 
 	dirty       map[string]bool // service keys touched since the last snapshot
@@ -92,7 +93,7 @@ func New(notify func()) *State {
 	return &State{
 		services: make(map[string]*model.Service),
 		slices:   make(map[string]*model.EndpointSlice),
-		bySvc:    make(map[string]map[string]*model.EndpointSlice),
+		bySvc:    make(map[string][]keyedSlice),
 		dirty:    make(map[string]bool),
 		dirtySvc: make(map[string]bool),
 		dirtyEp:  make(map[string]bool),
@@ -133,9 +134,10 @@ func (s *State) SetSlice(key string, sl *model.EndpointSlice) {
 	}
 	if old != nil {
 		svcKey := old.Namespace + "/" + old.Service
-		delete(s.bySvc[svcKey], key)
-		if len(s.bySvc[svcKey]) == 0 {
+		if l := withoutSlice(s.bySvc[svcKey], key); len(l) == 0 {
 			delete(s.bySvc, svcKey)
+		} else {
+			s.bySvc[svcKey] = l
 		}
 		s.markLocked(svcKey)
 		s.dirtyEp[svcKey] = true
@@ -145,10 +147,7 @@ func (s *State) SetSlice(key string, sl *model.EndpointSlice) {
 	} else {
 		s.slices[key] = sl
 		svcKey := sl.Namespace + "/" + sl.Service
-		if s.bySvc[svcKey] == nil {
-			s.bySvc[svcKey] = make(map[string]*model.EndpointSlice)
-		}
-		s.bySvc[svcKey][key] = sl
+		s.bySvc[svcKey] = withSlice(s.bySvc[svcKey], key, sl)
 		s.markLocked(svcKey)
 		s.dirtyEp[svcKey] = true
 		if !sl.TriggerTime.IsZero() {
@@ -299,13 +298,15 @@ func (s *State) Snapshot() *Snapshot {
 			s.portsOf[key] = names
 		}
 	}
-	clear(s.dirty)
-	clear(s.dirtySvc)
-	clear(s.dirtyEp)
+	// New sets, not cleared ones: a cleared map keeps its size, and the
+	// cold start's sets hold every service.
+	s.dirty, s.dirtySvc, s.dirtyEp = make(map[string]bool), make(map[string]bool), make(map[string]bool)
 	s.nodeChanged = false
 	s.oldest = time.Time{}
 	s.triggers = nil
-	s.last = next
+	// The next snapshot needs only the ports and the node of this one,
+	// not its changes (every port, after a cold start).
+	s.last = &Snapshot{Generation: next.Generation, Node: next.Node, Ports: next.Ports}
 	return next
 }
 
@@ -329,8 +330,29 @@ func (s *State) buildLocked(svcKey string) map[model.ServicePortName]*Port {
 // the slice port with the same name and protocol gives the target port. An
 // address:port seen in more than one slice (as during a slice migration) is
 // kept once, preferring the entry that is ready, then serving.
-func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v4, v6 []model.PortEndpoint) {
-	seen := make(map[netip.AddrPort]int)
+func mergeEndpoints(sl []keyedSlice, sp model.ServicePort) (v4, v6 []model.PortEndpoint) {
+	// The lists are kept until the service changes: sized once, not grown
+	// by append (which left up to half of each unused).
+	var n4, n6 int
+	for _, ks := range sl {
+		slice := ks.slice
+		for _, port := range slice.Ports {
+			if port.Name == sp.Name && port.Protocol == sp.Protocol {
+				if slice.Family == model.IPv6 {
+					n6 += len(slice.Endpoints)
+				} else {
+					n4 += len(slice.Endpoints)
+				}
+			}
+		}
+	}
+	if n4 > 0 {
+		v4 = make([]model.PortEndpoint, 0, n4)
+	}
+	if n6 > 0 {
+		v6 = make([]model.PortEndpoint, 0, n6)
+	}
+	seen := make(map[netip.AddrPort]int, max(n4, n6))
 	add := func(list *[]model.PortEndpoint, pe model.PortEndpoint) {
 		k := netip.AddrPortFrom(pe.Addr, pe.Port)
 		if i, dup := seen[k]; dup {
@@ -342,14 +364,14 @@ func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v
 		seen[k] = len(*list)
 		*list = append(*list, pe)
 	}
-	for _, key := range sortedKeys(sl) {
-		slice := sl[key]
+	for _, ks := range sl {
+		slice := ks.slice
 		for _, port := range slice.Ports {
 			if port.Name != sp.Name || port.Protocol != sp.Protocol {
 				continue
 			}
-			for _, e := range slice.Endpoints {
-				pe := model.PortEndpoint{Endpoint: e, Port: port.Port}
+			for j := range slice.Endpoints {
+				pe := model.PortEndpoint{Endpoint: &slice.Endpoints[j], Port: port.Port}
 				if slice.Family == model.IPv6 {
 					add(&v6, pe)
 				} else {
@@ -366,7 +388,36 @@ func mergeEndpoints(sl map[string]*model.EndpointSlice, sp model.ServicePort) (v
 	return v4, v6
 }
 
-func better(a, b model.Endpoint) bool {
+// keyedSlice is an EndpointSlice under its key, in a service's list of
+// slices. The list is sorted by key, so that merging takes the slices in
+// a stable order; a service has one or a few, and a map each cost more
+// than the slices' list at 5,000 services.
+type keyedSlice struct {
+	key   string
+	slice *model.EndpointSlice
+}
+
+func byKey(ks keyedSlice, key string) int { return cmp.Compare(ks.key, key) }
+
+// withSlice returns l with sl under key, added or replaced.
+func withSlice(l []keyedSlice, key string, sl *model.EndpointSlice) []keyedSlice {
+	i, found := slices.BinarySearchFunc(l, key, byKey)
+	if found {
+		l[i].slice = sl
+		return l
+	}
+	return slices.Insert(l, i, keyedSlice{key: key, slice: sl})
+}
+
+// withoutSlice returns l without the slice under key.
+func withoutSlice(l []keyedSlice, key string) []keyedSlice {
+	if i, found := slices.BinarySearchFunc(l, key, byKey); found {
+		return slices.Delete(l, i, i+1)
+	}
+	return l
+}
+
+func better(a, b *model.Endpoint) bool {
 	if a.Ready != b.Ready {
 		return a.Ready
 	}

@@ -203,3 +203,49 @@ func TestPortReplacedInService(t *testing.T) {
 		t.Fatal("an untouched service's port was rebuilt")
 	}
 }
+
+// A service's slices are merged in key order whatever order they arrived
+// in (of two equal duplicates, the first slice's is kept), and a slice
+// that is deleted or moves to another service leaves its old one.
+func TestSlicesDeletedAndMoved(t *testing.T) {
+	s := New(nil)
+	http := model.ServicePort{Name: "http", Protocol: "TCP", Port: 80}
+	s.SetService("ns/web", svc("web", http))
+	s.SetService("ns/api", svc("api", http))
+	p := model.EndpointPort{Name: "http", Protocol: "TCP", Port: 8080}
+	onNode := func(addr, node string) model.Endpoint {
+		e := ep(addr, true)
+		e.NodeName = node
+		return e
+	}
+	s.SetSlice("ns/web-c", slice("web-c", "web", model.IPv4, p, onNode("10.0.0.1", "c"), onNode("10.0.0.3", "c")))
+	s.SetSlice("ns/web-a", slice("web-a", "web", model.IPv4, p, onNode("10.0.0.1", "a")))
+	s.SetSlice("ns/web-b", slice("web-b", "web", model.IPv4, p, onNode("10.0.0.2", "b")))
+	web := model.ServicePortName{Namespace: "ns", Name: "web", Port: "http"}
+	api := model.ServicePortName{Namespace: "ns", Name: "api", Port: "http"}
+	show := func(snap *Snapshot, name model.ServicePortName) string {
+		var out []string
+		for _, e := range snap.Ports[name].V4 {
+			out = append(out, e.AddrPort().String()+"@"+e.NodeName)
+		}
+		return fmt.Sprint(out)
+	}
+	if got, want := show(s.Snapshot(), web), "[10.0.0.1:8080@a 10.0.0.2:8080@b 10.0.0.3:8080@c]"; got != want {
+		t.Fatalf("web = %s, want %s", got, want)
+	}
+	s.SetSlice("ns/web-a", nil)
+	if got, want := show(s.Snapshot(), web), "[10.0.0.1:8080@c 10.0.0.2:8080@b 10.0.0.3:8080@c]"; got != want {
+		t.Fatalf("web-a deleted: web = %s, want %s", got, want)
+	}
+	s.SetSlice("ns/web-b", slice("web-b", "api", model.IPv4, p, onNode("10.0.0.2", "b")))
+	snap := s.Snapshot()
+	if got, want := show(snap, web), "[10.0.0.1:8080@c 10.0.0.3:8080@c]"; got != want {
+		t.Errorf("web-b moved to api: web = %s, want %s", got, want)
+	}
+	if got, want := show(snap, api), "[10.0.0.2:8080@b]"; got != want {
+		t.Errorf("web-b moved to api: api = %s, want %s", got, want)
+	}
+	if !snap.Changed[web] || !snap.Changed[api] {
+		t.Errorf("changed = %v, want web and api", snap.Changed)
+	}
+}

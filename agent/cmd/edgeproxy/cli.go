@@ -37,7 +37,7 @@ func printPlan(w io.Writer, a *agent.Agent, format string) error {
 			Generation uint64                                      `json:"generation"`
 			Frontends  []datapath.Frontend                         `json:"frontends"`
 			Explain    map[model.ServicePortName][]planner.Explain `json:"explain"`
-		}{res.Plan.Generation, res.Plan.Frontends, res.Explain})
+		}{res.Plan.Generation, res.Plan.Frontends, res.Explains(nil)})
 	}
 	_, err := io.WriteString(w, res.Plan.String())
 	return err
