@@ -97,6 +97,7 @@ type Cluster struct {
 	etcd          *process
 	apiserver     *process
 	kcm           *process
+	kcmPort       int
 	stopped       bool
 }
 
@@ -180,8 +181,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if c.port, err = freePort(bind.String()); err != nil {
 		return nil, err
 	}
-	kcmPort, err := freePort("127.0.0.1")
-	if err != nil {
+	if c.kcmPort, err = freePort("127.0.0.1"); err != nil {
 		return nil, err
 	}
 	c.URL = "https://" + net.JoinHostPort(dial.String(), strconv.Itoa(c.port))
@@ -199,7 +199,7 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 	if err := c.startAPIServer(ctx); err != nil {
 		return nil, err
 	}
-	if err := c.startControllerManager(ctx, kcmPort); err != nil {
+	if err := c.startControllerManager(ctx); err != nil {
 		return nil, err
 	}
 	return c, nil
@@ -264,7 +264,8 @@ func apiserverArgs(opts Options, etcdURL string, dial netip.Addr, port int, pki 
 // startControllerManager starts kube-controller-manager with only the
 // EndpointSlice controllers, secure port on loopback, and waits until it
 // is healthy.
-func (c *Cluster) startControllerManager(ctx context.Context, port int) error {
+func (c *Cluster) startControllerManager(ctx context.Context) error {
+	port := c.kcmPort
 	kcmKubeconfig := filepath.Join(c.Dir, "controller-manager.kubeconfig")
 	if err := c.writeKubeconfig(kcmKubeconfig, c.URL, "system:kube-controller-manager", c.pki.controller); err != nil {
 		return err
@@ -370,7 +371,14 @@ func (c *Cluster) StopAPIServer() error {
 }
 
 // StartAPIServer starts kube-apiserver again after StopAPIServer, with the
-// same flags, address and port, and waits until it is ready.
+// same flags, address and port, and waits until it is ready. Then it
+// restarts kube-controller-manager, as a controller manager with leader
+// election does after an outage longer than its renew deadline (it exits
+// and its supervisor starts it again). This one runs without leader
+// election; left running, it resumes on client-go's reflector backoff and
+// the EndpointSlice controller's per-Service retry backoff (doubling to
+// 1000s), which made slice updates after a restart take from 20s to
+// minutes — its time, not the proxy's under test.
 func (c *Cluster) StartAPIServer(ctx context.Context) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -380,7 +388,16 @@ func (c *Cluster) StartAPIServer(ctx context.Context) error {
 	if c.apiserver != nil {
 		return errors.New("cluster: kube-apiserver is already running")
 	}
-	return c.startAPIServer(ctx)
+	if err := c.startAPIServer(ctx); err != nil {
+		return err
+	}
+	if c.kcm != nil {
+		if err := c.kcm.stop(); err != nil {
+			return err
+		}
+		c.kcm = nil
+	}
+	return c.startControllerManager(ctx)
 }
 
 func (c *Cluster) startAPIServer(ctx context.Context) error {

@@ -166,11 +166,8 @@ func (c *Cluster) SetPodReady(ctx context.Context, ns, name string, ready bool) 
 
 // WaitSliceReady waits until the EndpointSlices of Service ns/service say
 // of address ip what ready says: listed and ready, or not listed as ready.
-// It is for tests that change a pod and then check a proxy: it separates
-// the controller manager's part from the proxy's. After an API server
-// restart the controller manager's informers resume on client-go's backoff
-// (up to about a minute when the outage spanned several retries), which is
-// the controller manager's time, not the proxy's. Errors from the API
+// It is for tests that change a pod and then check a proxy: it bounds the
+// controller manager's part apart from the proxy's. Errors from the API
 // server are ridden out until timeout.
 func (c *Cluster) WaitSliceReady(ctx context.Context, ns, service, ip string, ready bool, timeout time.Duration) error {
 	sel := metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + service}

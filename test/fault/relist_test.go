@@ -118,8 +118,7 @@ server: {healthz: %q, metrics: %q}
 	if err := c.SetPodReady(ctx, ns, "a", false); err != nil {
 		t.Fatal(err)
 	}
-	// The controller manager's part, bounded on its own: its informers
-	// resume on client-go's backoff after the restarts.
+	// The controller manager's part first, on its own bound.
 	for ip, ready := range map[string]bool{b.IP.String(): true, a.IP.String(): false} {
 		if err := c.WaitSliceReady(ctx, ns, "web", ip, ready, 3*time.Minute); err != nil {
 			t.Fatal(err)

@@ -338,8 +338,7 @@ health: {mode: offline, after: 2s, interval: 300ms, timeout: 300ms, failureThres
 	if err := cl.SetPodReady(ctx, ns, "c", false); err != nil {
 		t.Fatal(err)
 	}
-	// The controller manager's part first, with its own bound: after the
-	// outage its informers resume on client-go's backoff, up to a minute.
+	// The controller manager's part first, on its own bound.
 	back := time.Now()
 	if err := cl.WaitSliceReady(ctx, ns, "web", c.IP.String(), false, 3*time.Minute); err != nil {
 		t.Fatal(err)
