@@ -75,3 +75,14 @@ func readOnlyMapping(line string, ino uint64) (start, end uintptr, ok bool) {
 	}
 	return uintptr(s), uintptr(e), true
 }
+
+// majorFaults is how many page faults of the process had to read from the
+// disk so far (getrusage's ru_majflt); 0 when it cannot be read. After
+// pageOutExecutable, code run for the first time since faults in this way.
+func majorFaults() int64 {
+	var ru unix.Rusage
+	if err := unix.Getrusage(unix.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return ru.Majflt
+}

@@ -16,7 +16,7 @@ import (
 // apply makes the next sync a full one; trigger times of the changes it
 // carried stay queued so the latency metric counts them when they land.
 func (a *Agent) sync(ctx context.Context) error {
-	start := time.Now()
+	start, faults := time.Now(), majorFaults()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	// The watchdog wants to know the loop turns, not that it succeeds: a
@@ -68,6 +68,8 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.probes.publish()
 	a.observeSync(res, start, now)
 	a.afterSync(res, start, now)
+	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
+		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start), "majorFaults", majorFaults()-faults)
 	return nil
 }
 
@@ -116,8 +118,6 @@ func (a *Agent) afterSync(res *planner.Result, start, now time.Time) {
 		status += " (from the last known state; API server unreachable)"
 	}
 	_ = a.notifier.Status(status)
-	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
-		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start))
 }
 
 // kernelWatch is a backend that tells cheaply whether its kernel objects

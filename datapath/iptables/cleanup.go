@@ -88,7 +88,8 @@ func (f *family) cleanup(ctx context.Context) error {
 	}
 	text, _, err := tx.render()
 	if err == nil {
-		err = f.restore(ctx, text)
+		var none restorer
+		_, err = f.restore(ctx, &none, text)
 	}
 	if err != nil {
 		errs = append(errs, fmt.Errorf("iptables: cleanup: %w", err))

@@ -18,11 +18,34 @@ import (
 type fakeTables struct {
 	chains   map[tableChain][]string
 	restores int
+	aborted  int // restores started and aborted
 }
 
 func newFakeTables() *fakeTables { return &fakeTables{chains: map[tableChain][]string{}} }
 
 var _ tablesIO = (*fakeTables)(nil)
+
+// StartRestore starts a restore whose input is applied at Commit.
+func (k *fakeTables) StartRestore(context.Context) (restorer, error) {
+	return &fakeRestore{k: k}, nil
+}
+
+// fakeRestore collects a restore's input; Abort drops it.
+type fakeRestore struct {
+	k     *fakeTables
+	input []byte
+}
+
+func (r *fakeRestore) Write(p []byte) (int, error) {
+	r.input = append(r.input, p...)
+	return len(p), nil
+}
+
+func (r *fakeRestore) Commit() (xtables.RestoreStats, error) {
+	return xtables.RestoreStats{}, r.k.RestoreNoFlush(context.Background(), r.input)
+}
+
+func (r *fakeRestore) Abort() { r.k.aborted++ }
 
 // RestoreNoFlush applies an iptables-restore --noflush input.
 func (k *fakeTables) RestoreNoFlush(_ context.Context, text []byte) error {

@@ -121,7 +121,7 @@ var (
 type family struct {
 	cfg Config
 	x   *xtables.Tool   // the backend's tools: restore, save, listings
-	io  tablesIO        // f.x, or a fake in unit tests
+	io  tablesIO        // toolIO{f.x}, or a fake in unit tests
 	ipt *goipt.IPTables // rule-by-rule edits of the jumps
 	log *slog.Logger
 
@@ -148,11 +148,26 @@ type family struct {
 }
 
 // tablesIO is what a sync needs of the tables: restores and listings
-// (iptables -t TABLE -S). *xtables.Tool implements it; unit tests use a
-// fake.
+// (iptables -t TABLE -S). toolIO implements it; unit tests use a fake.
 type tablesIO interface {
-	RestoreNoFlush(ctx context.Context, text []byte) error
+	StartRestore(ctx context.Context) (restorer, error)
 	Run(ctx context.Context, args ...string) (string, error)
+}
+
+// restorer is one running iptables-restore --noflush (*xtables.Restore):
+// its input is written, then committed, or it is aborted and commits
+// nothing.
+type restorer interface {
+	Write(p []byte) (int, error)
+	Commit() (xtables.RestoreStats, error)
+	Abort()
+}
+
+// toolIO is tablesIO on the real tools.
+type toolIO struct{ *xtables.Tool }
+
+func (t toolIO) StartRestore(ctx context.Context) (restorer, error) {
+	return t.Tool.StartRestore(ctx)
 }
 
 // New detects the iptables backend, checks that our chains are not held by
@@ -239,7 +254,7 @@ func openFamily(v Variant, fam datapath.Family, wait time.Duration, log *slog.Lo
 	if err != nil {
 		return nil, fmt.Errorf("iptables: %s: %w", x.IPTables, err)
 	}
-	return &family{cfg: Config{Family: fam}, x: x, io: x, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
+	return &family{cfg: Config{Family: fam}, x: x, io: toolIO{x}, ipt: ipt, log: log.With("family", fmt.Sprintf("IPv%d", fam))}, nil
 }
 
 func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, error) {
@@ -295,55 +310,16 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	defer p.mu.Unlock()
 	var errs []error
 	ok := true
+	// One family after the other, from the calling goroutine: the tools
+	// run in its thread's network namespace (a goroutine of its own may
+	// run on a thread in another), and iptables-legacy's families share
+	// one lock, which a restore that finds taken retries a second later.
 	for _, f := range p.fams {
-		// A rewrite of everything on the first apply (adopting what a
-		// previous run left), after a failure or tampering, and once per
-		// FullSyncPeriod. plan.Full otherwise means "compare everything":
-		// the sentinel rules are checked unless the tables' fingerprint
-		// shows no write since they last passed (a flush found there turns
-		// this into a rewrite), all units are rendered again without trusting
-		// plan.Changed, and the chains that differ from what was written
-		// are rewritten.
-		full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
-		if plan.Full && !full && !f.unchanged() {
-			if t, err := f.tampered(ctx); err != nil || t {
-				full = true
-			}
-		}
-		if ips, err := datapath.NodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
-			f.log.Warn("cannot list the node's addresses; node ports keep the addresses they had", "err", err)
-		} else {
-			f.cfg.NodePortIPs = ips
-		}
-		f.cfg.HealthCheckPorts = plan.HealthCheckPorts
-		start := time.Now()
-		pre, trusted := f.verifiedNow()
-		st, err := f.apply(ctx, plan, full, plan.Full)
-		if err == nil && trusted {
-			f.trustOwnWrite(pre)
-		}
-		if full {
-			p.m.fullDuration.Observe(time.Since(start).Seconds())
-		} else {
-			p.m.partialDuration.Observe(time.Since(start).Seconds())
-		}
-		p.m.restoreFailures.Add(float64(st.failures))
-		if !full {
-			p.m.partialFailures.Add(float64(st.failures))
-		}
-		if st.bytes > 0 {
-			p.m.restoreBytes.Set(float64(st.bytes))
-		}
-		for t, n := range st.rules {
-			p.m.rules.WithLabelValues(t).Set(float64(n))
-		}
+		fatal, err := p.applyFamily(ctx, f, plan)
 		if err != nil {
 			errs = append(errs, err)
-			if st.fatal {
-				ok = false
-			}
 		}
-		f.log.Debug("applied plan", "generation", plan.Generation, "full", full, "written", st.written, "units", st.units, "bytes", st.bytes, "took", time.Since(start))
+		ok = ok && !fatal
 	}
 	// A failed conntrack cleanup does not fail the apply: the rules are
 	// right, the cleaner counts the failure, and the next sync tries again.
@@ -353,6 +329,58 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		}
 	}
 	return errors.Join(errs...)
+}
+
+// applyFamily applies plan to one family's tables and records it in the
+// metrics; fatal is a failure that left the family's rules unwritten.
+func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Plan) (fatal bool, err error) {
+	// A rewrite of everything on the first apply (adopting what a
+	// previous run left), after a failure or tampering, and once per
+	// FullSyncPeriod. plan.Full otherwise means "compare everything":
+	// the sentinel rules are checked unless the tables' fingerprint
+	// shows no write since they last passed (a flush found there turns
+	// this into a rewrite), all units are rendered again without trusting
+	// plan.Changed, and the chains that differ from what was written
+	// are rewritten.
+	full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
+	if plan.Full && !full && !f.unchanged() {
+		if t, err := f.tampered(ctx); err != nil || t {
+			full = true
+		}
+	}
+	if ips, err := datapath.NodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
+		f.log.Warn("cannot list the node's addresses; node ports keep the addresses they had", "err", err)
+	} else {
+		f.cfg.NodePortIPs = ips
+	}
+	f.cfg.HealthCheckPorts = plan.HealthCheckPorts
+	start := time.Now()
+	pre, trusted := f.verifiedNow()
+	st, err := f.apply(ctx, plan, full, plan.Full)
+	if err == nil && trusted {
+		f.trustOwnWrite(pre)
+	}
+	if full {
+		p.m.fullDuration.Observe(time.Since(start).Seconds())
+	} else {
+		p.m.partialDuration.Observe(time.Since(start).Seconds())
+	}
+	p.m.restoreFailures.Add(float64(st.failures))
+	if !full {
+		p.m.partialFailures.Add(float64(st.failures))
+	}
+	if st.bytes > 0 {
+		p.m.restoreBytes.Set(float64(st.bytes))
+	}
+	for t, n := range st.rules {
+		p.m.rules.WithLabelValues(t).Set(float64(n))
+	}
+	// Where the time went: a restore's wall time against its own CPU time
+	// tells a busy machine (the restore waited for a core) from a larger
+	// write.
+	f.log.Debug("applied plan", "generation", plan.Generation, "full", full, "written", st.written, "units", st.units, "bytes", st.bytes,
+		"took", time.Since(start), "render", st.render, "restore", st.restore.Wall, "restoreCPU", st.restore.CPU)
+	return err != nil && st.fatal, err
 }
 
 // Unchanged reports whether every family's tables are as the last apply
@@ -380,6 +408,8 @@ type applyStats struct {
 	failures              int
 	fatal                 bool
 	rules                 map[string]int
+	render                time.Duration        // rendering the rules and the restore input
+	restore               xtables.RestoreStats // of the last restore
 }
 
 // emptyRestore is the restore input of a partial sync that changes nothing.
@@ -424,8 +454,23 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 	// belongs to; the bound keeps a systematic failure from looping.
 	const maxRounds = 8
 	dropped := map[unitID]bool{}
+	// A rewrite always writes: its iptables-restore starts before the
+	// render, so that the process's start-up overlaps with it. Its input
+	// is written only once it is rendered whole and its objects have
+	// passed their checks; a render refused before that aborts it, and
+	// the kernel keeps the rules it has.
+	var rr restorer
+	if full {
+		rr, _ = f.io.StartRestore(ctx) // on failure, started again below and reported there
+	}
+	defer func() {
+		if rr != nil {
+			rr.Abort()
+		}
+	}()
 	for round := 0; ; round++ {
 		var keepFixed bool
+		began := time.Now()
 		rs, keepFixed = f.ruleset(plan, full, compareAll, dropped)
 		if round == 0 {
 			errs = rs.Errors
@@ -435,12 +480,12 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 		var text []byte
 		var owner []*unitID
 		text, owner, fixed, err = rs.restoreText(ws)
-		st.bytes = len(text)
+		st.bytes, st.render = len(text), time.Since(began)
 		if err == nil {
 			if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
 				return rs, ws, fixed, errs, nil // nothing changed
 			}
-			err = f.restore(ctx, text)
+			st.restore, err = f.restore(ctx, &rr, text)
 		}
 		if err == nil {
 			return rs, ws, fixed, errs, nil
@@ -631,11 +676,23 @@ func hasRule(listing string, j jump) bool {
 	return false
 }
 
-func (f *family) restore(ctx context.Context, text []byte) error {
-	if err := f.io.RestoreNoFlush(ctx, text); err != nil {
-		return fmt.Errorf("iptables: %w", err)
+// restore writes text with one iptables-restore --noflush: *rr when one
+// was started (it is used up), else a new one.
+func (f *family) restore(ctx context.Context, rr *restorer, text []byte) (xtables.RestoreStats, error) {
+	r := *rr
+	*rr = nil
+	if r == nil {
+		var err error
+		if r, err = f.io.StartRestore(ctx); err != nil {
+			return xtables.RestoreStats{}, fmt.Errorf("iptables: %w", err)
+		}
 	}
-	return nil
+	_, _ = r.Write(text) // a failed write is reported by Commit
+	st, err := r.Commit()
+	if err != nil {
+		return st, fmt.Errorf("iptables: %w", err)
+	}
+	return st, nil
 }
 
 // ensureJumps puts each jump from a built-in chain in place, first in its

@@ -263,3 +263,33 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 		t.Fatalf("tables after the refused unit differ from a full sync without it:\n--- got\n%s\n--- want\n%s", got, want)
 	}
 }
+
+// TestRewriteRenderErrorWritesNothing: a rewrite starts its
+// iptables-restore before the render; when the input cannot be rendered
+// (an object no unit is to blame for is refused), that restore is aborted
+// with nothing written, and the tables keep the rules they had.
+func TestRewriteRenderErrorWritesNothing(t *testing.T) {
+	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	k := newFakeTables()
+	f := newFakeFamily(cfg, k)
+	plan := &datapath.Plan{Frontends: samplePlan(), Full: true}
+	if _, err := f.apply(context.Background(), plan, true, true); err != nil {
+		t.Fatal(err)
+	}
+	before, restores := k.Dump(), k.restores
+	// A fixed rule that cannot be rendered: a cluster CIDR that is no prefix.
+	f.cfg.ClusterCIDRs = []netip.Prefix{{}}
+	_, err := f.apply(context.Background(), plan, true, true)
+	if err == nil {
+		t.Fatal("a rewrite whose fixed rules cannot be rendered succeeded")
+	}
+	if k.aborted != 1 || k.restores != restores {
+		t.Errorf("restores committed %d, aborted %d; want the started one aborted and none committed", k.restores-restores, k.aborted)
+	}
+	if got := k.Dump(); got != before {
+		t.Fatalf("tables changed by a rewrite that could not be rendered:\n--- got\n%s\n--- before\n%s", got, before)
+	}
+	if !f.needFull {
+		t.Error("the failed rewrite does not make the next apply a rewrite")
+	}
+}

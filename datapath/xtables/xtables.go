@@ -11,6 +11,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"os/exec"
 	"strconv"
@@ -114,17 +115,116 @@ func (t *Tool) Run(ctx context.Context, args ...string) (string, error) {
 }
 
 // RestoreNoFlush writes text with iptables-restore --noflush: chains it
-// declares are emptied and refilled, all others are left alone; the whole
-// text is one transaction.
+// declares are emptied and refilled, all others are left alone; each table
+// of the text is one transaction, committed at its COMMIT line.
 func (t *Tool) RestoreNoFlush(ctx context.Context, text []byte) error {
-	if t == nil {
-		return errors.New("xtables: no iptables tool opened")
-	}
-	_, err := run(ctx, text, t.Restore, "--noflush", "-w", t.waitArg())
+	r, err := t.StartRestore(ctx)
 	if err != nil {
-		return &RestoreError{Line: failedLine(err.Error()), Err: err}
+		return err
 	}
-	return nil
+	_, _ = r.Write(text) // a failed write is reported by Commit
+	_, err = r.Commit()
+	return err
+}
+
+// Restore is one iptables-restore --noflush that runs while its input is
+// written: started before the input is ready, its own start-up (exec,
+// libraries, extensions) overlaps with what produces the input. The kernel
+// sees a table at its COMMIT line only, so a Restore aborted before a
+// COMMIT was written commits nothing.
+type Restore struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	out   bytes.Buffer // standard output and error
+	start time.Time
+	werr  error // the first failed write
+	ended bool
+}
+
+// RestoreStats is what one restore cost: its wall time from start to exit
+// and the CPU time (user and system) of the iptables-restore process.
+type RestoreStats struct {
+	Wall, CPU time.Duration
+}
+
+// StartRestore starts iptables-restore --noflush with the lock wait; its
+// input is what Write is given. End it with Commit or Abort.
+func (t *Tool) StartRestore(ctx context.Context) (*Restore, error) {
+	if t == nil {
+		return nil, errors.New("xtables: no iptables tool opened")
+	}
+	cmd := exec.CommandContext(ctx, t.Restore, "--noflush", "-w", t.waitArg())
+	r := &Restore{cmd: cmd}
+	cmd.Stdout, cmd.Stderr = &r.out, &r.out
+	var err error
+	if r.stdin, err = cmd.StdinPipe(); err != nil {
+		return nil, fmt.Errorf("xtables: %s: %w", t.Restore, err)
+	}
+	r.start = time.Now()
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("xtables: start %s: %w", t.Restore, err)
+	}
+	return r, nil
+}
+
+// Write hands p to iptables-restore. After a failed write (the process
+// ended early, e.g. on a bad line) further input is dropped; Commit then
+// reports why.
+func (r *Restore) Write(p []byte) (int, error) {
+	if r.werr != nil {
+		return 0, r.werr
+	}
+	n, err := r.stdin.Write(p)
+	if err != nil {
+		r.werr = fmt.Errorf("xtables: write to %s: %w", r.cmd.Path, err)
+	}
+	return n, r.werr
+}
+
+// Commit ends the input and waits for iptables-restore: the tables whose
+// COMMIT it read are committed. A failure is a *RestoreError.
+func (r *Restore) Commit() (RestoreStats, error) {
+	if r.ended {
+		return RestoreStats{}, errors.New("xtables: restore already ended")
+	}
+	r.ended = true
+	cerr := r.stdin.Close()
+	err := r.cmd.Wait()
+	st := r.stats()
+	switch {
+	case err != nil:
+		err = fmt.Errorf("xtables: %s %s: %w: %s", r.cmd.Path, strings.Join(r.cmd.Args[1:], " "), err, bytes.TrimSpace(r.out.Bytes()))
+	case r.werr != nil:
+		err = r.werr
+	case cerr != nil:
+		err = fmt.Errorf("xtables: close the input of %s: %w", r.cmd.Path, cerr)
+	default:
+		return st, nil
+	}
+	return st, &RestoreError{Line: failedLine(err.Error()), Err: err}
+}
+
+// Abort kills iptables-restore and waits for it, unless it has ended.
+// Nothing of a table whose COMMIT line was not written is committed; Abort
+// before any Write commits nothing at all.
+func (r *Restore) Abort() {
+	if r.ended {
+		return
+	}
+	r.ended = true
+	// Killed before its input ends: an input without COMMIT would be
+	// refused too, but a kill does not depend on how the input ends.
+	_ = r.cmd.Process.Kill()
+	_ = r.stdin.Close()
+	_ = r.cmd.Wait()
+}
+
+func (r *Restore) stats() RestoreStats {
+	st := RestoreStats{Wall: time.Since(r.start)}
+	if ps := r.cmd.ProcessState; ps != nil {
+		st.CPU = ps.UserTime() + ps.SystemTime()
+	}
+	return st
 }
 
 // RestoreError is a failed iptables-restore. Line is the line of the input
