@@ -111,7 +111,7 @@ func (t *Tool) Run(ctx context.Context, args ...string) (string, error) {
 	if t == nil {
 		return "", errors.New("xtables: no iptables tool opened")
 	}
-	return run(ctx, nil, t.IPTables, append([]string{"-w", t.waitArg()}, args...)...)
+	return run(ctx, t.IPTables, append([]string{"-w", t.waitArg()}, args...)...)
 }
 
 // RestoreNoFlush writes text with iptables-restore --noflush: chains it
@@ -265,7 +265,7 @@ func (t *Tool) SaveTable(ctx context.Context, table string) (string, error) {
 	if table != "" {
 		args = []string{"-t", table}
 	}
-	return run(ctx, nil, t.Save, args...)
+	return run(ctx, t.Save, args...)
 }
 
 // ChainExists reports whether table holds chain.
@@ -294,11 +294,8 @@ func (t *Tool) CheckOtherBackend(ctx context.Context, table, marker string, log 
 	return nil
 }
 
-func run(ctx context.Context, stdin []byte, name string, args ...string) (string, error) {
+func run(ctx context.Context, name string, args ...string) (string, error) {
 	cmd := exec.CommandContext(ctx, name, args...)
-	if stdin != nil {
-		cmd.Stdin = bytes.NewReader(stdin)
-	}
 	// Stderr apart: iptables-nft-save warns there about legacy tables,
 	// which must not reach a parsed listing.
 	var out, stderr bytes.Buffer
