@@ -157,12 +157,7 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 		if answers > 0 && w.patience > 0 {
 			timeout = w.patience
 		}
-		var r netns.Reply
-		if c.Shape.Proto == udp {
-			r, err = from.UDP(dst, 0, timeout)
-		} else {
-			r, err = from.TCP(dst, timeout)
-		}
+		r, err := w.send(from, c.Shape.Proto == udp, dst, timeout)
 		if err != nil {
 			fails[classify(err)] = true
 			noAnswer++
@@ -182,6 +177,39 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	o := Outcome{Endpoints: sorted(eps), Sources: sorted(srcs), Failures: sorted(fails)}
 	o.Sticky = c.Shape.Affinity && len(eps) == 1 && answers > 1
 	return o
+}
+
+// Probe source ports: every probe of a run takes the next one, so that
+// no four-tuple comes back within a run (about 17,000 probes for the two
+// proxies of the IPVS matrix). IPVS keeps a connection for minutes after it
+// ends (TIME_WAIT 2 min), also across the proxies of one run, and with
+// net.ipv4.vs.conntrack=1 drops the first SYN that reuses its tuple: the
+// client's kernel, which chooses ports by destination, reuses them when the
+// server closed first. The range is below the ephemeral ports (32768+),
+// the NodePorts (30000+) and the stale-conntrack flows (40000+), and above
+// the ports the proxies listen on (10249, 10256).
+const (
+	firstSrcPort = 12000
+	lastSrcPort  = 29999
+)
+
+// send probes dst once from a port of its own, skipping a port that is in
+// use in the client's namespace.
+func (w *World) send(from *netns.NS, isUDP bool, dst netip.AddrPort, timeout time.Duration) (netns.Reply, error) {
+	for range 8 {
+		port := uint16(firstSrcPort + w.nextPort.Add(1)%(lastSrcPort-firstSrcPort+1))
+		var r netns.Reply
+		var err error
+		if isUDP {
+			r, err = from.UDP(dst, port, timeout)
+		} else {
+			r, err = from.TCPFrom(dst, port, timeout)
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
+			return r, err
+		}
+	}
+	return netns.Reply{}, fmt.Errorf("harness: no free source port near %d", firstSrcPort+w.nextPort.Load()%(lastSrcPort-firstSrcPort+1))
 }
 
 // candidates is how many different endpoints can answer a cell.

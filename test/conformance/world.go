@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -91,6 +92,8 @@ type World struct {
 	// answer (0: timeout): there a timeout means a slow retransmission,
 	// not a drop (see the VM world).
 	patience time.Duration
+	// nextPort counts the probes' source ports (see send).
+	nextPort atomic.Uint32
 }
 
 // podAddrs are the pods' addresses: local pods in the node's pod network

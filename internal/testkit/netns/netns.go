@@ -207,10 +207,21 @@ func parseReply(s string) (Reply, error) {
 
 // TCP connects from this namespace to dst and reads the echo reply.
 func (n *NS) TCP(dst netip.AddrPort, timeout time.Duration) (Reply, error) {
+	return n.TCPFrom(dst, 0, timeout)
+}
+
+// TCPFrom is TCP from source port srcPort (0: any). A caller that picks
+// its own ports can keep a connection's four-tuple from coming back while
+// a proxy still remembers it (IPVS drops the first SYN of a reused tuple).
+func (n *NS) TCPFrom(dst netip.AddrPort, srcPort uint16, timeout time.Duration) (Reply, error) {
 	var c net.Conn
 	err := n.Do(func() error {
 		var err error
-		c, err = (&net.Dialer{Timeout: timeout}).Dial("tcp", dst.String())
+		d := &net.Dialer{Timeout: timeout}
+		if srcPort != 0 {
+			d.LocalAddr = &net.TCPAddr{Port: int(srcPort)}
+		}
+		c, err = d.Dial("tcp", dst.String())
 		return err
 	})
 	return readReply(c, err, dst, timeout)
