@@ -97,6 +97,8 @@ type Agent struct {
 	snapWritten  time.Time // under mu
 	snapDirty    bool      // under mu
 	snapFailing  bool      // under mu: the last snapshot write failed
+	snapWriting  bool      // under mu: a write runs (saveSnapshot)
+	snapWG       sync.WaitGroup
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
 	probes       *probing // nil with health.mode: off
@@ -246,6 +248,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	_ = a.notifier.Stopping()
 	cancel()
 	g.wg.Wait()
+	a.snapWG.Wait()
 	if a.chains != nil {
 		if cerr := a.chains.Close(context.Background()); cerr != nil {
 			a.log.Warn("closing the policy engine", "err", cerr)

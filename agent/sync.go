@@ -34,6 +34,9 @@ func (a *Agent) sync(ctx context.Context) error {
 		// Nothing moved: the last plan stands, and the rules are as
 		// programmed as they were (alerts on a stale timestamp stay quiet).
 		a.metrics.lastSync.Set(float64(start.Unix()))
+		if p := a.last.Load(); p != nil && a.snapDirty {
+			a.saveSnapshot(p.res, start) // one the interval put off
+		}
 		return nil
 	}
 	// One shadow budget for the whole sync (policy.shadowBudget): the

@@ -14,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -72,12 +73,14 @@ func apiAgentConfig(t *testing.T, c *cluster.Cluster, hostIP netip.Addr, extra s
 		t.Fatal(err)
 	}
 	cfg = filepath.Join(dir, "config.yaml")
+	if !strings.Contains(extra, "sync:") {
+		extra = "sync: {minPeriod: 200ms, period: 30s}\n" + extra
+	}
 	if err := os.WriteFile(cfg, fmt.Appendf(nil, `nodeName: %s
 kubeconfig: %s
 mode: iptables
 clusterCIDR: 10.244.0.0/16
 stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
 %s`, nodeName, kubeconfig, filepath.Join(dir, "state"), extra), 0o644); err != nil {
 		t.Fatal(err)
 	}
