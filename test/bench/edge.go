@@ -89,7 +89,7 @@ func (r *Runner) idle(ctx context.Context, drv *Driver, res *Result) error {
 		if err != nil {
 			return IdleSample{}, fmt.Errorf("bench: S0: %w", err)
 		}
-		return IdleSample{CPU: u.CPU.Seconds(), Wakeups: wk, RSS: u.RSS}, nil
+		return IdleSample{CPU: u.Run.Seconds(), Wakeups: wk, RSS: u.RSS}, nil
 	}
 	s0, err := at()
 	if err != nil {

@@ -68,6 +68,58 @@ func TestWakeups(t *testing.T) {
 	}
 }
 
+// Run counts CPU to the nanosecond: a process that spins for a few
+// milliseconds moves it by about that much, where CPU (clock ticks) may
+// not move at all; a sleeping one moves it by almost nothing.
+func TestUsageRun(t *testing.T) {
+	cmd := exec.Command("sh", "-c", "read x; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; read x")
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	time.Sleep(50 * time.Millisecond)
+	u0, err := ReadUsage(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond)
+	u1, err := ReadUsage(cmd.Process.Pid)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if d := u1.Run - u0.Run; d < 0 || d > 5*time.Millisecond {
+		t.Errorf("a process blocked on read ran %s", d)
+	}
+	if u0.Run <= 0 {
+		t.Errorf("a started shell has run %s", u0.Run)
+	}
+	if _, err := stdin.Write([]byte("\n")); err != nil {
+		t.Fatal(err)
+	}
+	// The loop spins, then the shell blocks on the second read: wait until
+	// Run stops moving (bounded), and it has moved by the loop's work.
+	var u2 Usage
+	for range 200 {
+		time.Sleep(25 * time.Millisecond)
+		if u2, err = ReadUsage(cmd.Process.Pid); err != nil {
+			t.Fatal(err)
+		}
+		if u3, _ := ReadUsage(cmd.Process.Pid); u2.Run > u1.Run+time.Millisecond && u3.Run == u2.Run {
+			break
+		}
+	}
+	if d := u2.Run - u1.Run; d < time.Millisecond {
+		t.Errorf("a shell counting to 20000 ran %s", d)
+	}
+	if u2.Run < u2.CPU-10*time.Millisecond || u2.Run > u2.CPU+20*time.Millisecond {
+		t.Errorf("Run %s and CPU %s differ by more than a clock tick", u2.Run, u2.CPU)
+	}
+}
+
 // A resource use of zero is a measured value: it meets any target, and a
 // target of zero is missed by any use.
 func TestVerdictUse(t *testing.T) {

@@ -298,7 +298,7 @@ func (r *Runner) quiet(ctx context.Context, p *Proxy, k Kernel, res *Result) err
 	u1, _ := ReadUsage(p.PID())
 	g1, _ := k.Generation()
 	res.QuietWindow = window.Seconds()
-	res.QuietCPU = (u1.CPU - u0.CPU).Seconds()
+	res.QuietCPU = (u1.Run - u0.Run).Seconds()
 	sync := "kubeproxy_sync_proxy_rules_duration_seconds_count"
 	res.QuietSyncs = m1.Sum(sync) - m0.Sum(sync)
 	res.KernelWrites = -1
