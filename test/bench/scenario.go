@@ -52,8 +52,11 @@ type Result struct {
 	ColdPeakRSS int64   `json:"coldPeakRSSBytes"` // process plus live children
 	// The physical floor: one iptables-restore of this proxy's rule set
 	// into an empty namespace, and one single-chain change on top of it.
-	RuleSetBytes   int64   `json:"ruleSetBytes"`
-	FloorRestore   float64 `json:"floorRestoreSeconds"`
+	RuleSetBytes int64   `json:"ruleSetBytes"`
+	FloorRestore float64 `json:"floorRestoreSeconds"`
+	// FloorNoflush is the same restore with --noflush, as a proxy that
+	// shares the tables writes (iptables-restore only).
+	FloorNoflush   float64 `json:"floorNoflushSeconds,omitempty"`
 	FloorOneChange float64 `json:"floorOneChangeSeconds"`
 
 	// S2: API write → kernel-visible, seconds.
@@ -427,6 +430,11 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 		return err
 	}
 	res.FloorRestore = d.Seconds()
+	if res.Proxy != KubeProxyNFT {
+		if res.FloorNoflush, err = r.floorNoflush(restore, save); err != nil {
+			return err
+		}
+	}
 	var one []float64
 	for i := range 5 {
 		d, err := timed(ns, restore, noflush, fmt.Sprintf(change, i+1))
@@ -437,6 +445,18 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 	}
 	res.FloorOneChange = quantile(one, 0.5)
 	return ctx.Err()
+}
+
+// floorNoflush is one restore of save with --noflush into an empty
+// namespace of its own.
+func (r *Runner) floorNoflush(restore, save string) (float64, error) {
+	ns, err := NewNetns("floor-noflush")
+	if err != nil {
+		return 0, err
+	}
+	defer ns.Close()
+	d, err := timed(ns, restore, []string{"--noflush"}, save)
+	return d.Seconds(), err
 }
 
 // ruleSet is the text that restores the rules the proxy wrote.

@@ -75,6 +75,9 @@ func TestHarness(t *testing.T) {
 		if res.FloorRestore <= 0 || res.FloorOneChange <= 0 || res.RuleSetBytes <= 0 {
 			t.Errorf("%s: floor not measured: %+v", res.Proxy, res)
 		}
+		if res.Proxy != KubeProxyNFT && res.FloorNoflush <= 0 {
+			t.Errorf("%s: floor with --noflush not measured", res.Proxy)
+		}
 		if res.SteadyRSS <= 0 || res.Goroutines <= 0 || res.HeapAlloc <= 0 {
 			t.Errorf("%s: footprint not measured: rss %d goroutines %v heap %v", res.Proxy, res.SteadyRSS, res.Goroutines, res.HeapAlloc)
 		}
