@@ -188,6 +188,8 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		p("")
 		p("### S4 quiet resync and S5 footprint")
 		p("")
+		p("CPU in the quiet window is the time on CPU of the proxy's threads (schedstat, in nanoseconds) plus its children's.")
+		p("")
 		ref := rep.strongest(backend)
 		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target CPU ≤ %s | target RSS ≤0.5× %s |", ref, ref)
 		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
@@ -325,7 +327,7 @@ func (rep *Report) s0Section(p func(string, ...any)) {
 	}
 	p("## S0 edge scale: %d services × %d endpoints, quiet", rows[0].Services, rows[0].Endpoints)
 	p("")
-	p("After the cold start has settled, nothing changes for the window. RSS is the process plus live children (median of one sample per second; the peak beside it); CPU is user+system of the process and its children; wakeups are voluntary context switches summed over the proxy's threads (`/proc/PID/task/*/status`).")
+	p("After the cold start has settled, nothing changes for the window. RSS is the process plus live children (median of one sample per second; the peak beside it); CPU is the time on CPU of the proxy's threads (`/proc/PID/task/*/schedstat`, in nanoseconds) plus its children's; wakeups are voluntary context switches summed over the proxy's threads (`/proc/PID/task/*/status`).")
 	p("")
 	p("| backend | proxy | window | steady RSS | peak RSS | CPU per minute | wakeups per second | Go heap | goroutines | cold start | target RSS ≤25 MiB | target CPU ≤50 ms/min |")
 	p("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|")
