@@ -93,15 +93,18 @@ type Agent struct {
 	syncOnce               sync.Once
 	startTime              time.Time
 
-	notifier     *notify.Notifier
-	snapWritten  time.Time // under mu
-	snapDirty    bool      // under mu
-	snapFailing  bool      // under mu: the last snapshot write failed
-	snapWriting  bool      // under mu: a write runs (saveSnapshot)
-	snapWG       sync.WaitGroup
-	snapAge      atomic.Int64
-	fromSnapshot atomic.Bool
-	probes       *probing // nil with health.mode: off
+	notifier    *notify.Notifier
+	snapWritten time.Time // under mu
+	snapDirty   bool      // under mu
+	snapFailing bool      // under mu: the last snapshot write failed
+	snapWriting bool      // under mu: a write runs (saveSnapshot)
+	// releaseAfterSnap: the first sync left releaseAfterStart to the
+	// snapshot write it started. Under mu.
+	releaseAfterSnap bool
+	snapWG           sync.WaitGroup
+	snapAge          atomic.Int64
+	fromSnapshot     atomic.Bool
+	probes           *probing // nil with health.mode: off
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
 	// externalIPsWarned: Services already warned about ignored

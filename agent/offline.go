@@ -46,11 +46,18 @@ func (a *Agent) saveSnapshot(res *planner.Result, now time.Time) {
 	go func() {
 		defer a.snapWG.Done()
 		err := snapshot.Save(dir, s)
+		written := s.Written
+		s = nil // garbage before releaseAfterStart
 		a.mu.Lock()
-		defer a.mu.Unlock()
 		a.snapWriting = false
-		if !a.wroteSnapshot(dir, s, err) {
+		if !a.wroteSnapshot(dir, written, err) {
 			a.snapDirty = true // tried again by the next sync
+		}
+		release := a.releaseAfterSnap
+		a.releaseAfterSnap = false
+		a.mu.Unlock()
+		if release {
+			releaseAfterStart(a.log)
 		}
 	}()
 }
@@ -58,15 +65,15 @@ func (a *Agent) saveSnapshot(res *planner.Result, now time.Time) {
 // writeSnapshot saves s to the state directory now. Called with a.mu held.
 func (a *Agent) writeSnapshot(s *snapshot.Snapshot) bool {
 	dir := a.Config().StateDir
-	return a.wroteSnapshot(dir, s, snapshot.Save(dir, s))
+	return a.wroteSnapshot(dir, s.Written, snapshot.Save(dir, s))
 }
 
-// wroteSnapshot records the outcome of a write of s. A failure (a full
-// disk, a read-only directory) keeps the previous snapshot, is counted in
-// edgeproxy_snapshot_write_failures_total and logged once until a write
-// succeeds again: the caller keeps the snapshot dirty, so every later sync
-// tries again. Called with a.mu held.
-func (a *Agent) wroteSnapshot(dir string, s *snapshot.Snapshot, err error) bool {
+// wroteSnapshot records the outcome of a write of the snapshot stamped
+// written. A failure (a full disk, a read-only directory) keeps the previous
+// snapshot, is counted in edgeproxy_snapshot_write_failures_total and logged
+// once until a write succeeds again: the caller keeps the snapshot dirty, so
+// every later sync tries again. Called with a.mu held.
+func (a *Agent) wroteSnapshot(dir string, written time.Time, err error) bool {
 	if err != nil {
 		a.metrics.snapshotWriteFailures.Inc()
 		if !a.snapFailing {
@@ -79,8 +86,8 @@ func (a *Agent) wroteSnapshot(dir string, s *snapshot.Snapshot, err error) bool 
 		a.log.Info("the snapshot is written again", "dir", dir)
 	}
 	a.snapFailing = false
-	a.snapWritten = s.Written
-	a.snapAge.Store(s.Written.UnixNano())
+	a.snapWritten = written
+	a.snapAge.Store(written.UnixNano())
 	return true
 }
 

@@ -114,7 +114,13 @@ func (a *Agent) afterSync(res *planner.Result, start, now time.Time) {
 		if err := a.notifier.MarkReady(fmt.Sprintf("programmed %d frontends", len(res.Plan.Frontends))); err != nil {
 			a.log.Warn("systemd notify", "err", err)
 		}
-		releaseAfterStart(a.log)
+		// The first snapshot's encoding is start-up garbage too: give it
+		// back once that write is done (see saveSnapshot).
+		if a.snapWriting {
+			a.releaseAfterSnap = true
+		} else {
+			releaseAfterStart(a.log)
+		}
 	})
 	status := fmt.Sprintf("generation %d: %d frontends", res.Plan.Generation, len(res.Plan.Frontends))
 	if a.fromSnapshot.Load() {
