@@ -47,7 +47,7 @@ func run() error {
 	churnSize := flag.Int("churn-size", 0, "S3 runs at this service count only (default: 5000 when run, else the largest)")
 	minSync := flag.Duration("min-sync", time.Second, "minimum sync period of both proxies")
 	syncPeriod := flag.Duration("sync", 10*time.Second, "sync period of both proxies")
-	nftMax := flag.Int("nft-max", 0, "largest service count run on the nft backend (default: 5000 for full, else no limit); iptables-nft 1.8.9 takes minutes per rewrite beyond")
+	nftMax := flag.Int("nft-max", 0, "largest service count run on the nft backend (default: 5000 for full, else no limit); kube-proxy's iptables mode takes minutes per sync on iptables-nft 1.8.9 beyond")
 	out := flag.String("out", "bench-out", "directory for report.md, results.json, the charts and the logs")
 	edge := flag.String("edgeproxy", "bin/edgeproxy", "edgeproxy binary")
 	kp := flag.String("kube-proxy", "", "kube-proxy binary (default: the one test/cluster/build.sh built)")
