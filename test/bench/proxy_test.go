@@ -1,6 +1,7 @@
 package bench
 
 import (
+	"io"
 	"math"
 	"os/exec"
 	"testing"
@@ -34,10 +35,11 @@ func TestHistQuantile(t *testing.T) {
 	}
 }
 
-// Wakeups counts the voluntary context switches of every thread: a child
-// that sleeps in a loop is seen waking up, one per sleep at least.
-func TestWakeups(t *testing.T) {
-	cmd := exec.Command("sh", "-c", "for i in 1 2 3 4 5; do sleep 0.01; done; read x")
+// startShell runs script under sh with a pipe as its stdin; the shell is
+// waited for when t ends, after its stdin is closed.
+func startShell(t *testing.T, script string) (*exec.Cmd, io.WriteCloser) {
+	t.Helper()
+	cmd := exec.Command("sh", "-c", script)
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -45,7 +47,14 @@ func TestWakeups(t *testing.T) {
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	t.Cleanup(func() { stdin.Close(); _ = cmd.Wait() })
+	return cmd, stdin
+}
+
+// Wakeups counts the voluntary context switches of every thread: a child
+// that sleeps in a loop is seen waking up, one per sleep at least.
+func TestWakeups(t *testing.T) {
+	cmd, _ := startShell(t, "for i in 1 2 3 4 5; do sleep 0.01; done; read x")
 	w0, err := Wakeups(cmd.Process.Pid)
 	if err != nil {
 		t.Fatal(err)
@@ -72,15 +81,7 @@ func TestWakeups(t *testing.T) {
 // milliseconds moves it by about that much, where CPU (clock ticks) may
 // not move at all; a sleeping one moves it by almost nothing.
 func TestUsageRun(t *testing.T) {
-	cmd := exec.Command("sh", "-c", "read x; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; read x")
-	stdin, err := cmd.StdinPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	defer func() { stdin.Close(); _ = cmd.Wait() }()
+	cmd, stdin := startShell(t, "read x; i=0; while [ $i -lt 20000 ]; do i=$((i+1)); done; read x")
 	time.Sleep(50 * time.Millisecond)
 	u0, err := ReadUsage(cmd.Process.Pid)
 	if err != nil {
