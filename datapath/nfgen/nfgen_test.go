@@ -2,6 +2,7 @@ package nfgen_test
 
 import (
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"testing"
 
@@ -63,3 +64,48 @@ func ExampleParse() {
 	fmt.Println(gen, ok, err)
 	// Output: 12345 true <nil>
 }
+
+// The reply reader takes the generation from the answer to its own
+// request, and reports a netlink error as an errno.
+func TestAnswer(t *testing.T) {
+	msg := func(typ uint16, seq uint32, data []byte) []byte {
+		b := make([]byte, unix.NLMSG_HDRLEN, unix.NLMSG_HDRLEN+len(data)+4)
+		binary.NativeEndian.PutUint32(b[0:], uint32(unix.NLMSG_HDRLEN+len(data)))
+		binary.NativeEndian.PutUint16(b[4:], typ)
+		binary.NativeEndian.PutUint32(b[8:], seq)
+		b = append(b, data...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		return b
+	}
+	gen := message(t, func(ae *netlink.AttributeEncoder) { ae.Uint32(1, 77) })
+	other := message(t, func(ae *netlink.AttributeEncoder) { ae.Uint32(1, 5) })
+	errno := -int32(unix.EPERM)
+	eperm := binary.NativeEndian.AppendUint32(nil, uint32(errno))
+	ack := binary.NativeEndian.AppendUint32(nil, 0)
+	for _, c := range []struct {
+		name string
+		b    []byte
+		gen  uint32
+		err  error
+	}{
+		{name: "answer", b: msg(10<<8|15, 1, gen), gen: 77},
+		{name: "another request's first", b: append(msg(10<<8|15, 9, other), msg(10<<8|15, 1, gen)...), gen: 77},
+		{name: "ack then answer", b: append(msg(unix.NLMSG_ERROR, 1, ack), msg(10<<8|15, 1, gen)...), gen: 77},
+		{name: "refused", b: msg(unix.NLMSG_ERROR, 1, eperm), err: unix.EPERM},
+		{name: "nothing", b: msg(10<<8|15, 1, nil), err: errNoGen},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			g, err := nfgen.Answer(c.b, 1)
+			switch {
+			case c.err == errNoGen && err == nil, c.err != nil && c.err != errNoGen && !errors.Is(err, c.err):
+				t.Fatalf("Answer = %d, %v; want error %v", g, err, c.err)
+			case c.err == nil && (err != nil || g != c.gen):
+				t.Fatalf("Answer = %d, %v; want %d", g, err, c.gen)
+			}
+		})
+	}
+}
+
+var errNoGen = errors.New("no generation")

@@ -1,0 +1,4 @@
+package nfgen
+
+// Answer exposes the reply reader to the tests.
+var Answer = answer
