@@ -70,14 +70,13 @@ func cgroupMemoryMax(procCgroup, root string) (int64, error) {
 // releaseAfterStart gives back what the cold start used and a quiet agent
 // does not: the heap the first list and sync left free (debug.FreeOSMemory,
 // one GC) and the executable's pages that start-up touched
-// (pageOutExecutable). Once, after the first successful apply: doing it
+// (unmapExecutable). Once, after the first successful apply: doing it
 // after every sync would only make the next one fault its code back in.
 func releaseAfterStart(log *slog.Logger) {
 	debug.FreeOSMemory()
-	n, err := pageOutExecutable()
+	n, err := unmapExecutable()
 	if err != nil {
-		// An old kernel (before 5.4) refuses MADV_PAGEOUT; the pages stay.
-		log.Debug("executable pages stay resident", "err", err)
+		log.Debug("executable pages stay mapped", "err", err)
 		return
 	}
 	log.Debug("released start-up memory", "executableBytes", n)
