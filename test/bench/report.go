@@ -188,7 +188,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		p("")
 		p("### S4 quiet resync and S5 footprint")
 		p("")
-		p("CPU in the quiet window is the time on CPU of the proxy's threads (schedstat, in nanoseconds) plus its children's.")
+		p("CPU in the quiet window is the time on CPU of the proxy's threads (schedstat, in nanoseconds) plus its children's; the harness scrapes `/metrics` before and after the window, not in it.")
 		p("")
 		ref := rep.strongest(backend)
 		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target CPU ≤ %s | target RSS ≤0.5× %s |", ref, ref)

@@ -291,15 +291,21 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 
 func (r *Runner) quiet(ctx context.Context, p *Proxy, k Kernel, res *Result) error {
 	window := 2*r.Plan.Settings.Sync + 2*time.Second
+	// The window holds none of the harness's own requests: the proxy
+	// serves the scrapes before it (given a second to finish the work a
+	// scrape leaves) and after it.
 	m0, _ := p.Scrape(ctx)
+	if err := sleep(ctx, time.Second); err != nil {
+		return err
+	}
 	u0, _ := ReadUsage(p.PID())
 	g0, _ := k.Generation()
 	if err := sleep(ctx, window); err != nil {
 		return err
 	}
-	m1, _ := p.Scrape(ctx)
 	u1, _ := ReadUsage(p.PID())
 	g1, _ := k.Generation()
+	m1, _ := p.Scrape(ctx)
 	res.QuietWindow = window.Seconds()
 	res.QuietCPU = (u1.Run - u0.Run).Seconds()
 	sync := "kubeproxy_sync_proxy_rules_duration_seconds_count"
