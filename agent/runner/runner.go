@@ -93,11 +93,13 @@ type Runner struct {
 	min, retry, max      time.Duration // changed by SetIntervals
 	log                  *slog.Logger
 	looping              bool
+	running              bool      // the function is running (see Rest)
 	requested            bool      // a run was requested since the last run started
 	pendingSince         time.Time // see Status.PendingSince
 	inflightSince        time.Time // PendingSince as the current run took it over
 	lastEnd, lastSuccess time.Time
-	retryAt, maxAt       time.Time // zero: not scheduled
+	retryAt, maxAt       time.Time     // zero: not scheduled
+	rest                 time.Duration // asked for by the running run (see Rest)
 	lastErr              error
 	failures             int
 	runs                 uint64
@@ -168,6 +170,24 @@ func (r *Runner) Run() {
 	select {
 	case r.wake <- struct{}{}:
 	default: // a wake-up is already queued: coalesced
+	}
+}
+
+// Rest is called by the work function during a run that found nothing the
+// periodic runs guard against: the next periodic run may wait d after this
+// run ends instead of the max interval. It is never a reason to run later
+// when asked: a request runs as soon as the min interval allows, a failed
+// run is retried as usual, and the run after this one is back on the max
+// interval unless it rests too. A d not above the max interval, or a call
+// outside a run, changes nothing.
+//
+// kube-proxy's nftables and iptables modes run periodically once an hour;
+// a caller that can tell a quiet period from a busy one rests as long.
+func (r *Runner) Rest(d time.Duration) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.running {
+		r.rest = max(r.rest, d)
 	}
 }
 
@@ -300,6 +320,7 @@ func (r *Runner) runOnce(ctx context.Context) {
 	r.mu.Lock()
 	r.requested = false
 	r.inflightSince, r.pendingSince = r.pendingSince, time.Time{}
+	r.running, r.rest = true, 0
 	r.mu.Unlock()
 
 	start := r.clk.Now()
@@ -310,8 +331,9 @@ func (r *Runner) runOnce(ctx context.Context) {
 	r.runs++
 	r.lastEnd = end
 	if r.max > 0 {
-		r.maxAt = end.Add(r.max)
+		r.maxAt = end.Add(max(r.max, r.rest))
 	}
+	r.running, r.rest = false, 0
 	if err != nil {
 		r.failures++
 		r.lastErr = err

@@ -315,3 +315,46 @@ func TestOneLoopAtATime(t *testing.T) {
 		t.Fatal("second begin succeeded while the first loop runs")
 	}
 }
+
+func TestRestStretchesOnlyThePeriodicRun(t *testing.T) {
+	const rest = time.Hour
+	h := newHarness(t, minI, retryI, maxI)
+	resting := true
+	h.during = func() {
+		if resting {
+			h.r.Rest(rest)
+		}
+	}
+	h.at(maxI)
+	h.tick(1, maxI+rest) // the periodic run rested: the next waits an hour
+	h.at(maxI + rest - time.Nanosecond)
+	h.tick(1, maxI+rest)
+
+	// A request is served at once, and a run that does not rest puts the
+	// max interval back.
+	h.at(2 * maxI)
+	resting = false
+	h.r.Run()
+	h.tick(2, 3*maxI)
+	h.at(3 * maxI)
+	h.tick(3, 4*maxI)
+}
+
+func TestRestDoesNotDelayRetryOrShorten(t *testing.T) {
+	h := newHarness(t, minI, retryI, maxI)
+	h.during = func() { h.r.Rest(time.Hour) }
+	h.outcomes = []outcome{fail}
+	h.r.Run()
+	h.tick(1, retryI) // a failed run is retried as usual
+	h.at(retryI)
+	h.tick(2, retryI+time.Hour)
+
+	// A rest shorter than the max interval changes nothing, and so does a
+	// call outside a run.
+	h.during = func() { h.r.Rest(time.Second) }
+	h.r.Rest(24 * time.Hour)
+	h.r.Run()
+	h.tick(2, retryI+minI)
+	h.at(retryI + minI)
+	h.tick(3, retryI+minI+maxI)
+}
