@@ -5,10 +5,12 @@
 // The watchdog follows the sync loop, not the API server: the loop calls
 // Progress after every sync attempt, successful or not, and Run pings
 // systemd only while the last Progress is younger than the watchdog
-// interval. An unreachable control plane leaves the node "stale", and the
-// pings go on; a wedged loop stops them, and systemd restarts the agent
-// (sending SIGABRT first, so Go prints every goroutine's stack to the
-// journal).
+// interval. A loop that may sleep for longer than that with nothing to do
+// says what it owes instead (Options.Owed): then the pings stop only when
+// it has owed an attempt for a whole interval without making one. An
+// unreachable control plane leaves the node "stale", and the pings go on; a
+// wedged loop stops them, and systemd restarts the agent (sending SIGABRT
+// first, so Go prints every goroutine's stack to the journal).
 //
 // Without NOTIFY_SOCKET (not started by systemd, or Type= is not notify)
 // every method is a no-op.
@@ -54,6 +56,11 @@ func (t realTicker) Stop()               { t.t.Stop() }
 type Options struct {
 	Logger *slog.Logger // default slog.Default()
 	Clock  Clock        // default the system clock
+	// Owed, when set, reports since when the loop has owed an attempt: a
+	// run requested or in progress (zero: it owes none, and sleeping is
+	// not hanging). The watchdog then stops pinging only when the loop has
+	// owed an attempt for longer than the interval and made none since.
+	Owed func() time.Time
 }
 
 // Notifier sends the agent's state to systemd. It is safe for concurrent
@@ -63,6 +70,7 @@ type Notifier struct {
 	clock    Clock
 	enabled  bool          // NOTIFY_SOCKET is set
 	watchdog time.Duration // WatchdogSec; 0 when off
+	owed     func() time.Time
 
 	mu           sync.Mutex
 	ready        bool
@@ -76,7 +84,7 @@ type Notifier struct {
 // environment (leaving them set). Its only error is a malformed
 // WATCHDOG_USEC or WATCHDOG_PID.
 func New(o Options) (*Notifier, error) {
-	n := &Notifier{log: o.Logger, clock: o.Clock}
+	n := &Notifier{log: o.Logger, clock: o.Clock, owed: o.Owed}
 	if n.log == nil {
 		n.log = slog.Default()
 	}
@@ -172,11 +180,20 @@ func (n *Notifier) Run(ctx context.Context) error {
 	}
 }
 
-// tick pings if the last progress is at most one watchdog interval old.
+// tick pings if the last progress is at most one watchdog interval old,
+// or, with Options.Owed, if the loop owes nothing or has owed it (or made
+// an attempt) for at most one interval.
 func (n *Notifier) tick(now time.Time, stale *bool) bool {
 	n.mu.Lock()
-	age := now.Sub(n.lastProgress)
+	last := n.lastProgress
 	n.mu.Unlock()
+	age := now.Sub(last)
+	if n.owed != nil {
+		age = 0
+		if since := n.owed(); !since.IsZero() {
+			age = now.Sub(later(since, last))
+		}
+	}
 	if age > n.watchdog {
 		if !*stale {
 			n.log.Error("sync loop made no progress; withholding watchdog pings", "since", age.Round(time.Millisecond), "watchdog", n.watchdog)
@@ -193,6 +210,13 @@ func (n *Notifier) tick(now time.Time, stale *bool) bool {
 		return false
 	}
 	return true
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 func (n *Notifier) send(msg string) error {

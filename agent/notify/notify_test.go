@@ -189,10 +189,15 @@ type harness struct {
 
 func startWatchdog(t *testing.T, usec int) *harness {
 	t.Helper()
+	return startWatchdogWith(t, usec, nil)
+}
+
+func startWatchdogWith(t *testing.T, usec int, owed func() time.Time) *harness {
+	t.Helper()
 	conn := listen(t)
 	t.Setenv("WATCHDOG_USEC", strconv.Itoa(usec))
 	clock := newFakeClock()
-	n, err := New(Options{Logger: quiet, Clock: clock})
+	n, err := New(Options{Logger: quiet, Clock: clock, Owed: owed})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -373,4 +378,40 @@ func TestWatchdogEnvironment(t *testing.T) {
 	if n.WatchdogInterval() != 0 {
 		t.Errorf("WatchdogInterval = %v for another process's watchdog, want 0", n.WatchdogInterval())
 	}
+}
+
+// With Options.Owed, a loop that sleeps with nothing to do keeps the pings
+// going however long since its last attempt; one that owes an attempt for
+// a whole interval without making it stops them, and a retrying loop (an
+// attempt after each failure) does not.
+func TestWatchdogFollowsWhatTheLoopOwes(t *testing.T) {
+	var owed time.Time // guarded by the harness's lockstep: set between ticks
+	var mu sync.Mutex
+	h := startWatchdogWith(t, 2_000_000, func() time.Time { mu.Lock(); defer mu.Unlock(); return owed })
+	owe := func(d time.Duration) { mu.Lock(); owed = h.start.Add(d); mu.Unlock() }
+
+	// Nothing owed: an hour without an attempt is sleep, not a hang.
+	h.expectPing(time.Hour)
+
+	// A request at +1h; the attempt hangs. Pings go on for one interval,
+	// then stop.
+	owe(time.Hour)
+	h.expectPing(time.Hour + time.Second)
+	h.expectPing(time.Hour + 2*time.Second)
+	h.expectSilence(time.Hour + 3*time.Second)
+
+	// The attempt ends in failure; the retries keep making attempts while
+	// the request stays owed: pings resume.
+	h.at(time.Hour + 3500*time.Millisecond)
+	h.n.Progress()
+	h.expectPing(time.Hour + 4*time.Second)
+	h.at(time.Hour + 5*time.Second)
+	h.n.Progress()
+	h.expectPing(time.Hour + 6*time.Second)
+
+	// Served: nothing owed again.
+	mu.Lock()
+	owed = time.Time{}
+	mu.Unlock()
+	h.expectPing(2 * time.Hour)
 }
