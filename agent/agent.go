@@ -145,7 +145,10 @@ func New(opts Options) (*Agent, error) {
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
 	a.quarantine = newQuarantine(opts.Registry, a.log)
 	var err error
-	if a.notifier, err = notify.New(notify.Options{Logger: a.log.With("component", "systemd")}); err != nil {
+	// The sync loop sleeps for as long as an hour on a quiet node (see
+	// restWhenQuiet): the watchdog follows what it owes, not its last run.
+	owed := func() time.Time { return a.runner.Status().PendingSince }
+	if a.notifier, err = notify.New(notify.Options{Logger: a.log.With("component", "systemd"), Owed: owed}); err != nil {
 		return nil, fmt.Errorf("agent: %w", err)
 	}
 

@@ -65,6 +65,49 @@ func TestQuietPeriodicCompare(t *testing.T) {
 	}
 }
 
+// After a quiet compare the sync loop rests: no run per sync.period until
+// something moves. A change is still synced at once, and the loop is back
+// on sync.period until its compare has been done; a kernel that cannot
+// vouch for its objects keeps every period's compare.
+func TestQuietNodeRests(t *testing.T) {
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	const period = 50 * time.Millisecond
+	b := &watched{}
+	b.unchanged.Store(true)
+	a := startAgent(t, b, dir)
+	<-a.Synced()
+	cfg := *a.Config()
+	cfg.Sync.Period = period
+	a.cfg.Store(&cfg)
+	a.runner.SetIntervals(cfg.Sync.MinPeriod, cfg.Sync.MinPeriod, period)
+	runs := func() uint64 { return a.runner.Status().Runs }
+	quiet := func() float64 { return testutil.ToFloat64(a.metrics.quietCompares) }
+
+	eventually(t, "a quiet compare", func() bool { return quiet() >= 1 })
+	at := runs()
+	time.Sleep(20 * period)
+	if got := runs(); got != at {
+		t.Fatalf("%d syncs in %v after a quiet compare; want none (the loop rests)", got-at, 20*period)
+	}
+
+	n, q := len(b.got()), quiet()
+	a.state.SetService("t/api", &model.Service{Namespace: "t", Name: "api",
+		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.6")}, Ports: []model.ServicePort{{Protocol: "TCP", Port: 80}}})
+	eventually(t, "the change's plan", func() bool { return len(b.got()) > n })
+	eventually(t, "the compare after the change, then a quiet one", func() bool { return len(b.got()) > n+1 && quiet() > q })
+	if p := b.got()[n+1]; !p.Full {
+		t.Fatalf("the periodic run after the change planned full=%v; want the compare", p.Full)
+	}
+
+	// A kernel that cannot vouch: every period compares again.
+	b.unchanged.Store(false)
+	a.runner.Run()
+	eventually(t, "syncs every period", func() bool { return len(b.got()) > n+4 })
+}
+
 // A change that arrives when the compare is due is applied first, as a
 // partial plan, and asks for no sync of its own (which would hold the next
 // change for sync.minPeriod after it); the compare comes with the next

@@ -29,13 +29,16 @@ func (a *Agent) sync(ctx context.Context) error {
 	if !snap.Oldest.IsZero() {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
 	}
-	compare, idle := a.periodic(snap, start)
+	compare, idle, quiet := a.periodic(snap, start)
 	if idle {
 		// Nothing moved: the last plan stands, and the rules are as
 		// programmed as they were (alerts on a stale timestamp stay quiet).
 		a.metrics.lastSync.Set(float64(start.Unix()))
 		if p := a.last.Load(); p != nil && a.snapDirty {
 			a.saveSnapshot(p.res, start) // one the interval put off
+		}
+		if quiet && !a.snapDirty {
+			a.runner.Rest(restWhenQuiet)
 		}
 		return nil
 	}
@@ -136,22 +139,30 @@ type kernelWatch interface {
 	Unchanged() bool
 }
 
+// restWhenQuiet is how long the sync loop may sleep after a quiet compare
+// (see periodic): kube-proxy's periodic full sync interval in its
+// iptables and nftables modes. Everything that can move wakes it sooner: a
+// change in the state asks for a sync, and so does the tamper monitor when
+// the kernel objects were changed behind our back.
+const restWhenQuiet = time.Hour
+
 // periodic decides what this sync does about the sync.period compare,
 // which renders every service again and writes what differs: the guard
 // against a change the partial syncs missed. Called under a.mu.
 //
 // The compare runs only when something it guards may have moved since the
 // last one: the state (a newer snapshot generation) or the kernel (the
-// backend cannot vouch for its objects). Otherwise it is counted as done,
-// and a sync with nothing to do at all is idle: no plan, no apply. A quiet
-// node then pays a snapshot and a fingerprint read per period.
+// backend cannot vouch for its objects). Otherwise it is counted as done
+// (quiet), and a sync with nothing to do at all is idle: no plan, no
+// apply. After a quiet compare nothing is left to guard until something
+// moves, so the loop rests (restWhenQuiet) instead of waking every period.
 //
 // A compare that comes due while changes wait is left to the next sync
 // (once): the changes are applied partially first and do not wait for it,
 // and no sync is asked for on its account: the next change's sync (which
 // then compares too: with the iptables datapath a hash per unit) or the
 // runner's periodic one takes it.
-func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle bool) {
+func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle, quiet bool) {
 	moved := len(snap.Changed) > 0 || snap.NodeChanged || snap.Generation != a.syncedGen
 	idle = !moved && !a.needFull && a.planner.Settled() &&
 		(a.probes == nil || !a.probes.active.Load() && !a.probingWanted(start)) && a.fromSnapshot.Load() == a.syncedOffline
@@ -160,7 +171,7 @@ func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle b
 	}
 	period := a.Config().Sync.Period
 	if period <= 0 || start.Sub(a.lastFull) < period || a.needFull {
-		return false, idle
+		return false, idle, false
 	}
 	if moved && !a.deferred {
 		// No sync of its own: a compare sync right after this one would
@@ -168,14 +179,14 @@ func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle b
 		// after it (the S2 tail). It comes with the next sync: the next
 		// change's, or the runner's at the end of sync.period.
 		a.deferred = true
-		return false, false
+		return false, false, false
 	}
 	if w, ok := a.backend.(kernelWatch); ok && snap.Generation == a.comparedGen && w.Unchanged() {
 		a.lastFull = start
 		a.metrics.quietCompares.Inc()
-		return false, idle
+		return false, idle, idle
 	}
-	return true, false
+	return true, false, false
 }
 
 func healthChecks(res *planner.Result) map[uint16]healthcheck.Info {
