@@ -6,6 +6,7 @@ package datapath
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -308,6 +309,23 @@ type Backend interface {
 type Monitor interface {
 	Tampered(ctx context.Context) (bool, error)
 }
+
+// Watcher is implemented by monitors whose kernel can announce writes to
+// their objects (nf_tables: every committed transaction), so that a quiet
+// node need not poll Tampered. WatchWrites sends on written, without
+// blocking (give it one slot: signals coalesce), once as soon as it
+// watches and then after writes (anyone's, its own backend's too), until
+// ctx is done; then it returns nil. While it runs, Tampered need only be
+// asked after a signal. It returns an error wrapping ErrNoWatch at once
+// when the backend cannot watch (e.g. iptables-legacy: x_tables announces
+// nothing), and another error when the watch fails; either way the caller
+// polls Tampered as before.
+type Watcher interface {
+	WatchWrites(ctx context.Context, written chan<- struct{}) error
+}
+
+// ErrNoWatch is wrapped by WatchWrites when the backend cannot watch.
+var ErrNoWatch = errors.New("datapath: writes to this backend's kernel objects are not announced")
 
 // Drainer is implemented by backends that keep removed endpoints for a while
 // (IPVS real servers at weight 0 until their connections end). While

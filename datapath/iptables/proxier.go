@@ -16,6 +16,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	goipt "github.com/coreos/go-iptables/iptables"
@@ -40,6 +41,10 @@ const (
 // ErrBothBackends is returned by New when edgeproxy chains exist under both
 // iptables-legacy and iptables-nft: packets would traverse both sets.
 var ErrBothBackends = xtables.ErrBothBackends
+
+// ErrNoWatch is wrapped by WatchWrites on iptables-legacy: x_tables
+// announces no writes.
+var ErrNoWatch = datapath.ErrNoWatch
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
 // *conntrack.Cleaner implements it.
@@ -97,7 +102,8 @@ type Options struct {
 	NoConntrack bool
 }
 
-// Proxier implements datapath.Backend and datapath.Monitor with iptables.
+// Proxier implements datapath.Backend, datapath.Monitor and
+// datapath.Watcher with iptables.
 type Proxier struct {
 	log  *slog.Logger
 	opts Options
@@ -110,11 +116,14 @@ type Proxier struct {
 	mu        sync.Mutex
 	lastCheck time.Time     // of the last tamper check
 	checkCost time.Duration // how long it took
+
+	watches atomic.Int32 // running WatchWrites (see tamper.go)
 }
 
 var (
 	_ datapath.Backend = (*Proxier)(nil)
 	_ datapath.Monitor = (*Proxier)(nil)
+	_ datapath.Watcher = (*Proxier)(nil)
 )
 
 // family is the state of one IP family's rules.
@@ -343,7 +352,7 @@ func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Pla
 	// plan.Changed, and the chains that differ from what was written
 	// are rewritten.
 	full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
-	if plan.Full && !full && !f.unchanged() {
+	if plan.Full && !full && !f.unchanged(p.watched()) {
 		if t, err := f.tampered(ctx); err != nil || t {
 			full = true
 		}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	goipt "github.com/coreos/go-iptables/iptables"
+
+	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
 )
 
 // sentinels are rules whose absence means someone changed our rules: the
@@ -28,7 +30,7 @@ func (f *family) sentinels() []jump {
 //
 // While the tables' fingerprint (see fingerprint.go) is what it was at the
 // last full check that passed, nothing was written and the answer is no,
-// for up to recheckEvery.
+// for up to recheckEvery (on iptables-nft, for as long as WatchWrites runs).
 //
 // On large rule sets a check is not free (iptables-legacy copies whole
 // tables), so once a check takes over 100ms, checks are spaced to at least
@@ -39,8 +41,9 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	var written []*family
+	watched := p.watched()
 	for _, f := range p.fams {
-		if f.applied && !f.unchanged() {
+		if f.applied && !f.unchanged(watched) {
 			written = append(written, f)
 		}
 	}
@@ -63,15 +66,47 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 }
 
 // recheckEvery bounds how long the fingerprint alone vouches for the
-// rules: a full check runs at least this often.
+// rules: a full check runs at least this often, unless a watch of the
+// writes runs (see WatchWrites).
 const recheckEvery = 5 * time.Minute
 
+// WatchWrites implements datapath.Watcher. On iptables-nft it signals on
+// written after every nf_tables commit (anyone's, in any table or family,
+// our own applies too; see nfgen.Watch) until ctx is done, then returns
+// nil. It watches the calling thread's network namespace: call it from a
+// goroutine in the namespace the Proxier programs (the process's; in the
+// tests, one locked in the test's namespace). On iptables-legacy it
+// returns ErrNoWatch at once.
+//
+// While a watch runs, Tampered no longer forces a full check every
+// recheckEvery on iptables-nft: the generation it compares moves with
+// every commit, and each commit is announced, so the checks that follow
+// the signals see every write. Once the watch ends or fails, the periodic
+// full check comes back.
+func (p *Proxier) WatchWrites(ctx context.Context, written chan<- struct{}) error {
+	if v := p.Variant(); v != NFT {
+		return fmt.Errorf("iptables: %s: %w", v, ErrNoWatch)
+	}
+	p.watches.Add(1)
+	defer p.watches.Add(-1)
+	if err := nfgen.Watch(ctx, written); err != nil {
+		return fmt.Errorf("iptables: watch writes: %w", err)
+	}
+	return nil
+}
+
+// watched reports whether a WatchWrites runs.
+func (p *Proxier) watched() bool { return p.watches.Load() > 0 }
+
 // unchanged reports whether the tables' fingerprint is the one of the last
-// full check that passed (and that check is recent enough). It keeps the
-// fingerprint it read for the full check that follows when it is not.
-func (f *family) unchanged() bool {
+// full check that passed, and that check is recent enough: under
+// recheckEvery, or any age on iptables-nft while its writes are watched.
+// It keeps the fingerprint it read for the full check that follows when
+// it is not.
+func (f *family) unchanged(watched bool) bool {
 	fp, ok := f.fingerprint()
-	if ok && f.verified && fp == f.verifiedFP && time.Since(f.verifiedAt) < recheckEvery {
+	fresh := time.Since(f.verifiedAt) < recheckEvery || (watched && f.x.Variant == NFT)
+	if ok && f.verified && fp == f.verifiedFP && fresh {
 		return true
 	}
 	f.verified = false

@@ -2,7 +2,8 @@
 // bumps on every committed nf_tables transaction, in any table or family.
 // It is the one reader of the generation message, for the iptables
 // datapath's tamper fingerprint and for anything else that watches the
-// ruleset (the benchmarks' kernel readers).
+// ruleset (the benchmarks' kernel readers), and it watches the commits
+// themselves (Watch), so that a quiet node need not poll the generation.
 package nfgen
 
 import (
