@@ -356,21 +356,29 @@ func (a *Agent) startSyncing(ctx context.Context, g *parts, rebooted bool) {
 
 // tamperCheckEvery is how often the monitor asks the backend whether its
 // kernel objects were changed behind its back (kube-proxy's iptables mode
-// looks at its canary chains once per sync period). A look costs one
+// looks at its canary chains once per sync period), and, when the backend
+// announces writes, how soon after one it asks at most. A look costs one
 // fingerprint read (nf_tables' generation, x_tables' counters) on a quiet
 // node; the sentinel rules are checked only when it moved.
-const tamperCheckEvery = 10 * time.Second
+var tamperCheckEvery = 10 * time.Second // a variable for tests
 
-// monitor polls the backend for tampering and forces a full sync when its
+// monitor asks the backend about tampering and forces a full sync when its
 // kernel objects were changed behind its back. Its first look is right
 // after the first sync, so that the tables are verified (and the periodic
 // compare can trust their fingerprint) from then on.
+//
+// A backend whose kernel announces writes (datapath.Watcher: iptables-nft)
+// is asked only after one, on the next tick, so that a quiet node does not
+// wake at all and a burst of writes costs one look; the others are polled
+// every tick.
 func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
 	select {
 	case <-ctx.Done():
 		return
 	case <-a.synced:
 	}
+	written, polling := a.watchWrites(ctx, m)
+	defer func() { <-polling }() // the watch ends with ctx
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
@@ -386,13 +394,43 @@ func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
 			a.mu.Unlock()
 			a.runner.Run()
 		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-written:
+		case <-polling:
+		}
 		t.Reset(untilTick(time.Now(), tamperCheckEvery))
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
+		select { // what was written while waiting, the next look covers
+		case <-written:
+		default:
+		}
 	}
+}
+
+// watchWrites starts the backend's watch of its kernel objects, if it has
+// one, in a goroutine that ends with ctx: written hears of each write.
+// polling is closed when there is no watch, or once it failed or ended:
+// then the monitor looks every tick.
+func (a *Agent) watchWrites(ctx context.Context, m datapath.Monitor) (written chan struct{}, polling chan struct{}) {
+	written, polling = make(chan struct{}, 1), make(chan struct{})
+	w, ok := m.(datapath.Watcher)
+	if !ok {
+		close(polling)
+		return written, polling
+	}
+	go func() {
+		defer close(polling)
+		if err := w.WatchWrites(ctx, written); err != nil && !errors.Is(err, datapath.ErrNoWatch) && ctx.Err() == nil {
+			a.log.Warn("cannot watch the datapath's kernel objects; polling them for tampering instead", "err", err)
+		}
+	}()
+	return written, polling
 }
 
 // untilTick is the time from now to the next multiple of every on the

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"context"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -151,6 +152,73 @@ func hasService(p *datapath.Plan, svc datapath.ServicePortName) bool {
 		}
 	}
 	return false
+}
+
+// monitored is a datapath whose tamper checks are counted, and which
+// announces writes to its kernel objects when watch is set (as the
+// iptables datapath does on iptables-nft).
+type monitored struct {
+	flaky
+	checks atomic.Int32
+	watch  chan struct{} // nil: no watch (datapath.ErrNoWatch)
+}
+
+func (m *monitored) Tampered(context.Context) (bool, error) { m.checks.Add(1); return false, nil }
+
+func (m *monitored) WatchWrites(ctx context.Context, written chan<- struct{}) error {
+	if m.watch == nil {
+		return datapath.ErrNoWatch
+	}
+	written <- struct{}{} // watching from now on
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-m.watch:
+			select {
+			case written <- struct{}{}:
+			default:
+			}
+		}
+	}
+}
+
+// A monitor whose datapath announces writes looks for tampering only after
+// one (on the next tick); without announcements it looks every tick.
+func TestMonitorWaitsForWrites(t *testing.T) {
+	old := tamperCheckEvery
+	tamperCheckEvery = 20 * time.Millisecond
+	t.Cleanup(func() { tamperCheckEvery = old })
+	dir := t.TempDir()
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Run("watched", func(t *testing.T) {
+		b := &monitored{watch: make(chan struct{})}
+		a := startAgent(t, b, dir)
+		<-a.Synced()
+		// The first look, then one for the watch's start signal.
+		eventually(t, "the first looks", func() bool { return b.checks.Load() == 2 })
+		time.Sleep(20 * tamperCheckEvery)
+		if n := b.checks.Load(); n != 2 {
+			t.Fatalf("%d looks on a quiet node; want 2", n)
+		}
+		for range 3 { // a burst of writes: one look (two if the test is slow)
+			b.watch <- struct{}{}
+		}
+		eventually(t, "a look after the writes", func() bool { return b.checks.Load() >= 3 })
+		time.Sleep(10 * tamperCheckEvery)
+		if n := b.checks.Load(); n > 4 {
+			t.Fatalf("%d looks after one burst of writes; want 3", n)
+		}
+	})
+	t.Run("polled", func(t *testing.T) {
+		b := &monitored{}
+		a := startAgent(t, b, dir)
+		<-a.Synced()
+		eventually(t, "a look every tick", func() bool { return b.checks.Load() >= 5 })
+	})
 }
 
 // The tamper monitor wakes on multiples of its period on the wall clock.
