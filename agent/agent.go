@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"reflect"
 	"sync"
@@ -162,8 +163,9 @@ func New(opts Options) (*Agent, error) {
 		}
 	} else {
 		var client kubernetes.Interface
-		if client, err = newClient(cfg.Kubeconfig); err == nil {
-			a.api, err = source.NewAPI(client, cfg.NodeName, conv, a.state, a.log.With("source", "api"), srcMetrics)
+		link := source.NewLink()
+		if client, err = newClient(cfg.Kubeconfig, link.DialContext); err == nil {
+			a.api, err = source.NewAPI(client, link, cfg.NodeName, conv, a.state, a.log.With("source", "api"), srcMetrics)
 			a.source = a.api
 		}
 	}
@@ -196,8 +198,9 @@ func New(opts Options) (*Agent, error) {
 }
 
 // newClient builds an API client from a kubeconfig path, or from the
-// in-cluster environment when path is empty.
-func newClient(path string) (kubernetes.Interface, error) {
+// in-cluster environment when path is empty, whose connections are dialed
+// with dial.
+func newClient(path string, dial func(ctx context.Context, network, address string) (net.Conn, error)) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if path == "" {
@@ -209,6 +212,7 @@ func newClient(path string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("api client: %w", err)
 	}
 	rc.UserAgent = "edgeproxy"
+	rc.Dial = dial
 	// Protocol buffers, as kube-proxy asks for: the list of thousands of
 	// EndpointSlices at start decodes several times faster than JSON.
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
@@ -434,10 +438,10 @@ func (a *Agent) watchWrites(ctx context.Context, m datapath.Monitor) (written ch
 }
 
 // untilTick is the time from now to the next multiple of every on the
-// wall clock. Periodic work wakes on these ticks (the tamper monitor; the
-// API heartbeat keeps the same grid) so that a quiet node wakes once per
-// tick for all of it: each wake-up of a Go process costs dozens of context
-// switches while the runtime's monitor thread winds down.
+// wall clock. The tamper monitor wakes on these ticks, so that it shares
+// its wake-ups with other periodic work on the same grid: each wake-up of
+// a Go process costs dozens of context switches while the runtime's
+// monitor thread winds down.
 func untilTick(now time.Time, every time.Duration) time.Duration {
 	return now.Truncate(every).Add(every).Sub(now)
 }

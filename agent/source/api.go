@@ -39,26 +39,25 @@ type API struct {
 	born     time.Time
 	nodeName string
 	client   kubernetes.Interface
+	link     *Link         // the client's connections; nil: events and heartbeats only
 	down     atomic.Bool   // the last heartbeat failed
 	reach    chan struct{} // capacity 1: down changed (see ReachabilityChanged)
+	doubt    chan struct{} // capacity 1: a watch failed; ask the API server
 }
 
-// Heartbeat timing: when nothing arrived for quietAfter, the API source asks
-// the API server's /readyz (readable by every authenticated user), so that
-// last contact tells a quiet cluster from an unreachable one. At most one
-// small request per quietAfter per node. The heartbeat sleeps until the
-// last contact is quietAfter old (no fixed poll; see heartbeatGrid); before
-// the first contact and while the API server does not answer it asks every
-// heartbeatCheck.
-const (
-	quietAfter     = 10 * time.Second
-	heartbeatCheck = 3 * time.Second
-)
+// heartbeatCheck is how often the heartbeat asks the API server's /readyz
+// (readable by every authenticated user) while it has not answered yet, or
+// did not the last time. Otherwise it asks only when in doubt: a
+// connection broke or a watch failed (see Link for why a healthy quiet
+// cluster needs no asking).
+const heartbeatCheck = 3 * time.Second
 
-// NewAPI prepares informers; nothing is started until Run.
-func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
+// NewAPI prepares informers; nothing is started until Run. link, when not
+// nil, is the one whose DialContext the client's connections were dialed
+// with.
+func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
 	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now(),
-		reach: make(chan struct{}, 1)}
+		link: link, reach: make(chan struct{}, 1), doubt: make(chan struct{}, 1)}
 	// No periodic informer resync: the sync runner owns timing.
 	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform))
 	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform),
@@ -97,6 +96,10 @@ func NewAPI(client kubernetes.Interface, nodeName string, conv *Converter, sink 
 		a.synced = append(a.synced, reg.HasSynced)
 		if err := h.inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 			log.Warn("watch failed; retrying", "err", err)
+			select {
+			case a.doubt <- struct{}{}:
+			default:
+			}
 		}); err != nil {
 			return nil, fmt.Errorf("source: set watch error handler: %w", err)
 		}
@@ -114,9 +117,16 @@ func (a *API) Run(ctx context.Context) error {
 	return nil
 }
 
-// heartbeat asks the API server whether it is there when the watches have
-// been quiet, until ctx is done, and logs when it goes away and comes back.
+// heartbeat asks the API server whether it is there when in doubt, until
+// ctx is done, and logs when it goes away and comes back. In doubt means:
+// never heard from, a connection broke, a watch failed, or the last
+// answer was no (then it asks every heartbeatCheck). A healthy quiet
+// cluster is not asked at all: its kernel answers the keepalive probes.
 func (a *API) heartbeat(ctx context.Context) {
+	var broken <-chan struct{} // nil without a Link: never
+	if a.link != nil {
+		broken = a.link.Broken()
+	}
 	t := time.NewTimer(heartbeatCheck)
 	defer t.Stop()
 	for {
@@ -124,10 +134,8 @@ func (a *API) heartbeat(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-		}
-		if wait := a.quietIn(time.Now()); wait > 0 {
-			t.Reset(onGrid(time.Now(), wait))
-			continue
+		case <-broken:
+		case <-a.doubt:
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 		err := a.client.Discovery().RESTClient().Get().AbsPath("/readyz").Do(rctx).Error()
@@ -144,39 +152,18 @@ func (a *API) heartbeat(ctx context.Context) {
 		case a.setDown(true):
 			a.log.Warn("the API server does not answer; keeping the rules in place", "err", err)
 		}
-		if wait := a.quietIn(time.Now()); wait > 0 {
-			t.Reset(onGrid(time.Now(), wait))
-		} else {
-			t.Reset(heartbeatCheck) // no answer: ask again soon
+		// Doubts raised while asking are answered.
+		for _, c := range []<-chan struct{}{broken, a.doubt} {
+			select {
+			case <-c:
+			default:
+			}
+		}
+		t.Stop()
+		if a.down.Load() || a.LastContact().IsZero() {
+			t.Reset(heartbeatCheck)
 		}
 	}
-}
-
-// heartbeatGrid: a quiet heartbeat wakes on multiples of it on the wall
-// clock, as the agent's tamper monitor does, so that the two cost one
-// wake-up of the process (each costs dozens of context switches while the
-// Go runtime's monitor thread winds down). A quiet cluster is then asked
-// every 10 to 20 seconds.
-const heartbeatGrid = 10 * time.Second
-
-// onGrid is the wait from now until the first multiple of heartbeatGrid at
-// least d away.
-func onGrid(now time.Time, d time.Duration) time.Duration {
-	at := now.Add(d)
-	if r := at.Truncate(heartbeatGrid); r.Equal(at) {
-		return d
-	}
-	return at.Truncate(heartbeatGrid).Add(heartbeatGrid).Sub(now)
-}
-
-// quietIn is how long until the API server has been quiet for quietAfter
-// (at most 0: it has, or it was never heard from).
-func (a *API) quietIn(now time.Time) time.Duration {
-	last := a.LastContact()
-	if last.IsZero() || a.down.Load() {
-		return 0
-	}
-	return quietAfter - now.Sub(last)
 }
 
 // setDown records whether the API server answers and reports whether that
@@ -244,13 +231,20 @@ func (a *API) Keys() (services, slices map[string]bool) {
 	return services, slices
 }
 
-// LastContact is when the API last delivered anything.
+// LastContact is when the API server last answered: an event, a list, a
+// heartbeat, or (with a Link) anything on its connections, a keepalive
+// probe's acknowledgement included.
 func (a *API) LastContact() time.Time {
-	n := a.contact.Load()
-	if n == 0 {
-		return time.Time{}
+	var last time.Time
+	if n := a.contact.Load(); n != 0 {
+		last = a.born.Add(time.Duration(n))
 	}
-	return a.born.Add(time.Duration(n))
+	if a.link != nil {
+		if heard := a.link.Heard(time.Now()); heard.After(last) {
+			last = heard
+		}
+	}
+	return last
 }
 
 func (a *API) touch() {

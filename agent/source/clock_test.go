@@ -26,18 +26,3 @@ func TestLastContactIsMonotonic(t *testing.T) {
 		t.Errorf("time since the contact = %v", d)
 	}
 }
-
-// A quiet heartbeat wakes on the 10-second grid the tamper monitor uses,
-// never before the wait it was given.
-func TestHeartbeatOnGrid(t *testing.T) {
-	base := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	for _, tc := range []struct{ now, d, want time.Duration }{
-		{0, 10 * time.Second, 10 * time.Second},
-		{3 * time.Second, 10 * time.Second, 17 * time.Second},
-		{10*time.Second + time.Millisecond, 10 * time.Second, 20*time.Second - time.Millisecond},
-	} {
-		if got := onGrid(base.Add(tc.now), tc.d); got != tc.want {
-			t.Errorf("onGrid(+%v, %v) = %v, want %v", tc.now, tc.d, got, tc.want)
-		}
-	}
-}

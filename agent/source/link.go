@@ -1,0 +1,136 @@
+package source
+
+import (
+	"context"
+	"net"
+	"sync"
+	"time"
+)
+
+// Link dials the API client's connections to the API server and keeps
+// what they tell of it, so that a quiet cluster costs the agent nothing
+// to tell from an unreachable one:
+//
+//   - Each connection has TCP keepalive: after linkIdle without a packet
+//     from the API server, the kernel probes it, and the server's kernel
+//     answers. Neither process wakes. Heard reads when the server last
+//     answered anything (data or a probe) from the kernel (TCP_INFO), only
+//     when someone asks.
+//   - A server that stops answering is given up by the kernel after
+//     linkIdle + linkProbes×linkInterval (and after linkUserTimeout when
+//     data waits for its acknowledgement): the connection fails, and so
+//     does one closed by the API client (its HTTP/2 health check: a PING
+//     unanswered for 15 s). Broken says so; the heartbeat then asks the
+//     API server whether it is there.
+//
+// The zero Link is not usable; make one with NewLink.
+type Link struct {
+	dialer net.Dialer
+	mu     sync.Mutex
+	conns  map[*linkConn]struct{}
+	gone   time.Time     // Heard of the connections that ended, when they did
+	broken chan struct{} // capacity 1: a connection failed or closed
+}
+
+// Keepalive of the API connections: the kernel probes after linkIdle of
+// silence, every linkInterval, and gives up after linkProbes unanswered
+// probes (20 s of silence in all), or when sent data has gone
+// unacknowledged for linkUserTimeout.
+const (
+	linkIdle        = 10 * time.Second
+	linkInterval    = 5 * time.Second
+	linkProbes      = 2
+	linkUserTimeout = linkIdle + linkProbes*linkInterval
+)
+
+// NewLink returns a Link whose DialContext the API client uses.
+func NewLink() *Link { return newLink(linkIdle, linkInterval) }
+
+func newLink(idle, interval time.Duration) *Link {
+	l := &Link{conns: map[*linkConn]struct{}{}, broken: make(chan struct{}, 1)}
+	l.dialer = net.Dialer{
+		Timeout:         30 * time.Second, // as client-go's own dialer
+		KeepAliveConfig: net.KeepAliveConfig{Enable: true, Idle: idle, Interval: interval, Count: linkProbes},
+		Control:         setUserTimeout,
+	}
+	return l
+}
+
+// DialContext dials a connection to the API server (rest.Config.Dial).
+func (l *Link) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
+	c, err := l.dialer.DialContext(ctx, network, address)
+	if err != nil {
+		return nil, err
+	}
+	lc := &linkConn{Conn: c, link: l}
+	l.mu.Lock()
+	l.conns[lc] = struct{}{}
+	l.mu.Unlock()
+	return lc, nil
+}
+
+// Broken receives (coalesced) when a connection failed or was closed.
+func (l *Link) Broken() <-chan struct{} { return l.broken }
+
+// Heard is when the API server last answered on one of the connections,
+// at the TCP level: data, or the acknowledgement of data or of a keepalive
+// probe. Zero when none could tell.
+func (l *Link) Heard(now time.Time) time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	heard := l.gone
+	for c := range l.conns {
+		heard = later(heard, c.heard(now))
+	}
+	return heard
+}
+
+func (l *Link) lost(c *linkConn) {
+	heard := c.heard(time.Now()) // the socket is still open
+	l.mu.Lock()
+	delete(l.conns, c)
+	l.gone = later(l.gone, heard)
+	l.mu.Unlock()
+	select {
+	case l.broken <- struct{}{}:
+	default:
+	}
+}
+
+// linkConn is a connection of the Link: its end, by error or by Close, is
+// reported once.
+type linkConn struct {
+	net.Conn
+	link *Link
+	once sync.Once
+}
+
+// heard is when the peer last sent anything; zero if the kernel cannot
+// tell.
+func (c *linkConn) heard(now time.Time) time.Time {
+	ago, ok := silentFor(c.Conn)
+	if !ok {
+		return time.Time{}
+	}
+	return now.Add(-ago)
+}
+
+func later(a, b time.Time) time.Time {
+	if b.After(a) {
+		return b
+	}
+	return a
+}
+
+func (c *linkConn) Read(p []byte) (int, error) {
+	n, err := c.Conn.Read(p)
+	if err != nil {
+		c.once.Do(func() { c.link.lost(c) })
+	}
+	return n, err
+}
+
+func (c *linkConn) Close() error {
+	c.once.Do(func() { c.link.lost(c) })
+	return c.Conn.Close()
+}

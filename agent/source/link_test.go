@@ -1,0 +1,101 @@
+package source
+
+import (
+	"context"
+	"net"
+	"runtime"
+	"testing"
+	"time"
+)
+
+// serve accepts connections on loopback and hands each to fn.
+func serve(t *testing.T, fn func(net.Conn)) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() { // ends when ln is closed
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			fn(c)
+		}
+	}()
+	return ln.Addr().String()
+}
+
+func broke(l *Link) bool {
+	select {
+	case <-l.Broken():
+		return true
+	case <-time.After(2 * time.Second):
+		return false
+	}
+}
+
+// A peer that sends nothing but whose kernel answers the keepalive probes
+// is heard from every probe interval, not only when it last sent data.
+func TestLinkHearsKeepalive(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("TCP_INFO is read on Linux only")
+	}
+	held := make(chan net.Conn, 1)
+	addr := serve(t, func(c net.Conn) { held <- c }) // never writes
+	l := newLink(500*time.Millisecond, 500*time.Millisecond)
+	c, err := l.DialContext(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	defer func() { (<-held).Close() }()
+	if h := l.Heard(time.Now()); h.IsZero() || time.Since(h) > time.Second {
+		t.Fatalf("Heard %v right after the handshake", h)
+	}
+	time.Sleep(2500 * time.Millisecond)
+	if ago := time.Since(l.Heard(time.Now())); ago > 1500*time.Millisecond {
+		t.Fatalf("last heard %v ago after 2.5s of silence with 0.5s keepalive; want the probes' answers", ago)
+	}
+}
+
+// The end of a connection is reported, whether the peer closes it or the
+// client does, and what was heard on it is kept.
+func TestLinkReportsBrokenConnections(t *testing.T) {
+	addr := serve(t, func(c net.Conn) { _, _ = c.Write([]byte("x")); c.Close() })
+	l := NewLink()
+	c, err := l.DialContext(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	buf := make([]byte, 8)
+	for err == nil {
+		_, err = c.Read(buf) // "x", then EOF
+	}
+	if !broke(l) {
+		t.Fatal("a connection the peer closed was not reported")
+	}
+	if runtime.GOOS == "linux" && l.Heard(time.Now()).IsZero() {
+		t.Error("what was heard on the ended connection was lost")
+	}
+	c.Close() // reported once only
+	select {
+	case <-l.Broken():
+		t.Fatal("one end reported twice")
+	default:
+	}
+
+	held := make(chan net.Conn, 1)
+	addr = serve(t, func(c net.Conn) { held <- c })
+	c, err = l.DialContext(context.Background(), "tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { (<-held).Close() }()
+	c.Close()
+	if !broke(l) {
+		t.Fatal("a connection the client closed was not reported")
+	}
+}
