@@ -80,11 +80,14 @@ func TestQuietNodeRests(t *testing.T) {
 	b.unchanged.Store(true)
 	a := startAgent(t, b, dir)
 	<-a.Synced()
+	runs := func() uint64 { return a.runner.Status().Runs }
+	// The first sync (a full one) rested; once it has ended, a period
+	// from now on and a compare due at its end.
+	eventually(t, "the first sync's end", func() bool { return runs() >= 1 })
 	cfg := *a.Config()
 	cfg.Sync.Period = period
 	a.cfg.Store(&cfg)
 	a.runner.SetIntervals(cfg.Sync.MinPeriod, cfg.Sync.MinPeriod, period)
-	runs := func() uint64 { return a.runner.Status().Runs }
 	quiet := func() float64 { return testutil.ToFloat64(a.metrics.quietCompares) }
 
 	eventually(t, "a quiet compare", func() bool { return quiet() >= 1 })
@@ -94,13 +97,19 @@ func TestQuietNodeRests(t *testing.T) {
 		t.Fatalf("%d syncs in %v after a quiet compare; want none (the loop rests)", got-at, 20*period)
 	}
 
-	n, q := len(b.got()), quiet()
+	n := len(b.got())
 	a.state.SetService("t/api", &model.Service{Namespace: "t", Name: "api",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.6")}, Ports: []model.ServicePort{{Protocol: "TCP", Port: 80}}})
 	eventually(t, "the change's plan", func() bool { return len(b.got()) > n })
-	eventually(t, "the compare after the change, then a quiet one", func() bool { return len(b.got()) > n+1 && quiet() > q })
+	eventually(t, "the compare after the change", func() bool { return len(b.got()) > n+1 })
 	if p := b.got()[n+1]; !p.Full {
 		t.Fatalf("the periodic run after the change planned full=%v; want the compare", p.Full)
+	}
+	// That compare was the guard: the loop rests after it.
+	at = runs()
+	time.Sleep(20 * period)
+	if got := runs(); got != at {
+		t.Fatalf("%d syncs in %v after the compare that followed a change; want none", got-at, 20*period)
 	}
 
 	// A kernel that cannot vouch: every period compares again.

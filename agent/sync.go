@@ -37,7 +37,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		if p := a.last.Load(); p != nil && a.snapDirty {
 			a.saveSnapshot(p.res, start) // one the interval put off
 		}
-		if quiet && !a.snapDirty {
+		if quiet && a.mayRest() {
 			a.runner.Rest(restWhenQuiet)
 		}
 		return nil
@@ -74,6 +74,11 @@ func (a *Agent) sync(ctx context.Context) error {
 	a.probes.publish()
 	a.observeSync(res, start, now)
 	a.afterSync(res, start, now)
+	if res.Plan.Full && a.mayRest() {
+		// A full plan is a compare: once applied, nothing is left to
+		// guard until something moves.
+		a.runner.Rest(restWhenQuiet)
+	}
 	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
 		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start), "majorFaults", majorFaults()-faults)
 	return nil
@@ -145,6 +150,18 @@ type kernelWatch interface {
 // change in the state asks for a sync, and so does the tamper monitor when
 // the kernel objects were changed behind our back.
 const restWhenQuiet = time.Hour
+
+// mayRest reports whether the loop may rest after a compare (see
+// restWhenQuiet): no snapshot write waits for a later sync, no probe
+// verdicts are in force, and the backend vouches for its kernel objects
+// (kernelWatch) as they are now. Called under a.mu.
+func (a *Agent) mayRest() bool {
+	if a.snapDirty || a.probes != nil && a.probes.active.Load() {
+		return false
+	}
+	w, ok := a.backend.(kernelWatch)
+	return ok && w.Unchanged()
+}
 
 // periodic decides what this sync does about the sync.period compare,
 // which renders every service again and writes what differs: the guard
