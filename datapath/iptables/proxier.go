@@ -364,9 +364,11 @@ func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Pla
 	}
 	f.cfg.HealthCheckPorts = plan.HealthCheckPorts
 	start := time.Now()
-	pre, trusted := f.verifiedNow()
+	pre, read, trusted := f.verifiedNow()
 	st, err := f.apply(ctx, plan, full, plan.Full)
-	if err == nil && trusted {
+	switch {
+	case err == nil && full && read && f.trustRewrite(pre):
+	case err == nil && trusted:
 		f.trustOwnWrite(pre)
 	}
 	if full {
@@ -405,7 +407,7 @@ func (p *Proxier) Unchanged() bool {
 		if !f.applied || f.needFull || len(f.npa) > 0 || f.primary || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod {
 			return false
 		}
-		if _, ok := f.verifiedNow(); !ok {
+		if _, _, ok := f.verifiedNow(); !ok {
 			return false
 		}
 	}

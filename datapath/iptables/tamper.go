@@ -114,11 +114,11 @@ func (f *family) unchanged(watched bool) bool {
 	return false
 }
 
-// verifiedNow reads the fingerprint before an apply and reports whether
-// the tables are still as the last passing check saw them.
-func (f *family) verifiedNow() (uint64, bool) {
-	fp, ok := f.fingerprint()
-	return fp, ok && f.verified && fp == f.verifiedFP
+// verifiedNow reads the fingerprint before an apply (read: it could) and
+// reports whether the tables are still as the last passing check saw them.
+func (f *family) verifiedNow() (fp uint64, read, verified bool) {
+	fp, read = f.fingerprint()
+	return fp, read, read && f.verified && fp == f.verifiedFP
 }
 
 // trustOwnWrite keeps the tables verified across a successful apply that
@@ -135,6 +135,28 @@ func (f *family) trustOwnWrite(pre uint64) {
 		return
 	}
 	f.verifiedFP = post // verifiedAt stays: the periodic full check still comes
+}
+
+// trustRewrite verifies the tables after a successful rewrite of all our
+// rules, whether they were verified before or not, and reports whether it
+// did: the rewrite put every sentinel in place (the chains, the canaries,
+// the jumps it found missing; a rewrite that found them present checked
+// them one by one), so if nothing else was committed between the
+// fingerprint read before it (pre) and the one after, the tables are what
+// a full check would find. Only nf_tables can tell: its generation moved
+// by at most our transactions. On x_tables, and when someone else wrote
+// meanwhile, it reports false: the tables stay as verified as they were,
+// and the monitor's next look checks them in full if need be.
+func (f *family) trustRewrite(pre uint64) bool {
+	if f.x.Variant != NFT {
+		return false
+	}
+	post, ok := f.fingerprint()
+	if !ok || post < pre || post > pre+2 {
+		return false
+	}
+	f.verified, f.verifiedFP, f.verifiedAt = true, post, time.Now()
+	return true
 }
 
 // tampered runs the full check with iptables. The fingerprint read before

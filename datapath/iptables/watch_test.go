@@ -50,7 +50,9 @@ func TestWatchWrites(t *testing.T) {
 				t.Fatalf("%s: %d full checks ran, want %d", what, ran, want)
 			}
 		}
-		intact("first check after the apply", true)
+		// On nf_tables the first apply (a rewrite nothing else was
+		// committed beside) verified the tables itself.
+		intact("first check after the apply", v == iptables.Legacy)
 
 		ctx, cancel := context.WithCancel(context.Background())
 		written := make(chan struct{}, 1)
@@ -120,7 +122,7 @@ func TestWatchWrites(t *testing.T) {
 		}
 		e.mustApply(plan)
 		signalled("our own repair")
-		intact("after the repair", true)
+		intact("after the repair (a rewrite: verified by itself)", false)
 
 		if err := end(); err != nil {
 			t.Fatalf("WatchWrites = %v after its context ended, want nil", err)
