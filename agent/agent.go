@@ -383,6 +383,15 @@ func (a *Agent) monitor(ctx context.Context, m datapath.Monitor) {
 	}
 	written, polling := a.watchWrites(ctx, m)
 	defer func() { <-polling }() // the watch ends with ctx
+	// The first look waits until the watch is on (its first signal), so
+	// that the look covers every write before it and the watch every one
+	// after.
+	select {
+	case <-ctx.Done():
+		return
+	case <-written:
+	case <-polling:
+	}
 	t := time.NewTimer(time.Hour)
 	defer t.Stop()
 	for {
