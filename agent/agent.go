@@ -367,9 +367,9 @@ func (a *Agent) startSyncing(ctx context.Context, g *parts, rebooted bool) {
 var tamperCheckEvery = 10 * time.Second // a variable for tests
 
 // monitor asks the backend about tampering and forces a full sync when its
-// kernel objects were changed behind its back. Its first look is right
-// after the first sync, so that the tables are verified (and the periodic
-// compare can trust their fingerprint) from then on.
+// kernel objects were changed behind its back. Its first look follows the
+// first sync, so that the tables are verified (and the periodic compare
+// can trust their fingerprint) from then on.
 //
 // A backend whose kernel announces writes (datapath.Watcher: iptables-nft)
 // is asked only after one, on the next tick, so that a quiet node does not
@@ -447,10 +447,8 @@ func (a *Agent) watchWrites(ctx context.Context, m datapath.Monitor) (written ch
 }
 
 // untilTick is the time from now to the next multiple of every on the
-// wall clock. The tamper monitor wakes on these ticks, so that it shares
-// its wake-ups with other periodic work on the same grid: each wake-up of
-// a Go process costs dozens of context switches while the runtime's
-// monitor thread winds down.
+// wall clock, where the tamper monitor looks: writes that come close
+// together are covered by one look.
 func untilTick(now time.Time, every time.Duration) time.Duration {
 	return now.Truncate(every).Add(every).Sub(now)
 }
