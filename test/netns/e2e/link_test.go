@@ -1,12 +1,8 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net"
-	"net/http"
 	"path/filepath"
 	"testing"
 	"time"
@@ -26,24 +22,7 @@ type apiStatus struct {
 
 func readAPIStatus(node *netns.Node) (apiStatus, error) {
 	var st apiStatus
-	var conn net.Conn
-	if err := node.Do(func() (err error) {
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:10249", time.Second)
-		return err
-	}); err != nil {
-		return st, err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Write([]byte("GET /debug/status HTTP/1.0\r\n\r\n")); err != nil {
-		return st, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	return st, json.NewDecoder(resp.Body).Decode(&st)
+	return st, readStatus(node, &st)
 }
 
 // The link to the API server goes silent: every packet between the node

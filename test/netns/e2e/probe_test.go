@@ -108,33 +108,39 @@ type probeStatus struct {
 	} `json:"probes"`
 }
 
-// debugStatus reads /debug/status from the agent in the node.
+// debugStatus reads the probes of /debug/status from the agent in the
+// node.
 func debugStatus(node *netns.Node) (probeStatus, error) {
 	var st probeStatus
-	var conn net.Conn
-	if err := node.Do(func() (err error) {
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:10249", time.Second)
-		return err
-	}); err != nil {
-		return st, err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Write([]byte("GET /debug/status HTTP/1.0\r\n\r\n")); err != nil {
-		return st, err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return st, err
-	}
-	defer resp.Body.Close()
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+	if err := readStatus(node, &st); err != nil {
 		return st, err
 	}
 	if st.Probes == nil {
 		return st, fmt.Errorf("/debug/status has no probes section")
 	}
 	return st, nil
+}
+
+// readStatus decodes /debug/status from the agent in the node into v.
+func readStatus(node *netns.Node, v any) error {
+	var conn net.Conn
+	if err := node.Do(func() (err error) {
+		conn, err = net.DialTimeout("tcp", "127.0.0.1:10249", time.Second)
+		return err
+	}); err != nil {
+		return err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := conn.Write([]byte("GET /debug/status HTTP/1.0\r\n\r\n")); err != nil {
+		return err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	return json.NewDecoder(resp.Body).Decode(v)
 }
 
 // spread makes n connections to dst and counts who answered; failed
