@@ -95,8 +95,12 @@ func (a *Agent) probingWanted(now time.Time) bool {
 	case a.fromSnapshot.Load():
 		return true
 	}
+	if a.api.Reachable() {
+		return false
+	}
+	// Only now: with a Link, the last contact is read from the kernel.
 	last := a.api.LastContact()
-	return !a.api.Reachable() && !last.IsZero() && now.Sub(last) >= h.After
+	return !last.IsZero() && now.Sub(last) >= h.After
 }
 
 // runProbing runs the prober and asks for a sync when probing starts or

@@ -93,7 +93,6 @@ type Runner struct {
 	min, retry, max      time.Duration // changed by SetIntervals
 	log                  *slog.Logger
 	looping              bool
-	running              bool      // the function is running (see Rest)
 	requested            bool      // a run was requested since the last run started
 	pendingSince         time.Time // see Status.PendingSince
 	inflightSince        time.Time // PendingSince as the current run took it over
@@ -186,9 +185,7 @@ func (r *Runner) Run() {
 func (r *Runner) Rest(d time.Duration) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.running {
-		r.rest = max(r.rest, d)
-	}
+	r.rest = max(r.rest, d) // outside a run: cleared before it counts
 }
 
 // Status returns a snapshot of the runner's state, safe to call from any
@@ -320,7 +317,7 @@ func (r *Runner) runOnce(ctx context.Context) {
 	r.mu.Lock()
 	r.requested = false
 	r.inflightSince, r.pendingSince = r.pendingSince, time.Time{}
-	r.running, r.rest = true, 0
+	r.rest = 0
 	r.mu.Unlock()
 
 	start := r.clk.Now()
@@ -333,7 +330,7 @@ func (r *Runner) runOnce(ctx context.Context) {
 	if r.max > 0 {
 		r.maxAt = end.Add(max(r.max, r.rest))
 	}
-	r.running, r.rest = false, 0
+	r.rest = 0
 	if err != nil {
 		r.failures++
 		r.lastErr = err
