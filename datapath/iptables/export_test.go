@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // BreakService makes every rendering of the named service port carry a
@@ -22,11 +23,11 @@ func BreakService(t testing.TB, service datapath.ServicePortName) {
 		}
 		bad := netip.MustParsePrefix("fd00:bad::/64")
 		for _, r := range u.chains[0].rules {
-			if r.target.kind == tDNAT && r.target.to.Addr().Is6() {
+			if to, ok := r.Target.DNATTo(); ok && to.Addr().Is6() {
 				bad = netip.MustParsePrefix("192.0.2.0/24")
 			}
 		}
-		u.chains[0].rules = append(u.chains[0].rules, rule{matches: []match{srcIn(bad)}, target: verdict(tReturn)})
+		u.chains[0].rules = append(u.chains[0].rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(bad)}, Target: xtables.Return})
 	}
 	t.Cleanup(func() { renderHook = nil })
 }
