@@ -2,6 +2,7 @@ package ipvs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"slices"
@@ -215,15 +216,29 @@ func jumps() []xtables.Jump {
 	}
 }
 
+// tool is what the static rules need of the iptables tools:
+// *xtables.Tool, or an *xtables.Fake in unit tests.
+type tool interface {
+	Run(ctx context.Context, args ...string) (string, error)
+	RestoreNoFlush(ctx context.Context, text []byte) error
+	SaveTable(ctx context.Context, table string) (string, error)
+}
+
+// errNoTool is what every call returns when no tool was opened.
+var errNoTool = errors.New("ipvs: no iptables tool opened")
+
 // iptables writes our static rules with the shared xtables driver (the
 // same backend detection, lock wait and restore as iptables mode).
 type iptables struct {
-	x           *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
+	x           tool // nil with a fake Kernel (unit tests): every call fails
 	fam         datapath.Family
 	randomFully bool // the tools know MASQUERADE --random-fully
 }
 
 func (t iptables) run(ctx context.Context, args ...string) (string, error) {
+	if t.x == nil {
+		return "", errNoTool
+	}
 	out, err := t.x.Run(ctx, args...)
 	if err != nil {
 		return out, fmt.Errorf("ipvs: %w", err)
@@ -233,6 +248,9 @@ func (t iptables) run(ctx context.Context, args ...string) (string, error) {
 
 // ensure writes our chains (text, from renderRules) and makes sure every jump exists.
 func (t iptables) ensure(ctx context.Context, text string) error {
+	if t.x == nil {
+		return errNoTool
+	}
 	if err := t.x.RestoreNoFlush(ctx, []byte(text)); err != nil {
 		return fmt.Errorf("ipvs: %w", err)
 	}
@@ -279,6 +297,9 @@ func (t iptables) remove(ctx context.Context) error {
 // countRules returns how many rules the tables hold in our chains and the
 // jumps into them, as iptables-save reports them.
 func (t iptables) countRules(ctx context.Context) (int, error) {
+	if t.x == nil {
+		return 0, errNoTool
+	}
 	out, err := t.x.SaveTable(ctx, "")
 	if err != nil {
 		return 0, fmt.Errorf("ipvs: %w", err)

@@ -15,8 +15,9 @@ import (
 // parsing every rule with ParseRule, so input the typed model cannot
 // express is refused with its line named (a RestoreError), as
 // iptables-restore refuses what it cannot parse. It answers the
-// iptables commands both modes use (-S, -C, -I, -D, -L, -F, -X), and
-// Dump shows its state; Trace walks a packet through it.
+// iptables commands both modes use (-S, -C, -I, -D, -L, -F, -X) and
+// iptables-save (SaveTable), and Dump shows its state; Trace walks a
+// packet through it.
 //
 // A Fake is safe for use by several goroutines.
 type Fake struct {
@@ -267,13 +268,8 @@ func argsText(argv []string) string {
 
 func (f *Fake) list(table string) string {
 	var b strings.Builder
-	names := f.names(table)
-	for _, n := range names {
-		if !Builtin(n) {
-			fmt.Fprintf(&b, "-N %s\n", n)
-		}
-	}
-	for _, n := range names {
+	b.WriteString(f.userChains(table))
+	for _, n := range f.names(table) {
 		for i := range f.chains[Chain{table, n}] {
 			fmt.Fprintf(&b, "-A %s %s\n", n, f.chains[Chain{table, n}][i].Text())
 		}
@@ -291,6 +287,41 @@ func (f *Fake) names(table string) []string {
 	}
 	slices.Sort(out)
 	return out
+}
+
+// SaveTable answers as iptables-save does for table ("" for all): each
+// table with its chains declared, then its rules.
+func (f *Fake) SaveTable(_ context.Context, table string) (string, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var b strings.Builder
+	for _, t := range fakeTables {
+		if table != "" && t != table {
+			continue
+		}
+		fmt.Fprintf(&b, "*%s\n", t)
+		for _, n := range f.names(t) {
+			policy := "-"
+			if Builtin(n) {
+				policy = "ACCEPT"
+			}
+			fmt.Fprintf(&b, ":%s %s [0:0]\n", n, policy)
+		}
+		b.WriteString(f.list(t)[len(f.userChains(t)):])
+		b.WriteString("COMMIT\n")
+	}
+	return b.String(), nil
+}
+
+// userChains is the "-N" lines of list(table).
+func (f *Fake) userChains(table string) string {
+	var b strings.Builder
+	for _, n := range f.names(table) {
+		if !Builtin(n) {
+			fmt.Fprintf(&b, "-N %s\n", n)
+		}
+	}
+	return b.String()
 }
 
 // Rules returns the rules of chain c and whether it exists.
