@@ -299,7 +299,7 @@ func (p *ruleParser) module(mod string) (Match, error) {
 			return Match{}, err
 		}
 		dirs, err := p.next()
-		return Match{kind: mSet, name: set, dirs: dirs, not: neg}, err
+		return Match{kind: mSet, name: set, dirs: setDirs(dirs), not: neg}, err
 	}
 	return Match{}, errors.New("unknown match")
 }

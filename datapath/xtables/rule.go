@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"math"
 	"net/netip"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -89,13 +90,28 @@ type Match struct {
 	kind   matchKind
 	not    bool
 	src    bool         // mAddrType: the source, not the destination
+	dirs   uint8        // mSet: 1 + the index of its flags in setFlags (0: invalid); a byte keeps Match as small as it was without sets
 	port   uint16       // mProto (0: no port match), mCtOrigDst
 	prefix netip.Prefix // mSrc, mDst; mCtOrigDst: the address (all bits)
 	name   string       // mProto, mCtOrigDst: the protocol ("tcp", "udp", "sctp"); mCtState: the states; mRecent*, mSet: the list
-	dirs   string       // mSet: "dst", "dst,dst", "src,dst", ...
 	n      int64        // mMark: the mark; mRecentSeen: seconds
 	prob   float64      // mStatistic
 }
+
+// setFlags are the flags of --match-set: one to three of src and dst,
+// one per dimension of the set's type (hash:ip,port,ip: "dst,dst,src").
+var setFlags = func() []string {
+	out := []string{"src", "dst"}
+	for _, n := range []int{2, 4} { // the flags of one and of two dimensions
+		for _, f := range out[len(out)-n:] {
+			out = append(out, f+",src", f+",dst")
+		}
+	}
+	return out
+}()
+
+// setDirs is the dirs of a Match for flags.
+func setDirs(flags string) uint8 { return uint8(slices.Index(setFlags, flags) + 1) }
 
 // Src matches sources in p (-s p).
 func Src(p netip.Prefix) Match { return Match{kind: mSrc, prefix: p} }
@@ -157,10 +173,12 @@ func RecentSet(list string) Match { return Match{kind: mRecentSet, name: list} }
 
 // InSet matches packets whose fields named by dirs ("dst,dst" is the
 // destination address and port) are in ipset set.
-func InSet(set, dirs string) Match { return Match{kind: mSet, name: set, dirs: dirs} }
+func InSet(set, dirs string) Match { return Match{kind: mSet, name: set, dirs: setDirs(dirs)} }
 
 // NotInSet matches packets whose fields are not in set.
-func NotInSet(set, dirs string) Match { return Match{kind: mSet, name: set, dirs: dirs, not: true} }
+func NotInSet(set, dirs string) Match {
+	return Match{kind: mSet, name: set, dirs: setDirs(dirs), not: true}
+}
 
 func (m *Match) validate() error {
 	switch m.kind {
@@ -191,25 +209,14 @@ func (m *Match) validate() error {
 		if m.name == "" || len(m.name) > maxSetName || strings.ContainsFunc(m.name, func(r rune) bool { return r <= ' ' || r > '~' || r == '"' }) {
 			return fmt.Errorf("set name %q: not 1..%d printable characters", m.name, maxSetName)
 		}
-		dirs := strings.Split(m.dirs, ",")
-		if len(dirs) > 3 || slicesContainsOther(dirs, "src", "dst") {
-			return fmt.Errorf("set %s: flags %q are not 1 to 3 of src and dst", m.name, m.dirs)
+		if m.dirs == 0 || int(m.dirs) > len(setFlags) {
+			return fmt.Errorf("set %s: flags are not 1 to 3 of src and dst", m.name)
 		}
 	case mAddrType, mMark:
 	default:
 		return fmt.Errorf("unknown match kind %d", m.kind)
 	}
 	return nil
-}
-
-// slicesContainsOther reports whether ss holds a string that is none of ok.
-func slicesContainsOther(ss []string, ok ...string) bool {
-	for _, s := range ss {
-		if s != ok[0] && s != ok[1] {
-			return true
-		}
-	}
-	return false
 }
 
 // args writes the match's arguments to w.
@@ -269,7 +276,7 @@ func (m *Match) args(w *argWriter) {
 		if m.not {
 			w.arg("!")
 		}
-		w.args("--match-set", m.name, m.dirs)
+		w.args("--match-set", m.name, setFlags[m.dirs-1])
 	}
 }
 
