@@ -1,7 +1,9 @@
 package iptables
 
 import (
+	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -64,4 +66,29 @@ func Age(p *Proxier, d time.Duration) {
 	for _, f := range p.fams {
 		f.verifiedAt = f.verifiedAt.Add(-d)
 	}
+}
+
+// FakeOf returns an xtables.Fake holding what one full sync of plan by
+// p's family fam writes: p's rendering configuration, tables in memory.
+// Without nodePortAddresses only (those are matched against the node's
+// addresses, read from the kernel).
+func FakeOf(t testing.TB, p *Proxier, fam datapath.Family, plan *datapath.Plan) *xtables.Fake {
+	t.Helper()
+	for _, f := range p.fams {
+		if f.cfg.Family != fam {
+			continue
+		}
+		if len(f.npa) > 0 || f.primary {
+			t.Fatal("FakeOf: nodePortAddresses are not supported")
+		}
+		k := xtables.NewFake()
+		c := *plan
+		c.Frontends, c.Full = slices.Clone(plan.Frontends), true
+		if _, err := newFakeFamily(f.cfg, k).apply(context.Background(), &c, true, true); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	t.Fatalf("FakeOf: no family %v", fam)
+	return nil
 }
