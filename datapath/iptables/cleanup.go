@@ -65,10 +65,10 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 func (f *family) cleanup(ctx context.Context) error {
 	var errs []error
 	for _, j := range append(jumps(f.cfg.Family), obsoleteJumps()...) {
-		if err := f.ipt.DeleteIfExists(j.table, j.chain, j.rule.args()...); err != nil {
+		if err := f.ipt.DeleteIfExists(j.Table, j.Chain, j.Rule.Args()...); err != nil {
 			var e *goipt.Error
 			if !errors.As(err, &e) || !e.IsNotExist() {
-				errs = append(errs, fmt.Errorf("iptables: delete jump %s/%s: %w", j.table, j.chain, err))
+				errs = append(errs, fmt.Errorf("iptables: delete jump %s/%s: %w", j.Table, j.Chain, err))
 			}
 		}
 	}
@@ -79,14 +79,14 @@ func (f *family) cleanup(ctx context.Context) error {
 	if len(chains) == 0 {
 		return errors.Join(errs...)
 	}
-	var tx transaction
+	tx := newTransaction()
 	for _, c := range chains {
-		tx.declare(nil, c)
+		tx.Declare(nil, c)
 	}
 	for _, c := range chains {
-		tx.delete(c)
+		tx.Delete(c)
 	}
-	text, _, err := tx.render()
+	text, _, err := tx.Render()
 	if err == nil {
 		var none restorer
 		_, err = f.restore(ctx, &none, text)

@@ -1,12 +1,15 @@
 package iptables
 
 import (
+	"context"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // BreakService makes every rendering of the named service port carry a
@@ -22,11 +25,11 @@ func BreakService(t testing.TB, service datapath.ServicePortName) {
 		}
 		bad := netip.MustParsePrefix("fd00:bad::/64")
 		for _, r := range u.chains[0].rules {
-			if r.target.kind == tDNAT && r.target.to.Addr().Is6() {
+			if to, ok := r.Target.DNATTo(); ok && to.Addr().Is6() {
 				bad = netip.MustParsePrefix("192.0.2.0/24")
 			}
 		}
-		u.chains[0].rules = append(u.chains[0].rules, rule{matches: []match{srcIn(bad)}, target: verdict(tReturn)})
+		u.chains[0].rules = append(u.chains[0].rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(bad)}, Target: xtables.Return})
 	}
 	t.Cleanup(func() { renderHook = nil })
 }
@@ -63,4 +66,29 @@ func Age(p *Proxier, d time.Duration) {
 	for _, f := range p.fams {
 		f.verifiedAt = f.verifiedAt.Add(-d)
 	}
+}
+
+// FakeOf returns an xtables.Fake holding what one full sync of plan by
+// p's family fam writes: p's rendering configuration, tables in memory.
+// Without nodePortAddresses only (those are matched against the node's
+// addresses, read from the kernel).
+func FakeOf(t testing.TB, p *Proxier, fam datapath.Family, plan *datapath.Plan) *xtables.Fake {
+	t.Helper()
+	for _, f := range p.fams {
+		if f.cfg.Family != fam {
+			continue
+		}
+		if len(f.npa) > 0 || f.primary {
+			t.Fatal("FakeOf: nodePortAddresses are not supported")
+		}
+		k := xtables.NewFake()
+		c := *plan
+		c.Frontends, c.Full = slices.Clone(plan.Frontends), true
+		if _, err := newFakeFamily(f.cfg, k).apply(context.Background(), &c, true, true); err != nil {
+			t.Fatal(err)
+		}
+		return k
+	}
+	t.Fatalf("FakeOf: no family %v", fam)
+	return nil
 }

@@ -9,6 +9,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // A fingerprint is a cheap summary of the kernel's tables that changes
@@ -60,6 +61,6 @@ func (f *family) fingerprint() (uint64, bool) {
 		g, err := nfgen.Current()
 		return uint64(g), err == nil
 	}
-	v, err := xtablesInfo(f.cfg.Family, tableNAT, tableFilter)
+	v, err := xtablesInfo(f.cfg.Family, xtables.NAT, xtables.Filter)
 	return v, err == nil
 }

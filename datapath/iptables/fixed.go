@@ -8,26 +8,27 @@ import (
 	"slices"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // nodePortDst returns the destination matches that select node-port
 // addresses, one rule each.
-func nodePortDst(cfg *Config) [][]match {
+func nodePortDst(cfg *Config) [][]xtables.Match {
 	if cfg.NodePortIPs == nil {
 		switch {
 		case cfg.Family == datapath.IPv6:
-			return [][]match{{dstLocal(), dstNotIn(netip.MustParsePrefix("::1/128"))}}
+			return [][]xtables.Match{{xtables.DstLocal(), xtables.NotDst(netip.MustParsePrefix("::1/128"))}}
 		case !cfg.LocalhostNodePorts:
-			return [][]match{{dstLocal(), dstNotIn(loopback4)}}
+			return [][]xtables.Match{{xtables.DstLocal(), xtables.NotDst(loopback4)}}
 		}
-		return [][]match{{dstLocal()}}
+		return [][]xtables.Match{{xtables.DstLocal()}}
 	}
-	var out [][]match
+	var out [][]xtables.Match
 	for _, a := range cfg.NodePortIPs {
 		if datapath.FamilyOf(a) != cfg.Family || a.IsLoopback() && (cfg.Family == datapath.IPv6 || !cfg.LocalhostNodePorts) {
 			continue
 		}
-		out = append(out, []match{dstHost(a.Unmap())})
+		out = append(out, []xtables.Match{xtables.DstHost(a.Unmap())})
 	}
 	return out
 }
@@ -36,82 +37,82 @@ var loopback4 = netip.MustParsePrefix("127.0.0.0/8")
 
 // fixedChains lists the chains that exist regardless of the plan, per table.
 var fixedChains = map[string][]string{
-	tableNAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
-	tableFilter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainNodePorts, chainCanary},
+	xtables.NAT:    {chainServices, chainNodePorts, chainPostrouting, chainHairpin, chainMarkMasq, chainClusterMasq, chainCanary},
+	xtables.Filter: {chainServices, chainExternal, chainFirewall, chainForward, chainLocalnet, chainNodePorts, chainCanary},
 }
 
 // canaryRule is the single rule of the canary chains. A flush of the table
 // removes it; Tampered looks for it.
-var canaryRule = rule{comment: "edgeproxy canary", target: verdict(tReturn)}
+var canaryRule = xtables.Rule{Comment: "edgeproxy canary", Target: xtables.Return}
 
 // staticRules returns the fixed chains' rules that do not depend on the
 // plan: head rules come before the units' rules, tail rules after.
 func staticRules(cfg *Config) (head, tail []topRule) {
 	mark := cfg.markMasq()
 	head = []topRule{
-		{tableNAT, chainMarkMasq, rule{target: markOr(mark)}},
-		{tableNAT, chainPostrouting, rule{matches: []match{ctState("DNAT")}, target: jumpTo(chainHairpin)}},
-		{tableNAT, chainPostrouting, rule{matches: []match{markNotSet(mark)}, target: verdict(tReturn)}},
-		{tableNAT, chainPostrouting, rule{target: markXor(mark)}},
-		{tableNAT, chainPostrouting, rule{comment: "edgeproxy service traffic requiring SNAT", target: masquerade(cfg.RandomFully)}},
-		{tableNAT, chainCanary, canaryRule},
-		{tableFilter, chainForward, rule{[]match{markSet(mark)}, "edgeproxy forwarding rules", verdict(tAccept)}},
-		{tableFilter, chainForward, rule{[]match{ctState("RELATED,ESTABLISHED")}, "edgeproxy forwarding conntrack rule", verdict(tAccept)}},
-		{tableFilter, chainCanary, canaryRule},
+		{xtables.NAT, chainMarkMasq, xtables.Rule{Target: xtables.MarkOr(mark)}},
+		{xtables.NAT, chainPostrouting, xtables.Rule{Matches: []xtables.Match{xtables.CtState("DNAT")}, Target: xtables.JumpTo(chainHairpin)}},
+		{xtables.NAT, chainPostrouting, xtables.Rule{Matches: []xtables.Match{xtables.NotMark(mark)}, Target: xtables.Return}},
+		{xtables.NAT, chainPostrouting, xtables.Rule{Target: xtables.MarkXor(mark)}},
+		{xtables.NAT, chainPostrouting, xtables.Rule{Comment: "edgeproxy service traffic requiring SNAT", Target: xtables.Masquerade(cfg.RandomFully)}},
+		{xtables.NAT, chainCanary, canaryRule},
+		{xtables.Filter, chainForward, xtables.Rule{Matches: []xtables.Match{xtables.Mark(mark)}, Comment: "edgeproxy forwarding rules", Target: xtables.Accept}},
+		{xtables.Filter, chainForward, xtables.Rule{Matches: []xtables.Match{xtables.CtState("RELATED,ESTABLISHED")}, Comment: "edgeproxy forwarding conntrack rule", Target: xtables.Accept}},
+		{xtables.Filter, chainCanary, canaryRule},
 	}
 	if !cfg.TCPBeLiberal {
 		// Out-of-window packets would reset connections; with
 		// tcp_be_liberal the kernel takes them instead (kube-proxy).
-		head = slices.Insert(head, 0, topRule{tableFilter, chainForward,
-			rule{[]match{ctState("INVALID")}, "edgeproxy: out-of-window packets must not reset connections", verdict(tDrop)}})
+		head = slices.Insert(head, 0, topRule{xtables.Filter, chainForward,
+			xtables.Rule{Matches: []xtables.Match{xtables.CtState("INVALID")}, Comment: "edgeproxy: out-of-window packets must not reset connections", Target: xtables.Drop}})
 	}
 	if cfg.Family == datapath.IPv4 && cfg.LocalhostNodePorts {
 		// route_localnet lets packets to 127.0.0.0/8 arrive from outside
 		// (CVE-2020-8558); only those DNATed to a NodePort may pass, like
 		// kube-proxy's (and kubelet's) KUBE-FIREWALL rule.
-		head = append(head, topRule{tableFilter, chainLocalnet,
-			rule{[]match{dstIn(loopback4), srcNotIn(loopback4), ctStateNot("RELATED,ESTABLISHED,DNAT")}, "edgeproxy: block incoming localnet connections", verdict(tDrop)}})
+		head = append(head, topRule{xtables.Filter, chainLocalnet,
+			xtables.Rule{Matches: []xtables.Match{xtables.Dst(loopback4), xtables.NotSrc(loopback4), xtables.NotCtState("RELATED,ESTABLISHED,DNAT")}, Comment: "edgeproxy: block incoming localnet connections", Target: xtables.Drop}})
 	}
 	for _, p := range cfg.HealthCheckPorts {
-		head = append(head, topRule{tableFilter, chainNodePorts,
-			rule{[]match{dport("tcp", p)}, "edgeproxy health check node port", verdict(tAccept)}})
+		head = append(head, topRule{xtables.Filter, chainNodePorts,
+			xtables.Rule{Matches: []xtables.Match{xtables.DPort("tcp", p)}, Comment: "edgeproxy health check node port", Target: xtables.Accept}})
 	}
 	for _, c := range cfg.ClusterCIDRs {
-		head = append(head, topRule{tableNAT, chainClusterMasq, rule{matches: []match{srcIn(c.Masked())}, target: verdict(tReturn)}})
+		head = append(head, topRule{xtables.NAT, chainClusterMasq, xtables.Rule{Matches: []xtables.Match{xtables.Src(c.Masked())}, Target: xtables.Return}})
 	}
-	head = append(head, topRule{tableNAT, chainClusterMasq, rule{target: jumpTo(chainMarkMasq)}})
+	head = append(head, topRule{xtables.NAT, chainClusterMasq, xtables.Rule{Target: xtables.JumpTo(chainMarkMasq)}})
 	for _, d := range nodePortDst(cfg) {
-		tail = append(tail, topRule{tableNAT, chainServices, rule{d, "edgeproxy node ports; keep last", jumpTo(chainNodePorts)}})
+		tail = append(tail, topRule{xtables.NAT, chainServices, xtables.Rule{Matches: d, Comment: "edgeproxy node ports; keep last", Target: xtables.JumpTo(chainNodePorts)}})
 	}
 	return head, tail
 }
 
 // jumps is the static skeleton: where packets enter our chains. IPv6 has
 // no localnet martians to drop (no route_localnet).
-func jumps(fam datapath.Family) []jump {
-	newOnly := []match{ctState("NEW")}
-	j := func(table, from string, cond []match, to, why string) jump {
-		return jump{table, from, rule{cond, "edgeproxy " + why, jumpTo(to)}}
+func jumps(fam datapath.Family) []xtables.Jump {
+	newOnly := []xtables.Match{xtables.CtState("NEW")}
+	j := func(table, from string, cond []xtables.Match, to, why string) xtables.Jump {
+		return xtables.Jump{Table: table, Chain: from, Rule: xtables.Rule{Matches: cond, Comment: "edgeproxy " + why, Target: xtables.JumpTo(to)}}
 	}
-	out := []jump{
-		j(tableNAT, "PREROUTING", nil, chainServices, "service portals"),
-		j(tableNAT, "OUTPUT", nil, chainServices, "service portals"),
-		j(tableNAT, "POSTROUTING", nil, chainPostrouting, "postrouting rules"),
-		j(tableFilter, "INPUT", newOnly, chainServices, "service portals"),
-		j(tableFilter, "INPUT", newOnly, chainExternal, "node ports"),
-		j(tableFilter, "INPUT", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "FORWARD", newOnly, chainServices, "service portals"),
-		j(tableFilter, "FORWARD", newOnly, chainExternal, "external service portals"),
-		j(tableFilter, "FORWARD", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "FORWARD", nil, chainForward, "forwarding rules"),
-		j(tableFilter, "OUTPUT", newOnly, chainServices, "service portals"),
-		j(tableFilter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
-		j(tableFilter, "INPUT", nil, chainNodePorts, "health check node ports"),
+	out := []xtables.Jump{
+		j(xtables.NAT, "PREROUTING", nil, chainServices, "service portals"),
+		j(xtables.NAT, "OUTPUT", nil, chainServices, "service portals"),
+		j(xtables.NAT, "POSTROUTING", nil, chainPostrouting, "postrouting rules"),
+		j(xtables.Filter, "INPUT", newOnly, chainServices, "service portals"),
+		j(xtables.Filter, "INPUT", newOnly, chainExternal, "node ports"),
+		j(xtables.Filter, "INPUT", newOnly, chainFirewall, "load balancer firewall"),
+		j(xtables.Filter, "FORWARD", newOnly, chainServices, "service portals"),
+		j(xtables.Filter, "FORWARD", newOnly, chainExternal, "external service portals"),
+		j(xtables.Filter, "FORWARD", newOnly, chainFirewall, "load balancer firewall"),
+		j(xtables.Filter, "FORWARD", nil, chainForward, "forwarding rules"),
+		j(xtables.Filter, "OUTPUT", newOnly, chainServices, "service portals"),
+		j(xtables.Filter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
+		j(xtables.Filter, "INPUT", nil, chainNodePorts, "health check node ports"),
 	}
 	if fam == datapath.IPv4 {
 		out = append(out,
-			j(tableFilter, "INPUT", nil, chainLocalnet, "localnet martians"),
-			j(tableFilter, "OUTPUT", nil, chainLocalnet, "localnet martians"))
+			j(xtables.Filter, "INPUT", nil, chainLocalnet, "localnet martians"),
+			j(xtables.Filter, "OUTPUT", nil, chainLocalnet, "localnet martians"))
 	}
 	return out
 }
@@ -119,6 +120,6 @@ func jumps(fam datapath.Family) []jump {
 // obsoleteJumps are jumps earlier versions wrote and this one does not:
 // removed on the first apply and by cleanup, so that they neither linger
 // nor keep our chains busy.
-func obsoleteJumps() []jump {
-	return []jump{{tableFilter, "OUTPUT", rule{[]match{ctState("NEW")}, "edgeproxy node ports", jumpTo(chainExternal)}}}
+func obsoleteJumps() []xtables.Jump {
+	return []xtables.Jump{{Table: xtables.Filter, Chain: "OUTPUT", Rule: xtables.Rule{Matches: []xtables.Match{xtables.CtState("NEW")}, Comment: "edgeproxy node ports", Target: xtables.JumpTo(chainExternal)}}}
 }

@@ -3,6 +3,8 @@ package iptables
 import (
 	"context"
 	"fmt"
+
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // HoldsRules reports whether the kernel already holds this datapath's
@@ -16,7 +18,7 @@ func (p *Proxier) HoldsRules(ctx context.Context) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		ok, err := f.ipt.ChainExists(tableNAT, chainServices)
+		ok, err := f.ipt.ChainExists(xtables.NAT, chainServices)
 		if err != nil {
 			return false, fmt.Errorf("iptables: look for chain %s: %w", chainServices, err)
 		}

@@ -9,6 +9,7 @@ import (
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // A compare (Plan.Full) renders only the units whose input moved: none
@@ -17,7 +18,7 @@ import (
 func TestCompareRendersOnlyMovedInput(t *testing.T) {
 	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	fs := samplePlan()
-	f := newFakeFamily(cfg, newFakeTables())
+	f := newFakeFamily(cfg, xtables.NewFake())
 	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, true, true); err != nil {
 		t.Fatal(err)
 	}
@@ -113,7 +114,7 @@ func BenchmarkCompare1k(b *testing.B) {
 			Addr: netip.AddrFrom4([4]byte{172, 20, byte(i >> 8), byte(i)}), Family: datapath.IPv4, Port: 80, Endpoints: eps})
 	}
 	plan := &datapath.Plan{Frontends: fs, Full: true}
-	f := newFakeFamily(cfg, newFakeTables())
+	f := newFakeFamily(cfg, xtables.NewFake())
 	if _, err := f.apply(context.Background(), plan, true, true); err != nil {
 		b.Fatal(err)
 	}

@@ -3,17 +3,17 @@ package iptables
 import (
 	"crypto/sha256"
 	"encoding/base32"
-	"fmt"
 	"strings"
+
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // Prefix starts the name of every chain edgeproxy creates. Cleanup and the
 // stale-chain sweep only ever touch chains that carry it.
 const Prefix = "EP-"
 
-// MaxChainLen is the longest chain name iptables accepts (XT_EXTENSION_MAXNAMELEN
-// minus the terminating NUL is 28 for user chains).
-const MaxChainLen = 28
+// MaxChainLen is the longest chain name iptables accepts.
+const MaxChainLen = xtables.MaxChainLen
 
 // Fixed chains. Each lives in the table named next to it; the jumps to them
 // from the built-in chains are listed in jumps.
@@ -49,19 +49,6 @@ func ChainName(kind, id string) string {
 	sum := sha256.Sum256([]byte(id))
 	enc := base32.StdEncoding.EncodeToString(sum[:])
 	return Prefix + kind + "-" + enc[:16]
-}
-
-// validChainName checks a user chain name as iptables does: 1 to
-// MaxChainLen printable ASCII characters without spaces or quotes, not
-// starting with "-" or "!". ChainName's names always pass.
-func validChainName(name string) error {
-	if name == "" || len(name) > MaxChainLen {
-		return fmt.Errorf("chain name %q: length %d not in 1..%d", name, len(name), MaxChainLen)
-	}
-	if name[0] == '-' || name[0] == '!' || strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r > '~' || r == '"' || r == '\'' }) {
-		return fmt.Errorf("chain name %q: not a valid iptables chain name", name)
-	}
-	return nil
 }
 
 // IPVSPrefix starts the chains of IPVS mode (datapath/ipvs). They carry

@@ -140,9 +140,9 @@ type family struct {
 	// unit.summarize): their chains and digests, no rule text. Reused by
 	// partial syncs for the units that did not change.
 	units        map[unitID]*unit
-	lastFixed    map[tableChain]digest // digests of the fixed chains as written
-	lastFixedSum digest                // Ruleset.fixedSum as written
-	lastRewrite  time.Time             // of the last full rewrite
+	lastFixed    map[xtables.Chain]digest // digests of the fixed chains as written
+	lastFixedSum digest                   // Ruleset.fixedSum as written
+	lastRewrite  time.Time                // of the last full rewrite
 
 	npa     []netip.Prefix // nodePortAddresses of this family
 	primary bool           // plus the node's primary address
@@ -272,7 +272,7 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		return nil, err
 	}
 	// Refuse to run when both backends hold our chains.
-	if err := f.x.CheckOtherBackend(context.Background(), tableNAT, chainServices, log); err != nil {
+	if err := f.x.CheckOtherBackend(context.Background(), xtables.NAT, chainServices, log); err != nil {
 		return nil, err
 	}
 	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
@@ -459,8 +459,8 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 // fails on a unit's line, that unit is left out (its error in errs) and
 // the rest written again; err is a failure no unit is to blame for, or
 // the last one after maxRounds.
-func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan, full, compareAll bool, existing []tableChain, missing []jump) (
-	rs *Ruleset, ws writeSpec, fixed map[tableChain]digest, errs []error, err error) {
+func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan, full, compareAll bool, existing []xtables.Chain, missing []xtables.Jump) (
+	rs *Ruleset, ws writeSpec, fixed map[xtables.Chain]digest, errs []error, err error) {
 	// Each round either succeeds or drops the unit that a failed line
 	// belongs to; the bound keeps a systematic failure from looping.
 	const maxRounds = 8
@@ -502,12 +502,12 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 			return rs, ws, fixed, errs, nil
 		}
 		st.failures++
-		id := failedOwner(err, owner)
+		id := xtables.FailedOwner(err, owner)
 		if id == nil || round == maxRounds-1 {
 			return rs, ws, fixed, errs, err
 		}
-		var oe *opError
-		if !errors.As(err, &oe) { // an opError names its unit already
+		var oe *xtables.OpError[*unitID]
+		if !errors.As(err, &oe) { // an OpError names its unit already
 			err = fmt.Errorf("iptables: unit %s: %w", id, err)
 		}
 		errs = append(errs, &datapath.PortError{Service: id.service, Err: err})
@@ -566,7 +566,7 @@ func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) reuseFunc {
 // lead to, so that rules are live the moment they are in the kernel.
 // Otherwise what we wrote last is known, and listing a large table is
 // costly.
-func (f *family) existingChains(full bool) (existing []tableChain, missing []jump, listed bool, err error) {
+func (f *family) existingChains(full bool) (existing []xtables.Chain, missing []xtables.Jump, listed bool, err error) {
 	switch {
 	case full && (!f.applied || f.needFull):
 		existing, missing, err = f.listOurs()
@@ -583,7 +583,7 @@ func (f *family) existingChains(full bool) (existing []tableChain, missing []jum
 // the existing chains not desired are deleted; otherwise only units whose
 // digest changed, fixed chains whose content changed, and deletions of
 // the chains written last that are no longer desired.
-func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]bool, existing []tableChain, missing []jump, full bool) writeSpec {
+func (f *family) writeSpec(rs *Ruleset, desired map[xtables.Chain]bool, existing []xtables.Chain, missing []xtables.Jump, full bool) writeSpec {
 	ws := writeSpec{jumps: missing}
 	if full {
 		for _, c := range existing {
@@ -612,7 +612,7 @@ func (f *family) writeSpec(rs *Ruleset, desired map[tableChain]bool, existing []
 
 // remember records what a successful apply wrote, for the next one: unit
 // summaries and digests, no rule text.
-func (f *family) remember(rs *Ruleset, fixed map[tableChain]digest, full bool) {
+func (f *family) remember(rs *Ruleset, fixed map[xtables.Chain]digest, full bool) {
 	f.units = make(map[unitID]*unit, len(rs.units))
 	for _, u := range rs.units {
 		if !u.summary {
@@ -629,9 +629,9 @@ func (f *family) remember(rs *Ruleset, fixed map[tableChain]digest, full bool) {
 	f.needFull = false
 }
 
-func isFixed(c tableChain) bool {
-	for _, n := range fixedChains[c.table] {
-		if n == c.name {
+func isFixed(c xtables.Chain) bool {
+	for _, n := range fixedChains[c.Table] {
+		if n == c.Name {
 			return true
 		}
 	}
@@ -639,16 +639,16 @@ func isFixed(c tableChain) bool {
 }
 
 // ourChains lists the chains with our prefix in the tables we use.
-func (f *family) ourChains() ([]tableChain, error) {
+func (f *family) ourChains() ([]xtables.Chain, error) {
 	chains, _, err := f.listOurs()
 	return chains, err
 }
 
 // listOurs lists, with one `iptables -S` per table, the chains with our
 // prefix and the jumps from built-in chains (jumps()) that are missing.
-func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
+func (f *family) listOurs() (chains []xtables.Chain, missing []xtables.Jump, err error) {
 	rules := map[string]string{}
-	for _, t := range []string{tableNAT, tableFilter} {
+	for _, t := range []string{xtables.NAT, xtables.Filter} {
 		out, err := f.io.Run(context.Background(), "-t", t, "-S")
 		if err != nil {
 			return nil, nil, fmt.Errorf("iptables: list the chains of %s: %w", t, err)
@@ -656,19 +656,19 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 		rules[t] = out
 		for _, l := range strings.Split(out, "\n") {
 			if name, ok := strings.CutPrefix(l, "-N "); ok && ours(name) {
-				chains = append(chains, tableChain{t, name})
+				chains = append(chains, xtables.Chain{Table: t, Name: name})
 			}
 		}
 	}
 	for _, j := range jumps(f.cfg.Family) {
-		if !hasRule(rules[j.table], j) {
+		if !hasRule(rules[j.Table], j) {
 			missing = append(missing, j)
 		}
 	}
 	for _, j := range obsoleteJumps() {
-		if hasRule(rules[j.table], j) {
-			if err := f.ipt.DeleteIfExists(j.table, j.chain, j.rule.args()...); err != nil {
-				return nil, nil, fmt.Errorf("iptables: delete obsolete jump %s/%s -> %s: %w", j.table, j.chain, j.to(), err)
+		if hasRule(rules[j.Table], j) {
+			if err := f.ipt.DeleteIfExists(j.Table, j.Chain, j.Rule.Args()...); err != nil {
+				return nil, nil, fmt.Errorf("iptables: delete obsolete jump %s/%s -> %s: %w", j.Table, j.Chain, j.To(), err)
 			}
 		}
 	}
@@ -677,10 +677,10 @@ func (f *family) listOurs() (chains []tableChain, missing []jump, err error) {
 
 // hasRule reports whether a listing (iptables -S or iptables-save) holds
 // rule j: a rule in its chain that jumps to its target with its comment.
-func hasRule(listing string, j jump) bool {
-	target := j.to()
+func hasRule(listing string, j xtables.Jump) bool {
+	target := j.To()
 	for _, l := range strings.Split(listing, "\n") {
-		if strings.HasPrefix(l, "-A "+j.chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, j.rule.comment) {
+		if strings.HasPrefix(l, "-A "+j.Chain+" ") && strings.HasSuffix(strings.TrimSpace(l), "-j "+target) && strings.Contains(l, j.Rule.Comment) {
 			return true
 		}
 	}
@@ -715,17 +715,17 @@ func (f *family) ensureJumps() error {
 	js := jumps(f.cfg.Family)
 	slices.Reverse(js)
 	for _, j := range js {
-		args := j.rule.args()
-		ok, err := f.ipt.Exists(j.table, j.chain, args...)
+		args := j.Rule.Args()
+		ok, err := f.ipt.Exists(j.Table, j.Chain, args...)
 		if err != nil {
-			errs = append(errs, fmt.Errorf("iptables: check jump %s/%s -> %s: %w", j.table, j.chain, j.to(), err))
+			errs = append(errs, fmt.Errorf("iptables: check jump %s/%s -> %s: %w", j.Table, j.Chain, j.To(), err))
 			continue
 		}
 		if ok {
 			continue
 		}
-		if err := f.ipt.Insert(j.table, j.chain, 1, args...); err != nil {
-			errs = append(errs, fmt.Errorf("iptables: insert jump %s/%s -> %s: %w", j.table, j.chain, j.to(), err))
+		if err := f.ipt.Insert(j.Table, j.Chain, 1, args...); err != nil {
+			errs = append(errs, fmt.Errorf("iptables: insert jump %s/%s -> %s: %w", j.Table, j.Chain, j.To(), err))
 		}
 	}
 	return errors.Join(errs...)
@@ -733,7 +733,7 @@ func (f *family) ensureJumps() error {
 
 // ruleCounts returns how many rules the ruleset holds per table.
 func (rs *Ruleset) ruleCounts() map[string]int {
-	out := map[string]int{tableNAT: 0, tableFilter: 0}
+	out := map[string]int{xtables.NAT: 0, xtables.Filter: 0}
 	head, tail := staticRules(&rs.cfg)
 	for _, r := range append(head, tail...) {
 		out[r.table]++

@@ -12,13 +12,24 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
-// Tables edgeproxy writes to.
-const (
-	tableNAT    = "nat"
-	tableFilter = "filter"
-)
+// tables lists the tables iptables mode writes, in the order written.
+var tables = [...]string{xtables.Filter, xtables.NAT}
+
+// newTransaction starts a transaction over tables whose objects are owned
+// by units.
+func newTransaction() *xtables.Transaction[*unitID] {
+	return xtables.NewTransaction[*unitID](tables[:]...)
+}
+
+func tableIndex(table string) int {
+	if table == xtables.NAT {
+		return 1
+	}
+	return 0
+}
 
 // maxAffinity is the longest ClientIP affinity timeout rendered; longer
 // ones are clamped, as Kubernetes caps timeoutSeconds at one day.
@@ -58,13 +69,13 @@ func (c *Config) markMasq() uint32 { return uint32(1) << uint(c.MasqueradeBit) }
 type chain struct {
 	table string
 	name  string
-	rules []rule
+	rules []xtables.Rule
 }
 
 // topRule is a rule a unit adds to one of the fixed chains.
 type topRule struct {
 	table, chain string
-	rule         rule
+	rule         xtables.Rule
 }
 
 // digest is what is kept of rules between syncs instead of their text.
@@ -123,7 +134,7 @@ type unit struct {
 	id        unitID
 	chains    []chain
 	top       []topRule
-	names     []tableChain       // the chains it owns
+	names     []xtables.Chain    // the chains it owns
 	hairpin   []netip.Addr       // local endpoints, which may reach themselves
 	digest    digest             // of chains as written
 	topDigest digest             // of top
@@ -346,24 +357,24 @@ func comment(f *datapath.Frontend, what string) string {
 
 // frontendMatch is the destination part of f's rules: its address (none
 // for a NodePort without address) and its port.
-func (ub *unitBuilder) frontendMatch(f *datapath.Frontend) []match {
+func (ub *unitBuilder) frontendMatch(f *datapath.Frontend) []xtables.Match {
 	if f.Addr.IsValid() {
-		return []match{dstHost(f.Addr), dport(ub.proto, f.Port)}
+		return []xtables.Match{xtables.DstHost(f.Addr), xtables.DPort(ub.proto, f.Port)}
 	}
-	return []match{dport(ub.proto, f.Port)}
+	return []xtables.Match{xtables.DPort(ub.proto, f.Port)}
 }
 
 // noEndpoints is the verdict for f when it has no endpoints: refused when
 // there are none at all, dropped when a Local traffic policy keeps
 // endpoints elsewhere from it (kube-proxy).
-func noEndpoints(f *datapath.Frontend) (target, string) {
+func noEndpoints(f *datapath.Frontend) (xtables.Target, string) {
 	if f.Drop {
-		return verdict(tDrop), " has no local endpoints"
+		return xtables.Drop, " has no local endpoints"
 	}
-	return verdict(tReject), " has no endpoints"
+	return xtables.Reject, " has no endpoints"
 }
 
-func (ub *unitBuilder) addTop(table, chain string, r rule) {
+func (ub *unitBuilder) addTop(table, chain string, r xtables.Rule) {
 	ub.u.top = append(ub.u.top, topRule{table, chain, r})
 }
 
@@ -382,18 +393,18 @@ func (ub *unitBuilder) frontendRules(f *datapath.Frontend) {
 		top = chainNodePorts
 	}
 	if extChain := ub.extChain(f); extChain != "" {
-		ub.addTop(tableNAT, top, rule{ms, comment(f, what), jumpTo(extChain)})
+		ub.addTop(xtables.NAT, top, xtables.Rule{Matches: ms, Comment: comment(f, what), Target: xtables.JumpTo(extChain)})
 	}
 	if len(f.Endpoints) == 0 {
 		target, noWhat := noEndpoints(f)
 		if f.Kind == datapath.NodePort {
 			// Any local destination, whatever nodePortAddresses says,
 			// as kube-proxy: unit rules must not depend on addresses.
-			ms = []match{dstLocal(), dport(ub.proto, f.Port)}
+			ms = []xtables.Match{xtables.DstLocal(), xtables.DPort(ub.proto, f.Port)}
 		}
 		// Otherwise arriving or routed traffic only, as kube-proxy's
 		// KUBE-EXTERNAL-SERVICES: the node's own goes on its way.
-		ub.addTop(tableFilter, chainExternal, rule{ms, comment(f, what+noWhat), target})
+		ub.addTop(xtables.Filter, chainExternal, xtables.Rule{Matches: ms, Comment: comment(f, what+noWhat), Target: target})
 	}
 	if f.Kind == datapath.LoadBalancer && len(f.SourceRanges) > 0 && f.Addr.IsValid() {
 		ub.firewallRules(f)
@@ -404,15 +415,15 @@ func (ub *unitBuilder) clusterIPRules(f *datapath.Frontend) {
 	ms := ub.frontendMatch(f)
 	if len(f.Endpoints) == 0 {
 		target, noWhat := noEndpoints(f)
-		ub.addTop(tableFilter, chainServices, rule{ms, comment(f, "cluster IP"+noWhat), target})
+		ub.addTop(xtables.Filter, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"+noWhat), Target: target})
 		return
 	}
 	if ub.cfg.MasqueradeAll {
-		ub.addTop(tableNAT, chainServices, rule{ms, comment(f, "cluster IP"), jumpTo(chainMarkMasq)})
+		ub.addTop(xtables.NAT, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"), Target: xtables.JumpTo(chainMarkMasq)})
 	} else if len(ub.cfg.ClusterCIDRs) > 0 {
-		ub.addTop(tableNAT, chainServices, rule{ms, comment(f, "cluster IP"), jumpTo(chainClusterMasq)})
+		ub.addTop(xtables.NAT, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"), Target: xtables.JumpTo(chainClusterMasq)})
 	}
-	ub.addTop(tableNAT, chainServices, rule{ms, comment(f, "cluster IP"), jumpTo(ub.groupOf[f].svc)})
+	ub.addTop(xtables.NAT, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"), Target: xtables.JumpTo(ub.groupOf[f].svc)})
 }
 
 // extChain returns the EXT chain of an external frontend, rendering it the
@@ -422,16 +433,16 @@ func (ub *unitBuilder) extChain(f *datapath.Frontend) string {
 	if name, ok := ub.ext[extKey{g, sc}]; ok {
 		return name
 	}
-	var rules []rule
+	var rules []xtables.Rule
 	if f.LocalOnly {
 		rules = ub.localExtRules(f, g, sc)
 	} else if len(g.endpoints) > 0 {
-		rules = append(rules, rule{target: jumpTo(chainMarkMasq)}, rule{target: jumpTo(g.svc)})
+		rules = append(rules, xtables.Rule{Target: xtables.JumpTo(chainMarkMasq)}, xtables.Rule{Target: xtables.JumpTo(g.svc)})
 	}
 	name := ""
 	if len(rules) > 0 {
 		name = ChainName(kindExt, g.svc)
-		ub.u.chains = append(ub.u.chains, chain{tableNAT, name, rules})
+		ub.u.chains = append(ub.u.chains, chain{xtables.NAT, name, rules})
 	}
 	ub.ext[extKey{g, sc}] = name
 	return name
@@ -441,22 +452,22 @@ func (ub *unitBuilder) extChain(f *datapath.Frontend) string {
 // the node itself reach the cluster-wide set sc; the node's traffic is
 // masqueraded, its source being a local address (often the very address
 // it reaches). Everyone else reaches the local endpoints g.
-func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []rule {
-	var rules []rule
+func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []xtables.Rule {
+	var rules []xtables.Rule
 	if sc != nil {
 		for _, c := range ub.cfg.ClusterCIDRs {
-			rules = append(rules, rule{[]match{srcIn(c.Masked())}, "pod traffic for " + sanitize(f.Service.String()) + " goes to the cluster", jumpTo(sc.svc)})
+			rules = append(rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(c.Masked())}, Comment: "pod traffic for " + sanitize(f.Service.String()) + " goes to the cluster", Target: xtables.JumpTo(sc.svc)})
 		}
 	}
-	local := []match{srcLocal()}
+	local := []xtables.Match{xtables.SrcLocal()}
 	if sc != nil || len(g.endpoints) > 0 {
-		rules = append(rules, rule{matches: local, target: jumpTo(chainMarkMasq)})
+		rules = append(rules, xtables.Rule{Matches: local, Target: xtables.JumpTo(chainMarkMasq)})
 	}
 	if sc != nil {
-		rules = append(rules, rule{matches: local, target: jumpTo(sc.svc)})
+		rules = append(rules, xtables.Rule{Matches: local, Target: xtables.JumpTo(sc.svc)})
 	}
 	if len(g.endpoints) > 0 {
-		rules = append(rules, rule{target: jumpTo(g.svc)})
+		rules = append(rules, xtables.Rule{Target: xtables.JumpTo(g.svc)})
 	}
 	return rules
 }
@@ -465,25 +476,25 @@ func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []rule 
 // and the rule that leads to it.
 func (ub *unitBuilder) firewallRules(f *datapath.Frontend) {
 	fw := ChainName(kindFw, ub.id+" "+f.AddrString())
-	var rules []rule
+	var rules []xtables.Rule
 	for _, r := range f.SourceRanges {
 		if datapath.FamilyOf(r.Addr()) == ub.cfg.Family {
-			rules = append(rules, rule{matches: []match{srcIn(r.Masked())}, target: verdict(tReturn)})
+			rules = append(rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(r.Masked())}, Target: xtables.Return})
 		}
 	}
-	rules = append(rules, rule{comment: comment(f, "source not in loadBalancerSourceRanges"), target: verdict(tDrop)})
-	ub.u.chains = append(ub.u.chains, chain{tableFilter, fw, rules})
-	ub.addTop(tableFilter, chainFirewall,
-		rule{[]match{ctOrigDst(f.Addr, f.Port, ub.proto)}, comment(f, "source ranges"), jumpTo(fw)})
+	rules = append(rules, xtables.Rule{Comment: comment(f, "source not in loadBalancerSourceRanges"), Target: xtables.Drop})
+	ub.u.chains = append(ub.u.chains, chain{xtables.Filter, fw, rules})
+	ub.addTop(xtables.Filter, chainFirewall,
+		xtables.Rule{Matches: []xtables.Match{xtables.CtOrigDst(f.Addr, f.Port, ub.proto)}, Comment: comment(f, "source ranges"), Target: xtables.JumpTo(fw)})
 }
 
 // seal records the chains' names and the digests of a rendered unit.
 func (u *unit) seal() {
 	h := digesters.Get().(*digester)
 	defer digesters.Put(h)
-	u.names = make([]tableChain, len(u.chains))
+	u.names = make([]xtables.Chain, len(u.chains))
 	for i, c := range u.chains {
-		u.names[i] = tableChain{c.table, c.name}
+		u.names[i] = xtables.Chain{Table: c.table, Name: c.name}
 		u.rules[tableIndex(c.table)] += int32(len(c.rules))
 		h.str(c.table, " ", c.name, "\n")
 		h.rules(c.rules)
@@ -501,38 +512,37 @@ func (u *unit) seal() {
 // worth keeping.
 var digesters = sync.Pool{New: func() any { return new(digester) }}
 
-// digester hashes rules in their digest form (argWriter), through a
+// digester hashes rules in their digest form (Rule.AppendDigest), through a
 // buffer (no allocation per string).
 type digester struct {
 	h hash.Hash
-	w argWriter
+	b []byte
 }
 
 func (d *digester) flush(force bool) {
 	if d.h == nil {
 		d.h = sha256.New()
 	}
-	if force || len(d.w.b) > 32<<10 {
-		d.h.Write(d.w.b)
-		d.w.b = d.w.b[:0]
+	if force || len(d.b) > 32<<10 {
+		d.h.Write(d.b)
+		d.b = d.b[:0]
 	}
 }
 
 func (d *digester) str(ss ...string) {
 	for _, s := range ss {
-		d.w.b = append(d.w.b, s...)
+		d.b = append(d.b, s...)
 	}
 	d.flush(false)
 }
 
-func (d *digester) rule(r *rule) {
-	d.w.mode, d.w.n = asDigest, 0
-	r.write(&d.w)
-	d.w.b = append(d.w.b, '\n')
+func (d *digester) rule(r *xtables.Rule) {
+	d.b = r.AppendDigest(d.b)
+	d.b = append(d.b, '\n')
 	d.flush(false)
 }
 
-func (d *digester) rules(rs []rule) {
+func (d *digester) rules(rs []xtables.Rule) {
 	for i := range rs {
 		d.rule(&rs[i])
 	}
@@ -542,7 +552,7 @@ func (d *digester) rules(rs []rule) {
 func (d *digester) sum() digest {
 	d.flush(true)
 	var out digest
-	copy(out[:], d.h.Sum(d.w.b[:0]))
+	copy(out[:], d.h.Sum(d.b[:0]))
 	d.h.Reset()
 	return out
 }
@@ -560,19 +570,19 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 		secs = 1
 	}
 	var seps []string
-	var svc []rule
+	var svc []xtables.Rule
 	if secs > 0 {
 		seps = make([]string, len(g.endpoints))
 		for i, e := range g.endpoints {
 			seps[i] = ChainName(kindSep, g.svc+" "+e.Addr.String())
-			svc = append(svc, rule{matches: []match{recentSeen(seps[i], secs)}, target: jumpTo(seps[i])})
+			svc = append(svc, xtables.Rule{Matches: []xtables.Match{xtables.RecentSeen(seps[i], secs)}, Target: xtables.JumpTo(seps[i])})
 		}
 	}
-	target := func(i int) target {
+	target := func(i int) xtables.Target {
 		if seps != nil {
-			return jumpTo(seps[i])
+			return xtables.JumpTo(seps[i])
 		}
-		return dnatTo(g.endpoints[i].Addr)
+		return xtables.DNAT(g.endpoints[i].Addr)
 	}
 	// Rule i is taken with probability w_i / sum(w_j, j >= i), which makes
 	// the overall chance of endpoint i exactly w_i / sum(w).
@@ -582,25 +592,25 @@ func renderGroup(cfg *Config, u *unit, g *group, proto string) []chain {
 	}
 	for i, e := range g.endpoints {
 		if i == len(g.endpoints)-1 {
-			svc = append(svc, rule{matches: []match{protoIs(proto)}, target: target(i)})
+			svc = append(svc, xtables.Rule{Matches: []xtables.Match{xtables.Proto(proto)}, Target: target(i)})
 			break
 		}
 		p := float64(e.Weight) / float64(rest)
 		rest -= uint64(e.Weight)
-		svc = append(svc, rule{matches: []match{protoIs(proto), probability(p)}, target: target(i)})
+		svc = append(svc, xtables.Rule{Matches: []xtables.Match{xtables.Proto(proto), xtables.Probability(p)}, Target: target(i)})
 	}
 	for _, e := range g.endpoints {
 		if e.Local {
 			u.hairpin = append(u.hairpin, e.Addr.Addr())
 		}
 	}
-	out := []chain{{tableNAT, g.svc, svc}}
+	out := []chain{{xtables.NAT, g.svc, svc}}
 	for i, e := range g.endpoints {
 		if seps == nil {
 			break
 		}
-		out = append(out, chain{tableNAT, seps[i], []rule{
-			{matches: []match{protoIs(proto), recentSet(seps[i])}, target: dnatTo(e.Addr)},
+		out = append(out, chain{xtables.NAT, seps[i], []xtables.Rule{
+			{Matches: []xtables.Match{xtables.Proto(proto), xtables.RecentSet(seps[i])}, Target: xtables.DNAT(e.Addr)},
 		}})
 	}
 	return out
@@ -623,20 +633,20 @@ func sanitize(s string) string {
 // the units in write, and the stale chains to delete.
 type writeSpec struct {
 	write map[unitID]bool // nil means all
-	stale []tableChain
+	stale []xtables.Chain
 	// fixed holds the digests of the fixed chains as last written; with
 	// write set, fixed chains whose digest is unchanged are left out.
-	fixed map[tableChain]digest
+	fixed map[xtables.Chain]digest
 	// keepFixed (with write set) says the fixed chains are unchanged
 	// (see Ruleset.fixedSum): none is rendered or written.
 	keepFixed bool
 	// jumps from built-in chains to insert (at the top, in jumps() order).
-	jumps []jump
+	jumps []xtables.Jump
 }
 
 // chains returns the set of chains the ruleset owns beyond the fixed ones.
-func (rs *Ruleset) chains() map[tableChain]bool {
-	out := map[tableChain]bool{}
+func (rs *Ruleset) chains() map[xtables.Chain]bool {
+	out := map[xtables.Chain]bool{}
 	for _, u := range rs.units {
 		for _, c := range u.names {
 			out[c] = true

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
@@ -153,7 +154,7 @@ func TestChainName(t *testing.T) {
 	if ChainName(kindSvc, "a") != ChainName(kindSvc, "a") {
 		t.Fatal("ChainName is not stable")
 	}
-	for _, c := range slices.Concat(fixedChains[tableNAT], fixedChains[tableFilter]) {
+	for _, c := range slices.Concat(fixedChains[xtables.NAT], fixedChains[xtables.Filter]) {
 		if len(c) > MaxChainLen || !ours(c) {
 			t.Errorf("fixed chain %q: too long or without prefix", c)
 		}
@@ -180,7 +181,7 @@ func TestWeights(t *testing.T) {
 		reach := 1.0
 		for i, r := range svc.rules {
 			p := 1.0
-			if f := r.args(); slices.Contains(f, "--probability") {
+			if f := r.Args(); slices.Contains(f, "--probability") {
 				var err error
 				p, err = parseFloat(f[slices.Index(f, "--probability")+1])
 				if err != nil {
@@ -222,7 +223,7 @@ func TestPartialWrite(t *testing.T) {
 	if len(changed) != 1 || !changed[unitID{datapath.ServicePortName{Namespace: "default", Name: "sticky"}, datapath.TCP}] {
 		t.Fatalf("changed units = %v, want only default/sticky tcp", changed)
 	}
-	var stale []tableChain
+	var stale []xtables.Chain
 	now := after.chains()
 	for c := range before.chains() {
 		if _, ok := now[c]; !ok {
@@ -245,8 +246,8 @@ func TestPartialWrite(t *testing.T) {
 		t.Fatalf("owner has %d lines, text %d", len(owner), strings.Count(s, "\n"))
 	}
 	for _, c := range stale {
-		if !strings.Contains(s, ":"+c.name+" - [0:0]\n") || !strings.Contains(s, "-X "+c.name+"\n") {
-			t.Errorf("stale chain %s not flushed and deleted", c.name)
+		if !strings.Contains(s, ":"+c.Name+" - [0:0]\n") || !strings.Contains(s, "-X "+c.Name+"\n") {
+			t.Errorf("stale chain %s not flushed and deleted", c.Name)
 		}
 	}
 	for _, u := range after.units {

@@ -10,6 +10,7 @@ import (
 	"testing"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 var discardLog = slog.New(slog.DiscardHandler)
@@ -20,91 +21,96 @@ var discardLog = slog.New(slog.DiscardHandler)
 var testUnit = &unitID{datapath.ServicePortName{Namespace: "ns", Name: "u"}, datapath.TCP}
 
 func TestTransactionOnState(t *testing.T) {
-	svcA := tableChain{tableNAT, "EP-SVC-A"}
-	svcs := tableChain{tableNAT, chainServices}
-	toA := rule{matches: []match{dstHost(netip.MustParseAddr("10.96.0.1")), dport("tcp", 80)}, comment: "a/b:c cluster IP", target: jumpTo("EP-SVC-A")}
-	dnat := rule{matches: []match{protoIs("tcp")}, target: dnatTo(netip.MustParseAddrPort("10.244.0.2:8080"))}
-	state := func() *fakeTables {
-		k := newFakeTables()
-		k.chains[tableChain{tableNAT, "PREROUTING"}] = []string{}
-		k.chains[svcA] = []string{"-p tcp -j DNAT --to-destination 10.244.0.9:80"}
-		k.chains[svcs] = []string{`-d 10.96.0.1/32 -p tcp -m tcp --dport 80 -m comment --comment "a/b:c cluster IP" -j EP-SVC-A`}
+	svcA := xtables.Chain{Table: xtables.NAT, Name: "EP-SVC-A"}
+	svcs := xtables.Chain{Table: xtables.NAT, Name: chainServices}
+	toA := xtables.Rule{Matches: []xtables.Match{xtables.DstHost(netip.MustParseAddr("10.96.0.1")), xtables.DPort("tcp", 80)}, Comment: "a/b:c cluster IP", Target: xtables.JumpTo("EP-SVC-A")}
+	dnat := xtables.Rule{Matches: []xtables.Match{xtables.Proto("tcp")}, Target: xtables.DNAT(netip.MustParseAddrPort("10.244.0.2:8080"))}
+	state := func() *xtables.Fake {
+		k := xtables.NewFake()
+		err := k.RestoreNoFlush(context.Background(), []byte("*nat\n:EP-SERVICES - [0:0]\n:EP-SVC-A - [0:0]\n"+
+			"-A EP-SVC-A -p tcp -j DNAT --to-destination 10.244.0.9:80\n"+
+			`-A EP-SERVICES -d 10.96.0.1/32 -p tcp -m tcp --dport 80 -m comment --comment "a/b:c cluster IP" -j EP-SVC-A`+"\nCOMMIT\n"))
+		if err != nil {
+			t.Fatal(err)
+		}
 		return k
 	}
 	for _, tc := range []struct {
 		name     string
-		build    func(tx *transaction)
+		build    func(tx *xtables.Transaction[*unitID])
 		want     []string // lines of the dump after, in order
 		buildErr string   // refused when built
 		applyErr string   // refused by the tables
 	}{{
 		name: "declare empties a chain and refills it",
-		build: func(tx *transaction) {
-			tx.declare(testUnit, svcA)
-			tx.add(testUnit, svcA, &dnat)
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(testUnit, svcA)
+			tx.Add(testUnit, svcA, &dnat)
 		},
 		want: []string{":EP-SVC-A", "-A EP-SVC-A -p tcp -j DNAT --to-destination 10.244.0.2:8080"},
 	}, {
 		name: "delete of a chain still jumped to fails",
-		build: func(tx *transaction) {
-			tx.declare(nil, svcA)
-			tx.delete(svcA)
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(nil, svcA)
+			tx.Delete(svcA)
 		},
 		applyErr: "referenced",
 	}, {
 		name: "delete with the jumps to it rewritten",
-		build: func(tx *transaction) {
-			tx.declare(nil, svcs)
-			tx.declare(nil, svcA)
-			tx.delete(svcA)
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(nil, svcs)
+			tx.Declare(nil, svcA)
+			tx.Delete(svcA)
 		},
-		want: []string{":EP-SERVICES\n:PREROUTING\n"},
+		want: []string{":EP-SERVICES\n:INPUT\n"},
 	}, {
 		name: "insert puts a jump first",
-		build: func(tx *transaction) {
-			tx.insert(tableChain{tableNAT, "PREROUTING"}, &rule{comment: "edgeproxy service portals", target: jumpTo(chainServices)})
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Insert(xtables.Chain{Table: xtables.NAT, Name: "PREROUTING"}, &xtables.Rule{Comment: "edgeproxy service portals", Target: xtables.JumpTo(chainServices)})
 		},
 		want: []string{":PREROUTING\n-A PREROUTING -m comment --comment \"edgeproxy service portals\" -j EP-SERVICES\n"},
 	}, {
 		name:     "a rule in a chain not declared is refused",
-		build:    func(tx *transaction) { tx.add(testUnit, svcA, &dnat) },
+		build:    func(tx *xtables.Transaction[*unitID]) { tx.Add(testUnit, svcA, &dnat) },
 		buildErr: "unit ns/u tcp: rule in nat/EP-SVC-A: chain not declared",
 	}, {
-		name:     "a chain name over 28 characters is refused",
-		build:    func(tx *transaction) { tx.declare(testUnit, tableChain{tableNAT, "EP-SVC-" + strings.Repeat("X", 22)}) },
+		name: "a chain name over 28 characters is refused",
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(testUnit, xtables.Chain{Table: xtables.NAT, Name: "EP-SVC-" + strings.Repeat("X", 22)})
+		},
 		buildErr: "length 29",
 	}, {
 		name: "a jump to a bad name is refused",
-		build: func(tx *transaction) {
-			tx.declare(testUnit, svcs)
-			tx.add(testUnit, svcs, &rule{target: jumpTo("EP SVC")})
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(testUnit, svcs)
+			tx.Add(testUnit, svcs, &xtables.Rule{Target: xtables.JumpTo("EP SVC")})
 		},
 		buildErr: "not a valid iptables chain name",
 	}, {
 		name: "a comment with a quote is refused",
-		build: func(tx *transaction) {
-			tx.declare(testUnit, svcs)
-			tx.add(testUnit, svcs, &rule{comment: `a"b`, target: verdict(tReturn)})
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(testUnit, svcs)
+			tx.Add(testUnit, svcs, &xtables.Rule{Comment: `a"b`, Target: xtables.Return})
 		},
 		buildErr: "comment",
 	}, {
 		name: "a probability out of range is refused",
-		build: func(tx *transaction) {
-			tx.declare(testUnit, svcA)
-			tx.add(testUnit, svcA, &rule{matches: []match{probability(1.5)}, target: verdict(tReturn)})
+		build: func(tx *xtables.Transaction[*unitID]) {
+			tx.Declare(testUnit, svcA)
+			tx.Add(testUnit, svcA, &xtables.Rule{Matches: []xtables.Match{xtables.Probability(1.5)}, Target: xtables.Return})
 		},
 		buildErr: "probability",
 	}, {
 		name:     "insert into one of our chains is refused",
-		build:    func(tx *transaction) { tx.insert(svcs, &toA) },
+		build:    func(tx *xtables.Transaction[*unitID]) { tx.Insert(svcs, &toA) },
 		buildErr: "not a built-in chain",
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			k := state()
 			before := k.Dump()
-			var tx transaction
-			tc.build(&tx)
-			text, _, err := tx.render()
+			tx := newTransaction()
+			tc.build(tx)
+			text, _, err := tx.Render()
 			if tc.buildErr != "" {
 				if err == nil || !strings.Contains(err.Error(), tc.buildErr) {
 					t.Fatalf("render error = %v, want one containing %q", err, tc.buildErr)
@@ -144,12 +150,12 @@ func TestTransactionOnState(t *testing.T) {
 
 // The argv for go-iptables and the restore text come from one value.
 func TestRuleArgsAndText(t *testing.T) {
-	r := rule{matches: []match{ctState("NEW")}, comment: "edgeproxy service portals", target: jumpTo(chainServices)}
+	r := xtables.Rule{Matches: []xtables.Match{xtables.CtState("NEW")}, Comment: "edgeproxy service portals", Target: xtables.JumpTo(chainServices)}
 	want := []string{"-m", "conntrack", "--ctstate", "NEW", "-m", "comment", "--comment", "edgeproxy service portals", "-j", "EP-SERVICES"}
-	if got := r.args(); !slices.Equal(got, want) {
+	if got := r.Args(); !slices.Equal(got, want) {
 		t.Errorf("args = %q, want %q", got, want)
 	}
-	if got, want := r.text(), `-m conntrack --ctstate NEW -m comment --comment "edgeproxy service portals" -j EP-SERVICES`; got != want {
+	if got, want := r.Text(), `-m conntrack --ctstate NEW -m comment --comment "edgeproxy service portals" -j EP-SERVICES`; got != want {
 		t.Errorf("text = %s, want %s", got, want)
 	}
 }
@@ -167,7 +173,7 @@ func TestSyncsLikeFull(t *testing.T) {
 			}
 		}
 	}
-	k := newFakeTables()
+	k := xtables.NewFake()
 	f := newFakeFamily(cfg, k)
 	apply := func(t *testing.T, f *family, plan *datapath.Plan, full bool) applyStats {
 		t.Helper()
@@ -217,7 +223,7 @@ func TestSyncsLikeFull(t *testing.T) {
 			if step.maxBytes > 0 && st.bytes > step.maxBytes {
 				t.Errorf("restore of %d bytes, want at most %d", st.bytes, step.maxBytes)
 			}
-			fresh := newFakeTables()
+			fresh := xtables.NewFake()
 			apply(t, newFakeFamily(f.cfg, fresh), &datapath.Plan{Frontends: slices.Clone(fs), Full: true}, true)
 			if got, want := k.Dump(), fresh.Dump(); got != want {
 				t.Fatalf("tables after the sync differ from a full sync of the plan:\n--- got\n%s\n--- want\n%s", got, want)
@@ -232,14 +238,14 @@ func TestSyncsLikeFull(t *testing.T) {
 func TestSyncDropsRefusedUnit(t *testing.T) {
 	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14}
 	fs := samplePlan()
-	k := newFakeTables()
+	k := xtables.NewFake()
 	f := newFakeFamily(cfg, k)
 	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, true, true); err != nil {
 		t.Fatal(err)
 	}
 	renderHook = func(u *unit) {
 		if u.id.service == (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}) && len(u.chains) > 0 {
-			u.chains[0].rules = append(u.chains[0].rules, rule{target: jumpTo("EP-NO-SUCH-CHAIN")})
+			u.chains[0].rules = append(u.chains[0].rules, xtables.Rule{Target: xtables.JumpTo("EP-NO-SUCH-CHAIN")})
 		}
 	}
 	defer func() { renderHook = nil }()
@@ -252,7 +258,7 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 		t.Fatal("a refused unit failed the whole sync")
 	}
 	renderHook = nil
-	fresh := newFakeTables()
+	fresh := xtables.NewFake()
 	without := slices.DeleteFunc(slices.Clone(fs), func(f datapath.Frontend) bool {
 		return f.Service == (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"})
 	})
@@ -270,21 +276,21 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 // with nothing written, and the tables keep the rules they had.
 func TestRewriteRenderErrorWritesNothing(t *testing.T) {
 	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
-	k := newFakeTables()
+	k := xtables.NewFake()
 	f := newFakeFamily(cfg, k)
 	plan := &datapath.Plan{Frontends: samplePlan(), Full: true}
 	if _, err := f.apply(context.Background(), plan, true, true); err != nil {
 		t.Fatal(err)
 	}
-	before, restores := k.Dump(), k.restores
+	before, restores := k.Dump(), k.Restores
 	// A fixed rule that cannot be rendered: a cluster CIDR that is no prefix.
 	f.cfg.ClusterCIDRs = []netip.Prefix{{}}
 	_, err := f.apply(context.Background(), plan, true, true)
 	if err == nil {
 		t.Fatal("a rewrite whose fixed rules cannot be rendered succeeded")
 	}
-	if k.aborted != 1 || k.restores != restores {
-		t.Errorf("restores committed %d, aborted %d; want the started one aborted and none committed", k.restores-restores, k.aborted)
+	if k.Aborted != 1 || k.Restores != restores {
+		t.Errorf("restores committed %d, aborted %d; want the started one aborted and none committed", k.Restores-restores, k.Aborted)
 	}
 	if got := k.Dump(); got != before {
 		t.Fatalf("tables changed by a rewrite that could not be rendered:\n--- got\n%s\n--- before\n%s", got, before)

@@ -9,17 +9,18 @@ import (
 	goipt "github.com/coreos/go-iptables/iptables"
 
 	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // sentinels are rules whose absence means someone changed our rules: the
 // canaries (gone after a flush of a table), the last rule of nat
 // EP-SERVICES (gone after a flush of that chain) and the jumps.
-func (f *family) sentinels() []jump {
+func (f *family) sentinels() []xtables.Jump {
 	out := jumps(f.cfg.Family)
-	out = append(out, jump{tableNAT, chainCanary, canaryRule}, jump{tableFilter, chainCanary, canaryRule})
+	out = append(out, xtables.Jump{Table: xtables.NAT, Chain: chainCanary, Rule: canaryRule}, xtables.Jump{Table: xtables.Filter, Chain: chainCanary, Rule: canaryRule})
 	_, tail := staticRules(&f.cfg)
 	for _, r := range tail {
-		out = append(out, jump(r))
+		out = append(out, xtables.Jump{Table: r.table, Chain: r.chain, Rule: r.rule})
 	}
 	return out
 }
@@ -183,16 +184,16 @@ func (f *family) tamperedCheck(ctx context.Context) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		ok, err := f.ipt.Exists(s.table, s.chain, s.rule.args()...)
+		ok, err := f.ipt.Exists(s.Table, s.Chain, s.Rule.Args()...)
 		if err != nil {
 			var e *goipt.Error
 			if !errors.As(err, &e) || !(e.IsNotExist() || e.ExitStatus() == 1) {
-				return false, fmt.Errorf("iptables: check %s/%s: %w", s.table, s.chain, err)
+				return false, fmt.Errorf("iptables: check %s/%s: %w", s.Table, s.Chain, err)
 			}
 			ok = false // the chain itself is gone
 		}
 		if !ok {
-			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", s.rule.text())
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.Table, "chain", s.Chain, "rule", s.Rule.Text())
 			f.needFull = true
 			return true, nil
 		}
@@ -206,7 +207,7 @@ func (f *family) tamperedCheck(ctx context.Context) (bool, error) {
 // comment).
 func (f *family) tamperedSave(ctx context.Context) (bool, error) {
 	dumps := map[string]string{}
-	for _, t := range []string{tableNAT, tableFilter} {
+	for _, t := range []string{xtables.NAT, xtables.Filter} {
 		out, err := f.x.SaveTable(ctx, t)
 		if err != nil {
 			return false, fmt.Errorf("iptables: %w", err)
@@ -214,9 +215,9 @@ func (f *family) tamperedSave(ctx context.Context) (bool, error) {
 		dumps[t] = out
 	}
 	for _, s := range f.sentinels() {
-		found := hasRule(dumps[s.table], s)
+		found := hasRule(dumps[s.Table], s)
 		if !found {
-			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.table, "chain", s.chain, "rule", s.rule.text())
+			f.log.Warn("our rules were changed behind our back; the next sync rewrites them", "table", s.Table, "chain", s.Chain, "rule", s.Rule.Text())
 			f.needFull = true
 			return true, nil
 		}

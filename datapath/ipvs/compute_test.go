@@ -186,19 +186,29 @@ func TestComputeLeavesOutWhatItCannotProgram(t *testing.T) {
 	}
 }
 
+// rulesText is renderRules(c), which must not fail.
+func rulesText(t *testing.T, c ruleConfig) string {
+	t.Helper()
+	text, err := renderRules(c)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return text
+}
+
 // TestRules pins the static rules; their text is a
 // function of the configuration alone, which is what keeps their number
 // constant however many services there are.
 func TestRules(t *testing.T) {
 	v4, v6 := datapath.IPv4, datapath.IPv6
-	golden(t, "rules.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14}))
+	golden(t, "rules.golden", rulesText(t, ruleConfig{Family: v4, MarkBit: 14}))
 	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}
-	golden(t, "rules-cidr.golden", renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr}))
-	golden(t, "rules6-cidr.golden", renderRules(ruleConfig{Family: v6, MarkBit: 14, ClusterCIDRs: cidr}))
-	if rf := renderRules(ruleConfig{Family: v4, MarkBit: 14, RandomFully: true}); !strings.Contains(rf, "-j MASQUERADE --random-fully\n") {
+	golden(t, "rules-cidr.golden", rulesText(t, ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr}))
+	golden(t, "rules6-cidr.golden", rulesText(t, ruleConfig{Family: v6, MarkBit: 14, ClusterCIDRs: cidr}))
+	if rf := rulesText(t, ruleConfig{Family: v4, MarkBit: 14, RandomFully: true}); !strings.Contains(rf, "-j MASQUERADE --random-fully\n") {
 		t.Errorf("RandomFully without --random-fully:\n%s", rf)
 	}
-	if all := renderRules(ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "CLUSTER-MASQ -s 10.244.0.0/16") {
+	if all := rulesText(t, ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, MasqueradeAll: true}); strings.Contains(all, "CLUSTER-MASQ -s 10.244.0.0/16") {
 		t.Errorf("masqueradeAll still exempts the cluster range:\n%s", all)
 	}
 }

@@ -344,7 +344,11 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if full || !p.rulesOK {
 		p.rulesOK = true
 		for _, t := range p.ipt {
-			if err := t.ensure(ctx, p.ruleText(t)); err != nil {
+			text, err := p.ruleText(t)
+			if err == nil {
+				err = t.ensure(ctx, text)
+			}
+			if err != nil {
 				errs = append(errs, err)
 				p.rulesOK = false
 			}
@@ -440,7 +444,7 @@ func nodePortAddrs(all []netip.Addr, fams []datapath.Family, cidrs []netip.Prefi
 	return out
 }
 
-func (p *Proxier) ruleText(t iptables) string {
+func (p *Proxier) ruleText(t iptables) (string, error) {
 	return renderRules(ruleConfig{Family: t.fam, RandomFully: t.randomFully, ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
 }
 
@@ -702,7 +706,11 @@ func (p *Proxier) Tampered(ctx context.Context) (bool, error) {
 		if err != nil {
 			return false, err
 		}
-		if want := ruleCount(p.ruleText(t)) + len(jumps()); n != want {
+		text, err := p.ruleText(t)
+		if err != nil {
+			return false, err
+		}
+		if want := ruleCount(text) + len(jumps()); n != want {
 			return true, nil
 		}
 	}

@@ -2,8 +2,10 @@ package ipvs
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -39,31 +41,62 @@ type ruleConfig struct {
 	RandomFully   bool // MASQUERADE --random-fully (iptables 1.6.2 and later)
 }
 
-func (c ruleConfig) mark() string { m := 1 << c.MarkBit; return fmt.Sprintf("%#x/%#x", m, m) }
+func (c ruleConfig) mark() uint32 { return uint32(1) << uint(c.MarkBit) }
+
+// noOwner: the static rules belong to no service, so the transaction's
+// lines have no owner to blame.
+type noOwner struct{}
 
 // renderRules returns the iptables-restore input for our chains. Declaring
 // a chain in a --noflush restore replaces its rules, so applying this text
 // is idempotent and repairs edits. Its size depends on the configuration
-// only, never on the plan.
-func renderRules(c ruleConfig) string {
-	var b strings.Builder
-	w := ruleWriter{c: c, b: &b}
+// only, never on the plan. An error is a rule the typed model refuses.
+func renderRules(c ruleConfig) (string, error) {
+	w := ruleWriter{c: c, tx: xtables.NewTransaction[noOwner](xtables.NAT, xtables.Filter, xtables.Mangle)}
 	w.nat()
 	w.filter()
 	w.mangle()
-	return b.String()
+	text, _, err := w.tx.Render()
+	if err != nil {
+		return "", fmt.Errorf("ipvs: %w", err)
+	}
+	return string(text), nil
 }
 
 // ruleWriter writes the tables of renderRules.
 type ruleWriter struct {
-	c ruleConfig
-	b *strings.Builder
+	c  ruleConfig
+	tx *xtables.Transaction[noOwner]
 }
 
-func (w ruleWriter) r(format string, args ...any) { fmt.Fprintf(w.b, format+"\n", args...) }
+// declare declares the chains of table.
+func (w ruleWriter) declare(table string, chains []string) {
+	for _, ch := range chains {
+		w.tx.Declare(noOwner{}, xtables.Chain{Table: table, Name: ch})
+	}
+}
 
-// set is base's set name in the rules' family.
-func (w ruleWriter) set(base string) string { return setName(base, w.c.Family) }
+// r appends a rule to chain (in the nat, filter or mangle table, as
+// the chain's name says).
+func (w ruleWriter) r(chain string, r xtables.Rule) {
+	w.tx.Add(noOwner{}, xtables.Chain{Table: tableOf(chain), Name: chain}, &r)
+}
+
+// tableOf is the table chain lives in.
+func tableOf(chain string) string {
+	switch {
+	case slices.Contains(natChains, chain):
+		return xtables.NAT
+	case slices.Contains(mangleChains, chain):
+		return xtables.Mangle
+	}
+	return xtables.Filter
+}
+
+// set matches base's set (of the rules' family) in directions dirs.
+func (w ruleWriter) set(base, dirs string) xtables.Match {
+	return xtables.InSet(setName(base, w.c.Family), dirs)
+}
 
 // cidrs are the cluster ranges of the rules' family.
 func (c ruleConfig) cidrs() []netip.Prefix {
@@ -76,143 +109,136 @@ func (c ruleConfig) cidrs() []netip.Prefix {
 	return out
 }
 
+// ms lists matches.
+func ms(ms ...xtables.Match) []xtables.Match { return ms }
+
 func (w ruleWriter) nat() {
 	c, r, set := w.c, w.r, w.set
-	mark, orMark := c.mark(), fmt.Sprintf("%#x", 1<<c.MarkBit)
-	r("*nat")
-	for _, ch := range natChains {
-		r(":%s - [0:0]", ch)
-	}
-	r("-A %s -j MARK --or-mark %s", chainMarkMasq, orMark)
-	r(`-A %s -m set --match-set %s dst,dst,src -m comment --comment "edgeproxy hairpin" -j MASQUERADE`, chainPostrouting, set(setLoopback))
-	r("-A %s -m mark ! --mark %s -j RETURN", chainPostrouting, mark)
-	r("-A %s -j MARK --xor-mark %s", chainPostrouting, orMark)
-	masq := "MASQUERADE"
-	if c.RandomFully {
-		masq += " --random-fully"
-	}
-	r(`-A %s -m comment --comment "edgeproxy service traffic requiring SNAT" -j %s`, chainPostrouting, masq)
+	type rule = xtables.Rule
+	w.declare(xtables.NAT, natChains)
+	r(chainMarkMasq, rule{Target: xtables.MarkOr(c.mark())})
+	r(chainPostrouting, rule{Matches: ms(set(setLoopback, "dst,dst,src")), Comment: "edgeproxy hairpin", Target: xtables.Masquerade(false)})
+	r(chainPostrouting, rule{Matches: ms(xtables.NotMark(c.mark())), Target: xtables.Return})
+	r(chainPostrouting, rule{Target: xtables.MarkXor(c.mark())})
+	r(chainPostrouting, rule{Comment: "edgeproxy service traffic requiring SNAT", Target: xtables.Masquerade(c.RandomFully)})
 	// ClusterIP traffic is masqueraded when it comes from outside the
 	// cluster ranges (so that replies return through this node), or
 	// always with masqueradeAll.
 	cidrs := c.cidrs()
 	if !c.MasqueradeAll {
 		for _, p := range cidrs {
-			r("-A %s -s %s -j RETURN", chainClusterMasq, p)
+			r(chainClusterMasq, rule{Matches: ms(xtables.Src(p)), Target: xtables.Return})
 		}
 	}
-	r("-A %s -j %s", chainClusterMasq, chainMarkMasq)
+	r(chainClusterMasq, rule{Target: xtables.JumpTo(chainMarkMasq)})
 	if c.MasqueradeAll || len(cidrs) > 0 {
-		r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setClusterIP), chainClusterMasq)
+		r(chainServices, rule{Matches: ms(set(setClusterIP, "dst,dst")), Target: xtables.JumpTo(chainClusterMasq)})
 	} else {
 		// Without cluster ranges pods cannot be told from the outside;
 		// as kube-proxy, masquerade only what the node sends from a
 		// service address (the source the kernel picks to reach an
 		// address bound on the dummy link).
-		r("-A %s -m set --match-set %s src,dst -j %s", chainServices, set(setClusterIP), chainMarkMasq)
+		r(chainServices, rule{Matches: ms(set(setClusterIP, "src,dst")), Target: xtables.JumpTo(chainMarkMasq)})
 	}
-	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setExternalIP), chainMarkMasq)
-	r("-A %s -m set --match-set %s dst,dst -j %s", chainServices, set(setLB), chainMarkMasq)
+	r(chainServices, rule{Matches: ms(set(setExternalIP, "dst,dst")), Target: xtables.JumpTo(chainMarkMasq)})
+	r(chainServices, rule{Matches: ms(set(setLB, "dst,dst")), Target: xtables.JumpTo(chainMarkMasq)})
 	// The node reaching an external address of policy Local: its source
 	// would be the address itself (bound on the dummy link), which a pod
 	// on another node cannot answer.
 	for _, s := range []string{setExternalLocal, setLBLocal} {
-		r("-A %s -m set --match-set %s dst,dst -m addrtype --src-type LOCAL -j %s", chainServices, set(s), chainMarkMasq)
+		r(chainServices, rule{Matches: ms(set(s, "dst,dst"), xtables.SrcLocal()), Target: xtables.JumpTo(chainMarkMasq)})
 	}
-	r("-A %s -m addrtype --dst-type LOCAL -j %s", chainServices, chainNodePort)
+	r(chainServices, rule{Matches: ms(xtables.DstLocal()), Target: xtables.JumpTo(chainNodePort)})
 	for _, p := range protocols {
-		lp, match, suffix := strings.ToLower(string(p)), "dst", ""
+		lp, dirs, suffix := strings.ToLower(string(p)), "dst", ""
 		if p == datapath.SCTP {
-			match, suffix = "dst,dst", "-HASH" // hash:ip,port: (node address, port)
+			dirs, suffix = "dst,dst", "-HASH" // hash:ip,port: (node address, port)
 		}
-		r("-A %s -p %s -m set --match-set %s %s -j RETURN", chainNodePort, lp, set(setNodePortLoPfx+string(p)+suffix), match)
-		r("-A %s -p %s -m set --match-set %s %s -j %s", chainNodePort, lp, set(setNodePortPfx+string(p)+suffix), match, chainMarkMasq)
+		r(chainNodePort, rule{Matches: ms(xtables.Proto(lp), set(setNodePortLoPfx+string(p)+suffix, dirs)), Target: xtables.Return})
+		r(chainNodePort, rule{Matches: ms(xtables.Proto(lp), set(setNodePortPfx+string(p)+suffix, dirs)), Target: xtables.JumpTo(chainMarkMasq)})
 	}
-	r("COMMIT")
 }
 
 func (w ruleWriter) filter() {
 	c, r, set := w.c, w.r, w.set
-	mark := c.mark()
-	r("*filter")
-	for _, ch := range filterChains {
-		r(":%s - [0:0]", ch)
-	}
-	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy service without endpoints" -j REJECT`, chainFilter, set(setNoEndpoints))
+	type rule = xtables.Rule
+	w.declare(xtables.Filter, filterChains)
+	r(chainFilter, rule{Matches: ms(set(setNoEndpoints, "dst,dst")), Comment: "edgeproxy service without endpoints", Target: xtables.Reject})
 	// Policy Local without local endpoints: pods (sources in the cluster
 	// ranges) and the node itself use the cluster-wide endpoints, the
 	// rest is dropped.
-	r(`-A %s -m set --match-set %s dst,dst -m addrtype --src-type LOCAL -j RETURN`, chainFilter, set(setNoEndpointsLo))
+	r(chainFilter, rule{Matches: ms(set(setNoEndpointsLo, "dst,dst"), xtables.SrcLocal()), Target: xtables.Return})
 	for _, p := range c.cidrs() {
-		r(`-A %s -m set --match-set %s dst,dst -s %s -j RETURN`, chainFilter, set(setNoEndpointsLo), p)
+		r(chainFilter, rule{Matches: ms(set(setNoEndpointsLo, "dst,dst"), xtables.Src(p)), Target: xtables.Return})
 	}
-	r(`-A %s -m set --match-set %s dst,dst -m comment --comment "edgeproxy local service without local endpoints" -j DROP`, chainFilter, set(setNoEndpointsLo))
-	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges" -j DROP`, chainFilter, set(setLBFirewall), set(setLBSource))
+	r(chainFilter, rule{Matches: ms(set(setNoEndpointsLo, "dst,dst")), Comment: "edgeproxy local service without local endpoints", Target: xtables.Drop})
+	r(chainFilter, rule{Matches: ms(set(setLBFirewall, "dst,dst"), xtables.NotInSet(setName(setLBSource, c.Family), "dst,dst,src")), Comment: "edgeproxy load balancer source ranges", Target: xtables.Drop})
 	// A service address is bound on the dummy link, so the node's own
 	// sockets on 0.0.0.0 would answer on it: arriving at a service
 	// address, only service ports and healthCheckNodePorts get in
 	// (kube-proxy's KUBE-IPVS-FILTER, kubernetes#72236).
 	for _, s := range []string{setLB, setLBLocal, setClusterIP, setExternalIP, setExternalLocal} {
-		r("-A %s -m set --match-set %s dst,dst -j RETURN", chainHostFilter, set(s))
+		r(chainHostFilter, rule{Matches: ms(set(s, "dst,dst")), Target: xtables.Return})
 	}
-	r("-A %s -m set --match-set %s dst -j RETURN", chainHostFilter, set(setHealthCheck))
-	r(`-A %s -m set --match-set %s dst -m comment --comment "edgeproxy other ports of service addresses" -j REJECT`, chainHostFilter, set(setVIPs))
-	r(`-A %s -m conntrack --ctstate INVALID -j DROP`, chainForward)
-	r(`-A %s -m comment --comment "edgeproxy service traffic" -m mark --mark %s -j ACCEPT`, chainForward, mark)
-	r(`-A %s -m conntrack --ctstate RELATED,ESTABLISHED -j ACCEPT`, chainForward)
-	r("COMMIT")
+	r(chainHostFilter, rule{Matches: ms(set(setHealthCheck, "dst")), Target: xtables.Return})
+	r(chainHostFilter, rule{Matches: ms(set(setVIPs, "dst")), Comment: "edgeproxy other ports of service addresses", Target: xtables.Reject})
+	r(chainForward, rule{Matches: ms(xtables.CtState("INVALID")), Target: xtables.Drop})
+	r(chainForward, rule{Matches: ms(xtables.Mark(c.mark())), Comment: "edgeproxy service traffic", Target: xtables.Accept})
+	r(chainForward, rule{Matches: ms(xtables.CtState("RELATED,ESTABLISHED")), Target: xtables.Accept})
 }
 
 func (w ruleWriter) mangle() {
-	r, set := w.r, w.set
 	// IPVS rewrites the node's own packets at LOCAL_OUT, before filter
 	// OUTPUT sees them; load balancer source ranges for the node are
 	// checked in mangle OUTPUT, which comes first (kube-proxy's
 	// KUBE-IPVS-OUT-FILTER, kubernetes#119656, with `-m ipvs` per
 	// service instead).
-	r("*mangle")
-	for _, ch := range mangleChains {
-		r(":%s - [0:0]", ch)
-	}
-	r(`-A %s -m set --match-set %s dst,dst -m set ! --match-set %s dst,dst,src -m comment --comment "edgeproxy load balancer source ranges, node" -j DROP`, chainOutFilter, set(setLBFirewall), set(setLBSource))
-	r("COMMIT")
+	w.declare(xtables.Mangle, mangleChains)
+	w.r(chainOutFilter, xtables.Rule{Matches: ms(w.set(setLBFirewall, "dst,dst"), xtables.NotInSet(setName(setLBSource, w.c.Family), "dst,dst,src")), Comment: "edgeproxy load balancer source ranges, node", Target: xtables.Drop})
 }
 
-// jump is a rule in a built-in chain that leads into ours.
-type jump struct {
-	table, chain string
-	spec         []string
+// jumps are the rules in built-in chains that lead into ours.
+func jumps() []xtables.Jump {
+	newOnly := []xtables.Match{xtables.CtState("NEW")}
+	j := func(table, chain string, cond []xtables.Match, why, to string) xtables.Jump {
+		return xtables.Jump{Table: table, Chain: chain, Rule: xtables.Rule{Matches: cond, Comment: "edgeproxy-ipvs " + why, Target: xtables.JumpTo(to)}}
+	}
+	return []xtables.Jump{
+		j(xtables.NAT, "PREROUTING", nil, "services", chainServices),
+		j(xtables.NAT, "OUTPUT", nil, "services", chainServices),
+		j(xtables.NAT, "POSTROUTING", nil, "postrouting", chainPostrouting),
+		j(xtables.Filter, "INPUT", newOnly, "host filter", chainHostFilter),
+		j(xtables.Filter, "INPUT", newOnly, "filter", chainFilter),
+		j(xtables.Filter, "OUTPUT", newOnly, "filter", chainFilter),
+		j(xtables.Filter, "FORWARD", newOnly, "filter", chainFilter),
+		j(xtables.Filter, "FORWARD", nil, "forward", chainForward),
+		j(xtables.Mangle, "OUTPUT", newOnly, "out filter", chainOutFilter),
+	}
 }
 
-func jumps() []jump {
-	c := func(why string) []string { return []string{"-m", "comment", "--comment", "edgeproxy-ipvs " + why} }
-	newOnly := []string{"-m", "conntrack", "--ctstate", "NEW"}
-	j := func(table, chain string, cond []string, why, to string) jump {
-		spec := append(append(append([]string{}, cond...), c(why)...), "-j", to)
-		return jump{table, chain, spec}
-	}
-	return []jump{
-		j("nat", "PREROUTING", nil, "services", chainServices),
-		j("nat", "OUTPUT", nil, "services", chainServices),
-		j("nat", "POSTROUTING", nil, "postrouting", chainPostrouting),
-		j("filter", "INPUT", newOnly, "host filter", chainHostFilter),
-		j("filter", "INPUT", newOnly, "filter", chainFilter),
-		j("filter", "OUTPUT", newOnly, "filter", chainFilter),
-		j("filter", "FORWARD", newOnly, "filter", chainFilter),
-		j("filter", "FORWARD", nil, "forward", chainForward),
-		j("mangle", "OUTPUT", newOnly, "out filter", chainOutFilter),
-	}
+// tool is what the static rules need of the iptables tools:
+// *xtables.Tool, or an *xtables.Fake in unit tests.
+type tool interface {
+	Run(ctx context.Context, args ...string) (string, error)
+	RestoreNoFlush(ctx context.Context, text []byte) error
+	SaveTable(ctx context.Context, table string) (string, error)
 }
+
+// errNoTool is what every call returns when no tool was opened.
+var errNoTool = errors.New("ipvs: no iptables tool opened")
 
 // iptables writes our static rules with the shared xtables driver (the
 // same backend detection, lock wait and restore as iptables mode).
 type iptables struct {
-	x           *xtables.Tool // nil with a fake Kernel (unit tests): every call fails
+	x           tool // nil with a fake Kernel (unit tests): every call fails
 	fam         datapath.Family
 	randomFully bool // the tools know MASQUERADE --random-fully
 }
 
 func (t iptables) run(ctx context.Context, args ...string) (string, error) {
+	if t.x == nil {
+		return "", errNoTool
+	}
 	out, err := t.x.Run(ctx, args...)
 	if err != nil {
 		return out, fmt.Errorf("ipvs: %w", err)
@@ -220,17 +246,20 @@ func (t iptables) run(ctx context.Context, args ...string) (string, error) {
 	return out, nil
 }
 
-// ensure writes our chains and makes sure every jump exists.
+// ensure writes our chains (text, from renderRules) and makes sure every jump exists.
 func (t iptables) ensure(ctx context.Context, text string) error {
+	if t.x == nil {
+		return errNoTool
+	}
 	if err := t.x.RestoreNoFlush(ctx, []byte(text)); err != nil {
 		return fmt.Errorf("ipvs: %w", err)
 	}
 	for _, j := range jumps() {
-		args := append([]string{"-t", j.table, "-C", j.chain}, j.spec...)
+		args := append([]string{"-t", j.Table, "-C", j.Chain}, j.Rule.Args()...)
 		if _, err := t.run(ctx, args...); err == nil {
 			continue
 		}
-		args = append([]string{"-t", j.table, "-I", j.chain, "1"}, j.spec...)
+		args = append([]string{"-t", j.Table, "-I", j.Chain, "1"}, j.Rule.Args()...)
 		if _, err := t.run(ctx, args...); err != nil {
 			return err
 		}
@@ -242,7 +271,7 @@ func (t iptables) ensure(ctx context.Context, text string) error {
 func (t iptables) remove(ctx context.Context) error {
 	for _, j := range jumps() {
 		for range 10 { // a jump inserted twice is removed twice; bounded
-			args := append([]string{"-t", j.table, "-D", j.chain}, j.spec...)
+			args := append([]string{"-t", j.Table, "-D", j.Chain}, j.Rule.Args()...)
 			if _, err := t.run(ctx, args...); err != nil {
 				break
 			}
@@ -268,6 +297,9 @@ func (t iptables) remove(ctx context.Context) error {
 // countRules returns how many rules the tables hold in our chains and the
 // jumps into them, as iptables-save reports them.
 func (t iptables) countRules(ctx context.Context) (int, error) {
+	if t.x == nil {
+		return 0, errNoTool
+	}
 	out, err := t.x.SaveTable(ctx, "")
 	if err != nil {
 		return 0, fmt.Errorf("ipvs: %w", err)

@@ -3,7 +3,11 @@
 // or iptables-nft) for an IP family, detects which backend "iptables"
 // resolves to, refuses to run when our chains exist under both, and runs
 // iptables, iptables-restore and iptables-save with a bounded wait for the
-// xtables lock. It knows nothing about which rules are written.
+// xtables lock. It also holds the typed rule model both modes build their
+// rules from (Rule, Match, Target, Chain, Jump), the validated
+// Transaction that renders them as iptables-restore input, and, for
+// tests in any package, an in-memory Fake of the tables and a packet
+// tracer over it (Fake.Trace). Which rules are written is the modes'.
 package xtables
 
 import (
