@@ -160,3 +160,44 @@ func TestExplainShowsShadows(t *testing.T) {
 		t.Errorf("%d shadow lines, want 2:\n%s", n, out)
 	}
 }
+
+// Issue 29 §7: status and explain refuse a reply that is not an agent's
+// ({} or null: exit 0 with an empty or unhealthy agent before), say so when
+// the reply is too large (it was cut and reported as "unexpected end of JSON
+// input"), and status refuses an extra argument.
+func TestClientRefusesNonAgentReplies(t *testing.T) {
+	var reply []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(reply)
+	}))
+	defer srv.Close()
+	big := append([]byte(`{"version":"`), bytes.Repeat([]byte("x"), 64<<20)...)
+	big = append(big, `","mode":"plan","node":"n1"}`...)
+	for _, tc := range []struct {
+		reply string
+		args  []string
+		want  string
+	}{
+		{`{}`, []string{"status"}, "no agent status"},
+		{`null`, []string{"status"}, "no agent status"},
+		{`{}`, []string{"status", "-o", "json"}, "no agent status"},
+		{`{}`, []string{"explain", "a/b"}, "names no service port"},
+		{`null`, []string{"explain", "a/b"}, "names no service port"},
+		{string(big), []string{"status"}, "larger than 64 MiB"},
+	} {
+		reply = []byte(tc.reply)
+		args := append(tc.args, "--server", srv.Listener.Addr().String())
+		code, out, errs := runCLI(t, args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v against %.20q: exit %d, stderr %q, stdout %.200q; want exit 1 and %q", tc.args, tc.reply, code, errs, out, tc.want)
+		}
+	}
+	reply = []byte(`{"version":"x","mode":"plan","node":"n1"}`)
+	if code, _, errs := runCLI(t, "status", "--server", srv.Listener.Addr().String()); code != 0 {
+		t.Errorf("status against an agent's reply: exit %d: %s", code, errs)
+	}
+	code, _, errs := runCLI(t, "status", "extra-arg", "--server", srv.Listener.Addr().String())
+	if code != 2 || !strings.Contains(errs, `unexpected argument "extra-arg"`) {
+		t.Errorf("status extra-arg: exit %d, %q; want 2 (usage) naming the argument", code, errs)
+	}
+}
