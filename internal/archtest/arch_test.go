@@ -47,7 +47,7 @@ var rules = []rule{
 		"github.com/fsnotify/fsnotify", prometheus, unix}},
 	{pkgs: []string{"agent/model", "agent/state", "agent/selection", "agent/planner"}, may: []string{"agent/...", "datapath"}},
 	{pkgs: []string{"agent/chain"}, may: []string{"agent/model", "agent/config", "policy", "policy/abi", prometheus}},
-	{pkgs: []string{"agent/config"}, may: []string{"github.com/knadh/koanf/...", "github.com/fsnotify/fsnotify", prometheus}},
+	{pkgs: []string{"agent/config"}, may: []string{"github.com/knadh/koanf/...", "go.yaml.in/yaml/v3", "github.com/fsnotify/fsnotify", prometheus}},
 	{pkgs: []string{"agent/snapshot"}, may: []string{"agent/model", "datapath"}},
 	{pkgs: []string{"agent/healthcheck"}},
 	{pkgs: []string{"agent/health"}},
