@@ -148,12 +148,12 @@ func (d *Dir) Load() {
 		d.log.Warn("cannot read manifest directory; keeping what was loaded", "dir", d.path, "err", err)
 		return
 	}
-	// Where each object came from, to report one defined in two files.
+	// Where each object came from, to report one defined twice: in two
+	// files or twice in one, the same rule.
 	from := map[string]string{}
 	seen := func(kind, key, where string) {
 		id := kind + " " + key
-		file, _, _ := strings.Cut(where, ": document")
-		if prev, dup := from[id]; dup && !strings.HasPrefix(prev, file+":") {
+		if prev, dup := from[id]; dup {
 			d.report.duplicate(kind, key, fmt.Errorf("defined again in %s (first in %s); the last one read is used", where, prev))
 		}
 		from[id] = where

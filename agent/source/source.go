@@ -80,8 +80,8 @@ func (r *reporter) warnings(kind, key string, ws []string) {
 	}
 }
 
-// duplicate records an object defined in more than one manifest file:
-// counted every time, logged once.
+// duplicate records an object defined more than once in the manifests (in
+// two files or twice in one): counted every time, logged once.
 func (r *reporter) duplicate(kind, key string, err error) {
 	r.metrics.Skipped.WithLabelValues(kind, "duplicate").Inc()
 	if msg := err.Error(); r.firstTime("duplicate "+kind+"/"+key, msg) {
