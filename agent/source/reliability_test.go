@@ -231,7 +231,7 @@ func TestConvertRefusesUnusableAddresses(t *testing.T) {
 	conv := &Converter{ProxyName: "edgeproxy"}
 	for _, ip := range []string{"0.0.0.0", "127.0.0.1", "255.255.255.255", "224.0.0.1", "fe80::1%eth0", "::1", "::"} {
 		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "t", Name: "s"}, Spec: v1.ServiceSpec{ClusterIP: ip, Ports: []v1.ServicePort{{Port: 80}}}}
-		if _, err := conv.Service(s); err == nil || !strings.Contains(err.Error(), "spec.clusterIPs[0]") {
+		if _, _, err := conv.Service(s); err == nil || !strings.Contains(err.Error(), "spec.clusterIPs[0]") {
 			t.Errorf("ClusterIP %s: %v, want refused naming spec.clusterIPs[0]", ip, err)
 		}
 	}

@@ -229,6 +229,12 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 			fmt.Fprintf(w, "  %s\n", r)
 		}
 	}
+	if len(st.Skipped) > 0 {
+		fmt.Fprintln(w, "inputs skipped (whole, or the parts named):")
+		for _, p := range st.Skipped {
+			fmt.Fprintf(w, "  %s %s: %s\n", p.Kind, p.Object, p.Reason)
+		}
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tFRONTEND\tKIND\tENDPOINTS (weight)")

@@ -207,9 +207,10 @@ func TestClientRefusesNonAgentReplies(t *testing.T) {
 			t.Errorf("%v against %.20q: exit %d, stderr %q, stdout %.200q; want exit 1 and %q", tc.args, tc.reply, code, errs, out, tc.want)
 		}
 	}
-	reply = []byte(`{"version":"x","mode":"plan","node":"n1"}`)
-	if code, _, errs := runCLI(t, "status", "--server", srv.Listener.Addr().String()); code != 0 {
-		t.Errorf("status against an agent's reply: exit %d: %s", code, errs)
+	reply = []byte(`{"version":"x","mode":"plan","node":"n1","skipped":[{"kind":"Service","object":"t/web","reason":"metadata.annotations[edgeproxy.io/offline-probe]: \"x\" is none of true","partly":true}]}`)
+	if code, out, errs := runCLI(t, "status", "--server", srv.Listener.Addr().String()); code != 0 ||
+		!strings.Contains(out, `Service t/web: metadata.annotations[edgeproxy.io/offline-probe]: "x" is none of true`) {
+		t.Errorf("status against an agent's reply: exit %d: %s\n%s", code, errs, out)
 	}
 	code, _, errs := runCLI(t, "status", "extra-arg", "--server", srv.Listener.Addr().String())
 	if code != 2 || !strings.Contains(errs, `unexpected argument "extra-arg"`) {
