@@ -19,6 +19,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -199,6 +200,11 @@ type Status struct {
 	// Probes is endpoint probing while the API server is away; nil with
 	// health.mode: off.
 	Probes *ProbeStatus `json:"probes,omitempty"`
+	// Skipped lists the inputs standing skipped, whole or in part (Partly:
+	// the object is used without the named parts, e.g. a bad
+	// edgeproxy.io/offline-probe), as they were logged; not the objects
+	// that are not for this proxy (headless, other proxies').
+	Skipped []source.Problem `json:"skipped,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -228,6 +234,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	st.APIReachable = a.api == nil || a.api.Reachable()
 	st.Refused = a.Refused()
 	st.Probes = a.probeStatus()
+	st.Skipped = a.sourceProblems()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		st.ExternalIPsIgnored = res.ExternalIPsIgnored
@@ -261,7 +268,8 @@ func (a *Agent) serveExplain(w http.ResponseWriter, r *http.Request) {
 	}
 	out := res.Explains(func(port model.ServicePortName) bool { return port.Namespace+"/"+port.Name == name })
 	for port, ex := range out {
-		out[port] = withNotes(ex, append(refusalNotes(port, a.Refused()), a.probeNotes(port)...))
+		notes := append(refusalNotes(port, a.Refused()), a.probeNotes(port)...)
+		out[port] = withNotes(ex, append(notes, problemNotes(port, a.sourceProblems())...))
 	}
 	if len(out) == 0 {
 		writeJSON(w, http.StatusNotFound, map[string]string{"error": fmt.Sprintf("service %s is not in the plan (unknown, not proxied, or without ports)", name)})
@@ -284,6 +292,26 @@ func (a *Agent) serveShadow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, a.chains.ShadowReport(name))
+}
+
+// sourceProblems returns the source's standing problems.
+func (a *Agent) sourceProblems() []source.Problem {
+	if p, ok := a.source.(interface{ Problems() []source.Problem }); ok {
+		return p.Problems()
+	}
+	return nil
+}
+
+// problemNotes returns a note for each standing problem of port's Service
+// (the parts of it the source left out, a second definition).
+func problemNotes(port model.ServicePortName, problems []source.Problem) []string {
+	var notes []string
+	for _, p := range problems {
+		if p.Kind == "Service" && p.Object == port.Namespace+"/"+port.Name {
+			notes = append(notes, "source: "+p.Reason)
+		}
+	}
+	return notes
 }
 
 // refusalNotes returns a note for each refusal of port.

@@ -3,10 +3,12 @@ package agent
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/agent/snapshot"
+	"github.com/edgeproxy/edgeproxy/policy"
 )
 
 // saveSnapshot writes the last known state after a sync that changed
@@ -76,6 +78,9 @@ func (a *Agent) writeSnapshot(s *snapshot.Snapshot) bool {
 func (a *Agent) wroteSnapshot(dir string, written time.Time, err error) bool {
 	if err != nil {
 		a.metrics.snapshotWriteFailures.Inc()
+		if why := policy.DirProblem(dir); why != nil {
+			err = fmt.Errorf("%w: %w", err, why)
+		}
 		if !a.snapFailing {
 			a.log.Warn("cannot write the snapshot; the previous one stays, retrying on every sync", "dir", dir, "err", err)
 		}

@@ -64,3 +64,29 @@ func TestSnapshotWriteFailureIsCountedAndLoggedOnce(t *testing.T) {
 		t.Errorf("snapshot age = %v for a snapshot from the future, want 0", age)
 	}
 }
+
+// Issue 29 §7: a stateDir that is a symlink loop is named as one in the
+// log of a failed snapshot write (MkdirAll said "file exists").
+func TestSnapshotWriteNamesASymlinkLoop(t *testing.T) {
+	stateDir := filepath.Join(t.TempDir(), "state")
+	if err := os.Symlink(stateDir, stateDir); err != nil {
+		t.Fatal(err)
+	}
+	cfg := config.Default()
+	cfg.NodeName, cfg.Manifests, cfg.Mode, cfg.StateDir = "n1", t.TempDir(), "plan", stateDir
+	cfg.Server = config.Server{}
+	var log bytes.Buffer
+	a, err := New(Options{Config: &cfg, Backend: &flaky{}, Registry: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(&log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.writeSnapshot(&snapshot.Snapshot{Written: time.Now()}) {
+		t.Fatal("a write into a symlink loop succeeded")
+	}
+	if !strings.Contains(log.String(), stateDir+" is a loop of symbolic links") {
+		t.Errorf("the log does not name the loop:\n%s", log.String())
+	}
+}

@@ -2,6 +2,7 @@ package agent
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -9,12 +10,21 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/policy"
 )
 
 // chainPolicy adapts the Wasm chain evaluator to the planner.
 type chainPolicy struct{ ev *chain.Evaluator }
 
 func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*chainPolicy, error) {
+	// Compiled modules are cached under stateDir. A stateDir that can never
+	// be a directory is refused here, by name, before the evaluator's first
+	// load, whose failure would be logged as a refused reload.
+	if len(cfg.Policy.Modules) > 0 && cfg.StateDir != "" && cfg.Policy.Engine != policy.Interpreter {
+		if why := policy.DirProblem(cfg.StateDir); why != nil {
+			return nil, fmt.Errorf("stateDir %s (compiled modules are cached under it): %w", cfg.StateDir, why)
+		}
+	}
 	ev, err := chain.New(ctx, cfg.Policy, cfg.StateDir, log.With("component", "policy"), reg,
 		chain.WithServiceKeyPrefix(cfg.ServiceKeyPrefix), chain.WithNodeLabels(cfg.NodeLabels))
 	if err != nil {

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
-	"strconv"
-	"strings"
 	"sync/atomic"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -161,7 +160,8 @@ func (a *Agent) probingCheckIn(now time.Time) time.Duration {
 // (TCP service ports, at the target port), "PORT", "PORT/tcp" or
 // "PORT/udp" that port and protocol on each endpoint's address instead,
 // for every protocol of the Service (a UDP Service is probed only so).
-const AnnotationOfflineProbe = "edgeproxy.io/offline-probe"
+// The source checks it when it reads the Service (source.ParseOfflineProbe).
+const AnnotationOfflineProbe = source.AnnotationOfflineProbe
 
 // probeSpec is one Service's parsed edgeproxy.io/offline-probe.
 type probeSpec struct {
@@ -172,19 +172,8 @@ type probeSpec struct {
 
 // parseProbeSpec parses an edgeproxy.io/offline-probe value.
 func parseProbeSpec(v string) (probeSpec, error) {
-	v = strings.ToLower(strings.TrimSpace(v))
-	switch v {
-	case "", "true":
-		return probeSpec{}, nil
-	case "false":
-		return probeSpec{off: true}, nil
-	}
-	num, proto, _ := strings.Cut(v, "/")
-	n, err := strconv.ParseUint(num, 10, 16)
-	if err != nil || n == 0 || (proto != "" && proto != "tcp" && proto != "udp") {
-		return probeSpec{}, fmt.Errorf("%s: %q is none of true, false, PORT, PORT/tcp, PORT/udp", AnnotationOfflineProbe, v)
-	}
-	return probeSpec{port: uint16(n), udp: proto == "udp"}, nil
+	p, err := source.ParseOfflineProbe(v)
+	return probeSpec{off: p.Off, port: p.Port, udp: p.UDP}, err
 }
 
 // target returns what probes endpoint e of a frontend of protocol proto,
@@ -202,25 +191,25 @@ func (s probeSpec) target(e netip.AddrPort, proto datapath.Protocol) (health.Tar
 }
 
 // probeSpecs returns the probe spec of every service port of snap whose
-// Service sets edgeproxy.io/offline-probe, keyed as Frontend.Service. A
-// value that does not parse is logged once per Service and value, and the
-// default applies.
+// Service sets edgeproxy.io/offline-probe, keyed as Frontend.Service. The
+// source leaves out a value that does not parse; one that reaches here
+// anyway (a snapshot written before it did) is logged once per Service
+// and value, again after a good one, and the default applies.
 func (a *Agent) probeSpecs(snap *state.Snapshot) map[model.ServicePortName]probeSpec {
 	out := map[model.ServicePortName]probeSpec{}
 	for name, port := range snap.Ports {
+		svc := port.Service.Namespace + "/" + port.Service.Name
 		v, ok := port.Service.Annotations[AnnotationOfflineProbe]
-		if !ok {
-			continue
-		}
 		spec, err := parseProbeSpec(v)
-		if err != nil {
-			svc := port.Service.Namespace + "/" + port.Service.Name
-			if a.probes.badSpecs[svc] != v {
-				a.probes.badSpecs[svc] = v
-				a.log.Warn("Service annotation ignored, probing as by default", "service", svc, "err", err)
-			}
+		if err == nil {
+			delete(a.probes.badSpecs, svc)
+		} else if a.probes.badSpecs[svc] != v {
+			a.probes.badSpecs[svc] = v
+			a.log.Warn("Service annotation ignored, probing as by default", "service", svc, "err", err)
 		}
-		out[name] = spec
+		if ok {
+			out[name] = spec
+		}
 	}
 	return out
 }

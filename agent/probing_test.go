@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,6 +21,8 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/health"
+	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -275,4 +279,46 @@ func startProbingAgent(t *testing.T, backend datapath.Backend, manifests string,
 		}
 	})
 	return a
+}
+
+// Issue 29 §7: a bad offline-probe value is checked when the Service is
+// read and shown in status and explain; one that reaches probing anyway (a
+// snapshot from before) is logged again when it turns bad again.
+func TestBadOfflineProbeShown(t *testing.T) {
+	dir := t.TempDir()
+	manifest := fmt.Sprintf(probeWorld, "web", `edgeproxy.io/offline-probe: "`+strings.Repeat("x", 200_000)+`"`, "10.96.0.5")
+	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	a := startProbingAgent(t, &flaky{}, dir, func(context.Context, health.Target) error { return nil })
+	<-a.Synced()
+	rec := httptest.NewRecorder()
+	a.serveStatus(rec, httptest.NewRequest("GET", "/debug/status", nil))
+	var st Status
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Skipped) != 1 || st.Skipped[0].Object != "t/web" || !st.Skipped[0].Partly ||
+		!strings.Contains(st.Skipped[0].Reason, AnnotationOfflineProbe) || len(st.Skipped[0].Reason) > 400 {
+		t.Errorf("status skipped: %.500v", st.Skipped)
+	}
+	rec = httptest.NewRecorder()
+	a.serveExplain(rec, httptest.NewRequest("GET", "/debug/explain?service=t/web", nil))
+	if body := rec.Body.String(); !strings.Contains(body, "source: metadata.annotations[edgeproxy.io/offline-probe]: ") {
+		t.Errorf("explain does not note the ignored annotation:\n%.2000s", body)
+	}
+}
+
+func TestProbeSpecsLogABadValueAgain(t *testing.T) {
+	var logs bytes.Buffer
+	a := &Agent{log: slog.New(slog.NewTextHandler(&logs, nil)), probes: &probing{badSpecs: map[string]string{}}}
+	st := state.New(nil)
+	for _, v := range []string{"bogus", "bogus", "9090", "bogus"} {
+		st.SetService("t/web", &model.Service{Namespace: "t", Name: "web", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.5")},
+			Annotations: map[string]string{AnnotationOfflineProbe: v}, Ports: []model.ServicePort{{Protocol: "TCP", Port: 80}}})
+		a.probeSpecs(st.Snapshot())
+	}
+	if n := strings.Count(logs.String(), "Service annotation ignored"); n != 2 {
+		t.Errorf("logged %d times, want 2 (bogus, and bogus again after 9090):\n%s", n, logs.String())
+	}
 }

@@ -311,6 +311,9 @@ func NewHost(ctx context.Context, opts Options) (*Host, error) {
 	var err error
 	if h.engine == Compiler && opts.CacheDir != "" {
 		if err := os.MkdirAll(opts.CacheDir, 0o700); err != nil {
+			if why := DirProblem(opts.CacheDir); why != nil {
+				err = why
+			}
 			return nil, fmt.Errorf("policy: compilation cache %s (under stateDir): %w", opts.CacheDir, err)
 		}
 		if err := os.Chmod(opts.CacheDir, 0o700); err != nil {

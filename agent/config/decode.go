@@ -3,6 +3,7 @@ package config
 import (
 	"fmt"
 	"maps"
+	"math"
 	"reflect"
 	"slices"
 	"strconv"
@@ -272,11 +273,57 @@ func (d *decoder) decodeDuration(key string, v reflect.Value, raw any) {
 		return
 	}
 	dur, err := time.ParseDuration(strings.TrimSpace(s))
+	if err != nil && durationSyntax(strings.TrimSpace(s)) {
+		d.fail(key, "%s is too long (a duration is at most %dh, about 292 years)", show(raw), int64(math.MaxInt64/time.Hour))
+		return
+	}
 	if err != nil {
 		d.fail(key, "%s is not a duration", show(raw))
 		return
 	}
 	v.SetInt(int64(dur))
+}
+
+// decimalHint says how to write raw when it is an integer written other
+// than in decimal (0x10, 0o20, 010, 0b1, 1_000), which the YAML parser
+// leaves a string (yamlParser), and "" otherwise.
+func decimalHint(raw any) string {
+	s, ok := raw.(string)
+	if !ok {
+		return ""
+	}
+	if n, err := strconv.ParseInt(strings.TrimSpace(s), 0, 64); err == nil {
+		return fmt.Sprintf(" (write numbers in decimal: %d)", n)
+	}
+	return ""
+}
+
+// durationSyntax reports whether s is written as time.ParseDuration reads
+// it (an optional sign, then numbers each with a unit), so that a value it
+// still refuses is one that overflows.
+func durationSyntax(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	if s == "" {
+		return false
+	}
+	for s != "" {
+		digits := strings.IndexFunc(s, func(r rune) bool { return (r < '0' || r > '9') && r != '.' })
+		if digits <= 0 || strings.Count(s[:digits], ".") > 1 || s[:digits] == "." {
+			return false
+		}
+		s = s[digits:]
+		unit := strings.IndexFunc(s, func(r rune) bool { return (r >= '0' && r <= '9') || r == '.' })
+		if unit < 0 {
+			unit = len(s)
+		}
+		switch s[:unit] {
+		case "ns", "us", "µs", "μs", "ms", "s", "m", "h":
+		default:
+			return false
+		}
+		s = s[unit:]
+	}
+	return true
 }
 
 // decodeSize takes a number of bytes or a size with a unit (ParseSize).
@@ -331,7 +378,7 @@ func (d *decoder) decodeInt(key string, v reflect.Value, raw any) {
 		}
 	}
 	if !ok || v.OverflowInt(n) {
-		d.fail(key, "%s is not an integer", show(raw))
+		d.fail(key, "%s is not an integer%s", show(raw), decimalHint(raw))
 		return
 	}
 	v.SetInt(n)

@@ -13,8 +13,9 @@
 // file when it changes and swaps the new Config in atomically, or keeps the
 // old one when the new file is bad.
 //
-// koanf merges the layers: the file through its file provider and YAML
-// parser, env vars and flags through confmap. Env vars come from
+// koanf merges the layers: the file through its YAML parser's library
+// (yamlParser: integers only in decimal), env vars and flags through
+// confmap. Env vars come from
 // LoadOptions.Env rather than koanf's env provider, which reads the process
 // environment itself; that keeps tests independent of it. The merged map is
 // decoded by this package rather than mapstructure, so every error can name
@@ -27,11 +28,12 @@ import (
 	"fmt"
 	"log/slog"
 	"os"
+	"slices"
 	"strings"
 
-	"github.com/knadh/koanf/parsers/yaml"
 	"github.com/knadh/koanf/providers/confmap"
 	"github.com/knadh/koanf/v2"
+	"go.yaml.in/yaml/v3"
 )
 
 // EnvPrefix starts every environment variable Load reads.
@@ -113,7 +115,7 @@ func Load(opts LoadOptions) (*Config, error) {
 		if err != nil {
 			return nil, fmt.Errorf("config: %s: %w", path, err)
 		}
-		if err := k.Load(bytesProvider(b), yaml.Parser()); err != nil {
+		if err := k.Load(bytesProvider(b), yamlParser{}); err != nil {
 			return nil, fmt.Errorf("config: %s: %w", path, err)
 		}
 	}
@@ -218,4 +220,70 @@ func validateDecoded(cfg *Config, decodeErrs []error) []error {
 		}
 	}
 	return errs
+}
+
+// yamlParser is koanf's YAML parser (the same go.yaml.in/yaml/v3) with one
+// difference: an integer of a key of the schema (memory.limit,
+// iptables.masqueradeBit, …) not written in plain decimal stays the string
+// it was written as. YAML reads 0x10 as 16, 0o10 as 8, 0b10 as 2 and 1_000
+// as 1000, and yaml.v3 reads 010 as 8; a kube-proxy-style config means
+// decimal, so the key's decoder refuses 0x, 0o, 0b and separators, saying
+// how to write the number, and reads 010 as ten (as YAML 1.2 does). What
+// the schema does not type (a module's config, match labels) is left as
+// YAML reads it.
+type yamlParser struct{}
+
+func (yamlParser) Unmarshal(b []byte) (map[string]any, error) {
+	var doc yaml.Node
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, err
+	}
+	if doc.Kind == 0 { // empty, or only comments
+		return nil, nil
+	}
+	for _, n := range doc.Content {
+		plainDecimal(n, "")
+	}
+	var out map[string]any
+	if err := doc.Decode(&out); err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+func (yamlParser) Marshal(m map[string]any) ([]byte, error) { return yaml.Marshal(m) }
+
+// plainDecimal retags as strings the untagged integers at schema keys of n
+// (at path, dotted) that are not isDecimal, for the keys' decoders, which
+// read numbers in base 10 only.
+func plainDecimal(n *yaml.Node, path string) {
+	switch n.Kind {
+	case yaml.ScalarNode:
+		if n.Tag == "!!int" && n.Style == 0 && !isDecimal(n.Value) && isLeaf(path) {
+			n.Tag = "!!str"
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			key := n.Content[i].Value
+			if path != "" {
+				key = path + "." + key
+			}
+			plainDecimal(n.Content[i+1], key)
+		}
+	case yaml.SequenceNode:
+		for _, c := range n.Content {
+			plainDecimal(c, path)
+		}
+	}
+}
+
+func isLeaf(key string) bool {
+	return slices.ContainsFunc(schema.leaves, func(l leaf) bool { return l.key == key })
+}
+
+// isDecimal reports whether s is decimal digits, with an optional sign
+// and no leading zero: what every YAML reader reads alike.
+func isDecimal(s string) bool {
+	s = strings.TrimLeft(s, "+-")
+	return s != "" && strings.Trim(s, "0123456789") == "" && (s == "0" || s[0] != '0')
 }

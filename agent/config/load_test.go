@@ -229,6 +229,18 @@ func TestFileErrors(t *testing.T) {
 		{"bad duration", "sync:\n  minPeriod: abc\n", `config: sync.minPeriod: "abc" is not a duration`},
 		{"duration without unit", "sync:\n  period: 30\n", "config: sync.period: 30 is not a duration (write it with a unit, e.g. 30s or 500ms)"},
 		{"bad int", "iptables:\n  masqueradeBit: high\n", `config: iptables.masqueradeBit: "high" is not an integer`},
+		// Issue 29 §7: an overflow was "not a duration".
+		{"duration overflows", "policy:\n  shadowBudget: 9999999h\n", `config: policy.shadowBudget: "9999999h" is too long (a duration is at most 2562047h, about 292 years)`},
+		{"duration overflows in a sum", "sync:\n  period: 2562047h47m17s\n", `config: sync.period: "2562047h47m17s" is too long (a duration is at most 2562047h, about 292 years)`},
+		{"duration with a bad unit", "sync:\n  period: 3d\n", `config: sync.period: "3d" is not a duration`},
+		// Issue 29 §7: YAML reads 0x10 as 16 and 010 as 8; a config means
+		// decimal, so those are refused and the decimal value is named.
+		{"hex size", "memory:\n  limit: 0x10\n", `config: memory.limit: "0x10" is not a size: write it in decimal (16), with an optional unit (e.g. 16Mi)`},
+		{"hex size above the minimum", "memory:\n  limit: 0x4000000\n", `config: memory.limit: "0x4000000" is not a size: write it in decimal (67108864), with an optional unit (e.g. 16Mi)`},
+		{"octal size", "policy:\n  memoryLimit: 0o100000000\n", `config: policy.memoryLimit: "0o100000000" is not a size: write it in decimal (16777216), with an optional unit (e.g. 16Mi)`},
+		{"binary int", "iptables:\n  masqueradeBit: 0b1110\n", `config: iptables.masqueradeBit: "0b1110" is not an integer (write numbers in decimal: 14)`},
+		{"hex int", "iptables:\n  masqueradeBit: 0xe\n", `config: iptables.masqueradeBit: "0xe" is not an integer (write numbers in decimal: 14)`},
+		{"int with separators", "iptables:\n  masqueradeBit: 1_4\n", `config: iptables.masqueradeBit: "1_4" is not an integer (write numbers in decimal: 14)`},
 		{"bad bool", "masqueradeAll: 3\n", "config: masqueradeAll: 3 is not a boolean (true or false)"},
 		{"struct given a scalar", "sync: fast\n", `config: sync: "fast" is not a mapping`},
 		{"list given a mapping", "nodePortAddresses: {a: b}\n", "config: nodePortAddresses: a mapping is not a list"},
@@ -270,6 +282,10 @@ func TestFileValues(t *testing.T) {
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
 sync:
   minPeriod: 0
+iptables:
+  masqueradeBit: 010
+memory:
+  limit: 0100000000
 ipvs:
   scheduler: wrr
   schedulerFlags: [flag-1]
@@ -283,7 +299,7 @@ policy:
       match: {namespaces: [shop], labels: {app: web, version: 2}}
       modules:
         - module: canary
-          config: {weight: 10, tracks: [a, b], nested: {x: true}}
+          config: {weight: 10, tracks: [a, b], nested: {x: true}, hex: 0x10}
     - name: c2
       modules: [{module: canary}]
       failure: last-good
@@ -291,6 +307,14 @@ policy:
 `)
 	c := mustLoad(t, LoadOptions{File: p})
 	pol := c.Policy
+	// Issue 29 §7: a leading zero is decimal (YAML 1.2; yaml.v3 read 010
+	// as 8), and a module's config is left as YAML reads it.
+	if c.IPTables.MasqueradeBit != 10 || c.Memory.Limit != 100_000_000 {
+		t.Errorf("masqueradeBit: 010 read as %d, memory.limit: 0100000000 as %d; want 10 and 100000000", c.IPTables.MasqueradeBit, c.Memory.Limit)
+	}
+	if v := pol.Chains[0].Modules[0].Config["hex"]; v != 16 {
+		t.Errorf("a module's config hex: 0x10 reads as %#v, want 16 as YAML reads it", v)
+	}
 	if c.Sync.MinPeriod != 0 || c.IPVS.Scheduler != "wrr" || !slices.Equal(c.IPVS.SchedulerFlags, []string{"flag-1"}) ||
 		pol.MemoryLimit != 1<<20 || pol.MaxModuleSize != 1e9 || len(pol.Modules) != 1 || len(pol.Chains) != 2 {
 		t.Fatalf("values: %+v", c)

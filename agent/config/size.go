@@ -33,6 +33,11 @@ func ParseSize(s string) (Size, error) {
 	}
 	n, err := strconv.ParseInt(t, 10, 64)
 	if err != nil || n < 0 || t == "" || t[0] == '+' {
+		if n, err := strconv.ParseInt(t, 0, 64); err == nil && n >= 0 {
+			// 0x10, 0o20, 010, 1_000: what YAML and Go read in other bases
+			// or with separators, and Kubernetes quantities do not.
+			return 0, fmt.Errorf("%q is not a size: write it in decimal (%d), with an optional unit (e.g. 16Mi)", s, n)
+		}
 		return 0, fmt.Errorf("%q is not a size (e.g. 16Mi, 512Ki, 1G or a number of bytes)", s)
 	}
 	if n > math.MaxInt64/mult {

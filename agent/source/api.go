@@ -254,6 +254,10 @@ func (a *API) touch() {
 	}
 }
 
+// Problems returns the Services and EndpointSlices standing skipped, whole
+// or in part.
+func (a *API) Problems() []Problem { return a.report.problems() }
+
 func (a *API) onService(key string, obj any) {
 	c, _ := obj.(*Converted)
 	if c == nil {
@@ -266,7 +270,7 @@ func (a *API) onService(key string, obj any) {
 		a.sink.SetService(key, nil)
 		return
 	}
-	a.report.clear("Service", key)
+	a.report.warnings("Service", key, c.Warnings)
 	a.sink.SetService(key, c.Service)
 }
 
@@ -340,7 +344,7 @@ func (c *Converter) Transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
 		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
-		out.Service, out.Err = c.Service(o)
+		out.Service, out.Warnings, out.Err = c.Service(o)
 		return out, nil
 	case *discovery.EndpointSlice:
 		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}

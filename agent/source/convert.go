@@ -43,16 +43,17 @@ type Converter struct {
 
 // Service converts a Service. It returns an error wrapping ErrSkip for a
 // Service the proxy must ignore, and a plain error naming the field for one
-// it cannot use.
-func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
+// it cannot use. The warnings name the parts of a Service it uses that
+// were left out (an AnnotationOfflineProbe that does not parse).
+func (c *Converter) Service(s *v1.Service) (*model.Service, []string, error) {
 	if name, ok := s.Labels[LabelServiceProxyName]; ok && name != c.ProxyName {
-		return nil, fmt.Errorf("%w: labelled %s=%q", ErrSkip, LabelServiceProxyName, name)
+		return nil, nil, fmt.Errorf("%w: labelled %s=%q", ErrSkip, LabelServiceProxyName, name)
 	}
 	if s.Spec.Type == v1.ServiceTypeExternalName {
-		return nil, fmt.Errorf("%w: type ExternalName", ErrSkip)
+		return nil, nil, fmt.Errorf("%w: type ExternalName", ErrSkip)
 	}
 	if s.Spec.ClusterIP == v1.ClusterIPNone {
-		return nil, fmt.Errorf("%w: headless", ErrSkip)
+		return nil, nil, fmt.Errorf("%w: headless", ErrSkip)
 	}
 	out := &model.Service{
 		Namespace:           s.Namespace,
@@ -67,7 +68,7 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 		out.TrafficDistribution = *s.Spec.TrafficDistribution
 	}
 	if err := serviceAddrs(s, out); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	external := s.Spec.Type == v1.ServiceTypeNodePort || s.Spec.Type == v1.ServiceTypeLoadBalancer || len(s.Spec.ExternalIPs) > 0
 	out.ExternalLocal = external && s.Spec.ExternalTrafficPolicy == v1.ServiceExternalTrafficPolicyLocal
@@ -80,10 +81,18 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, error) {
 	}
 	ports, err := servicePorts(s.Spec.Ports)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	out.Ports = ports
-	return out, nil
+	var warnings []string
+	if v, ok := out.Annotations[AnnotationOfflineProbe]; ok {
+		if _, err := ParseOfflineProbe(v); err != nil {
+			// out.Annotations is this Service's own copy.
+			delete(out.Annotations, AnnotationOfflineProbe)
+			warnings = append(warnings, fmt.Sprintf("metadata.annotations[%s]: %v; ignored, the default probe applies", AnnotationOfflineProbe, err))
+		}
+	}
+	return out, warnings, nil
 }
 
 // serviceAddrs fills out's ClusterIPs, ExternalIPs, LoadBalancerIPs and
@@ -309,10 +318,11 @@ func (c *Converter) keptAnnotations(in map[string]string) map[string]string {
 }
 
 // keepAnnotation lists the annotations anything after the source reads:
-// topology mode, the trigger time, and the policy prefix.
+// topology mode, the trigger time, the offline probe, and the policy
+// prefix.
 func keepAnnotation(key, prefix string) bool {
 	switch key {
-	case AnnotationTopologyMode, AnnotationTopologyHints, AnnotationTriggerTime:
+	case AnnotationTopologyMode, AnnotationTopologyHints, AnnotationTriggerTime, AnnotationOfflineProbe:
 		return true
 	}
 	return prefix != "" && strings.HasPrefix(key, prefix)

@@ -50,7 +50,7 @@ func TestServiceConversion(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			s := base()
 			tt.mod(s)
-			m, err := conv.Service(s)
+			m, _, err := conv.Service(s)
 			switch {
 			case tt.skip:
 				if !errors.Is(err, ErrSkip) {
@@ -77,7 +77,7 @@ func TestServiceConversion(t *testing.T) {
 	s.Status.LoadBalancer.Ingress = []v1.LoadBalancerIngress{
 		{IP: "192.0.2.1"}, {IP: "192.0.2.2", IPMode: ptr(v1.LoadBalancerIPModeProxy)}, {Hostname: "lb.example"},
 	}
-	m, err := conv.Service(s)
+	m, _, err := conv.Service(s)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -225,7 +225,7 @@ func TestTransform(t *testing.T) {
 		}
 		return out
 	}
-	wantSvc, err := conv.Service(svc.DeepCopy())
+	wantSvc, _, err := conv.Service(svc.DeepCopy())
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -148,12 +148,13 @@ func (d *Dir) Load() {
 		d.log.Warn("cannot read manifest directory; keeping what was loaded", "dir", d.path, "err", err)
 		return
 	}
-	// Where each object came from, to report one defined in two files.
+	d.report.begin()
+	// Where each object came from, to report one defined twice: in two
+	// files or twice in one, the same rule.
 	from := map[string]string{}
 	seen := func(kind, key, where string) {
 		id := kind + " " + key
-		file, _, _ := strings.Cut(where, ": document")
-		if prev, dup := from[id]; dup && !strings.HasPrefix(prev, file+":") {
+		if prev, dup := from[id]; dup {
 			d.report.duplicate(kind, key, fmt.Errorf("defined again in %s (first in %s); the last one read is used", where, prev))
 		}
 		from[id] = where
@@ -176,10 +177,10 @@ func (d *Dir) Load() {
 			case *v1.Service:
 				key := keyOf(o)
 				seen("Service", key, l.where)
-				if m, err := d.conv.Service(o); err != nil {
+				if m, ws, err := d.conv.Service(o); err != nil {
 					d.report.problem("Service", key, fmt.Errorf("%s: %w", l.where, err))
 				} else {
-					d.report.clear("Service", key)
+					d.report.warnings("Service", key, ws)
 					services[key] = m
 				}
 			case *discovery.EndpointSlice:
@@ -201,8 +202,14 @@ func (d *Dir) Load() {
 			}
 		}
 	}
+	d.report.end()
 	d.apply(services, slicesByKey, node)
 }
+
+// Problems returns the manifests' problems standing after the last load:
+// documents, Services and EndpointSlices skipped whole or in part, and
+// objects defined twice.
+func (d *Dir) Problems() []Problem { return d.report.problems() }
 
 func (d *Dir) apply(services map[string]*model.Service, sl map[string]*model.EndpointSlice, node *model.Node) {
 	for k := range d.services {

@@ -26,7 +26,7 @@ func FuzzManifest(f *testing.F) {
 		for _, l := range objs {
 			switch o := l.obj.(type) {
 			case *v1.Service:
-				m, err := conv.Service(o)
+				m, _, err := conv.Service(o)
 				if err == nil {
 					for _, a := range m.ClusterIPs {
 						if unusableVIP(a) != "" {

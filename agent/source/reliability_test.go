@@ -1,6 +1,7 @@
 package source
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
@@ -138,14 +139,36 @@ func TestDirKeepsDocumentsAroundASyntaxError(t *testing.T) {
 }
 
 // Defect 8 of issue 14: the same Service in two files is warned about and
-// counted.
+// counted; issue 29 §7: twice in one file too (the last one silently won).
+// Either way the last one read is used.
 func TestDirCountsDuplicates(t *testing.T) {
-	dir := t.TempDir()
-	write(t, filepath.Join(dir, "a.yaml"), svcYAML("t", "web", "10.96.0.1", 80))
-	write(t, filepath.Join(dir, "b.yaml"), svcYAML("t", "web", "10.96.0.1", 81))
-	_, _, m := runDir(t, dir, 1<<20)
-	if n := testutil.ToFloat64(m.Skipped.WithLabelValues("Service", "duplicate")); n != 1 {
-		t.Errorf("duplicates counted %v times, want 1", n)
+	for name, files := range map[string]map[string]string{
+		"two files": {"a.yaml": svcYAML("t", "web", "10.96.0.1", 80), "b.yaml": svcYAML("t", "web", "10.96.0.1", 81)},
+		"one file":  {"a.yaml": svcYAML("t", "web", "10.96.0.1", 80) + "---\n" + svcYAML("t", "web", "10.96.0.1", 81)},
+	} {
+		t.Run(name, func(t *testing.T) {
+			dir := t.TempDir()
+			for f, content := range files {
+				write(t, filepath.Join(dir, f), content)
+			}
+			var logs bytes.Buffer
+			m := NewMetrics(nil)
+			sink := &memSink{}
+			d, err := NewDir(dir, "n1", &Converter{ProxyName: "edgeproxy"}, sink, slog.New(slog.NewTextHandler(&logs, nil)), m)
+			if err != nil {
+				t.Fatal(err)
+			}
+			d.Load()
+			if n := testutil.ToFloat64(m.Skipped.WithLabelValues("Service", "duplicate")); n != 1 {
+				t.Errorf("duplicates counted %v times, want 1", n)
+			}
+			if !strings.Contains(logs.String(), "object defined more than once") || !strings.Contains(logs.String(), "the last one read is used") {
+				t.Errorf("the duplicate is not logged:\n%s", logs.String())
+			}
+			if p := sink.port("t/web"); p != 81 {
+				t.Errorf("t/web has port %d, want 81 (the last one read)", p)
+			}
+		})
 	}
 }
 
@@ -208,7 +231,7 @@ func TestConvertRefusesUnusableAddresses(t *testing.T) {
 	conv := &Converter{ProxyName: "edgeproxy"}
 	for _, ip := range []string{"0.0.0.0", "127.0.0.1", "255.255.255.255", "224.0.0.1", "fe80::1%eth0", "::1", "::"} {
 		s := &v1.Service{ObjectMeta: metav1.ObjectMeta{Namespace: "t", Name: "s"}, Spec: v1.ServiceSpec{ClusterIP: ip, Ports: []v1.ServicePort{{Port: 80}}}}
-		if _, err := conv.Service(s); err == nil || !strings.Contains(err.Error(), "spec.clusterIPs[0]") {
+		if _, _, err := conv.Service(s); err == nil || !strings.Contains(err.Error(), "spec.clusterIPs[0]") {
 			t.Errorf("ClusterIP %s: %v, want refused naming spec.clusterIPs[0]", ip, err)
 		}
 	}

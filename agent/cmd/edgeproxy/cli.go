@@ -89,9 +89,12 @@ func debugGet(server, cfgPath, path string, query url.Values, v any) error {
 		return fmt.Errorf("cannot reach the agent at %s (is edgeproxy running? `systemctl status edgeproxy`): %w", server, err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxReply+1))
 	if err != nil {
 		return fmt.Errorf("reading %s: %w", u.String(), err)
+	}
+	if len(body) > maxReply {
+		return fmt.Errorf("%s: the reply is larger than %d MiB, more than any agent sends; not read", u.String(), maxReply>>20)
 	}
 	if resp.StatusCode != http.StatusOK {
 		var e struct{ Error string }
@@ -102,6 +105,9 @@ func debugGet(server, cfgPath, path string, query url.Values, v any) error {
 	}
 	return json.Unmarshal(body, v)
 }
+
+// maxReply bounds what debugGet reads of a reply.
+const maxReply = 64 << 20
 
 // parseAnywhere parses flags given before, between or after the
 // positional arguments (as kubectl does) and returns the positional ones;
@@ -133,8 +139,12 @@ func checkOutput(o string) error {
 
 func runStatus(args []string, stdout io.Writer) error {
 	fs, out, server, cfgPath := clientFlags("status")
-	if _, err := parseAnywhere(fs, args); err != nil {
+	pos, err := parseAnywhere(fs, args)
+	if err != nil {
 		return usageError("%v", err)
+	}
+	if len(pos) > 0 {
+		return usageError("status: unexpected argument %q", pos[0])
 	}
 	if err := checkOutput(*out); err != nil {
 		return err
@@ -142,6 +152,12 @@ func runStatus(args []string, stdout io.Writer) error {
 	var st agent.Status
 	if err := debugGet(*server, *cfgPath, "/debug/status", nil, &st); err != nil {
 		return fmt.Errorf("status: %w", err)
+	}
+	// Every agent names its mode and node: a reply without them ({}, null)
+	// is not from an agent, and printing it would show a healthy-looking
+	// table of nothing (or an unhealthy agent that is not there).
+	if st.Mode == "" || st.Node == "" {
+		return errors.New("status: the reply is no agent status (it names no mode or node): is --server an edgeproxy agent?")
 	}
 	if *out == "json" {
 		enc := json.NewEncoder(stdout)
@@ -213,6 +229,12 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 			fmt.Fprintf(w, "  %s\n", r)
 		}
 	}
+	if len(st.Skipped) > 0 {
+		fmt.Fprintln(w, "inputs skipped (whole, or the parts named):")
+		for _, p := range st.Skipped {
+			fmt.Fprintf(w, "  %s %s: %s\n", p.Kind, p.Object, p.Reason)
+		}
+	}
 	fmt.Fprintln(w)
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tFRONTEND\tKIND\tENDPOINTS (weight)")
@@ -246,6 +268,11 @@ func runExplain(args []string, stdout io.Writer) error {
 	var ex map[model.ServicePortName][]planner.Explain
 	if err := debugGet(*server, *cfgPath, "/debug/explain", url.Values{"service": {pos[0]}}, &ex); err != nil {
 		return fmt.Errorf("explain: %w", err)
+	}
+	// The agent answers 404 for a service it has no port of, so an empty
+	// reply ({}, null) is not from an agent.
+	if len(ex) == 0 {
+		return errors.New("explain: the reply names no service port: is --server an edgeproxy agent?")
 	}
 	if *out == "json" {
 		enc := json.NewEncoder(stdout)

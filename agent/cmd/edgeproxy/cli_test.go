@@ -131,6 +131,21 @@ func TestPlanBounded(t *testing.T) {
 	if code == 0 || !strings.Contains(errs, "not a directory") {
 		t.Errorf("a stateDir that is a file is not named as such: exit %d: %s", code, errs)
 	}
+
+	// Issue 29 §7: a stateDir that is a symlink loop said "mkdir …: file
+	// exists", and the refusal at start was logged as "the previous chains
+	// keep running" (there are none: the command exits).
+	loop := filepath.Join(dir, "state-loop")
+	if err := os.Symlink(loop, loop); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, []byte("stateDir: "+loop+"\npolicy:\n  modules: [{name: m, path: /nonexistent.wasm}]\n  chains: [{name: c, modules: [{module: m}]}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCLI(t, "plan", "--config", cfg, "--manifests", mdir, "--node-name", "n1", "--timeout", "20s")
+	if code == 0 || !strings.Contains(errs, loop+" is a loop of symbolic links") || strings.Contains(errs, "keep running") {
+		t.Errorf("a stateDir that is a symlink loop: exit %d, want an error naming the loop and no word of chains kept running:\n%s", code, errs)
+	}
 }
 
 // explain prints each shadow module's answer, marked as never programmed,
@@ -158,5 +173,47 @@ func TestExplainShowsShadows(t *testing.T) {
 	}
 	if n := strings.Count(out, "shadow "); n != 2 {
 		t.Errorf("%d shadow lines, want 2:\n%s", n, out)
+	}
+}
+
+// Issue 29 §7: status and explain refuse a reply that is not an agent's
+// ({} or null: exit 0 with an empty or unhealthy agent before), say so when
+// the reply is too large (it was cut and reported as "unexpected end of JSON
+// input"), and status refuses an extra argument.
+func TestClientRefusesNonAgentReplies(t *testing.T) {
+	var reply []byte
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(reply)
+	}))
+	defer srv.Close()
+	big := append([]byte(`{"version":"`), bytes.Repeat([]byte("x"), 64<<20)...)
+	big = append(big, `","mode":"plan","node":"n1"}`...)
+	for _, tc := range []struct {
+		reply string
+		args  []string
+		want  string
+	}{
+		{`{}`, []string{"status"}, "no agent status"},
+		{`null`, []string{"status"}, "no agent status"},
+		{`{}`, []string{"status", "-o", "json"}, "no agent status"},
+		{`{}`, []string{"explain", "a/b"}, "names no service port"},
+		{`null`, []string{"explain", "a/b"}, "names no service port"},
+		{string(big), []string{"status"}, "larger than 64 MiB"},
+	} {
+		reply = []byte(tc.reply)
+		args := append(tc.args, "--server", srv.Listener.Addr().String())
+		code, out, errs := runCLI(t, args...)
+		if code != 1 || !strings.Contains(errs, tc.want) {
+			t.Errorf("%v against %.20q: exit %d, stderr %q, stdout %.200q; want exit 1 and %q", tc.args, tc.reply, code, errs, out, tc.want)
+		}
+	}
+	reply = []byte(`{"version":"x","mode":"plan","node":"n1","skipped":[{"kind":"Service","object":"t/web","reason":"metadata.annotations[edgeproxy.io/offline-probe]: \"x\" is none of true","partly":true}]}`)
+	if code, out, errs := runCLI(t, "status", "--server", srv.Listener.Addr().String()); code != 0 ||
+		!strings.Contains(out, `Service t/web: metadata.annotations[edgeproxy.io/offline-probe]: "x" is none of true`) {
+		t.Errorf("status against an agent's reply: exit %d: %s\n%s", code, errs, out)
+	}
+	code, _, errs := runCLI(t, "status", "extra-arg", "--server", srv.Listener.Addr().String())
+	if code != 2 || !strings.Contains(errs, `unexpected argument "extra-arg"`) {
+		t.Errorf("status extra-arg: exit %d, %q; want 2 (usage) naming the argument", code, errs)
 	}
 }
