@@ -15,6 +15,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -23,6 +25,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -272,15 +275,56 @@ func (l *loaded) close(ctx context.Context, keepHost *policy.Host) {
 	}
 }
 
+// readModule reads the module file at path, at most limit bytes. Only a
+// regular file is read, as the open file says (a prior stat could be
+// raced by a rename): a FIFO, a device such as /dev/zero or a socket is
+// refused. The open does not wait for a FIFO's writer (O_NONBLOCK, which
+// a regular file's reads ignore), and the read stops at limit+1 bytes
+// even if the file grows meanwhile.
 func readModule(path string, limit int64) ([]byte, error) {
-	st, err := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
-	if limit > 0 && st.Size() > limit {
-		return nil, fmt.Errorf("%s: %d bytes, limit %d", path, st.Size(), limit)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
 	}
-	return os.ReadFile(path)
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s); a module must be a .wasm file", path, fileKind(st.Mode()))
+	}
+	tooBig := func(n int64) error {
+		return fmt.Errorf("%s: larger than policy.maxModuleSize (%d bytes, limit %d)", path, n, limit)
+	}
+	if st.Size() > limit {
+		return nil, tooBig(st.Size())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, tooBig(int64(len(b)))
+	}
+	return b, nil
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "mode " + m.Type().String()
 }
 
 func stepConfig(c map[string]any) ([]byte, error) {
