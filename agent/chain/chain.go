@@ -495,7 +495,7 @@ func (e *Evaluator) Modules() []ModuleStatus {
 func CheckFile(ctx context.Context, cfg config.Policy, path string, log *slog.Logger) (*policy.Report, error) {
 	b, err := readModule(path, int64(cmp.Or(cfg.MaxModuleSize, 64<<20)))
 	if err != nil {
-		return nil, fmt.Errorf("chain: check %s: %w", path, err)
+		return nil, fmt.Errorf("chain: check: %w", err) // err names the path
 	}
 	spec := policy.Spec{Name: filepath.Base(path), Wasm: b}
 	abs, _ := filepath.Abs(path)
