@@ -21,6 +21,7 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
@@ -458,15 +459,17 @@ func untilTick(now time.Time, every time.Duration) time.Duration {
 // are refused, the rest applies, the running chains stay (and so does the
 // policy part of the config shown in /debug/status), and the error makes
 // the watcher count the reload as failed.
+//
+// New modules are read, compiled and checked beside the sync loop, which
+// goes on with the running chains meanwhile: only the swap takes the sync
+// lock, so no sync sees half of a reload, and the old chains are closed
+// after it, once no evaluation uses them.
 func (a *Agent) reconfigure(prev, next *config.Config) error {
 	var perr error
+	var swap *chain.Swap
 	// The agent's own chains reload; a policy the caller supplied does not.
 	if a.chains != nil && !reflect.DeepEqual(prev.Policy, next.Policy) {
-		// Under the sync lock: the old chains close once no sync is
-		// evaluating with them (a guest's memory is unmapped on close).
-		a.mu.Lock()
-		perr = a.chains.Reload(context.Background(), next.Policy)
-		a.mu.Unlock()
+		swap, perr = a.chains.Prepare(context.Background(), next.Policy)
 		if perr != nil {
 			a.log.Error("policy reload failed; the running chains stay in force", "err", perr)
 			kept := *next
@@ -493,10 +496,16 @@ func (a *Agent) reconfigure(prev, next *config.Config) error {
 	a.mu.Lock()
 	a.planner.SetOptions(planner.Options{ExternalIPs: next.ExternalIPs})
 	a.needFull = true
+	if swap != nil {
+		swap.Commit()
+	}
 	if perr == nil {
 		a.planner.Invalidate()
 	}
 	a.mu.Unlock()
+	if swap != nil {
+		swap.Done(context.Background())
+	}
 	a.log.Info("config reloaded", "changed", config.Diff(prev, next))
 	a.runner.Run()
 	if perr != nil {

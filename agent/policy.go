@@ -50,8 +50,10 @@ func (p *chainPolicy) Weigh(ctx context.Context, reqs []planner.Request) []plann
 	return out
 }
 
-func (p *chainPolicy) Reload(ctx context.Context, cfg config.Policy) error {
-	return p.ev.Reload(ctx, cfg)
+// Prepare loads and checks new chains beside the running ones; see
+// chain.Evaluator.Prepare.
+func (p *chainPolicy) Prepare(ctx context.Context, cfg config.Policy) (*chain.Swap, error) {
+	return p.ev.Prepare(ctx, cfg)
 }
 
 func (p *chainPolicy) Close(ctx context.Context) error { return p.ev.Close(ctx) }

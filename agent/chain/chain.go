@@ -15,6 +15,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
+	"io/fs"
 	"log/slog"
 	"maps"
 	"net/netip"
@@ -23,6 +25,8 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -65,9 +69,14 @@ type Evaluator struct {
 	metrics  *metrics
 	stateDir string
 
-	mu   sync.RWMutex // guards cur; Evaluate holds it shared
+	// mu guards cur and opts, and is held only to take or swap them: an
+	// evaluation holds its generation (loaded.users), not mu, so a reload
+	// never waits for one and no evaluation waits for a load.
+	mu   sync.RWMutex
 	cur  *loaded
 	opts options
+	// reloading is held from Prepare to Swap.Done: one reload at a time.
+	reloading sync.Mutex
 
 	lgMu     sync.Mutex
 	lastGood map[lastGoodKey]lastGood
@@ -75,11 +84,20 @@ type Evaluator struct {
 	shadows shadowLog
 }
 
-// loaded is one checked module set.
+// loaded is one generation of chains: a checked module set and the
+// options it was loaded with.
 type loaded struct {
 	cfg    config.Policy
+	opts   options
 	host   *policy.Host
 	chains []*chain
+	// users is held shared by every evaluation and report that uses this
+	// generation (Evaluator.acquire); its modules are closed under the
+	// exclusive lock, so never while one runs (closing unmaps a guest's
+	// memory).
+	users sync.RWMutex
+	// budgetWarned: a shadow skipped for want of budget was logged.
+	budgetWarned atomic.Bool
 }
 
 type chain struct {
@@ -138,38 +156,110 @@ func New(ctx context.Context, cfg config.Policy, stateDir string, log *slog.Logg
 }
 
 // Reload loads and checks cfg's modules and, only when all pass, swaps
-// them in and closes the old ones. On any failure it returns the error
-// (with every failed check) and the previous chains keep running. Options
-// given here replace the corresponding ones given to New.
+// them in and closes the old ones once no evaluation uses them. On any
+// failure it returns the error (with every failed check) and the previous
+// chains keep running. Options given here replace the corresponding ones
+// given to New. Evaluations go on, with the previous chains, while the
+// modules load: it is Prepare, Swap.Commit and Swap.Done in one.
 func (e *Evaluator) Reload(ctx context.Context, cfg config.Policy, opts ...Option) error {
+	sw, err := e.Prepare(ctx, cfg, opts...)
+	if err != nil {
+		return err
+	}
+	sw.Commit()
+	sw.Done(ctx)
+	return nil
+}
+
+// Swap is a reload whose modules are loaded and checked, to be put in
+// force by Commit. Until Done, other reloads wait.
+type Swap struct {
+	e         *Evaluator
+	next, old *loaded
+	committed bool
+}
+
+// Prepare loads and checks cfg's modules, reading, compiling,
+// instantiating and probing each, without touching the chains in force:
+// evaluations go on meanwhile. On success it returns the Swap that puts
+// them in force; the caller must call its Done. On failure it returns
+// the error (with every failed check), counted and logged, and nothing
+// changed.
+func (e *Evaluator) Prepare(ctx context.Context, cfg config.Policy, opts ...Option) (*Swap, error) {
+	e.reloading.Lock()
 	e.mu.RLock()
-	old := e.cur
-	o := e.opts
+	old, o := e.cur, e.opts
 	e.mu.RUnlock()
 	for _, opt := range opts {
 		opt(&o)
 	}
 	next, err := e.load(ctx, cfg, old, o)
 	if err != nil {
+		e.shadows.keepOnly(old) // the counts of shadows that never ran
+		e.reloading.Unlock()
 		e.metrics.reloads.WithLabelValues("failure").Inc()
 		e.log.Error("policy: new modules refused; the previous chains keep running", "err", err)
-		return err
+		return nil, err
 	}
+	return &Swap{e: e, next: next, old: old}, nil
+}
+
+// Commit puts the prepared chains in force: the next evaluation uses
+// them. It is a pointer swap, cheap enough to make under the caller's own
+// lock (the agent's sync lock, so that no sync sees half of a reload).
+func (s *Swap) Commit() {
+	e := s.e
 	e.mu.Lock()
-	e.cur, e.opts = next, o
+	e.cur, e.opts = s.next, s.next.opts
 	e.mu.Unlock()
+	s.committed = true
 	// lastGood survives: a new module version that fails at run time
 	// falls back to what the previous one answered.
 	e.metrics.reloads.WithLabelValues("success").Inc()
-	if old != nil {
-		old.close(ctx, next.host)
-	}
-	names := make([]string, len(next.chains))
-	for i, c := range next.chains {
+	e.shadows.keepOnly(s.next)
+	names := make([]string, len(s.next.chains))
+	for i, c := range s.next.chains {
 		names[i] = c.cfg.Name
 	}
-	e.log.Info("policy: chains loaded", "engine", next.host.Engine(), "modules", len(cfg.Modules), "chains", names, "shadows", shadowCount(next))
-	return nil
+	e.log.Info("policy: chains loaded", "engine", s.next.host.Engine(), "modules", len(s.next.cfg.Modules), "chains", names, "shadows", shadowCount(s.next))
+}
+
+// Done ends the reload: after Commit it closes the previous chains, once
+// no evaluation uses them any more (it waits for those running); without
+// Commit it closes the prepared ones. Call it outside any lock an
+// evaluation may need.
+func (s *Swap) Done(ctx context.Context) {
+	defer s.e.reloading.Unlock()
+	if !s.committed {
+		var shared *policy.Host
+		if s.old != nil {
+			shared = s.old.host
+		}
+		s.next.close(ctx, shared)
+		return
+	}
+	if s.old != nil {
+		s.old.users.Lock()
+		defer s.old.users.Unlock()
+		s.old.close(ctx, s.next.host)
+	}
+}
+
+// acquire returns the generation in force, held for use until its
+// release; nil when there is none.
+func (e *Evaluator) acquire() *loaded {
+	e.mu.RLock()
+	defer e.mu.RUnlock()
+	if e.cur != nil {
+		e.cur.users.RLock()
+	}
+	return e.cur
+}
+
+func (l *loaded) release() {
+	if l != nil {
+		l.users.RUnlock()
+	}
 }
 
 func hostOptions(cfg config.Policy, stateDir string, log *slog.Logger, o options) policy.Options {
@@ -195,7 +285,7 @@ func (e *Evaluator) load(ctx context.Context, cfg config.Policy, old *loaded, o 
 		return nil, fmt.Errorf("chain: invalid policy config: %w", err)
 	}
 	want := hostOptions(cfg, e.stateDir, e.log, o)
-	next := &loaded{cfg: cfg}
+	next := &loaded{cfg: cfg, opts: o}
 	if old != nil && sameHost(want.WithDefaults(), old.host.Options()) {
 		next.host = old.host
 	}
@@ -272,15 +362,56 @@ func (l *loaded) close(ctx context.Context, keepHost *policy.Host) {
 	}
 }
 
+// readModule reads the module file at path, at most limit bytes. Only a
+// regular file is read, as the open file says (a prior stat could be
+// raced by a rename): a FIFO, a device such as /dev/zero or a socket is
+// refused. The open does not wait for a FIFO's writer (O_NONBLOCK, which
+// a regular file's reads ignore), and the read stops at limit+1 bytes
+// even if the file grows meanwhile.
 func readModule(path string, limit int64) ([]byte, error) {
-	st, err := os.Stat(path)
+	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NONBLOCK, 0)
 	if err != nil {
 		return nil, err
 	}
-	if limit > 0 && st.Size() > limit {
-		return nil, fmt.Errorf("%s: %d bytes, limit %d", path, st.Size(), limit)
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return nil, err
 	}
-	return os.ReadFile(path)
+	if !st.Mode().IsRegular() {
+		return nil, fmt.Errorf("%s: not a regular file (%s); a module must be a .wasm file", path, fileKind(st.Mode()))
+	}
+	tooBig := func(n int64) error {
+		return fmt.Errorf("%s: larger than policy.maxModuleSize (%d bytes, limit %d)", path, n, limit)
+	}
+	if st.Size() > limit {
+		return nil, tooBig(st.Size())
+	}
+	b, err := io.ReadAll(io.LimitReader(f, limit+1))
+	if err != nil {
+		return nil, err
+	}
+	if int64(len(b)) > limit {
+		return nil, tooBig(int64(len(b)))
+	}
+	return b, nil
+}
+
+// fileKind names the type of a file that is not a regular one.
+func fileKind(m fs.FileMode) string {
+	switch {
+	case m.IsDir():
+		return "a directory"
+	case m&fs.ModeNamedPipe != 0:
+		return "a named pipe"
+	case m&fs.ModeSocket != 0:
+		return "a socket"
+	case m&fs.ModeCharDevice != 0:
+		return "a character device"
+	case m&fs.ModeDevice != 0:
+		return "a block device"
+	}
+	return "mode " + m.Type().String()
 }
 
 func stepConfig(c map[string]any) ([]byte, error) {
@@ -294,25 +425,31 @@ func stepConfig(c map[string]any) ([]byte, error) {
 	return b, nil
 }
 
-// Close releases every module.
+// Close releases every module, once the evaluations running end; it
+// waits for a reload in progress.
 func (e *Evaluator) Close(ctx context.Context) error {
+	e.reloading.Lock()
+	defer e.reloading.Unlock()
 	e.mu.Lock()
-	defer e.mu.Unlock()
-	if e.cur != nil {
-		e.cur.close(ctx, nil)
-		e.cur = nil
+	l := e.cur
+	e.cur = nil
+	e.mu.Unlock()
+	if l != nil {
+		l.users.Lock()
+		defer l.users.Unlock()
+		l.close(ctx, nil)
 	}
 	return nil
 }
 
 // Engine returns the Wasm engine in use.
 func (e *Evaluator) Engine() string {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
-	if e.cur == nil {
+	l := e.acquire()
+	defer l.release()
+	if l == nil {
 		return ""
 	}
-	return e.cur.host.Engine()
+	return l.host.Engine()
 }
 
 // ModuleStatus describes one loaded chain step or shadow, for status
@@ -322,22 +459,27 @@ type ModuleStatus struct {
 	State                 policy.State
 	// ShadowOf is set on a shadow: the module it shadows.
 	ShadowOf string `json:",omitempty"`
+	// Skipped counts a shadow's evaluations skipped since the chains were
+	// loaded because the sync's shadow budget (policy.shadowBudget) was
+	// spent.
+	Skipped uint64 `json:",omitempty"`
 }
 
 // Modules lists every loaded chain step, each followed by its shadows.
 func (e *Evaluator) Modules() []ModuleStatus {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	l := e.acquire()
+	defer l.release()
 	var out []ModuleStatus
-	if e.cur == nil {
+	if l == nil {
 		return nil
 	}
-	for _, c := range e.cur.chains {
+	for _, c := range l.chains {
 		for _, s := range c.steps {
 			out = append(out, ModuleStatus{Chain: c.cfg.Name, Module: s.module, SHA256: s.inst.SHA256(), State: s.inst.State()})
 			for _, sh := range s.shadows {
 				if sh.inst != nil {
-					out = append(out, ModuleStatus{Chain: c.cfg.Name, Module: sh.module, SHA256: sh.inst.SHA256(), State: sh.inst.State(), ShadowOf: sh.of})
+					out = append(out, ModuleStatus{Chain: c.cfg.Name, Module: sh.module, SHA256: sh.inst.SHA256(), State: sh.inst.State(),
+						ShadowOf: sh.of, Skipped: sh.skipped.Load()})
 				}
 			}
 		}
@@ -353,7 +495,7 @@ func (e *Evaluator) Modules() []ModuleStatus {
 func CheckFile(ctx context.Context, cfg config.Policy, path string, log *slog.Logger) (*policy.Report, error) {
 	b, err := readModule(path, int64(cmp.Or(cfg.MaxModuleSize, 64<<20)))
 	if err != nil {
-		return nil, fmt.Errorf("chain: check %s: %w", path, err)
+		return nil, fmt.Errorf("chain: check: %w", err) // err names the path
 	}
 	spec := policy.Spec{Name: filepath.Base(path), Wasm: b}
 	abs, _ := filepath.Abs(path)
@@ -476,14 +618,14 @@ type Request struct {
 // exports ep_evaluate_batch); each port keeps its own result, cache entry
 // and failure policy, and one port's failure does not touch another's.
 func (e *Evaluator) EvaluateBatch(ctx context.Context, reqs []Request) []Verdict {
-	e.mu.RLock()
-	defer e.mu.RUnlock()
+	l := e.acquire()
+	defer l.release()
 	out := make([]Verdict, len(reqs))
 	var groups map[*chain][]int
 	for k := range reqs {
 		var ch *chain
-		if e.cur != nil {
-			for _, c := range e.cur.chains {
+		if l != nil {
+			for _, c := range l.chains {
 				if matches(c.cfg.Match, reqs[k].Service) {
 					ch = c
 					break
@@ -502,10 +644,10 @@ func (e *Evaluator) EvaluateBatch(ctx context.Context, reqs []Request) []Verdict
 	if groups == nil {
 		return out
 	}
-	b := budgetFrom(ctx, e.cur.budget())
-	for _, ch := range e.cur.chains {
+	b := budgetFrom(ctx, l.budget())
+	for _, ch := range l.chains {
 		if idx := groups[ch]; len(idx) > 0 {
-			e.runChain(ctx, ch, reqs, idx, out, b)
+			e.runChain(ctx, l, ch, reqs, idx, out, b)
 		}
 	}
 	return out
@@ -524,12 +666,12 @@ type job struct {
 
 // runChain runs ch on the requests at idx and writes their verdicts; each
 // step's shadows run right after it, within the budget b.
-func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx []int, out []Verdict, b *shadowBudget) {
+func (e *Evaluator) runChain(ctx context.Context, l *loaded, ch *chain, reqs []Request, idx []int, out []Verdict, b *shadowBudget) {
 	jobs := make([]job, len(idx))
 	for j, k := range idx {
 		r := &reqs[k]
 		jobs[j] = job{k: k, spn: model.ServicePortName{Namespace: r.Service.Namespace, Name: r.Service.Name, Port: r.Port.Name},
-			in: e.input(r.Service, r.Port, r.Node), weights: model.EqualWeights(len(r.Endpoints)), allCached: true}
+			in: l.opts.input(r.Service, r.Port, r.Node), weights: model.EqualWeights(len(r.Endpoints)), allCached: true}
 		jobs[j].in.Endpoints = make([]abi.Endpoint, 0, len(r.Endpoints))
 		out[k] = Verdict{Chain: ch.cfg.Name}
 	}
@@ -547,7 +689,7 @@ func (e *Evaluator) runChain(ctx context.Context, ch *chain, reqs []Request, idx
 			e.takeResult(ch, st, live[n], res, reqs, out)
 		}
 		if len(st.shadows) > 0 {
-			e.runShadows(ctx, ch, st, ins, live, results, out, b)
+			e.runShadows(ctx, l, ch, st, ins, live, results, out, b)
 		}
 	}
 	for j := range jobs {
@@ -684,17 +826,17 @@ func matches(m config.Match, svc *model.Service) bool {
 	return true
 }
 
-func (e *Evaluator) input(svc *model.Service, port model.ServicePort, node *model.Node) abi.Input {
+func (o *options) input(svc *model.Service, port model.ServicePort, node *model.Node) abi.Input {
 	in := abi.Input{
 		Service: abi.Service{
 			Namespace: svc.Namespace, Name: svc.Name, PortName: port.Name, Protocol: port.Protocol, Port: port.Port,
-			Labels:      withPrefix(svc.Labels, e.opts.prefix),
-			Annotations: withPrefix(svc.Annotations, e.opts.prefix),
+			Labels:      withPrefix(svc.Labels, o.prefix),
+			Annotations: withPrefix(svc.Annotations, o.prefix),
 		},
 	}
 	if node != nil {
 		in.Node = abi.Node{Name: node.Name, Zone: node.Zone, Region: node.Region}
-		for _, k := range e.opts.nodeLabels {
+		for _, k := range o.nodeLabels {
 			if v, ok := node.Labels[k]; ok {
 				in.Node.Labels = append(in.Node.Labels, abi.KV{Key: k, Value: v})
 			}

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -48,6 +49,9 @@ type shadowStep struct {
 	loadErr    string
 	compared   prometheus.Counter
 	diffs      prometheus.Counter
+	// skipped counts the evaluations skipped for want of shadow budget
+	// since this generation was loaded (ModuleStatus.Skipped).
+	skipped *atomic.Uint64
 }
 
 // Shadow is one shadow's answer for a service port, in Verdict.Shadows.
@@ -162,6 +166,38 @@ func (l *shadowLog) stat(module string) *shadowStats {
 	return s
 }
 
+// keepOnly forgets the differences and counts of every shadow that is
+// not one of gen's (nil: of every shadow): a removed shadow's differences
+// are not shown as if it still ran.
+func (l *shadowLog) keepOnly(gen *loaded) {
+	type key struct{ module, of string }
+	keep := map[key]bool{}
+	modules := map[string]bool{}
+	if gen != nil {
+		for _, c := range gen.chains {
+			for _, st := range c.steps {
+				for _, sh := range st.shadows {
+					keep[key{sh.module, sh.of}], modules[sh.module] = true, true
+				}
+			}
+		}
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	var ring []ShadowDiff
+	for _, d := range l.diffs() {
+		if keep[key{d.Module, d.Of}] {
+			ring = append(ring, d)
+		}
+	}
+	l.ring, l.head = ring, 0
+	for m := range l.stats {
+		if !modules[m] {
+			delete(l.stats, m)
+		}
+	}
+}
+
 func (l *shadowLog) add(d ShadowDiff) {
 	if len(l.ring) < ShadowHistory {
 		l.ring = append(l.ring, d)
@@ -229,7 +265,7 @@ func (e *Evaluator) loadShadows(ctx context.Context, next *loaded, c config.Chai
 		if m.ShadowOf != of {
 			continue
 		}
-		sh := shadowStep{module: m.Name, of: of,
+		sh := shadowStep{module: m.Name, of: of, skipped: new(atomic.Uint64),
 			compared: e.metrics.shadowCompared.WithLabelValues(m.Name),
 			diffs:    e.metrics.shadowDiffs.WithLabelValues(m.Name)}
 		inst, err := e.loadShadow(ctx, next.host, c, m, stepConf, wasm)
@@ -278,7 +314,7 @@ func (e *Evaluator) loadShadow(ctx context.Context, h *policy.Host, c config.Cha
 // runShadows runs the shadows of step st on ins, the inputs st answered
 // with active (one per live job), and adds each one's answer to the
 // verdicts in out. It changes nothing else of the verdicts.
-func (e *Evaluator) runShadows(ctx context.Context, ch *chain, st *step, ins []*abi.Input, live []*job, active []policy.BatchResult, out []Verdict, b *shadowBudget) {
+func (e *Evaluator) runShadows(ctx context.Context, l *loaded, ch *chain, st *step, ins []*abi.Input, live []*job, active []policy.BatchResult, out []Verdict, b *shadowBudget) {
 	for i := range st.shadows {
 		sh := &st.shadows[i]
 		if sh.inst == nil {
@@ -286,7 +322,7 @@ func (e *Evaluator) runShadows(ctx context.Context, ch *chain, st *step, ins []*
 		}
 		left := b.remaining()
 		if left <= 0 {
-			e.shadowSkipped(sh, live, out, len(ins), "the sync's shadow budget is spent")
+			e.shadowSkipped(l, ch, sh, live, out, len(ins), "the sync's shadow budget is spent")
 			continue
 		}
 		sctx, cancel := context.WithTimeout(ctx, left)
@@ -295,13 +331,14 @@ func (e *Evaluator) runShadows(ctx context.Context, ch *chain, st *step, ins []*
 		cancel()
 		b.charge(time.Since(start))
 		for n, r := range res {
-			s := e.compareShadow(ch, sh, ins[n], live[n], active[n], r)
+			s := e.compareShadow(l, ch, sh, ins[n], live[n], active[n], r)
 			out[live[n].k].Shadows = append(out[live[n].k].Shadows, s)
 		}
 	}
 }
 
-func (e *Evaluator) shadowSkipped(sh *shadowStep, live []*job, out []Verdict, n int, why string) {
+func (e *Evaluator) shadowSkipped(l *loaded, ch *chain, sh *shadowStep, live []*job, out []Verdict, n int, why string) {
+	e.budgetSpent(l, ch, sh, n)
 	e.metrics.shadowFailures.WithLabelValues(sh.module, ShadowSkipped).Add(float64(n))
 	e.shadows.mu.Lock()
 	st := e.shadows.stat(sh.module)
@@ -314,15 +351,28 @@ func (e *Evaluator) shadowSkipped(sh *shadowStep, live []*job, out []Verdict, n 
 	e.log.Debug("policy: shadow skipped", "module", sh.module, "ports", n, "why", why)
 }
 
+// budgetSpent counts n evaluations of sh skipped for want of shadow
+// budget and says so in the log once per loaded generation: a budget too
+// small to run any shadow (shadowBudget: 1ns) is otherwise silent but
+// for a metric.
+func (e *Evaluator) budgetSpent(l *loaded, ch *chain, sh *shadowStep, n int) {
+	sh.skipped.Add(uint64(n))
+	if l.budgetWarned.CompareAndSwap(false, true) {
+		e.log.Warn("policy: shadow evaluations skipped: the sync's shadow budget is spent (logged once until the policy reloads; counted in edgeproxy_policy_shadow_failures_total{reason=\"skipped\"})",
+			"budget", l.budget(), "chain", ch.cfg.Name, "module", sh.module, "of", sh.of)
+	}
+}
+
 // compareShadow checks one shadow answer against the active step's and
 // counts and records a difference.
-func (e *Evaluator) compareShadow(ch *chain, sh *shadowStep, in *abi.Input, jb *job, a, r policy.BatchResult) Shadow {
+func (e *Evaluator) compareShadow(l *loaded, ch *chain, sh *shadowStep, in *abi.Input, jb *job, a, r policy.BatchResult) Shadow {
 	s := Shadow{Module: sh.module, Of: sh.of, Cached: r.Cached}
 	if r.Err != nil {
 		reason := string(policy.ReasonOf(r.Err))
 		switch reason {
 		case string(policy.ReasonCanceled):
 			reason = ShadowSkipped
+			e.budgetSpent(l, ch, sh, 1)
 		case "":
 			reason = string(policy.ReasonTrap)
 		}
@@ -363,7 +413,7 @@ func (e *Evaluator) compareShadow(ch *chain, sh *shadowStep, in *abi.Input, jb *
 	sh.diffs.Inc()
 	st.diffs++
 	d := ShadowDiff{
-		Time: e.opts.now(), Chain: ch.cfg.Name, Module: sh.module, Of: sh.of, InputSHA256: s.InputSHA256,
+		Time: l.opts.now(), Chain: ch.cfg.Name, Module: sh.module, Of: sh.of, InputSHA256: s.InputSHA256,
 		Service: jb.spn,
 		Active:  outputOf(a), Shadow: outputOf(r), Reason: diff,
 	}
@@ -438,12 +488,12 @@ func schedString(o abi.Output) string {
 // differences; service ("namespace/name"), when not empty, keeps only
 // that service's differences.
 func (e *Evaluator) ShadowReport(service string) ShadowReport {
-	e.mu.RLock()
+	l := e.acquire()
 	rep := ShadowReport{Budget: DefaultShadowBudget, Modules: []ShadowStatus{}}
 	var shadows []ShadowStatus
-	if e.cur != nil {
-		rep.Budget = e.cur.budget()
-		for _, c := range e.cur.chains {
+	if l != nil {
+		rep.Budget = l.budget()
+		for _, c := range l.chains {
 			for _, st := range c.steps {
 				for _, sh := range st.shadows {
 					s := ShadowStatus{Chain: c.cfg.Name, Module: sh.module, Of: sh.of, Loaded: sh.inst != nil, LoadErr: sh.loadErr}
@@ -455,7 +505,7 @@ func (e *Evaluator) ShadowReport(service string) ShadowReport {
 			}
 		}
 	}
-	e.mu.RUnlock()
+	l.release()
 	e.shadows.mu.Lock()
 	defer e.shadows.mu.Unlock()
 	for _, s := range shadows {

@@ -231,13 +231,15 @@ func TestShadowHostileChangesNothing(t *testing.T) {
 
 // TestShadowBudget: once a sync's shadow time is spent, shadows are
 // skipped for the rest of it (every batch under one WithShadowBudget
-// context), counted, and the chain's answer is unchanged.
+// context), counted, logged once per policy load (issue 29 §7: a budget
+// of 1ns was silent but for a metric), shown in the modules' status, and
+// the chain's answer is unchanged.
 func TestShadowBudget(t *testing.T) {
 	topo := modulePath(t, "modules/topology")
 	base := policyConfig(map[string]string{"topology": topo},
 		config.Chain{Name: "close", Modules: []config.ChainStep{{Module: "topology"}}})
 	base.ShadowBudget = time.Nanosecond
-	e, _, reg := newEvaluator(t, withShadow(base, "copy", topo, "topology", nil))
+	e, logs, reg := newEvaluator(t, withShadow(base, "copy", topo, "topology", nil))
 	ctx := chain.WithShadowBudget(context.Background())
 	for i := range 3 {
 		v := e.Evaluate(ctx, service("shop", nil), port, node, endpoints("zone-a", "zone-b"))
@@ -248,6 +250,19 @@ func TestShadowBudget(t *testing.T) {
 	if n := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", "copy", "reason", chain.ShadowSkipped); n != 3 {
 		t.Errorf("skipped %v, want 3", n)
 	}
+	const warning = `level=WARN msg="policy: shadow evaluations skipped: the sync's shadow budget is spent`
+	if n := strings.Count(logs.String(), warning); n != 1 {
+		t.Errorf("%d log lines say %q, want 1:\n%s", n, warning, logs)
+	}
+	var skipped []uint64
+	for _, m := range e.Modules() {
+		if m.ShadowOf != "" {
+			skipped = append(skipped, m.Skipped)
+		}
+	}
+	if !slices.Equal(skipped, []uint64{3}) {
+		t.Errorf("status of the shadows: skipped %v, want [3]", skipped)
+	}
 	// A new sync has a budget of its own: a generous one lets it run.
 	base.ShadowBudget = time.Minute
 	if err := e.Reload(context.Background(), withShadow(base, "copy", topo, "topology", nil)); err != nil {
@@ -256,6 +271,11 @@ func TestShadowBudget(t *testing.T) {
 	v := e.Evaluate(chain.WithShadowBudget(context.Background()), service("shop", nil), port, node, endpoints("zone-a", "zone-b"))
 	if len(v.Shadows) != 1 || v.Shadows[0].Failure != "" || v.Shadows[0].Diff != "" {
 		t.Fatalf("new sync: %+v", v.Shadows)
+	}
+	for _, m := range e.Modules() {
+		if m.Skipped != 0 {
+			t.Errorf("after the reload with a generous budget, %s shows %d skipped", m.Module, m.Skipped)
+		}
 	}
 }
 

@@ -305,9 +305,16 @@ func (p Policy) validateChain(ps *problems, key string, i int, c Chain, chains, 
 }
 
 // validateShadows checks policy.modules[].shadowOf and config, given the
-// index of each module name.
+// index of each module name. A shadow that could never run is refused as
+// a dangling reference is: one of a module no chain uses included.
 func (p Policy) validateShadows(modules map[string]int) []error {
 	var errs []error
+	used := map[string]bool{}
+	for _, c := range p.Chains {
+		for _, step := range c.Modules {
+			used[step.Module] = true
+		}
+	}
 	for i, m := range p.Modules {
 		key := fmt.Sprintf("policy.modules[%d]", i)
 		if m.ShadowOf == "" {
@@ -324,6 +331,8 @@ func (p Policy) validateShadows(modules map[string]int) []error {
 			errs = append(errs, fieldErr(key+".shadowOf", "a module cannot shadow itself"))
 		case p.Modules[j].ShadowOf != "":
 			errs = append(errs, fieldErr(key+".shadowOf", "%q is itself a shadow (of %q); a shadow shadows an active module", m.ShadowOf, p.Modules[j].ShadowOf))
+		case !used[m.ShadowOf]:
+			errs = append(errs, fieldErr(key+".shadowOf", "%q is in no chain (policy.chains[].modules), so the shadow would never run; add it to a chain or drop the shadow", m.ShadowOf))
 		}
 	}
 	return errs

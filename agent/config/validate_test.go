@@ -101,8 +101,12 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 			c.Policy.Modules[1].ShadowOf = "m1"
 			c.Policy.Modules = append(c.Policy.Modules, Module{Name: "m3", Path: "/m3.wasm", ShadowOf: "m2"})
 		}, `config: policy.modules[2].shadowOf: "m2" is itself a shadow (of "m1"); a shadow shadows an active module`},
+		{func(c *Config) {
+			c.Policy.Modules = append(c.Policy.Modules, Module{Name: "m3", Path: "/m3.wasm", ShadowOf: "m2"})
+		}, `config: policy.modules[2].shadowOf: "m2" is in no chain (policy.chains[].modules), so the shadow would never run; add it to a chain or drop the shadow`},
 		{func(c *Config) { c.Policy.Modules[0].ShadowOf = "m2" },
-			`config: policy.chains[0].modules[0].module: "m1" is a shadow (policy.modules[0].shadowOf); to promote it, drop its shadowOf`},
+			"config: policy.chains[0].modules[0].module: \"m1\" is a shadow (policy.modules[0].shadowOf); to promote it, drop its shadowOf\n" +
+				`config: policy.modules[0].shadowOf: "m2" is in no chain (policy.chains[].modules), so the shadow would never run; add it to a chain or drop the shadow`},
 		{func(c *Config) { c.Policy.Modules[0].Config = map[string]any{"default": 1} },
 			`config: policy.modules[0].config: only a shadow (shadowOf) takes a config here; a chain step has its own`},
 		{func(c *Config) { c.Policy.ShadowBudget = -time.Second }, `config: policy.shadowBudget: -1s must not be negative`},

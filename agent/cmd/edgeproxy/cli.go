@@ -205,6 +205,9 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 			case m.State.Failures > 0:
 				state = fmt.Sprintf("failing (%d in a row)", m.State.Failures)
 			}
+			if m.Skipped > 0 {
+				state += fmt.Sprintf(", %d skipped (policy.shadowBudget spent)", m.Skipped)
+			}
 			sum := m.SHA256
 			if len(sum) > 12 {
 				sum = sum[:12]
