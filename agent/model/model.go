@@ -16,11 +16,18 @@ import (
 // and never join or split strings.
 type ServicePortName = datapath.ServicePortName
 
-// TrafficDistribution values the selection understands.
+// TrafficDistribution is a Service's spec.trafficDistribution: a
+// preference for topologically close endpoints. The empty value states
+// none; a value the selection does not know is kept as written and means
+// none too, as in kube-proxy (the API server accepts only known values,
+// manifests are not checked).
+type TrafficDistribution string
+
+// The trafficDistribution values the selection understands.
 const (
-	PreferSameZone = "PreferSameZone"
-	PreferClose    = "PreferClose" // older alias of PreferSameZone
-	PreferSameNode = "PreferSameNode"
+	PreferSameZone TrafficDistribution = "PreferSameZone"
+	PreferClose    TrafficDistribution = "PreferClose" // older alias of PreferSameZone
+	PreferSameNode TrafficDistribution = "PreferSameNode"
 )
 
 // Service is one Service, already checked: it is not headless, not
@@ -44,7 +51,7 @@ type Service struct {
 	HealthCheckNodePort uint16
 	// Affinity is the ClientIP session affinity timeout; zero means none.
 	Affinity            time.Duration
-	TrafficDistribution string
+	TrafficDistribution TrafficDistribution
 	// Labels and Annotations kept after stripping (see source).
 	Labels      map[string]string
 	Annotations map[string]string

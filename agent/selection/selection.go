@@ -102,8 +102,8 @@ const (
 // Topology modes reported in Result.Topology.
 const (
 	TopologyNone     = ""
-	TopologySameZone = model.PreferSameZone
-	TopologySameNode = model.PreferSameNode
+	TopologySameZone = string(model.PreferSameZone)
+	TopologySameNode = string(model.PreferSameNode)
 )
 
 // Choice is one endpoint with the verdict for one traffic category.

@@ -65,7 +65,7 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, []string, error) {
 		Annotations:         c.keptAnnotations(s.Annotations),
 	}
 	if s.Spec.TrafficDistribution != nil {
-		out.TrafficDistribution = *s.Spec.TrafficDistribution
+		out.TrafficDistribution = model.TrafficDistribution(*s.Spec.TrafficDistribution)
 	}
 	if err := serviceAddrs(s, out); err != nil {
 		return nil, nil, err
