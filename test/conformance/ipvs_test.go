@@ -302,3 +302,21 @@ func forwardAPI(t *testing.T, ns *netns.NS, port int) {
 		}
 	}()
 }
+
+func TestGuestPrintedMatrix(t *testing.T) {
+	n := CellCount[BackendIPVS]
+	full := fmt.Sprintf("=== RUN   TestMatrixIPVSGuest\n%d cells (ipvs %d): %d ✔ same, 0 ≈ listed in DIFFERENCES.md, 0 ! listed in KNOWN_BUGS.md, 0 ✘ failed\n--- PASS: TestMatrixIPVSGuest (301.20s)\nPASS\n", n, n, n)
+	if err := guestPrintedMatrix([]byte(full)); err != nil {
+		t.Errorf("a whole matrix: %v", err)
+	}
+	for name, out := range map[string]string{
+		"skipped":       "=== RUN   TestMatrixIPVSGuest\n    ipvs_test.go:1: started by TestMatrixIPVS, with -conformance.vm\n--- SKIP: TestMatrixIPVSGuest (0.00s)\nPASS\n",
+		"no test ran":   "testing: warning: no tests to run\nPASS\n",
+		"cells missing": strings.Replace(full, fmt.Sprintf("%d cells (ipvs %d)", n, n), fmt.Sprintf("%d cells (ipvs %d)", n-29, n-29), 1),
+		"no summary":    "=== RUN   TestMatrixIPVSGuest\n--- PASS: TestMatrixIPVSGuest (301.20s)\nPASS\n",
+	} {
+		if err := guestPrintedMatrix([]byte(out)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+}
