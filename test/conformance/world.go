@@ -173,9 +173,16 @@ func newNet(t testing.TB) *World {
 	// resends, 24 of 1,434 cells showed one, every one masqueraded,
 	// in either proxy's column at random. The stall is the world's, not
 	// a proxy's: without the sockets, a SYN a proxy drops still shows.
+	// A fin timeout above TIME_WAIT's minute keeps a closed server's
+	// FIN_WAIT2 a full socket until the client's FIN: without a TIME_WAIT
+	// bucket to turn into, it would otherwise be gone at once, and the
+	// client's next segment would be answered with a reset (in the VM a
+	// probe's connect then failed with EPIPE).
 	for _, n := range append([]*netns.NS{w.Node.NS, w.Remote.NS, w.Ext}, podNS(w.Pods)...) {
-		if err := n.Sysctl("net/ipv4/tcp_max_tw_buckets", "0"); err != nil {
-			t.Fatalf("tcp_max_tw_buckets: %v", err)
+		for k, v := range map[string]string{"net/ipv4/tcp_max_tw_buckets": "0", "net/ipv4/tcp_fin_timeout": "61"} {
+			if err := n.Sysctl(k, v); err != nil {
+				t.Fatalf("%s: %v", k, err)
+			}
 		}
 	}
 	for name, p := range w.Pods {
