@@ -10,6 +10,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +47,7 @@ type guestSetup struct {
 	KubeProxy string // kube-proxy binary
 	EdgeProxy string // edgeproxy binary
 	APIPort   int    // the API server's port on the host's loopback
+	Seed      int    // where the proxies' run order starts (orderSeed)
 }
 
 // vmTimeout bounds the VM run, boot included: 7-8 minutes on a busy
@@ -79,7 +81,7 @@ func TestMatrixIPVS(t *testing.T) {
 	if err := c.WriteKubeconfig(filepath.Join(dir, "kubeconfig"), fmt.Sprintf("https://127.0.0.1:%d", c.Port())); err != nil {
 		t.Fatal(err)
 	}
-	setup, err := json.Marshal(guestSetup{KubeProxy: kp, EdgeProxy: ep, APIPort: c.Port()})
+	setup, err := json.Marshal(guestSetup{KubeProxy: kp, EdgeProxy: ep, APIPort: c.Port(), Seed: orderSeed(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -87,8 +89,28 @@ func TestMatrixIPVS(t *testing.T) {
 		t.Fatal(err)
 	}
 	vm.RunGoTests(t, vmTimeout, vm.GoTest{Package: "./test/conformance",
-		Args: []string{"-test.run=^TestMatrixIPVSGuest$", "-conformance.vm=" + dir}})
+		Args:  []string{"-test.run=^TestMatrixIPVSGuest$", "-conformance.vm=" + dir},
+		Check: guestPrintedMatrix})
 	t.Logf("IPVS matrix: %s in all (VM boot included)", time.Since(start).Round(time.Second))
+}
+
+// guestPrintedMatrix checks the guest's output: the guest test ran and
+// passed (not skipped, not left out by -test.run) and its matrix has every
+// IPVS cell. The guest's exit status alone says none of that.
+func guestPrintedMatrix(out []byte) error {
+	text := string(out)
+	if !strings.Contains(text, "--- PASS: TestMatrixIPVSGuest ") {
+		return fmt.Errorf("TestMatrixIPVSGuest did not run and pass in the guest")
+	}
+	want := CellCount[BackendIPVS]
+	summary := regexp.MustCompile(`(?m)^(\d+) cells \(ipvs (\d+)\): `).FindStringSubmatch(text)
+	if summary == nil {
+		return fmt.Errorf("the guest printed no matrix summary")
+	}
+	if summary[1] != strconv.Itoa(want) || summary[2] != strconv.Itoa(want) {
+		return fmt.Errorf("the guest's matrix has %s cells (ipvs %s), want %d", summary[1], summary[2], want)
+	}
+	return nil
 }
 
 // sharedDir is a fresh directory the guest can read: not under /tmp,
@@ -163,18 +185,13 @@ func TestMatrixIPVSGuest(t *testing.T) {
 	// the Service selects (iTP/eTP Local), which use every probe: under
 	// TCG each costs tens of milliseconds.
 	w.probes = 12
-	// A SYN IPVS drops (a reused source port of a connection it still
-	// holds, with net.ipv4.vs.conntrack=1) is sent again after a second;
-	// under TCG the answer can take longer than probeTimeout after that.
+	// TCG is slow: an answer can take more than probeTimeout without
+	// anything being dropped. A stall is not hidden by it: every probe
+	// has a source port of its own (send), so IPVS never meets a tuple it
+	// still holds (it drops the first SYN of a reused one), and a SYN
+	// dropped for any reason is resent after 1 s, which the probe sees
+	// (syn-resent) however soon the answer comes after it.
 	w.timeout = 3 * time.Second
-	// A second dropped SYN is resent 2s after the first resend, so a cell
-	// whose target has answered waits through two resends. With 3s, a
-	// single probe of such a cell timed out now and then in CI (2 of 717
-	// cells in one run, both in the second proxy's column, edgeproxy's:
-	// both proxies set the same IPVS sysctls, and the second run meets the
-	// source ports the first one used). A cell that never answers still
-	// gives up after noAnswerLimit probes of 3s.
-	w.patience = 8 * time.Second
 	// The kubeconfig names https://127.0.0.1:<port>: served in the test's
 	// namespace and in the node's by a relay to the host.
 	forwardAPI(t, nil, setup.APIPort)
@@ -196,7 +213,8 @@ func TestMatrixIPVSGuest(t *testing.T) {
 	}
 	w.nameServices()
 	t.Logf("world ready in %s", time.Since(start).Round(time.Millisecond))
-	rows := w.matrix(ctx, t, Binaries{KubeProxy: setup.KubeProxy, EdgeProxy: setup.EdgeProxy}, BackendIPVS, diffs, bugs)
+	t.Logf("proxy order: seed %d from the host; %s first", setup.Seed, runOrder(setup.Seed)[0])
+	rows := w.matrix(ctx, t, Binaries{KubeProxy: setup.KubeProxy, EdgeProxy: setup.EdgeProxy}, BackendIPVS, setup.Seed)
 	report(t, rows, diffs, bugs)
 	t.Logf("IPVS matrix: %d cells in %s", len(rows), time.Since(start).Round(time.Second))
 }
@@ -283,4 +301,22 @@ func forwardAPI(t *testing.T, ns *netns.NS, port int) {
 			}()
 		}
 	}()
+}
+
+func TestGuestPrintedMatrix(t *testing.T) {
+	n := CellCount[BackendIPVS]
+	full := fmt.Sprintf("=== RUN   TestMatrixIPVSGuest\n%d cells (ipvs %d): %d ✔ same, 0 ≈ listed in DIFFERENCES.md, 0 ! listed in KNOWN_BUGS.md, 0 ✘ failed\n--- PASS: TestMatrixIPVSGuest (301.20s)\nPASS\n", n, n, n)
+	if err := guestPrintedMatrix([]byte(full)); err != nil {
+		t.Errorf("a whole matrix: %v", err)
+	}
+	for name, out := range map[string]string{
+		"skipped":       "=== RUN   TestMatrixIPVSGuest\n    ipvs_test.go:1: started by TestMatrixIPVS, with -conformance.vm\n--- SKIP: TestMatrixIPVSGuest (0.00s)\nPASS\n",
+		"no test ran":   "testing: warning: no tests to run\nPASS\n",
+		"cells missing": strings.Replace(full, fmt.Sprintf("%d cells (ipvs %d)", n, n), fmt.Sprintf("%d cells (ipvs %d)", n-29, n-29), 1),
+		"no summary":    "=== RUN   TestMatrixIPVSGuest\n--- PASS: TestMatrixIPVSGuest (301.20s)\nPASS\n",
+	} {
+		if err := guestPrintedMatrix([]byte(out)); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
 }

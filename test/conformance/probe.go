@@ -17,6 +17,7 @@ import (
 	"syscall"
 	"time"
 
+	"golang.org/x/sys/unix"
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
@@ -37,10 +38,26 @@ const (
 type Outcome struct {
 	Endpoints []string // the endpoints that answered
 	Sources   []string // the client addresses they saw
-	Failures  []string // refused, timeout, unreachable, ...
+	Failures  []string // refused, timeout, unreachable, syn-resent, ...
 	Sticky    bool     // every answer from one endpoint (ClientIP affinity)
 	Text      string   // for the health check and the stale-conntrack cells
 }
+
+// nothing is the outcome of a cell whose probes never ran (or that was
+// never probed at all): it fails the cell whatever the other column says.
+const nothing = "nothing"
+
+// synResent is a failure: a TCP probe connected, but only after its SYN
+// was sent again (the kernel's first resend is after 1 s). Every address
+// of the world is a hop or two away, so a resent SYN is a dropped one:
+// a stall of 1 s or more that a longer probe timeout would hide.
+const synResent = "syn-resent"
+
+// nodeLink names, in the sources of affinity cells, the node's own address
+// on the link to the endpoint that answered (node/br for a pod of this
+// node, node/remote-link for one of node-b): which endpoint a sticky
+// client lands on is chance, and with it which of those the node uses.
+const nodeLink = "node/link-to-endpoint"
 
 // String is the outcome as the matrix prints and compares it.
 func (o Outcome) String() string {
@@ -50,16 +67,16 @@ func (o Outcome) String() string {
 	var parts []string
 	if len(o.Endpoints) > 0 {
 		if o.Sticky {
-			// Which endpoint (and so which source the node used to
-			// reach it) is chance; that it is always the same is not.
-			parts = append(parts, "one-sticky")
+			// Which endpoint is chance; that it is always the same is
+			// not, nor the source it saw (see nodeLink).
+			parts = append(parts, "one-sticky from "+strings.Join(o.Sources, ","))
 		} else {
 			parts = append(parts, strings.Join(o.Endpoints, ",")+" from "+strings.Join(o.Sources, ","))
 		}
 	}
 	parts = append(parts, o.Failures...)
 	if len(parts) == 0 {
-		return "nothing"
+		return nothing
 	}
 	return strings.Join(parts, " + ")
 }
@@ -153,11 +170,10 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	answers, noAnswer := 0, 0
 	for i := 0; i < w.probes && ctx.Err() == nil; i++ {
-		timeout := w.timeout
-		if answers > 0 && w.patience > 0 {
-			timeout = w.patience
+		r, resent, err := w.send(from, c.Shape.Proto == udp, dst, w.timeout)
+		if resent {
+			fails[synResent] = true
 		}
-		r, err := w.send(from, c.Shape.Proto == udp, dst, timeout)
 		if err != nil {
 			fails[classify(err)] = true
 			noAnswer++
@@ -168,7 +184,11 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 		}
 		answers++
 		eps[r.Name] = true
-		srcs[w.name(r.Client.Addr())] = true
+		src := w.name(r.Client.Addr())
+		if c.Shape.Affinity && src == linkTo(r.Name) {
+			src = nodeLink
+		}
+		srcs[src] = true
 		// Every candidate answered: more probes cannot add one.
 		if len(eps) == candidates(c) && len(fails) == 0 {
 			break
@@ -194,22 +214,97 @@ const (
 )
 
 // send probes dst once from a port of its own, skipping a port that is in
-// use in the client's namespace.
-func (w *World) send(from *netns.NS, isUDP bool, dst netip.AddrPort, timeout time.Duration) (netns.Reply, error) {
+// use in the client's namespace. resent reports a TCP probe whose SYN had
+// to be sent again before it connected.
+func (w *World) send(from *netns.NS, isUDP bool, dst netip.AddrPort, timeout time.Duration) (r netns.Reply, resent bool, err error) {
 	for range 8 {
 		port := uint16(firstSrcPort + w.nextPort.Add(1)%(lastSrcPort-firstSrcPort+1))
-		var r netns.Reply
-		var err error
 		if isUDP {
 			r, err = from.UDP(dst, port, timeout)
 		} else {
-			r, err = from.TCPFrom(dst, port, timeout)
+			r, resent, err = tcpEcho(from, dst, port, timeout)
 		}
 		if !errors.Is(err, syscall.EADDRINUSE) && !errors.Is(err, syscall.EADDRNOTAVAIL) {
-			return r, err
+			return r, resent, err
 		}
 	}
-	return netns.Reply{}, fmt.Errorf("harness: no free source port near %d", firstSrcPort+w.nextPort.Load()%(lastSrcPort-firstSrcPort+1))
+	return netns.Reply{}, false, fmt.Errorf("harness: no free source port near %d", firstSrcPort+w.nextPort.Load()%(lastSrcPort-firstSrcPort+1))
+}
+
+// dialTCP connects from the namespace to dst from srcPort (0: any) and
+// reports whether the SYN was sent more than once: the socket's count of
+// retransmitted segments (TCP_INFO tcpi_total_retrans), read as soon as the
+// connection is up, when nothing but the SYN can have been resent.
+func dialTCP(from *netns.NS, dst netip.AddrPort, srcPort uint16, timeout time.Duration) (net.Conn, bool, error) {
+	var c net.Conn
+	err := from.Do(func() error {
+		d := &net.Dialer{Timeout: timeout}
+		if srcPort != 0 {
+			d.LocalAddr = &net.TCPAddr{Port: int(srcPort)}
+		}
+		var err error
+		c, err = d.Dial("tcp", dst.String())
+		return err
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		c.Close()
+		return nil, false, fmt.Errorf("harness: %w", err)
+	}
+	var info *unix.TCPInfo
+	cerr := raw.Control(func(fd uintptr) {
+		info, err = unix.GetsockoptTCPInfo(int(fd), unix.IPPROTO_TCP, unix.TCP_INFO)
+	})
+	if err = errors.Join(cerr, err); err != nil {
+		c.Close()
+		return nil, false, fmt.Errorf("harness: TCP_INFO: %w", err)
+	}
+	return c, info.Total_retrans > 0, nil
+}
+
+// tcpEcho is one TCP probe: it connects (dialTCP) and reads the echo
+// server's reply, each within timeout.
+func tcpEcho(from *netns.NS, dst netip.AddrPort, srcPort uint16, timeout time.Duration) (netns.Reply, bool, error) {
+	c, resent, err := dialTCP(from, dst, srcPort, timeout)
+	if err != nil {
+		return netns.Reply{}, false, err
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	line, err := bufio.NewReader(c).ReadString('\n')
+	if err != nil {
+		return netns.Reply{}, resent, fmt.Errorf("read from %s: %w", dst, err)
+	}
+	r, err := parseEcho(line)
+	return r, resent, err
+}
+
+// parseEcho reads an echo server's reply: "<name> <client address:port>".
+func parseEcho(s string) (netns.Reply, error) {
+	f := strings.Fields(s)
+	if len(f) != 2 {
+		return netns.Reply{}, fmt.Errorf("harness: malformed echo reply %q", s)
+	}
+	ap, err := netip.ParseAddrPort(f[1])
+	if err != nil {
+		return netns.Reply{}, fmt.Errorf("harness: malformed echo reply %q: %w", s, err)
+	}
+	return netns.Reply{Name: f[0], Client: netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())}, nil
+}
+
+// linkTo is the name of the node's address on the link to a pod: the
+// bridge for its own pods, the node-to-node link for node-b's and node-c's.
+func linkTo(pod string) string {
+	if _, ok := remotePods[pod]; ok {
+		return "node/remote-link"
+	}
+	if slices.Contains(localPods, pod) {
+		return "node/br"
+	}
+	return ""
 }
 
 // candidates is how many different endpoints can answer a cell.
@@ -224,12 +319,7 @@ func candidates(c Cell) int {
 // The connection is dialled on the namespace's thread: net/http would dial
 // from another goroutine, outside the namespace.
 func (w *World) health(from *netns.NS, dst netip.AddrPort) string {
-	var conn net.Conn
-	err := from.Do(func() error {
-		var err error
-		conn, err = (&net.Dialer{Timeout: w.timeout}).Dial("tcp", dst.String())
-		return err
-	})
+	conn, resent, err := dialTCP(from, dst, 0, w.timeout)
 	if err != nil {
 		return classify(err)
 	}
@@ -248,7 +338,11 @@ func (w *World) health(from *netns.NS, dst netip.AddrPort) string {
 		LocalEndpoints int `json:"localEndpoints"`
 	}
 	_ = json.Unmarshal(body, &v)
-	return "http " + strconv.Itoa(resp.StatusCode) + " local=" + strconv.Itoa(v.LocalEndpoints)
+	out := "http " + strconv.Itoa(resp.StatusCode) + " local=" + strconv.Itoa(v.LocalEndpoints)
+	if resent {
+		out += " + " + synResent
+	}
+	return out
 }
 
 // classify names a probe failure.

@@ -120,6 +120,92 @@ var Shapes = []Shape{
 	{Name: "hostport", Type: lb, Proto: tcp, Families: "dual", HostPort: true, Pods: []string{"l1", "r1"}},
 }
 
+// CellCount pins the number of cells per backend (all profiles): a shape
+// or profile that stops producing cells, or a run that judges fewer,
+// fails instead of shrinking the matrix.
+var CellCount = map[string]int{"legacy": 717, "nft": 717, "ipvs": 717}
+
+// Anchors are outcomes kube-proxy's column must show in this world, at
+// least one for every shape on every backend (keys are cell patterns, as
+// in DIFFERENCES.md): a broken world (a route, a pod, the controller's
+// zone hints) would otherwise look the same under both proxies and pass.
+// Each states what makes the shape what it is: the endpoints it must
+// reach or not, the source they must see.
+var Anchors = map[string]string{
+	"cip/clusterip/pod/v4/*":           "l1,r1 from cpod",
+	"cip/clusterip/pod/v6/*":           "l1,r1 from cpod",
+	"cip-v4only/clusterip/pod/v4/*":    "l1,r1 from cpod",
+	"cip-v6only/clusterip/pod/v6/*":    "l1,r1 from cpod",
+	"cip-udp/clusterip/pod/v4/*":       "l1,r1 from cpod",
+	"cip-udp/clusterip/pod/v6/*":       "l1,r1 from cpod",
+	"cip-itp-local/clusterip/pod/v4/*": "l1 from cpod",
+	// No local endpoint: iptables mode drops, IPVS mode's virtual server
+	// has no real server and refuses.
+	"cip-itp-local-remote-only/clusterip/pod/v4/legacy": "timeout",
+	"cip-itp-local-remote-only/clusterip/pod/v4/nft":    "timeout",
+	"cip-itp-local-remote-only/clusterip/pod/v4/ipvs":   "refused",
+	"cip-affinity/clusterip/pod/v4/*":                   "one-sticky from cpod",
+	"cip-affinity/clusterip/pod/v6/*":                   "one-sticky from cpod",
+	"cip-no-endpoints/clusterip/pod/v4/*":               "refused",
+	"cip-no-endpoints-udp/clusterip/pod/v4/*":           "refused",
+	"cip-terminating-only/clusterip/pod/v4/*":           "tl,tr from cpod",
+	"cip-remote-only/clusterip/pod/v4/*":                "r1,r2 from cpod",
+	"cip-local-only/clusterip/pod/v4/*":                 "l1,l2 from cpod",
+	// Zone hints: the same zone's endpoints only (l1 here, z1 on node-c
+	// in zone-a), none of another zone's when some are hinted for ours,
+	// all of them when none is.
+	"cip-zone-match/clusterip/pod/v4/*":           "l1,z1 from cpod",
+	"cip-zone-match/clusterip/pod/v6/*":           "l1,z1 from cpod",
+	"cip-zone-mismatch/clusterip/pod/v4/*":        "r1,r2 from cpod",
+	"hairpin/clusterip/pod/v4/*":                  "cpod from node/br",
+	"np/np/ext/v4/*":                              "l1,r1 from node/br,node/remote-link",
+	"np/np/ext/v6/*":                              "l1,r1 from node/br,node/remote-link",
+	"np-v4only/np/ext/v4/*":                       "l1,r1 from node/br,node/remote-link",
+	"np-v4only/np/ext/v6/*":                       "refused",
+	"np-udp/np/ext/v4/*":                          "l1,r1 from node/br,node/remote-link",
+	"np-etp-local/np/ext/v4/*":                    "l1 from ext",
+	"np-etp-local/np/ext/v6/*":                    "l1 from ext",
+	"np-etp-local-udp/np/ext/v4/*":                "l1 from ext",
+	"np-itp-local/clusterip/pod/v4/*":             "l1 from cpod",
+	"np-etp-local-itp-local/clusterip/pod/v4/*":   "l1 from cpod",
+	"np-etp-local-itp-local/np/ext/v4/*":          "l1 from ext",
+	"np-etp-local-remote-only/clusterip/pod/v4/*": "r1 from cpod",
+	"np-etp-local-remote-only/np/ext/v4/legacy":   "timeout",
+	"np-etp-local-remote-only/np/ext/v4/nft":      "timeout",
+	"np-etp-local-remote-only/np/ext/v4/ipvs":     "r1 from ext",
+	"np-etp-local-no-endpoints/np/ext/v4/*":       "refused",
+	"np-no-endpoints/np/ext/v4/*":                 "refused",
+	"np-terminating-only/np/ext/v4/*":             "tl from ext",
+	"lb/lb/ext/v4/*":                              "l1,r1 from node/br,node/remote-link",
+	"lb/lb/ext/v6/*":                              "l1,r1 from node/br,node/remote-link",
+	"lb-udp/lb/ext/v4/*":                          "l1,r1 from node/br,node/remote-link",
+	"lb-etp-local/lb/ext/v4/*":                    "l1 from ext",
+	"lb-etp-local/hc/ext/v4/*":                    "http 200 local=1",
+	"lb-etp-local/hc/ext/v6/*":                    "http 200 local=1",
+	"lb-etp-local-remote-only/hc/ext/v4/*":        "http 503 local=0",
+	"lb-etp-local-remote-only/lb/pod/v4/*":        "r1 from cpod",
+	"lb-ipmode-proxy/clusterip/pod/v4/*":          "l1,r1 from cpod",
+	"lb-ipmode-proxy/lb/ext/v4/*":                 "timeout",
+	"lb-source-ranges/lb/ext/v4/*":                "l1,r1 from node/br,node/remote-link",
+	"lb-source-ranges/lb/outpod/v4/*":             "timeout",
+	"extip/extip/ext/v4/*":                        "l1,r1 from node/br,node/remote-link",
+	"extip-etp-local/extip/ext/v4/*":              "l1 from ext",
+	"udp-stale/clusterip/pod/v4/*":                "before sa, old flow after replace: sb",
+	"udp-stale/np/ext/v6/*":                       "before sa, old flow after replace: sb",
+	"np-npa/np/ext/v4/*":                          "l1,r1 from node/br,node/remote-link",
+	"np-npa/np-other/pod/v4/*":                    "refused",
+	"np-primary/np/ext/v4/*":                      "l1,r1 from node/br,node/remote-link",
+	"np-primary/np-other/pod/v4/*":                "refused",
+	"hostport/hostport-clusterip/pod/v4/legacy":   "timeout",
+	"hostport/hostport-clusterip/pod/v4/nft":      "timeout",
+	"hostport/hostport-lb/ext/v4/legacy":          "timeout",
+	"hostport/hostport-lb/ext/v4/nft":             "timeout",
+	// IPVS mode binds Service addresses on the node: its filter refuses
+	// the ports no Service has (the daemon itself answers, newNet checks).
+	"hostport/hostport-clusterip/pod/v4/ipvs": "refused",
+	"hostport/hostport-lb/ext/v4/ipvs":        "refused",
+}
+
 // Position is where a client stands.
 type Position struct {
 	Name string
@@ -284,10 +370,11 @@ func (s *Shape) byFamily(v4, v6 netip.Addr) []netip.Addr {
 	return out
 }
 
-// Rule is one line of DIFFERENCES.md or KNOWN_BUGS.md: a cell pattern and
-// why.
+// Rule is one line of DIFFERENCES.md or KNOWN_BUGS.md: a cell pattern,
+// the outcome edgeproxy is expected to show in those cells, and why.
 type Rule struct {
 	Pattern string
+	Want    string // edgeproxy's outcome (Outcome.String) in every matched cell
 	Reason  string
 }
 
@@ -299,8 +386,9 @@ func (r Rule) Match(key string) bool {
 }
 
 // ParseRules reads the list items of a rules file: lines
-// "- `shape/frontend/position/family/backend` reason". Other lines are
-// prose. A pattern that is not five parts or does not compile is an error.
+// "- `shape/frontend/position/family/backend` → `edgeproxy outcome` reason".
+// Other lines are prose. A pattern that is not five parts or does not
+// compile, or an item without its expected outcome or reason, is an error.
 func ParseRules(text string) ([]Rule, error) {
 	var out []Rule
 	for n, line := range strings.Split(text, "\n") {
@@ -308,33 +396,47 @@ func ParseRules(text string) ([]Rule, error) {
 		if !strings.HasPrefix(line, "- `") {
 			continue
 		}
-		rest := line[3:]
-		i := strings.IndexByte(rest, '`')
-		if i < 0 {
+		pat, rest, ok := strings.Cut(line[3:], "`")
+		if !ok {
 			return nil, fmt.Errorf("line %d: unterminated pattern", n+1)
 		}
-		pat := rest[:i]
 		if strings.Count(pat, "/") != 4 {
 			return nil, fmt.Errorf("line %d: pattern %q: want shape/frontend/position/family/backend", n+1, pat)
 		}
 		if _, err := path.Match(pat, ""); err != nil {
 			return nil, fmt.Errorf("line %d: pattern %q: %w", n+1, pat, err)
 		}
-		reason := strings.TrimSpace(strings.TrimLeft(strings.TrimSpace(rest[i+1:]), "—-:"))
+		rest, ok = strings.CutPrefix(strings.TrimSpace(rest), "→ `")
+		if !ok {
+			return nil, fmt.Errorf("line %d: pattern %q: want → `edgeproxy's outcome` after it", n+1, pat)
+		}
+		want, rest, ok := strings.Cut(rest, "`")
+		if !ok || strings.TrimSpace(want) == "" || want == nothing {
+			return nil, fmt.Errorf("line %d: pattern %q: unterminated or empty outcome", n+1, pat)
+		}
+		reason := strings.TrimSpace(strings.TrimLeft(strings.TrimSpace(rest), "—-:"))
 		if reason == "" {
 			return nil, fmt.Errorf("line %d: pattern %q has no reason", n+1, pat)
 		}
-		out = append(out, Rule{Pattern: pat, Reason: reason})
+		out = append(out, Rule{Pattern: pat, Want: want, Reason: reason})
 	}
 	return out, nil
 }
 
-// matchRule returns the first rule matching key.
-func matchRule(rules []Rule, key string) (Rule, bool) {
-	for _, r := range rules {
-		if r.Match(key) {
-			return r, true
+// matchRule returns the first rule whose pattern matches key and that
+// expects edge; failing that, the first whose pattern matches key (found
+// reports whether any pattern matched).
+func matchRule(rules []Rule, key, edge string) (r Rule, found, expected bool) {
+	for _, rule := range rules {
+		if !rule.Match(key) {
+			continue
+		}
+		if rule.Want == edge {
+			return rule, true, true
+		}
+		if !found {
+			r, found = rule, true
 		}
 	}
-	return Rule{}, false
+	return r, found, false
 }
