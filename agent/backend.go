@@ -1,13 +1,15 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
-	"net"
-	"net/netip"
-	"os/exec"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,6 +18,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/recorder"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // NewBackend builds the datapath backend for cfg.Mode.
@@ -35,10 +38,9 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
 	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
 	return iptables.Options{
-		// IPv6 frontends are programmed (with ip6tables) when the node
-		// has an IPv6 address or the cluster an IPv6 pod range, as
-		// kube-proxy runs its dual-stack proxier where both work.
-		IPv6:               proxyIPv6(cidrs, log),
+		// IPv6 frontends are programmed (with ip6tables) where IPv6
+		// works, as kube-proxy runs its dual-stack proxier.
+		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
 		ClusterCIDRs:       cidrs,
@@ -52,28 +54,55 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	}
 }
 
-// proxyIPv6 reports whether IPv6 Services are proxied (both modes): the
-// node or the cluster has IPv6 (wantIPv6) and ip6tables is installed.
-func proxyIPv6(clusterCIDRs []netip.Prefix, log *slog.Logger) bool {
-	addrs, err := interfaceAddrs()
+// proxyIPv6 reports whether IPv6 Services are proxied (both modes). It is
+// kube-proxy's decision (platformCheckSupported): the kernel has IPv6 on
+// and ip6tables works, whatever addresses the node has now, so an IPv6
+// Service on a node whose global IPv6 address arrives later (SLAAC) or
+// never is programmed all the same. Decided once at start, as kube-proxy.
+func proxyIPv6(lockWait time.Duration, log *slog.Logger) bool {
+	err := ipv6Supported("/proc", func() error { return ip6tablesWorks(lockWait) })
 	if err != nil {
-		log.Warn("cannot list the node's addresses to pick the IP families", "err", err)
-	}
-	if !wantIPv6(clusterCIDRs, addrs) {
-		return false
-	}
-	if _, err := exec.LookPath("ip6tables-restore"); err != nil {
-		log.Warn("the node has IPv6 but ip6tables is missing: IPv6 Services are not proxied", "err", err)
+		log.Info("IPv6 Services are not proxied", "why", err)
 		return false
 	}
 	return true
 }
 
+// ipv6Supported returns why IPv6 cannot be proxied, or nil: the kernel
+// under proc has no IPv6 (no net/if_inet6), IPv6 is turned off
+// (net.ipv6.conf.all.disable_ipv6), or ip6tables fails.
+func ipv6Supported(proc string, ip6tables func() error) error {
+	if _, err := os.Stat(filepath.Join(proc, "net/if_inet6")); err != nil {
+		return fmt.Errorf("the kernel has no IPv6: %w", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(proc, "sys/net/ipv6/conf/all/disable_ipv6")); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return errors.New("IPv6 is disabled (net.ipv6.conf.all.disable_ipv6=1)")
+	}
+	if err := ip6tables(); err != nil {
+		return fmt.Errorf("ip6tables does not work: %w", err)
+	}
+	return nil
+}
+
+// ip6tablesWorks lists nat POSTROUTING with ip6tables, as kube-proxy
+// checks that a family's iptables is present: the tools are installed
+// and the kernel has the IPv6 nat table.
+func ip6tablesWorks(lockWait time.Duration) error {
+	x, err := xtables.Open(xtables.Auto, datapath.IPv6, lockWait)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lockWait+10*time.Second)
+	defer cancel()
+	_, err = x.Run(ctx, "-t", xtables.NAT, "-S", "POSTROUTING")
+	return err
+}
+
 func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
 	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
 	return ipvs.Options{
-		// Both families when the node has both, as in iptables mode.
-		IPv6:            proxyIPv6(cidrs, log),
+		// Both families where IPv6 works, as in iptables mode.
+		IPv6:            proxyIPv6(cfg.IPTables.LockWait, log),
 		Interface:       cfg.IPVS.Interface,
 		Scheduler:       cfg.IPVS.Scheduler,
 		SchedulerFlags:  cfg.IPVS.SchedulerFlags,
@@ -101,35 +130,4 @@ func splitList(s string) []string {
 		}
 	}
 	return out
-}
-
-// wantIPv6 reports whether IPv6 is to be proxied: the cluster has an IPv6
-// pod range, or the node a global IPv6 address (loopback and link-local
-// addresses do not count: every kernel has them).
-func wantIPv6(clusterCIDRs []netip.Prefix, addrs []netip.Addr) bool {
-	for _, p := range clusterCIDRs {
-		if p.Addr().Is6() {
-			return true
-		}
-	}
-	return slices.ContainsFunc(addrs, func(a netip.Addr) bool {
-		return a.Is6() && !a.Is4In6() && !a.IsLoopback() && !a.IsLinkLocalUnicast()
-	})
-}
-
-// interfaceAddrs lists the addresses of this network namespace.
-func interfaceAddrs() ([]netip.Addr, error) {
-	list, err := net.InterfaceAddrs()
-	if err != nil {
-		return nil, fmt.Errorf("list interface addresses: %w", err)
-	}
-	var out []netip.Addr
-	for _, a := range list {
-		if n, ok := a.(*net.IPNet); ok {
-			if ip, ok := netip.AddrFromSlice(n.IP); ok {
-				out = append(out, ip)
-			}
-		}
-	}
-	return out, nil
 }

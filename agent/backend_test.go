@@ -1,27 +1,51 @@
 package agent
 
 import (
-	"net/netip"
+	"errors"
+	"os"
+	"path/filepath"
 	"testing"
 )
 
-// IPv6 follows the node's addresses, as kube-proxy's dual-stack proxier
-// does, not only an IPv6 clusterCIDR.
-func TestWantIPv6(t *testing.T) {
-	a, p := netip.MustParseAddr, netip.MustParsePrefix
+// IPv6 is proxied as kube-proxy decides it: the kernel has IPv6 on and
+// ip6tables works. The node's addresses play no part (ipv6Supported is
+// not given them).
+func TestIPv6Supported(t *testing.T) {
+	works := func() error { return nil }
+	broken := func() error { return errors.New("can't initialize ip6tables table `nat'") }
 	for _, tc := range []struct {
-		name  string
-		cidrs []netip.Prefix
-		addrs []netip.Addr
-		want  bool
+		name      string
+		ifInet6   bool   // /proc/net/if_inet6 exists
+		disable   string // /proc/sys/net/ipv6/conf/all/disable_ipv6, "" none
+		ip6tables func() error
+		want      bool
 	}{
-		{"IPv4 only", []netip.Prefix{p("10.244.0.0/16")}, []netip.Addr{a("192.168.1.2"), a("127.0.0.1"), a("::1"), a("fe80::1")}, false},
-		{"node has a global IPv6 address", []netip.Prefix{p("10.244.0.0/16")}, []netip.Addr{a("192.168.1.2"), a("fd00:77::1")}, true},
-		{"no clusterCIDR, IPv6 address", nil, []netip.Addr{a("2001:db8::5")}, true},
-		{"IPv6 clusterCIDR", []netip.Prefix{p("fd00:244::/56")}, nil, true},
+		{"IPv6 on, ip6tables works", true, "0\n", works, true},
+		{"no disable_ipv6 file", true, "", works, true},
+		{"kernel without IPv6", false, "", works, false},
+		{"IPv6 disabled", true, "1\n", works, false},
+		{"ip6tables fails", true, "0\n", broken, false},
 	} {
-		if got := wantIPv6(tc.cidrs, tc.addrs); got != tc.want {
-			t.Errorf("%s: wantIPv6 = %v, want %v", tc.name, got, tc.want)
+		proc := t.TempDir()
+		if tc.ifInet6 {
+			write(t, filepath.Join(proc, "net/if_inet6"), "")
 		}
+		if tc.disable != "" {
+			write(t, filepath.Join(proc, "sys/net/ipv6/conf/all/disable_ipv6"), tc.disable)
+		}
+		err := ipv6Supported(proc, tc.ip6tables)
+		if got := err == nil; got != tc.want {
+			t.Errorf("%s: ipv6Supported = %v, want supported %v", tc.name, err, tc.want)
+		}
+	}
+}
+
+func write(t *testing.T, path, content string) {
+	t.Helper()
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
+		t.Fatal(err)
 	}
 }
