@@ -60,9 +60,19 @@ type Options struct {
 	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (sets
 	// route_localnet).
 	LocalhostNodePorts bool
-	// ClusterCIDRs are the pod ranges; sources outside them are
-	// masqueraded when they reach a ClusterIP.
+	// ClusterCIDRs are the pod ranges, at most one per family: how
+	// traffic from pods is told (Config.ClusterCIDRs); sources outside
+	// them are masqueraded when they reach a ClusterIP.
 	ClusterCIDRs []netip.Prefix
+	// NodePodCIDRs tells pods by the plan's PodCIDRs (the Node's
+	// spec.podCIDRs) instead of ClusterCIDRs, followed at every apply:
+	// kube-proxy's detect-local-mode NodeCIDR. A family the Node has no
+	// range of tells no traffic from pods.
+	NodePodCIDRs bool
+	// PodInterface tells pods by the interface their traffic arrives on
+	// instead (Config.PodInterface): kube-proxy's BridgeInterface ("cni0")
+	// and InterfaceNamePrefix ("veth+") modes.
+	PodInterface string
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
 	// NodePortAddresses restricts NodePorts to the node's own addresses
@@ -144,8 +154,9 @@ type family struct {
 	lastFixedSum digest                   // Ruleset.fixedSum as written
 	lastRewrite  time.Time                // of the last full rewrite
 
-	npa     []netip.Prefix // nodePortAddresses of this family
-	primary bool           // plus the node's primary address
+	podCIDRsRead bool           // followPodCIDRs has run: the Node's range is in cfg
+	npa          []netip.Prefix // nodePortAddresses of this family
+	primary      bool           // plus the node's primary address
 
 	// The tables' fingerprint when a full tamper check last passed.
 	verified   bool
@@ -281,12 +292,36 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		MasqueradeBit:      opts.MasqueradeBit,
 		MasqueradeAll:      opts.MasqueradeAll,
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
+		PodInterface:       opts.PodInterface,
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
 		TCPBeLiberal:       opts.TCPBeLiberal,
 		RandomFully:        f.ipt.HasRandomFully(),
 	}
+	if opts.NodePodCIDRs {
+		f.cfg.ClusterCIDRs = nil // the Node's, from the first plan on
+	}
 	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", f.x.Variant, "iptables", f.x.IPTables, "restore", f.x.Restore)
 	return f, nil
+}
+
+// followPodCIDRs makes the Node's pod range of the family (its first, as
+// kube-proxy takes it) the one that tells pods. A change renders every
+// unit again: the fixed chains change with it (see family.ruleset).
+func (f *family) followPodCIDRs(podCIDRs []netip.Prefix) {
+	cidrs := filterFamily(podCIDRs, f.cfg.Family)
+	if len(cidrs) > 1 {
+		cidrs = cidrs[:1]
+	}
+	if f.podCIDRsRead && slices.Equal(cidrs, f.cfg.ClusterCIDRs) {
+		return
+	}
+	f.podCIDRsRead = true
+	if len(cidrs) == 0 {
+		f.log.Warn("detectLocalMode NodeCIDR: the Node has no pod range of this family; no traffic is told from pods", "podCIDRs", podCIDRs)
+	} else {
+		f.log.Info("detectLocalMode NodeCIDR: pods are told by the Node's pod range", "podCIDR", cidrs[0])
+	}
+	f.cfg.ClusterCIDRs = cidrs
 }
 
 func protoOf(f datapath.Family) goipt.Protocol {
@@ -363,6 +398,9 @@ func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Pla
 		f.cfg.NodePortIPs = ips
 	}
 	f.cfg.HealthCheckPorts = plan.HealthCheckPorts
+	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
+		f.followPodCIDRs(plan.PodCIDRs)
+	}
 	start := time.Now()
 	pre, read, trusted := f.verifiedNow()
 	st, err := f.apply(ctx, plan, full, plan.Full)
