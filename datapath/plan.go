@@ -231,7 +231,7 @@ type Plan struct {
 	// PodCIDRs are the node's pod ranges (its Node's spec.podCIDRs), for
 	// telling traffic from this node's pods by them (kube-proxy's
 	// detect-local-mode NodeCIDR).
-	PodCIDRs []netip.Prefix
+	PodCIDRs []netip.Prefix `json:",omitempty"` // left out when none: the file format of older snapshots
 	// HealthCheckPorts are the TCP ports of the Services' health checks
 	// (healthCheckNodePort), sorted; a firewall must let them in.
 	HealthCheckPorts []uint16
