@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"slices"
@@ -36,14 +37,16 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 }
 
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
-	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
+	pods := detectLocal(cfg, log)
 	return iptables.Options{
 		// IPv6 frontends are programmed (with ip6tables) where IPv6
 		// works, as kube-proxy runs its dual-stack proxier.
 		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
-		ClusterCIDRs:       cidrs,
+		ClusterCIDRs:       pods.cidrs,
+		NodePodCIDRs:       pods.node,
+		PodInterface:       pods.iface,
 		MasqueradeAll:      cfg.MasqueradeAll,
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
@@ -52,6 +55,32 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 		Logger:             log.With("datapath", "iptables"),
 		Registerer:         reg,
 	}
+}
+
+// podDetector is how the datapaths tell traffic from pods: by one of
+// these (kube-proxy's local-traffic detector).
+type podDetector struct {
+	cidrs []netip.Prefix // the source is in one (ClusterCIDR)
+	node  bool           // the source is in the Node's spec.podCIDRs (NodeCIDR)
+	iface string         // it arrives on this interface, "prefix+" by prefix
+}
+
+// detectLocal turns detectLocalMode into the datapaths' options, as
+// kube-proxy's getLocalDetectors picks the detector.
+func detectLocal(cfg *config.Config, log *slog.Logger) podDetector {
+	switch cfg.DetectLocalMode {
+	case config.LocalModeNodeCIDR:
+		return podDetector{node: true}
+	case config.LocalModeBridgeInterface:
+		return podDetector{iface: cfg.DetectLocal.BridgeInterface}
+	case config.LocalModeInterfaceNamePrefix:
+		return podDetector{iface: cfg.DetectLocal.InterfaceNamePrefix + "+"}
+	}
+	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
+	if len(cidrs) == 0 {
+		log.Info("detectLocalMode ClusterCIDR without clusterCIDR: no traffic is told from pods; ClusterIP traffic is masqueraded only with masqueradeAll")
+	}
+	return podDetector{cidrs: cidrs}
 }
 
 // proxyIPv6 reports whether IPv6 Services are proxied (both modes). It is
@@ -99,7 +128,7 @@ func ip6tablesWorks(lockWait time.Duration) error {
 }
 
 func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
-	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
+	pods := detectLocal(cfg, log)
 	return ipvs.Options{
 		// Both families where IPv6 works, as in iptables mode.
 		IPv6:            proxyIPv6(cfg.IPTables.LockWait, log),
@@ -110,7 +139,9 @@ func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 		GracePeriod:     cfg.IPVS.GracePeriod,
 		NodePortCIDRs:   parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary: slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
-		ClusterCIDRs:    cidrs,
+		ClusterCIDRs:    pods.cidrs,
+		NodePodCIDRs:    pods.node,
+		PodInterface:    pods.iface,
 		MasqueradeAll:   cfg.MasqueradeAll,
 		MasqueradeBit:   cfg.IPTables.MasqueradeBit,
 		LockWait:        cfg.IPTables.LockWait,

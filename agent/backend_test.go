@@ -2,9 +2,15 @@ package agent
 
 import (
 	"errors"
+	"log/slog"
+	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
+	"slices"
 	"testing"
+
+	"github.com/edgeproxy/edgeproxy/agent/config"
 )
 
 // IPv6 is proxied as kube-proxy decides it: the kernel has IPv6 on and
@@ -47,5 +53,36 @@ func write(t *testing.T, path, content string) {
 	}
 	if err := os.WriteFile(path, []byte(content), 0o644); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// detectLocalMode picks what the datapaths tell pods by, as kube-proxy's
+// getLocalDetectors: clusterCIDR only in its own mode, the Node's ranges,
+// the bridge's name, or the prefix as iptables' "prefix+".
+func TestDetectLocal(t *testing.T) {
+	log := slog.New(slog.DiscardHandler)
+	base := config.Default()
+	base.ClusterCIDR = "10.244.0.0/16,fd00:244::/56"
+	base.DetectLocal = config.DetectLocal{BridgeInterface: "cni0", InterfaceNamePrefix: "veth"}
+	for _, tc := range []struct {
+		mode string
+		want podDetector
+	}{
+		{config.LocalModeClusterCIDR, podDetector{cidrs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:244::/56")}}},
+		{config.LocalModeNodeCIDR, podDetector{node: true}},
+		{config.LocalModeBridgeInterface, podDetector{iface: "cni0"}},
+		{config.LocalModeInterfaceNamePrefix, podDetector{iface: "veth+"}},
+	} {
+		cfg := base
+		cfg.DetectLocalMode = tc.mode
+		if got := detectLocal(&cfg, log); !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: %+v, want %+v", tc.mode, got, tc.want)
+		}
+		if o := iptablesOptions(&cfg, log, nil); !slices.Equal(o.ClusterCIDRs, tc.want.cidrs) || o.NodePodCIDRs != tc.want.node || o.PodInterface != tc.want.iface {
+			t.Errorf("%s: iptables options %v %v %q", tc.mode, o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface)
+		}
+		if o := ipvsOptions(&cfg, log, nil); !slices.Equal(o.ClusterCIDRs, tc.want.cidrs) || o.NodePodCIDRs != tc.want.node || o.PodInterface != tc.want.iface {
+			t.Errorf("%s: ipvs options %v %v %q", tc.mode, o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface)
+		}
 	}
 }

@@ -268,6 +268,8 @@ func TestFileValues(t *testing.T) {
 	dir := t.TempDir()
 	p := writeFile(t, dir, "c.yaml", `
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
+detectLocalMode: InterfaceNamePrefix
+detectLocal: {interfaceNamePrefix: cali}
 sync:
   minPeriod: 0
 ipvs:
@@ -291,6 +293,9 @@ policy:
 `)
 	c := mustLoad(t, LoadOptions{File: p})
 	pol := c.Policy
+	if c.DetectLocalMode != LocalModeInterfaceNamePrefix || c.DetectLocal.InterfaceNamePrefix != "cali" {
+		t.Fatalf("detectLocal: %q, %+v", c.DetectLocalMode, c.DetectLocal)
+	}
 	if c.Sync.MinPeriod != 0 || c.IPVS.Scheduler != "wrr" || !slices.Equal(c.IPVS.SchedulerFlags, []string{"flag-1"}) ||
 		pol.MemoryLimit != 1<<20 || pol.MaxModuleSize != 1e9 || len(pol.Modules) != 1 || len(pol.Chains) != 2 {
 		t.Fatalf("values: %+v", c)
