@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -42,6 +43,7 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 		// IPv6 frontends are programmed (with ip6tables) where IPv6
 		// works, as kube-proxy runs its dual-stack proxier.
 		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
+		KeepIPv6Forwarding: !routesIPv6(cfg, log),
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
 		ClusterCIDRs:       pods.cidrs,
@@ -97,6 +99,51 @@ func proxyIPv6(lockWait time.Duration, log *slog.Logger) bool {
 	return true
 }
 
+// routesIPv6 reports whether the node routes IPv6 already, as far as
+// edgeproxy can tell: it has a global IPv6 address or clusterCIDR an IPv6
+// range. Only then does the datapath turn IPv6 forwarding on (see
+// KeepIPv6Forwarding in the datapaths' Options): elsewhere that would
+// make the node ignore Router Advertisements, and a node whose IPv6
+// comes by SLAAC would lose it.
+func routesIPv6(cfg *config.Config, log *slog.Logger) bool {
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		log.Warn("cannot list the node's addresses; IPv6 forwarding is left as it is", "err", err)
+	}
+	return hasIPv6(parsePrefixes(splitList(cfg.ClusterCIDR)...), addrs)
+}
+
+// hasIPv6 reports whether clusterCIDRs hold an IPv6 range or addrs a
+// global IPv6 address (loopback and link-local ones do not count: every
+// kernel has them).
+func hasIPv6(clusterCIDRs []netip.Prefix, addrs []netip.Addr) bool {
+	for _, p := range clusterCIDRs {
+		if p.Addr().Is6() && !p.Addr().Is4In6() {
+			return true
+		}
+	}
+	return slices.ContainsFunc(addrs, func(a netip.Addr) bool {
+		return a.Is6() && !a.Is4In6() && !a.IsLoopback() && !a.IsLinkLocalUnicast()
+	})
+}
+
+// interfaceAddrs lists the addresses of this network namespace.
+func interfaceAddrs() ([]netip.Addr, error) {
+	list, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, fmt.Errorf("list interface addresses: %w", err)
+	}
+	var out []netip.Addr
+	for _, a := range list {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip)
+			}
+		}
+	}
+	return out, nil
+}
+
 // ipv6Supported returns why IPv6 cannot be proxied, or nil: the kernel
 // under proc has no IPv6 (no net/if_inet6), IPv6 is turned off
 // (net.ipv6.conf.all.disable_ipv6), or ip6tables fails.
@@ -131,25 +178,26 @@ func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 	pods := detectLocal(cfg, log)
 	return ipvs.Options{
 		// Both families where IPv6 works, as in iptables mode.
-		IPv6:            proxyIPv6(cfg.IPTables.LockWait, log),
-		Interface:       cfg.IPVS.Interface,
-		Scheduler:       cfg.IPVS.Scheduler,
-		SchedulerFlags:  cfg.IPVS.SchedulerFlags,
-		StrictARP:       cfg.IPVS.StrictARP,
-		GracePeriod:     cfg.IPVS.GracePeriod,
-		NodePortCIDRs:   parsePrefixes(cfg.NodePortAddresses...),
-		NodePortPrimary: slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
-		ClusterCIDRs:    pods.cidrs,
-		NodePodCIDRs:    pods.node,
-		PodInterface:    pods.iface,
-		MasqueradeAll:   cfg.MasqueradeAll,
-		MasqueradeBit:   cfg.IPTables.MasqueradeBit,
-		LockWait:        cfg.IPTables.LockWait,
-		TCPTimeout:      cfg.IPVS.TCPTimeout,
-		TCPFinTimeout:   cfg.IPVS.TCPFinTimeout,
-		UDPTimeout:      cfg.IPVS.UDPTimeout,
-		Registerer:      reg,
-		Logger:          log.With("datapath", "ipvs"),
+		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
+		KeepIPv6Forwarding: !routesIPv6(cfg, log),
+		Interface:          cfg.IPVS.Interface,
+		Scheduler:          cfg.IPVS.Scheduler,
+		SchedulerFlags:     cfg.IPVS.SchedulerFlags,
+		StrictARP:          cfg.IPVS.StrictARP,
+		GracePeriod:        cfg.IPVS.GracePeriod,
+		NodePortCIDRs:      parsePrefixes(cfg.NodePortAddresses...),
+		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
+		ClusterCIDRs:       pods.cidrs,
+		NodePodCIDRs:       pods.node,
+		PodInterface:       pods.iface,
+		MasqueradeAll:      cfg.MasqueradeAll,
+		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
+		LockWait:           cfg.IPTables.LockWait,
+		TCPTimeout:         cfg.IPVS.TCPTimeout,
+		TCPFinTimeout:      cfg.IPVS.TCPFinTimeout,
+		UDPTimeout:         cfg.IPVS.UDPTimeout,
+		Registerer:         reg,
+		Logger:             log.With("datapath", "ipvs"),
 	}
 }
 

@@ -86,3 +86,23 @@ func TestDetectLocal(t *testing.T) {
 		}
 	}
 }
+
+// IPv6 forwarding is turned on only where the node routes IPv6 already:
+// the test the agent used to decide IPv6 by, kept for the sysctl alone.
+func TestHasIPv6(t *testing.T) {
+	a, p := netip.MustParseAddr, netip.MustParsePrefix
+	for _, tc := range []struct {
+		name  string
+		cidrs []netip.Prefix
+		addrs []netip.Addr
+		want  bool
+	}{
+		{"IPv4 only", []netip.Prefix{p("10.244.0.0/16")}, []netip.Addr{a("192.168.1.2"), a("127.0.0.1"), a("::1"), a("fe80::1")}, false},
+		{"a global IPv6 address", []netip.Prefix{p("10.244.0.0/16")}, []netip.Addr{a("192.168.1.2"), a("fd00:77::1")}, true},
+		{"IPv6 clusterCIDR", []netip.Prefix{p("fd00:244::/56")}, nil, true},
+	} {
+		if got := hasIPv6(tc.cidrs, tc.addrs); got != tc.want {
+			t.Errorf("%s: hasIPv6 = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}

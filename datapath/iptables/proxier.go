@@ -103,6 +103,14 @@ type Options struct {
 	// IPv6 also programs IPv6 frontends with ip6tables. Off: IPv6
 	// frontends are ignored.
 	IPv6 bool
+	// KeepIPv6Forwarding leaves net.ipv6.conf.all.forwarding alone;
+	// otherwise IPv6 turns it on. Turning it on makes every interface
+	// with accept_ra=1 ignore Router Advertisements and drops the
+	// default routes they gave: the agent keeps it on a node that does
+	// not route IPv6 yet (no global IPv6 address, no IPv6 clusterCIDR),
+	// whose IPv6 may come by SLAAC, as it did before it proxied IPv6
+	// there (pods with IPv6 mean the CNI turned forwarding on).
+	KeepIPv6Forwarding bool
 	// Sysctls are extra kernel parameters to set at start, e.g.
 	// "net/netfilter/nf_conntrack_udp_timeout": "60".
 	Sysctls map[string]string
@@ -243,7 +251,7 @@ func New(opts Options) (*Proxier, error) {
 	if opts.LocalhostNodePorts {
 		want["net/ipv4/conf/all/route_localnet"] = "1"
 	}
-	if opts.IPv6 {
+	if opts.IPv6 && !opts.KeepIPv6Forwarding {
 		want["net/ipv6/conf/all/forwarding"] = "1"
 	}
 	maps.Copy(want, opts.Sysctls)

@@ -46,8 +46,16 @@ type Options struct {
 	GracePeriod time.Duration
 	// IPv6 programs IPv6 frontends too (IPv6 virtual servers, sets,
 	// ip6tables rules, addresses on the dummy link); without it they are
-	// refused. The agent sets it when the node has an IPv6 address.
+	// refused. The agent sets it where IPv6 works, as kube-proxy.
 	IPv6 bool
+	// KeepIPv6Forwarding leaves net.ipv6.conf.all.forwarding alone;
+	// otherwise IPv6 turns it on. Turning it on makes every interface
+	// with accept_ra=1 ignore Router Advertisements and drops the
+	// default routes they gave: the agent keeps it on a node that does
+	// not route IPv6 yet (no global IPv6 address, no IPv6 clusterCIDR),
+	// whose IPv6 may come by SLAAC, as it did before it proxied IPv6
+	// there (pods with IPv6 mean the CNI turned forwarding on).
+	KeepIPv6Forwarding bool
 	// NodeAddresses are where NodePorts are served; nil means every
 	// global unicast address (IPv4, and IPv6 with IPv6) on the node's
 	// links (but the dummy), looked up at each Apply; of a family that
@@ -187,7 +195,7 @@ func New(opts Options) (*Proxier, error) {
 		if connReuseWorkaround(kernelRelease()) {
 			want["net/ipv4/vs/conn_reuse_mode"] = "0"
 		}
-		if opts.IPv6 {
+		if opts.IPv6 && !opts.KeepIPv6Forwarding {
 			want["net/ipv6/conf/all/forwarding"] = "1"
 		}
 		if opts.StrictARP {

@@ -4,7 +4,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -127,4 +129,60 @@ sync: {minPeriod: 200ms, period: 30s}
 		}
 		return err
 	})
+}
+
+// TestIPTablesKeepsIPv6ForwardingOff: on a node without a global IPv6
+// address IPv6 Services are programmed, but IPv6 forwarding is left off
+// when it is off: turning it on would make the node ignore Router
+// Advertisements and drop the default routes they gave (a SLAAC node
+// would lose its IPv6). IPv4 forwarding is turned on as always.
+func TestIPTablesKeepsIPv6ForwardingOff(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore", "ip6tables", "ip6tables-restore", "ip6tables-save")
+	bin := agentBinary(t)
+
+	node := netns.NewNode(t, "node")
+	b := node.AddPod("b")
+	linkLocalOnly(t, node, b)
+	for k, v := range map[string]string{"net/ipv6/conf/all/forwarding": "0", "net/ipv4/ip_forward": "0"} {
+		if err := node.Sysctl(k, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	dir := t.TempDir()
+	manifests := manifestDir(t, dir)
+	writeFile(t, filepath.Join(manifests, "web6.yaml"), ipv6Manifest(b.IP6))
+	cfg := filepath.Join(dir, "config.yaml")
+	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
+manifests: %s
+mode: iptables
+clusterCIDR: 10.244.0.0/16
+stateDir: %s
+sync: {minPeriod: 200ms, period: 30s}
+`, nodeName, manifests, filepath.Join(dir, "state")))
+	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+
+	waitFor(t, 60*time.Second, "the IPv6 Service in ip6tables", func() error {
+		out, err := node.Run("ip6tables-save", "-t", "nat")
+		if err == nil && !strings.Contains(out, "e2e/web6:tcp") {
+			err = fmt.Errorf("not programmed:\n%s", out)
+		}
+		return err
+	})
+	read := func(key string) string {
+		var b []byte
+		if err := node.Do(func() (err error) {
+			b, err = os.ReadFile("/proc/sys/" + key)
+			return err
+		}); err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(string(b))
+	}
+	if got := read("net/ipv6/conf/all/forwarding"); got != "0" {
+		t.Errorf("net.ipv6.conf.all.forwarding = %s after the agent started, want it left at 0", got)
+	}
+	if got := read("net/ipv4/ip_forward"); got != "1" {
+		t.Errorf("net.ipv4.ip_forward = %s, want the agent to turn it on", got)
+	}
 }
