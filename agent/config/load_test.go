@@ -268,8 +268,6 @@ func TestFileValues(t *testing.T) {
 	dir := t.TempDir()
 	p := writeFile(t, dir, "c.yaml", `
 clusterCIDR: 10.244.0.0/16,fd00:10:244::/56
-detectLocalMode: InterfaceNamePrefix
-detectLocal: {interfaceNamePrefix: cali}
 sync:
   minPeriod: 0
 ipvs:
@@ -293,9 +291,6 @@ policy:
 `)
 	c := mustLoad(t, LoadOptions{File: p})
 	pol := c.Policy
-	if c.DetectLocalMode != LocalModeInterfaceNamePrefix || c.DetectLocal.InterfaceNamePrefix != "cali" {
-		t.Fatalf("detectLocal: %q, %+v", c.DetectLocalMode, c.DetectLocal)
-	}
 	if c.Sync.MinPeriod != 0 || c.IPVS.Scheduler != "wrr" || !slices.Equal(c.IPVS.SchedulerFlags, []string{"flag-1"}) ||
 		pol.MemoryLimit != 1<<20 || pol.MaxModuleSize != 1e9 || len(pol.Modules) != 1 || len(pol.Chains) != 2 {
 		t.Fatalf("values: %+v", c)
@@ -322,5 +317,19 @@ func TestEmptyFileAndNulls(t *testing.T) {
 		if d := Diff(c, &want); len(d) > 0 {
 			t.Errorf("%q: differs from defaults at %v", content, d)
 		}
+	}
+}
+
+// TestFileDetectLocal: kube-proxy's detect-local settings as a file
+// writes them, and as env vars.
+func TestFileDetectLocal(t *testing.T) {
+	p := writeFile(t, t.TempDir(), "c.yaml", "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: cali}\n")
+	c := mustLoad(t, LoadOptions{File: p})
+	if c.DetectLocalMode != LocalModeInterfaceNamePrefix || c.DetectLocal.InterfaceNamePrefix != "cali" {
+		t.Fatalf("detectLocal: %q, %+v", c.DetectLocalMode, c.DetectLocal)
+	}
+	c = mustLoad(t, LoadOptions{File: p, Env: []string{"EDGEPROXY_DETECTLOCALMODE=BridgeInterface", "EDGEPROXY_DETECTLOCAL_BRIDGEINTERFACE=cni0"}})
+	if c.DetectLocalMode != LocalModeBridgeInterface || c.DetectLocal.BridgeInterface != "cni0" {
+		t.Fatalf("detectLocal from env vars: %q, %+v", c.DetectLocalMode, c.DetectLocal)
 	}
 }
