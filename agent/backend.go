@@ -1,13 +1,17 @@
 package agent
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/netip"
-	"os/exec"
+	"os"
+	"path/filepath"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -16,6 +20,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/recorder"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // NewBackend builds the datapath backend for cfg.Mode.
@@ -33,15 +38,17 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 }
 
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
-	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
+	pods := detectLocal(cfg, log)
 	return iptables.Options{
-		// IPv6 frontends are programmed (with ip6tables) when the node
-		// has an IPv6 address or the cluster an IPv6 pod range, as
-		// kube-proxy runs its dual-stack proxier where both work.
-		IPv6:               proxyIPv6(cidrs, log),
+		// IPv6 frontends are programmed (with ip6tables) where IPv6
+		// works, as kube-proxy runs its dual-stack proxier.
+		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
+		KeepIPv6Forwarding: !routesIPv6(cfg, log),
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
-		ClusterCIDRs:       cidrs,
+		ClusterCIDRs:       pods.cidrs,
+		NodePodCIDRs:       pods.node,
+		PodInterface:       pods.iface,
 		MasqueradeAll:      cfg.MasqueradeAll,
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
@@ -52,63 +59,66 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	}
 }
 
-// proxyIPv6 reports whether IPv6 Services are proxied (both modes): the
-// node or the cluster has IPv6 (wantIPv6) and ip6tables is installed.
-func proxyIPv6(clusterCIDRs []netip.Prefix, log *slog.Logger) bool {
-	addrs, err := interfaceAddrs()
+// podDetector is how the datapaths tell traffic from pods: by one of
+// these (kube-proxy's local-traffic detector).
+type podDetector struct {
+	cidrs []netip.Prefix // the source is in one (ClusterCIDR)
+	node  bool           // the source is in the Node's spec.podCIDRs (NodeCIDR)
+	iface string         // it arrives on this interface, "prefix+" by prefix
+}
+
+// detectLocal turns detectLocalMode into the datapaths' options, as
+// kube-proxy's getLocalDetectors picks the detector.
+func detectLocal(cfg *config.Config, log *slog.Logger) podDetector {
+	switch cfg.DetectLocalMode {
+	case config.LocalModeNodeCIDR:
+		return podDetector{node: true}
+	case config.LocalModeBridgeInterface:
+		return podDetector{iface: cfg.DetectLocal.BridgeInterface}
+	case config.LocalModeInterfaceNamePrefix:
+		return podDetector{iface: cfg.DetectLocal.InterfaceNamePrefix + "+"}
+	}
+	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
+	if len(cidrs) == 0 {
+		log.Info("detectLocalMode ClusterCIDR without clusterCIDR: no traffic is told from pods; ClusterIP traffic is masqueraded only with masqueradeAll")
+	}
+	return podDetector{cidrs: cidrs}
+}
+
+// proxyIPv6 reports whether IPv6 Services are proxied (both modes). It is
+// kube-proxy's decision (platformCheckSupported): the kernel has IPv6 on
+// and ip6tables works, whatever addresses the node has now, so an IPv6
+// Service on a node whose global IPv6 address arrives later (SLAAC) or
+// never is programmed all the same. Decided once at start, as kube-proxy.
+func proxyIPv6(lockWait time.Duration, log *slog.Logger) bool {
+	err := ipv6Supported("/proc", func() error { return ip6tablesWorks(lockWait) })
 	if err != nil {
-		log.Warn("cannot list the node's addresses to pick the IP families", "err", err)
-	}
-	if !wantIPv6(clusterCIDRs, addrs) {
-		return false
-	}
-	if _, err := exec.LookPath("ip6tables-restore"); err != nil {
-		log.Warn("the node has IPv6 but ip6tables is missing: IPv6 Services are not proxied", "err", err)
+		log.Info("IPv6 Services are not proxied", "why", err)
 		return false
 	}
 	return true
 }
 
-func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
-	cidrs := parsePrefixes(splitList(cfg.ClusterCIDR)...)
-	return ipvs.Options{
-		// Both families when the node has both, as in iptables mode.
-		IPv6:            proxyIPv6(cidrs, log),
-		Interface:       cfg.IPVS.Interface,
-		Scheduler:       cfg.IPVS.Scheduler,
-		SchedulerFlags:  cfg.IPVS.SchedulerFlags,
-		StrictARP:       cfg.IPVS.StrictARP,
-		GracePeriod:     cfg.IPVS.GracePeriod,
-		NodePortCIDRs:   parsePrefixes(cfg.NodePortAddresses...),
-		NodePortPrimary: slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
-		ClusterCIDRs:    cidrs,
-		MasqueradeAll:   cfg.MasqueradeAll,
-		MasqueradeBit:   cfg.IPTables.MasqueradeBit,
-		LockWait:        cfg.IPTables.LockWait,
-		TCPTimeout:      cfg.IPVS.TCPTimeout,
-		TCPFinTimeout:   cfg.IPVS.TCPFinTimeout,
-		UDPTimeout:      cfg.IPVS.UDPTimeout,
-		Registerer:      reg,
-		Logger:          log.With("datapath", "ipvs"),
+// routesIPv6 reports whether the node routes IPv6 already, as far as
+// edgeproxy can tell: it has a global IPv6 address or clusterCIDR an IPv6
+// range. Only then does the datapath turn IPv6 forwarding on (see
+// KeepIPv6Forwarding in the datapaths' Options): elsewhere that would
+// make the node ignore Router Advertisements, and a node whose IPv6
+// comes by SLAAC would lose it.
+func routesIPv6(cfg *config.Config, log *slog.Logger) bool {
+	addrs, err := interfaceAddrs()
+	if err != nil {
+		log.Warn("cannot list the node's addresses; IPv6 forwarding is left as it is", "err", err)
 	}
+	return hasIPv6(parsePrefixes(splitList(cfg.ClusterCIDR)...), addrs)
 }
 
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// wantIPv6 reports whether IPv6 is to be proxied: the cluster has an IPv6
-// pod range, or the node a global IPv6 address (loopback and link-local
-// addresses do not count: every kernel has them).
-func wantIPv6(clusterCIDRs []netip.Prefix, addrs []netip.Addr) bool {
+// hasIPv6 reports whether clusterCIDRs hold an IPv6 range or addrs a
+// global IPv6 address (loopback and link-local ones do not count: every
+// kernel has them).
+func hasIPv6(clusterCIDRs []netip.Prefix, addrs []netip.Addr) bool {
 	for _, p := range clusterCIDRs {
-		if p.Addr().Is6() {
+		if p.Addr().Is6() && !p.Addr().Is4In6() {
 			return true
 		}
 	}
@@ -132,4 +142,71 @@ func interfaceAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// ipv6Supported returns why IPv6 cannot be proxied, or nil: the kernel
+// under proc has no IPv6 (no net/if_inet6), IPv6 is turned off
+// (net.ipv6.conf.all.disable_ipv6), or ip6tables fails.
+func ipv6Supported(proc string, ip6tables func() error) error {
+	if _, err := os.Stat(filepath.Join(proc, "net/if_inet6")); err != nil {
+		return fmt.Errorf("the kernel has no IPv6: %w", err)
+	}
+	if b, err := os.ReadFile(filepath.Join(proc, "sys/net/ipv6/conf/all/disable_ipv6")); err == nil && strings.TrimSpace(string(b)) == "1" {
+		return errors.New("IPv6 is disabled (net.ipv6.conf.all.disable_ipv6=1)")
+	}
+	if err := ip6tables(); err != nil {
+		return fmt.Errorf("ip6tables does not work: %w", err)
+	}
+	return nil
+}
+
+// ip6tablesWorks lists nat POSTROUTING with ip6tables, as kube-proxy
+// checks that a family's iptables is present: the tools are installed
+// and the kernel has the IPv6 nat table.
+func ip6tablesWorks(lockWait time.Duration) error {
+	x, err := xtables.Open(xtables.Auto, datapath.IPv6, lockWait)
+	if err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), lockWait+10*time.Second)
+	defer cancel()
+	_, err = x.Run(ctx, "-t", xtables.NAT, "-S", "POSTROUTING")
+	return err
+}
+
+func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
+	pods := detectLocal(cfg, log)
+	return ipvs.Options{
+		// Both families where IPv6 works, as in iptables mode.
+		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
+		KeepIPv6Forwarding: !routesIPv6(cfg, log),
+		Interface:          cfg.IPVS.Interface,
+		Scheduler:          cfg.IPVS.Scheduler,
+		SchedulerFlags:     cfg.IPVS.SchedulerFlags,
+		StrictARP:          cfg.IPVS.StrictARP,
+		GracePeriod:        cfg.IPVS.GracePeriod,
+		NodePortCIDRs:      parsePrefixes(cfg.NodePortAddresses...),
+		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
+		ClusterCIDRs:       pods.cidrs,
+		NodePodCIDRs:       pods.node,
+		PodInterface:       pods.iface,
+		MasqueradeAll:      cfg.MasqueradeAll,
+		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
+		LockWait:           cfg.IPTables.LockWait,
+		TCPTimeout:         cfg.IPVS.TCPTimeout,
+		TCPFinTimeout:      cfg.IPVS.TCPFinTimeout,
+		UDPTimeout:         cfg.IPVS.UDPTimeout,
+		Registerer:         reg,
+		Logger:             log.With("datapath", "ipvs"),
+	}
+}
+
+func splitList(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
 }

@@ -228,6 +228,10 @@ type Plan struct {
 	// NodeIPs are the node's primary addresses, at most one per family
 	// (from its Node object), for node ports restricted to them.
 	NodeIPs []netip.Addr
+	// PodCIDRs are the node's pod ranges (its Node's spec.podCIDRs), for
+	// telling traffic from this node's pods by them (kube-proxy's
+	// detect-local-mode NodeCIDR).
+	PodCIDRs []netip.Prefix `json:",omitempty"` // left out when none: the file format of older snapshots
 	// HealthCheckPorts are the TCP ports of the Services' health checks
 	// (healthCheckNodePort), sorted; a firewall must let them in.
 	HealthCheckPorts []uint16

@@ -343,3 +343,17 @@ func TestEmptyFileAndNulls(t *testing.T) {
 		}
 	}
 }
+
+// TestFileDetectLocal: kube-proxy's detect-local settings as a file
+// writes them, and as env vars.
+func TestFileDetectLocal(t *testing.T) {
+	p := writeFile(t, t.TempDir(), "c.yaml", "detectLocalMode: InterfaceNamePrefix\ndetectLocal: {interfaceNamePrefix: cali}\n")
+	c := mustLoad(t, LoadOptions{File: p})
+	if c.DetectLocalMode != LocalModeInterfaceNamePrefix || c.DetectLocal.InterfaceNamePrefix != "cali" {
+		t.Fatalf("detectLocal: %q, %+v", c.DetectLocalMode, c.DetectLocal)
+	}
+	c = mustLoad(t, LoadOptions{File: p, Env: []string{"EDGEPROXY_DETECTLOCALMODE=BridgeInterface", "EDGEPROXY_DETECTLOCAL_BRIDGEINTERFACE=cni0"}})
+	if c.DetectLocalMode != LocalModeBridgeInterface || c.DetectLocal.BridgeInterface != "cni0" {
+		t.Fatalf("detectLocal from env vars: %q, %+v", c.DetectLocalMode, c.DetectLocal)
+	}
+}

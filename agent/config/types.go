@@ -12,10 +12,14 @@ type Config struct {
 	Mode       Mode   `koanf:"mode"` // iptables | ipvs | plan
 	// ProxyName is matched against the service.kubernetes.io/service-proxy-name
 	// label: Services carrying the label are skipped unless it names us.
-	ProxyName         string   `koanf:"proxyName"`
-	ClusterCIDR       string   `koanf:"clusterCIDR"`
-	MasqueradeAll     bool     `koanf:"masqueradeAll"`
-	NodePortAddresses []string `koanf:"nodePortAddresses"` // CIDRs, and NodePortPrimary
+	ProxyName   string `koanf:"proxyName"`
+	ClusterCIDR string `koanf:"clusterCIDR"`
+	// DetectLocalMode is how traffic from pods is told from other traffic
+	// (kube-proxy's --detect-local-mode): one of DetectLocalModes.
+	DetectLocalMode   string      `koanf:"detectLocalMode"`
+	DetectLocal       DetectLocal `koanf:"detectLocal"`
+	MasqueradeAll     bool        `koanf:"masqueradeAll"`
+	NodePortAddresses []string    `koanf:"nodePortAddresses"` // CIDRs, and NodePortPrimary
 	// ExternalIPs enables programming spec.externalIPs (upstream deprecated
 	// them; off by default).
 	ExternalIPs bool `koanf:"externalIPs"`
@@ -41,6 +45,21 @@ type Config struct {
 	// one is skipped and reported.
 	MaxManifestSize Size `koanf:"maxManifestSize"`
 }
+
+// DetectLocal holds what the interface modes of DetectLocalMode match
+// (kube-proxy's --pod-bridge-interface and --pod-interface-name-prefix).
+type DetectLocal struct {
+	BridgeInterface     string `koanf:"bridgeInterface"`
+	InterfaceNamePrefix string `koanf:"interfaceNamePrefix"`
+}
+
+// The values of detectLocalMode, kube-proxy's spellings.
+const (
+	LocalModeClusterCIDR         = "ClusterCIDR"         // the source is in clusterCIDR
+	LocalModeNodeCIDR            = "NodeCIDR"            // the source is in the Node's spec.podCIDRs
+	LocalModeBridgeInterface     = "BridgeInterface"     // it arrives on detectLocal.bridgeInterface
+	LocalModeInterfaceNamePrefix = "InterfaceNamePrefix" // it arrives on an interface named detectLocal.interfaceNamePrefix*
+)
 
 // Sync sets the sync runner's timing.
 type Sync struct {
@@ -218,10 +237,11 @@ type Size int64
 // Default returns the configuration used when nothing else is said.
 func Default() Config {
 	return Config{
-		Mode:      ModeIPTables,
-		ProxyName: "edgeproxy",
-		Sync:      Sync{MinPeriod: time.Second, Period: 30 * time.Second, HealthTimeout: 60 * time.Second},
-		IPTables:  IPTables{MasqueradeBit: 14, LocalhostNodePorts: true, LockWait: 5 * time.Second},
+		Mode:            ModeIPTables,
+		ProxyName:       "edgeproxy",
+		DetectLocalMode: LocalModeClusterCIDR, // kube-proxy's default on Linux
+		Sync:            Sync{MinPeriod: time.Second, Period: 30 * time.Second, HealthTimeout: 60 * time.Second},
+		IPTables:        IPTables{MasqueradeBit: 14, LocalhostNodePorts: true, LockWait: 5 * time.Second},
 		IPVS: IPVS{
 			Scheduler: "rr", Interface: "edgeproxy0", GracePeriod: 30 * time.Second,
 		},

@@ -14,12 +14,13 @@ import (
 
 // Allowed values of the enumerated keys.
 var (
-	Modes          = []string{string(ModeIPTables), string(ModeIPVS), string(ModePlan)}
-	PolicyEngines  = []string{"compiler", "interpreter"}
-	ChainFailures  = []string{FailureKeepBuiltin, FailureLastGood}
-	LogLevels      = []string{"debug", "info", "warn", "error"}
-	LogFormats     = []string{"text", "json"}
-	IPVSSchedulers = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
+	Modes            = []string{string(ModeIPTables), string(ModeIPVS), string(ModePlan)}
+	PolicyEngines    = []string{"compiler", "interpreter"}
+	ChainFailures    = []string{FailureKeepBuiltin, FailureLastGood}
+	LogLevels        = []string{"debug", "info", "warn", "error"}
+	LogFormats       = []string{"text", "json"}
+	DetectLocalModes = []string{LocalModeClusterCIDR, LocalModeNodeCIDR, LocalModeBridgeInterface, LocalModeInterfaceNamePrefix}
+	IPVSSchedulers   = []string{"rr", "wrr", "lc", "wlc", "lblc", "lblcr", "dh", "sh", "sed", "nq", "fo", "ovf", "mh", "twos"}
 )
 
 // Chain failure policies.
@@ -141,6 +142,15 @@ func (c *Config) validateAddresses(ps *problems) {
 			seen[v4] = p
 		}
 	}
+	ps.oneOf("detectLocalMode", c.DetectLocalMode, DetectLocalModes)
+	// Only the mode's own key must be set, as kube-proxy checks it.
+	switch c.DetectLocalMode {
+	case LocalModeBridgeInterface:
+		validIface(ps, "detectLocal.bridgeInterface", c.DetectLocal.BridgeInterface, maxIfaceName)
+	case LocalModeInterfaceNamePrefix:
+		// iptables matches it as "prefix+", which must fit too.
+		validIface(ps, "detectLocal.interfaceNamePrefix", c.DetectLocal.InterfaceNamePrefix, maxIfaceName-1)
+	}
 	for i, a := range c.NodePortAddresses {
 		if strings.TrimSpace(a) == NodePortPrimary {
 			continue
@@ -148,6 +158,24 @@ func (c *Config) validateAddresses(ps *problems) {
 		if _, err := netip.ParsePrefix(strings.TrimSpace(a)); err != nil {
 			ps.bad(fmt.Sprintf("nodePortAddresses[%d]", i), "%q is neither a CIDR nor %q", a, NodePortPrimary)
 		}
+	}
+}
+
+// maxIfaceName is the longest interface name the kernel takes (IFNAMSIZ
+// with its NUL).
+const maxIfaceName = 15
+
+// validIface checks an interface name (or name prefix) of at most max
+// characters, as the kernel names interfaces: no blanks, '/' or ':', and
+// no '+' or '!' (iptables' wildcard and negation).
+func validIface(ps *problems, key, name string, max int) {
+	switch {
+	case name == "":
+		ps.bad(key, "must not be empty in this detectLocalMode")
+	case len(name) > max:
+		ps.bad(key, "%q is longer than %d characters", name, max)
+	case name == "." || name == ".." || strings.ContainsFunc(name, func(r rune) bool { return r <= ' ' || r > '~' || strings.ContainsRune("/:+!\"'", r) }):
+		ps.bad(key, "%q is not an interface name", name)
 	}
 }
 

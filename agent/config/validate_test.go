@@ -21,6 +21,13 @@ func TestValidateAcceptsGoodValues(t *testing.T) {
 		func(c *Config) { c.Mode = "plan"; c.Manifests = "configs/demo" },
 		func(c *Config) { c.ClusterCIDR = "10.244.0.0/16, fd00:10:244::/56" },
 		func(c *Config) { c.NodePortAddresses = []string{"192.168.1.0/24", "::/0"} },
+		func(c *Config) { c.DetectLocalMode = LocalModeNodeCIDR },
+		func(c *Config) { c.DetectLocalMode, c.DetectLocal.BridgeInterface = LocalModeBridgeInterface, "cni0" },
+		func(c *Config) {
+			c.DetectLocalMode, c.DetectLocal.InterfaceNamePrefix = LocalModeInterfaceNamePrefix, "veth"
+		},
+		// A key of another mode is not looked at, as kube-proxy.
+		func(c *Config) { c.DetectLocal.BridgeInterface = "not/a name" },
 		func(c *Config) { c.NodePortAddresses = []string{"primary", "10.0.0.0/8"} },
 		func(c *Config) { c.IPTables.MasqueradeBit = 0 },
 		func(c *Config) { c.IPTables.MasqueradeBit = 31 },
@@ -60,6 +67,15 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 		{func(c *Config) { c.ClusterCIDR = "10.0.0.0/33" }, `config: clusterCIDR: "10.0.0.0/33" is not a CIDR`},
 		{func(c *Config) { c.ClusterCIDR = "10.0.0.0/8,192.168.0.0/16" },
 			`config: clusterCIDR: "10.0.0.0/8" and "192.168.0.0/16" are of the same IP family: give at most one CIDR per family`},
+		{func(c *Config) { c.DetectLocalMode = "clustercidr" },
+			`config: detectLocalMode: "clustercidr" is not one of ClusterCIDR, NodeCIDR, BridgeInterface, InterfaceNamePrefix`},
+		{func(c *Config) { c.DetectLocalMode = LocalModeBridgeInterface },
+			`config: detectLocal.bridgeInterface: must not be empty in this detectLocalMode`},
+		{func(c *Config) { c.DetectLocalMode, c.DetectLocal.BridgeInterface = LocalModeBridgeInterface, "cni0+" },
+			`config: detectLocal.bridgeInterface: "cni0+" is not an interface name`},
+		{func(c *Config) {
+			c.DetectLocalMode, c.DetectLocal.InterfaceNamePrefix = LocalModeInterfaceNamePrefix, "abcdefghijklmno"
+		}, `config: detectLocal.interfaceNamePrefix: "abcdefghijklmno" is longer than 14 characters`},
 		{func(c *Config) { c.NodePortAddresses = []string{"10.0.0.0/8", "eth0"} },
 			`config: nodePortAddresses[1]: "eth0" is neither a CIDR nor "primary"`},
 		{func(c *Config) { c.Conntrack.MaxPerCore = -1 }, `config: conntrack.maxPerCore: -1 is negative`},

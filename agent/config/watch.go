@@ -26,6 +26,8 @@ var RestartOnly = []string{
 	"nodeName", "kubeconfig", "manifests", "mode", "proxyName", "stateDir",
 	"server.healthz", "server.metrics", "policy.engine", "ipvs.interface",
 	"log.format",
+	// The datapath tells pods as it was built to.
+	"detectLocalMode", "detectLocal.bridgeInterface", "detectLocal.interfaceNamePrefix",
 	// The prober is built once; health.mode and health.after apply live.
 	"health.interval", "health.timeout", "health.failureThreshold", "health.successThreshold",
 	"health.probesPerSecond", "health.concurrency", "health.jitterPercent", "health.perEndpointMetrics",

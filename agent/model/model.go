@@ -129,6 +129,9 @@ type Node struct {
 	Region    string // topology.kubernetes.io/region
 	Labels    map[string]string
 	Addresses []netip.Addr // InternalIP, then ExternalIP addresses
+	// PodCIDRs are the node's pod ranges (spec.podCIDRs), at most one per
+	// family: detectLocalMode NodeCIDR tells this node's pods by them.
+	PodCIDRs []netip.Prefix `json:",omitempty"` // left out when none: the file format of older snapshots
 	// Ineligible: the Node is being deleted or tainted
 	// ToBeDeletedByClusterAutoscaler; /healthz then fails so that load
 	// balancers drain it, as kube-proxy's.

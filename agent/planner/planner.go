@@ -228,6 +228,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	}
 	if snap.Node != nil {
 		plan.NodeIPs = primaryIPs(snap.Node.Addresses)
+		plan.PodCIDRs = snap.Node.PodCIDRs
 	}
 	plan.HealthCheckPorts = slices.Sorted(maps.Keys(res.HealthChecks))
 	slices.Sort(res.ExternalIPsIgnored)

@@ -367,3 +367,19 @@ func TestExplainWhileBuilding(t *testing.T) {
 		t.Errorf("explained while building:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// The Node's pod ranges reach the plan (detectLocalMode NodeCIDR tells
+// this node's pods by them), and follow the Node.
+func TestPlanCarriesPodCIDRs(t *testing.T) {
+	st := state.New(nil)
+	cidrs := []netip.Prefix{netip.MustParsePrefix("10.244.3.0/24"), netip.MustParsePrefix("fd00:244:3::/64")}
+	st.SetNode(&model.Node{Name: "n1", PodCIDRs: cidrs})
+	p := planner.New(planner.Options{}, nil)
+	if got := p.Build(context.Background(), st.Snapshot()).Plan.PodCIDRs; !slices.Equal(got, cidrs) {
+		t.Errorf("plan's PodCIDRs %v, want the Node's %v", got, cidrs)
+	}
+	st.SetNode(&model.Node{Name: "n1", PodCIDRs: cidrs[1:]})
+	if got := p.Build(context.Background(), st.Snapshot()).Plan.PodCIDRs; !slices.Equal(got, cidrs[1:]) {
+		t.Errorf("after the Node changed: %v, want %v", got, cidrs[1:])
+	}
+}

@@ -338,7 +338,7 @@ func (c *Converted) GetObjectMeta() metav1.Object {
 
 // Transform is the informers' transform, run before anything is cached:
 // Services and EndpointSlices become Converted; a Node keeps only what
-// Node reads (taints, addresses, labels, the kept annotations) and what the
+// Node reads (taints, pod ranges, addresses, labels, the kept annotations) and what the
 // informer needs. Anything else, a Converted included, is returned as is.
 func (c *Converter) Transform(obj any) (any, error) {
 	switch o := obj.(type) {
@@ -361,7 +361,7 @@ func (c *Converter) Transform(obj any) (any, error) {
 			}
 			o.Annotations = kept
 		}
-		o.Spec = v1.NodeSpec{Taints: o.Spec.Taints}
+		o.Spec = v1.NodeSpec{Taints: o.Spec.Taints, PodCIDR: o.Spec.PodCIDR, PodCIDRs: o.Spec.PodCIDRs}
 		o.Status = v1.NodeStatus{Addresses: o.Status.Addresses}
 	}
 	return obj, nil

@@ -289,6 +289,17 @@ func (c *Converter) Node(n *v1.Node) *model.Node {
 	for _, t := range n.Spec.Taints {
 		out.Ineligible = out.Ineligible || t.Key == TaintToBeDeleted
 	}
+	// spec.podCIDRs (its first is spec.podCIDR, which an older writer
+	// may have set alone).
+	podCIDRs := n.Spec.PodCIDRs
+	if len(podCIDRs) == 0 && n.Spec.PodCIDR != "" {
+		podCIDRs = []string{n.Spec.PodCIDR}
+	}
+	for _, c := range podCIDRs {
+		if p, err := netip.ParsePrefix(c); err == nil {
+			out.PodCIDRs = append(out.PodCIDRs, p.Masked())
+		}
+	}
 	// InternalIPs first: the first address of a family is the node's
 	// primary one (nodePortAddresses: primary).
 	for _, typ := range []v1.NodeAddressType{v1.NodeInternalIP, v1.NodeExternalIP} {

@@ -200,7 +200,7 @@ func richObjects() (*v1.Service, *discovery.EndpointSlice, *v1.Node) {
 		})
 	}
 	node := &v1.Node{ObjectMeta: meta("n1"),
-		Spec: v1.NodeSpec{PodCIDR: "10.244.0.0/24", Taints: []v1.Taint{{Key: TaintToBeDeleted, Effect: v1.TaintEffectNoSchedule}}},
+		Spec: v1.NodeSpec{PodCIDR: "10.244.0.0/24", PodCIDRs: []string{"10.244.0.0/24", "fd00:244::/64"}, ProviderID: "kind://n1", Taints: []v1.Taint{{Key: TaintToBeDeleted, Effect: v1.TaintEffectNoSchedule}}},
 		Status: v1.NodeStatus{Images: []v1.ContainerImage{{Names: []string{"big"}}}, Conditions: []v1.NodeCondition{{Type: v1.NodeReady}},
 			Capacity:  v1.ResourceList{},
 			Addresses: []v1.NodeAddress{{Type: v1.NodeExternalIP, Address: "192.0.2.1"}, {Type: v1.NodeInternalIP, Address: "10.0.0.9"}}}}
@@ -248,16 +248,43 @@ func TestTransform(t *testing.T) {
 		t.Errorf("stripped Node converts to\n%+v\nwant\n%+v", got, want)
 	}
 	n := transform(node).(*v1.Node)
-	if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.PodCIDR != "" || n.ManagedFields != nil {
+	if n.Status.Images != nil || n.Status.Conditions != nil || n.Spec.ProviderID != "" || n.ManagedFields != nil {
 		t.Errorf("stripped Node keeps what is not read: %+v", n)
 	}
 	if n.Name != "n1" || n.Namespace != "ns" || n.UID != "u-1" || n.ResourceVersion != "42" {
 		t.Errorf("stripped Node lost what the informer needs: %+v", n.ObjectMeta)
+	}
+	if got := conv.Node(n).PodCIDRs; len(got) != 2 {
+		t.Errorf("stripped Node's pod ranges: %v, want both of spec.podCIDRs", got)
 	}
 
 	bad := svc.DeepCopy()
 	bad.Labels[LabelServiceProxyName] = "other"
 	if c := transform(bad).(*Converted); !errors.Is(c.Err, ErrSkip) || c.Service != nil {
 		t.Errorf("Service of another proxy transforms to %+v, %v; want ErrSkip", c.Service, c.Err)
+	}
+}
+
+// TestConvertNodePodCIDRs: the Node's pod ranges (detectLocalMode
+// NodeCIDR) come from spec.podCIDRs, or spec.podCIDR alone from an older
+// writer; an unparsable one is left out.
+func TestConvertNodePodCIDRs(t *testing.T) {
+	conv := &Converter{}
+	p := netip.MustParsePrefix
+	for _, tc := range []struct {
+		name string
+		spec v1.NodeSpec
+		want []netip.Prefix
+	}{
+		{"dual-stack", v1.NodeSpec{PodCIDR: "10.244.3.0/24", PodCIDRs: []string{"10.244.3.0/24", "fd00:244:3::/64"}}, []netip.Prefix{p("10.244.3.0/24"), p("fd00:244:3::/64")}},
+		{"podCIDR alone", v1.NodeSpec{PodCIDR: "10.244.3.0/24"}, []netip.Prefix{p("10.244.3.0/24")}},
+		{"none", v1.NodeSpec{}, nil},
+		{"unparsable left out", v1.NodeSpec{PodCIDRs: []string{"10.244.3.0/33", "fd00:244:3::/64"}}, []netip.Prefix{p("fd00:244:3::/64")}},
+		{"host bits cleared", v1.NodeSpec{PodCIDRs: []string{"10.244.3.7/24"}}, []netip.Prefix{p("10.244.3.0/24")}},
+	} {
+		got := conv.Node(&v1.Node{Spec: tc.spec}).PodCIDRs
+		if !reflect.DeepEqual(got, tc.want) {
+			t.Errorf("%s: PodCIDRs %v, want %v", tc.name, got, tc.want)
+		}
 	}
 }

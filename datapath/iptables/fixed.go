@@ -77,8 +77,8 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 		head = append(head, topRule{xtables.Filter, chainNodePorts,
 			xtables.Rule{Matches: []xtables.Match{xtables.DPort("tcp", p)}, Comment: "edgeproxy health check node port", Target: xtables.Accept}})
 	}
-	for _, c := range cfg.ClusterCIDRs {
-		head = append(head, topRule{xtables.NAT, chainClusterMasq, xtables.Rule{Matches: []xtables.Match{xtables.Src(c.Masked())}, Target: xtables.Return}})
+	if pods, ok := cfg.fromPods(); ok {
+		head = append(head, topRule{xtables.NAT, chainClusterMasq, xtables.Rule{Matches: []xtables.Match{pods}, Target: xtables.Return}})
 	}
 	head = append(head, topRule{xtables.NAT, chainClusterMasq, xtables.Rule{Target: xtables.JumpTo(chainMarkMasq)}})
 	for _, d := range nodePortDst(cfg) {

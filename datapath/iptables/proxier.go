@@ -60,9 +60,19 @@ type Options struct {
 	// LocalhostNodePorts lets NodePorts answer on 127.0.0.0/8 (sets
 	// route_localnet).
 	LocalhostNodePorts bool
-	// ClusterCIDRs are the pod ranges; sources outside them are
-	// masqueraded when they reach a ClusterIP.
+	// ClusterCIDRs are the pod ranges, at most one per family: how
+	// traffic from pods is told (Config.ClusterCIDRs); sources outside
+	// them are masqueraded when they reach a ClusterIP.
 	ClusterCIDRs []netip.Prefix
+	// NodePodCIDRs tells pods by the plan's PodCIDRs (the Node's
+	// spec.podCIDRs) instead of ClusterCIDRs, followed at every apply:
+	// kube-proxy's detect-local-mode NodeCIDR. A family the Node has no
+	// range of tells no traffic from pods.
+	NodePodCIDRs bool
+	// PodInterface tells pods by the interface their traffic arrives on
+	// instead (Config.PodInterface): kube-proxy's BridgeInterface ("cni0")
+	// and InterfaceNamePrefix ("veth+") modes.
+	PodInterface string
 	// MasqueradeAll masquerades all ClusterIP traffic.
 	MasqueradeAll bool
 	// NodePortAddresses restricts NodePorts to the node's own addresses
@@ -93,6 +103,14 @@ type Options struct {
 	// IPv6 also programs IPv6 frontends with ip6tables. Off: IPv6
 	// frontends are ignored.
 	IPv6 bool
+	// KeepIPv6Forwarding leaves net.ipv6.conf.all.forwarding alone;
+	// otherwise IPv6 turns it on. Turning it on makes every interface
+	// with accept_ra=1 ignore Router Advertisements and drops the
+	// default routes they gave: the agent keeps it on a node that does
+	// not route IPv6 yet (no global IPv6 address, no IPv6 clusterCIDR),
+	// whose IPv6 may come by SLAAC, as it did before it proxied IPv6
+	// there (pods with IPv6 mean the CNI turned forwarding on).
+	KeepIPv6Forwarding bool
 	// Sysctls are extra kernel parameters to set at start, e.g.
 	// "net/netfilter/nf_conntrack_udp_timeout": "60".
 	Sysctls map[string]string
@@ -144,8 +162,9 @@ type family struct {
 	lastFixedSum digest                   // Ruleset.fixedSum as written
 	lastRewrite  time.Time                // of the last full rewrite
 
-	npa     []netip.Prefix // nodePortAddresses of this family
-	primary bool           // plus the node's primary address
+	podCIDRsRead bool           // followPodCIDRs has run: the Node's range is in cfg
+	npa          []netip.Prefix // nodePortAddresses of this family
+	primary      bool           // plus the node's primary address
 
 	// The tables' fingerprint when a full tamper check last passed.
 	verified   bool
@@ -232,7 +251,7 @@ func New(opts Options) (*Proxier, error) {
 	if opts.LocalhostNodePorts {
 		want["net/ipv4/conf/all/route_localnet"] = "1"
 	}
-	if opts.IPv6 {
+	if opts.IPv6 && !opts.KeepIPv6Forwarding {
 		want["net/ipv6/conf/all/forwarding"] = "1"
 	}
 	maps.Copy(want, opts.Sysctls)
@@ -281,12 +300,36 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 		MasqueradeBit:      opts.MasqueradeBit,
 		MasqueradeAll:      opts.MasqueradeAll,
 		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
+		PodInterface:       opts.PodInterface,
 		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
 		TCPBeLiberal:       opts.TCPBeLiberal,
 		RandomFully:        f.ipt.HasRandomFully(),
 	}
+	if opts.NodePodCIDRs {
+		f.cfg.ClusterCIDRs = nil // the Node's, from the first plan on
+	}
 	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", f.x.Variant, "iptables", f.x.IPTables, "restore", f.x.Restore)
 	return f, nil
+}
+
+// followPodCIDRs makes the Node's pod range of the family (its first, as
+// kube-proxy takes it) the one that tells pods. A change renders every
+// unit again: the fixed chains change with it (see family.ruleset).
+func (f *family) followPodCIDRs(podCIDRs []netip.Prefix) {
+	cidrs := filterFamily(podCIDRs, f.cfg.Family)
+	if len(cidrs) > 1 {
+		cidrs = cidrs[:1]
+	}
+	if f.podCIDRsRead && slices.Equal(cidrs, f.cfg.ClusterCIDRs) {
+		return
+	}
+	f.podCIDRsRead = true
+	if len(cidrs) == 0 {
+		f.log.Warn("detectLocalMode NodeCIDR: the Node has no pod range of this family; no traffic is told from pods", "podCIDRs", podCIDRs)
+	} else {
+		f.log.Info("detectLocalMode NodeCIDR: pods are told by the Node's pod range", "podCIDR", cidrs[0])
+	}
+	f.cfg.ClusterCIDRs = cidrs
 }
 
 func protoOf(f datapath.Family) goipt.Protocol {
@@ -363,6 +406,9 @@ func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Pla
 		f.cfg.NodePortIPs = ips
 	}
 	f.cfg.HealthCheckPorts = plan.HealthCheckPorts
+	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
+		f.followPodCIDRs(plan.PodCIDRs)
+	}
 	start := time.Now()
 	pre, read, trusted := f.verifiedNow()
 	st, err := f.apply(ctx, plan, full, plan.Full)

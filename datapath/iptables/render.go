@@ -44,9 +44,18 @@ type Config struct {
 	MasqueradeBit int
 	// MasqueradeAll marks every packet sent to a ClusterIP.
 	MasqueradeAll bool
-	// ClusterCIDRs are the pod ranges; traffic to a ClusterIP from outside
-	// them is masqueraded. Empty: only MasqueradeAll decides.
+	// ClusterCIDRs tell traffic from pods by its source: the first range
+	// of the family (kube-proxy's local-traffic detector, modes
+	// ClusterCIDR and NodeCIDR). Traffic to a ClusterIP from elsewhere
+	// is masqueraded, and pods reach a Local external frontend's
+	// cluster-wide endpoints. None (and no PodInterface): no traffic is
+	// told from pods, only MasqueradeAll marks ClusterIP traffic.
 	ClusterCIDRs []netip.Prefix
+	// PodInterface tells traffic from pods by the interface it arrives
+	// on instead (-i; a trailing "+" matches every interface whose name
+	// begins with the rest): kube-proxy's BridgeInterface and
+	// InterfaceNamePrefix modes. ClusterCIDRs are then not used.
+	PodInterface string
 	// NodePortIPs restricts NodePorts to these destination addresses: the
 	// node's own addresses inside nodePortAddresses, as kube-proxy matches
 	// them. Nil: every local address (addrtype LOCAL); empty but not nil:
@@ -64,6 +73,20 @@ type Config struct {
 }
 
 func (c *Config) markMasq() uint32 { return uint32(1) << uint(c.MasqueradeBit) }
+
+// fromPods is the match that tells traffic from pods (kube-proxy's
+// LocalTrafficDetector.IfLocal); false when nothing tells it.
+func (c *Config) fromPods() (xtables.Match, bool) {
+	if c.PodInterface != "" {
+		return xtables.InIface(c.PodInterface), true
+	}
+	for _, p := range c.ClusterCIDRs {
+		if datapath.FamilyOf(p.Addr()) == c.Family {
+			return xtables.Src(p.Masked()), true
+		}
+	}
+	return xtables.Match{}, false
+}
 
 // chain is one user chain and its rules.
 type chain struct {
@@ -420,7 +443,7 @@ func (ub *unitBuilder) clusterIPRules(f *datapath.Frontend) {
 	}
 	if ub.cfg.MasqueradeAll {
 		ub.addTop(xtables.NAT, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"), Target: xtables.JumpTo(chainMarkMasq)})
-	} else if len(ub.cfg.ClusterCIDRs) > 0 {
+	} else if _, ok := ub.cfg.fromPods(); ok {
 		ub.addTop(xtables.NAT, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"), Target: xtables.JumpTo(chainClusterMasq)})
 	}
 	ub.addTop(xtables.NAT, chainServices, xtables.Rule{Matches: ms, Comment: comment(f, "cluster IP"), Target: xtables.JumpTo(ub.groupOf[f].svc)})
@@ -448,16 +471,15 @@ func (ub *unitBuilder) extChain(f *datapath.Frontend) string {
 	return name
 }
 
-// localExtRules is kube-proxy's short-circuit: pods (by clusterCIDR) and
-// the node itself reach the cluster-wide set sc; the node's traffic is
-// masqueraded, its source being a local address (often the very address
-// it reaches). Everyone else reaches the local endpoints g.
+// localExtRules is kube-proxy's short-circuit: pods (as Config.fromPods
+// tells them) and the node itself reach the cluster-wide set sc; the
+// node's traffic is masqueraded, its source being a local address (often
+// the very address it reaches). Everyone else reaches the local
+// endpoints g.
 func (ub *unitBuilder) localExtRules(f *datapath.Frontend, g, sc *group) []xtables.Rule {
 	var rules []xtables.Rule
-	if sc != nil {
-		for _, c := range ub.cfg.ClusterCIDRs {
-			rules = append(rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(c.Masked())}, Comment: "pod traffic for " + sanitize(f.Service.String()) + " goes to the cluster", Target: xtables.JumpTo(sc.svc)})
-		}
+	if pods, ok := ub.cfg.fromPods(); ok && sc != nil {
+		rules = append(rules, xtables.Rule{Matches: []xtables.Match{pods}, Comment: "pod traffic for " + sanitize(f.Service.String()) + " goes to the cluster", Target: xtables.JumpTo(sc.svc)})
 	}
 	local := []xtables.Match{xtables.SrcLocal()}
 	if sc != nil || len(g.endpoints) > 0 {

@@ -115,6 +115,10 @@ func TestRenderGolden(t *testing.T) {
 		{"nodeport-addresses", Config{Family: datapath.IPv4, MasqueradeBit: 3, ClusterCIDRs: cidr,
 			NodePortIPs: []netip.Addr{netip.MustParseAddr("192.168.77.1"), netip.MustParseAddr("10.0.0.1")}}},
 		{"ipv6", Config{Family: datapath.IPv6, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("fd00:244::/64")}}},
+		// detectLocalMode BridgeInterface and InterfaceNamePrefix: pods
+		// told by the interface (the cluster range is then not used).
+		{"detect-bridge", Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: cidr, PodInterface: "cni0"}},
+		{"detect-prefix-ipv6", Config{Family: datapath.IPv6, MasqueradeBit: 14, PodInterface: "veth+"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			rs := Render(tc.cfg, samplePlan())

@@ -283,8 +283,9 @@ func TestRewriteRenderErrorWritesNothing(t *testing.T) {
 		t.Fatal(err)
 	}
 	before, restores := k.Dump(), k.Restores
-	// A fixed rule that cannot be rendered: a cluster CIDR that is no prefix.
-	f.cfg.ClusterCIDRs = []netip.Prefix{{}}
+	// A fixed rule that cannot be rendered: a pod interface that is no
+	// interface name.
+	f.cfg.PodInterface = "a/b"
 	_, err := f.apply(context.Background(), plan, true, true)
 	if err == nil {
 		t.Fatal("a rewrite whose fixed rules cannot be rendered succeeded")

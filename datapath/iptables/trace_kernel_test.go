@@ -156,3 +156,58 @@ func allSeen(seen map[string]bool, want []string) bool {
 	}
 	return true
 }
+
+// TestTraceDetectLocalAgreesWithKernel: the interface modes of local
+// traffic detection (kube-proxy's BridgeInterface and
+// InterfaceNamePrefix) as the kernel applies them. The pods' veths are
+// ports of the node's bridge br0, so their routed packets come in on br0;
+// the client's come in on its link. A prefix that names no interface a
+// pod's packet arrives on ("veth+") tells no pod.
+func TestTraceDetectLocalAgreesWithKernel(t *testing.T) {
+	eachVariant(t, func(t *testing.T, v iptables.Variant) {
+		for _, iface := range []string{"br0", "br+", "veth+"} {
+			t.Run(iface, func(t *testing.T) { traceDetectLocal(t, v, iface) })
+		}
+	})
+}
+
+func traceDetectLocal(t *testing.T, v iptables.Variant, iface string) {
+	e := newEnv(t, v, 3, func(o *iptables.Options) { o.PodInterface = iface })
+	c := e.pods[2]
+	none := fe("default/none:http", datapath.NodePort, datapath.TCP, netip.Addr{}, 30900)
+	none.LocalOnly, none.Drop, none.Cluster = true, true, []datapath.Endpoint{e.ep(2, 1)}
+	plan := &datapath.Plan{Full: true, Frontends: []datapath.Frontend{
+		fe("default/web:http", datapath.ClusterIP, datapath.TCP, vip, 80, e.ep(0, 1), e.ep(1, 1)),
+		none,
+	}}
+	e.mustApply(plan)
+	k := iptables.FakeOf(t, e.p, datapath.IPv4, plan)
+	nodeAddrs := []netip.Addr{e.node.LinkIP, e.node.Gateway}
+	names := map[string]netip.AddrPort{}
+	for _, p := range e.pods {
+		names[p.PodName] = p.AddrPort(podPort)
+	}
+	client, clientLink := netip.MustParseAddr("192.168.77.2"), "c-client"
+	for _, fl := range []struct {
+		name string
+		ns   *netns.NS
+		src  netip.Addr
+		in   string
+		dst  netip.AddrPort
+	}{
+		{"pod -> cluster IP", c.NS, c.IP, e.node.Bridge, ap(vip, 80)},
+		{"client -> cluster IP", e.client, client, clientLink, ap(vip, 80)},
+		{"pod -> eTP Local node port without local endpoints", c.NS, c.IP, e.node.Bridge, ap(e.node.LinkIP, 30900)},
+		{"client -> eTP Local node port without local endpoints", e.client, client, clientLink, ap(e.node.LinkIP, 30900)},
+	} {
+		paths, err := k.Trace(xtables.Packet{Src: fl.src, Dst: fl.dst.Addr(), Proto: "tcp", Port: fl.dst.Port(), InIface: fl.in}, nodeAddrs)
+		if err != nil {
+			t.Fatalf("%s: %v", fl.name, err)
+		}
+		want := traced(paths)
+		if got := connectAll(fl.ns, fl.src, fl.dst, names, want); !slices.Equal(got, want) {
+			t.Errorf("%s: the kernel gives %q, the tracer %q", fl.name, got, want)
+		}
+		t.Logf("%s: %q", fl.name, want)
+	}
+}

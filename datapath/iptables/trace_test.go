@@ -42,6 +42,7 @@ type flow struct {
 	proto    string
 	port     uint16
 	want     string
+	iface    string // the interface the packet arrives on, if it matters
 }
 
 // syncedFake returns a Fake holding what one full sync of fs under cfg
@@ -88,7 +89,7 @@ func trace(t *testing.T, k *xtables.Fake, fl flow, local []netip.Addr) []xtables
 	if proto == "" {
 		proto = "tcp"
 	}
-	paths, err := k.Trace(xtables.Packet{Src: netip.MustParseAddr(fl.src), Dst: netip.MustParseAddr(fl.dst), Proto: proto, Port: fl.port}, local)
+	paths, err := k.Trace(xtables.Packet{Src: netip.MustParseAddr(fl.src), Dst: netip.MustParseAddr(fl.dst), Proto: proto, Port: fl.port, InIface: fl.iface}, local)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -168,6 +169,163 @@ func TestPacketFlows(t *testing.T) {
 		{name: "external IP, another port", src: outside4, dst: "172.30.0.5", port: 443, want: "ACCEPT"},
 		// The other family's frontends are not in an IPv4 ruleset.
 		{name: "an address no rule names", src: outside4, dst: "10.96.9.9", port: 80, want: "ACCEPT"},
+	})
+}
+
+// TestPacketFlowsDetectLocal: kube-proxy's local-traffic detection
+// modes. What tells a pod decides whether its traffic to a ClusterIP is
+// masqueraded and whether it may use a Local external frontend's
+// cluster-wide endpoints: its source in the cluster range (ClusterCIDR),
+// in this node's pod range (NodeCIDR, from the plan's PodCIDRs), the
+// bridge it arrives on (BridgeInterface) or an interface name prefix
+// (InterfaceNamePrefix); with nothing to tell pods, ClusterIP traffic is
+// not masqueraded and no one short-circuits.
+func TestPacketFlowsDetectLocal(t *testing.T) {
+	const (
+		pod       = "10.244.0.9" // a pod on this node
+		remotePod = "10.244.1.5" // a pod on another node, routed in
+		strayPod  = "172.16.0.9" // a pod whose address is outside every pod range
+		vip       = "10.96.0.10" // two endpoints
+	)
+	cluster := "10.244.0.2:8080, 10.244.0.3:8080"
+	masq := "10.244.0.2:8080 masq, 10.244.0.3:8080 masq"
+	node := nodeIP4.String()
+	podCIDRs := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("fd00:244::/64")}
+	for _, c := range []struct {
+		mode  string
+		cfg   Config
+		node  bool // the pod range comes from the plan (NodeCIDR)
+		flows []flow
+	}{
+		{"ClusterCIDR", Config{ClusterCIDRs: []netip.Prefix{podCIDR4}}, false, []flow{
+			{name: "pod", src: pod, iface: "veth1", dst: vip, port: 80, want: cluster},
+			{name: "another node's pod", src: remotePod, iface: "eth0", dst: vip, port: 80, want: cluster},
+			{name: "outside", src: outside4, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "eTP Local, pod short-circuits", src: pod, iface: "veth1", dst: node, proto: "sctp", port: 30900, want: "10.244.1.3:9000"},
+			{name: "eTP Local, outside dropped", src: outside4, iface: "eth0", dst: node, proto: "sctp", port: 30900, want: "DROP"},
+		}},
+		{"NodeCIDR", Config{}, true, []flow{
+			{name: "pod", src: pod, iface: "veth1", dst: vip, port: 80, want: cluster},
+			{name: "another node's pod is masqueraded", src: remotePod, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "outside", src: outside4, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "eTP Local, pod short-circuits", src: pod, iface: "veth1", dst: node, proto: "sctp", port: 30900, want: "10.244.1.3:9000"},
+			{name: "eTP Local, another node's pod dropped", src: remotePod, iface: "eth0", dst: node, proto: "sctp", port: 30900, want: "DROP"},
+		}},
+		{"BridgeInterface", Config{ClusterCIDRs: []netip.Prefix{podCIDR4}, PodInterface: "cni0"}, false, []flow{
+			{name: "pod on the bridge", src: pod, iface: "cni0", dst: vip, port: 80, want: cluster},
+			{name: "pod address outside the ranges, on the bridge", src: strayPod, iface: "cni0", dst: vip, port: 80, want: cluster},
+			{name: "pod address arriving elsewhere is masqueraded", src: pod, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "another bridge by a longer name", src: pod, iface: "cni01", dst: vip, port: 80, want: masq},
+			{name: "outside", src: outside4, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "the node itself is masqueraded", src: node, dst: vip, port: 80, want: masq},
+			{name: "eTP Local, pod short-circuits", src: strayPod, iface: "cni0", dst: node, proto: "sctp", port: 30900, want: "10.244.1.3:9000"},
+			{name: "eTP Local, outside dropped", src: pod, iface: "eth0", dst: node, proto: "sctp", port: 30900, want: "DROP"},
+		}},
+		{"InterfaceNamePrefix", Config{ClusterCIDRs: []netip.Prefix{podCIDR4}, PodInterface: "veth+"}, false, []flow{
+			{name: "pod on a veth", src: pod, iface: "veth1a2b3c", dst: vip, port: 80, want: cluster},
+			{name: "pod address outside the ranges, on a veth", src: strayPod, iface: "veth9", dst: vip, port: 80, want: cluster},
+			{name: "pod address on the bridge is masqueraded", src: pod, iface: "cni0", dst: vip, port: 80, want: masq},
+			{name: "a shorter name than the prefix", src: pod, iface: "vet", dst: vip, port: 80, want: masq},
+			{name: "outside", src: outside4, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "eTP Local, pod short-circuits", src: pod, iface: "veth9", dst: node, proto: "sctp", port: 30900, want: "10.244.1.3:9000"},
+			{name: "eTP Local, outside dropped", src: outside4, iface: "eth0", dst: node, proto: "sctp", port: 30900, want: "DROP"},
+		}},
+		{"nothing tells pods", Config{}, false, []flow{
+			{name: "pod is not masqueraded", src: pod, iface: "veth1", dst: vip, port: 80, want: cluster},
+			{name: "outside is not masqueraded either", src: outside4, iface: "eth0", dst: vip, port: 80, want: cluster},
+			{name: "nor the node (its own address answers)", src: node, dst: vip, port: 80, want: cluster},
+			{name: "eTP Local, no short-circuit for pods", src: pod, iface: "veth1", dst: node, proto: "sctp", port: 30900, want: "DROP"},
+		}},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			cfg := c.cfg
+			cfg.Family, cfg.MasqueradeBit = datapath.IPv4, 14
+			k := xtables.NewFake()
+			f := newFakeFamily(cfg, k)
+			plan := datapath.Plan{Frontends: samplePlan(), Full: true}
+			if c.node {
+				plan.PodCIDRs = podCIDRs
+				f.followPodCIDRs(plan.PodCIDRs)
+			}
+			if _, err := f.apply(context.Background(), &plan, true, true); err != nil {
+				t.Fatal(err)
+			}
+			runFlows(t, k, []netip.Addr{nodeIP4}, c.flows)
+		})
+	}
+}
+
+// TestPacketFlowsDetectLocalIPv6: the modes in an IPv6 ruleset. The
+// interface modes are the same for both families; NodeCIDR takes the
+// Node's IPv6 range.
+func TestPacketFlowsDetectLocalIPv6(t *testing.T) {
+	svc := datapath.ServicePortName{Namespace: "default", Name: "v6", Port: "http"}
+	fs := []datapath.Frontend{{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("fd00::10"), Family: datapath.IPv6, Port: 80,
+		Endpoints: []datapath.Endpoint{ep("[fd00:244::2]:8080", 1, true)}}}
+	const pod, remotePod, vip = "fd00:244::9", "fd00:244:0:1::5", "fd00::10"
+	local, masq := "[fd00:244::2]:8080", "[fd00:244::2]:8080 masq"
+	for _, c := range []struct {
+		mode  string
+		cfg   Config
+		flows []flow
+	}{
+		{"NodeCIDR", Config{}, []flow{
+			{name: "pod", src: pod, iface: "veth1", dst: vip, port: 80, want: local},
+			{name: "another node's pod", src: remotePod, iface: "eth0", dst: vip, port: 80, want: masq},
+			{name: "outside", src: outside6, iface: "eth0", dst: vip, port: 80, want: masq},
+		}},
+		{"BridgeInterface", Config{PodInterface: "cni0"}, []flow{
+			{name: "pod on the bridge", src: pod, iface: "cni0", dst: vip, port: 80, want: local},
+			{name: "pod address arriving elsewhere", src: pod, iface: "eth0", dst: vip, port: 80, want: masq},
+		}},
+		{"InterfaceNamePrefix", Config{PodInterface: "veth+"}, []flow{
+			{name: "pod on a veth", src: remotePod, iface: "veth7", dst: vip, port: 80, want: local},
+			{name: "outside", src: outside6, iface: "eth0", dst: vip, port: 80, want: masq},
+		}},
+	} {
+		t.Run(c.mode, func(t *testing.T) {
+			cfg := c.cfg
+			cfg.Family, cfg.MasqueradeBit = datapath.IPv6, 14
+			k := xtables.NewFake()
+			f := newFakeFamily(cfg, k)
+			plan := datapath.Plan{Frontends: fs, Full: true}
+			if c.mode == "NodeCIDR" {
+				plan.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("fd00:244::/64")}
+				f.followPodCIDRs(plan.PodCIDRs)
+			}
+			if _, err := f.apply(context.Background(), &plan, true, true); err != nil {
+				t.Fatal(err)
+			}
+			runFlows(t, k, []netip.Addr{nodeIP6}, c.flows)
+		})
+	}
+}
+
+// TestNodeCIDRFollowsTheNode: the Node's pod range arriving (or
+// changing) after the first sync is taken by the next partial sync of an
+// unrelated change: every unit is rendered again.
+func TestNodeCIDRFollowsTheNode(t *testing.T) {
+	k := xtables.NewFake()
+	f := newFakeFamily(Config{Family: datapath.IPv4, MasqueradeBit: 14}, k)
+	ctx := context.Background()
+	plan := datapath.Plan{Frontends: samplePlan(), Full: true}
+	f.followPodCIDRs(nil) // the Node has no podCIDRs yet
+	if _, err := f.apply(ctx, &plan, true, true); err != nil {
+		t.Fatal(err)
+	}
+	outsideFlow := flow{name: "outside", src: outside4, iface: "eth0", dst: "10.96.0.10", port: 80}
+	if got := outcome(trace(t, k, outsideFlow, []netip.Addr{nodeIP4})); got != "10.244.0.2:8080, 10.244.0.3:8080" {
+		t.Fatalf("before the Node's range: %s, want no masquerade (nothing tells pods)", got)
+	}
+	next := datapath.Plan{Frontends: samplePlan(), Changed: map[datapath.ServicePortName]bool{}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}}
+	f.followPodCIDRs(next.PodCIDRs)
+	if _, err := f.apply(ctx, &next, false, false); err != nil {
+		t.Fatal(err)
+	}
+	runFlows(t, k, []netip.Addr{nodeIP4}, []flow{
+		{name: "outside is masqueraded now", src: outside4, iface: "eth0", dst: "10.96.0.10", port: 80, want: "10.244.0.2:8080 masq, 10.244.0.3:8080 masq"},
+		{name: "pod", src: "10.244.0.9", iface: "veth1", dst: "10.96.0.10", port: 80, want: "10.244.0.2:8080, 10.244.0.3:8080"},
+		{name: "eTP Local, pod short-circuits now", src: "10.244.0.9", iface: "veth1", dst: nodeIP4.String(), proto: "sctp", port: 30900, want: "10.244.1.3:9000"},
 	})
 }
 

@@ -205,6 +205,9 @@ func TestRules(t *testing.T) {
 	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}
 	golden(t, "rules-cidr.golden", rulesText(t, ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr}))
 	golden(t, "rules6-cidr.golden", rulesText(t, ruleConfig{Family: v6, MarkBit: 14, ClusterCIDRs: cidr}))
+	// detectLocalMode BridgeInterface and InterfaceNamePrefix.
+	golden(t, "rules-bridge.golden", rulesText(t, ruleConfig{Family: v4, MarkBit: 14, ClusterCIDRs: cidr, PodInterface: "cni0"}))
+	golden(t, "rules6-prefix.golden", rulesText(t, ruleConfig{Family: v6, MarkBit: 14, PodInterface: "veth+"}))
 	if rf := rulesText(t, ruleConfig{Family: v4, MarkBit: 14, RandomFully: true}); !strings.Contains(rf, "-j MASQUERADE --random-fully\n") {
 		t.Errorf("RandomFully without --random-fully:\n%s", rf)
 	}

@@ -46,8 +46,16 @@ type Options struct {
 	GracePeriod time.Duration
 	// IPv6 programs IPv6 frontends too (IPv6 virtual servers, sets,
 	// ip6tables rules, addresses on the dummy link); without it they are
-	// refused. The agent sets it when the node has an IPv6 address.
+	// refused. The agent sets it where IPv6 works, as kube-proxy.
 	IPv6 bool
+	// KeepIPv6Forwarding leaves net.ipv6.conf.all.forwarding alone;
+	// otherwise IPv6 turns it on. Turning it on makes every interface
+	// with accept_ra=1 ignore Router Advertisements and drops the
+	// default routes they gave: the agent keeps it on a node that does
+	// not route IPv6 yet (no global IPv6 address, no IPv6 clusterCIDR),
+	// whose IPv6 may come by SLAAC, as it did before it proxied IPv6
+	// there (pods with IPv6 mean the CNI turned forwarding on).
+	KeepIPv6Forwarding bool
 	// NodeAddresses are where NodePorts are served; nil means every
 	// global unicast address (IPv4, and IPv6 with IPv6) on the node's
 	// links (but the dummy), looked up at each Apply; of a family that
@@ -58,9 +66,19 @@ type Options struct {
 	// NodePortPrimary adds the node's primary addresses (the plan's
 	// NodeIPs) to NodePortCIDRs: kube-proxy's "primary" keyword.
 	NodePortPrimary bool
-	ClusterCIDRs    []netip.Prefix
-	MasqueradeAll   bool
-	MasqueradeBit   int // 0..31; 14
+	// ClusterCIDRs tell traffic from pods by its source (the first of
+	// each family), as kube-proxy's local-traffic detector: ClusterIP
+	// traffic from elsewhere is masqueraded.
+	ClusterCIDRs []netip.Prefix
+	// NodePodCIDRs tells pods by the plan's PodCIDRs (the Node's
+	// spec.podCIDRs) instead, followed at every Apply (kube-proxy's
+	// detect-local-mode NodeCIDR).
+	NodePodCIDRs bool
+	// PodInterface tells pods by the interface their traffic arrives on
+	// instead: "cni0" (BridgeInterface), "veth+" (InterfaceNamePrefix).
+	PodInterface  string
+	MasqueradeAll bool
+	MasqueradeBit int // 0..31; 14
 	// IPVS connection timeouts; zero keeps the kernel's.
 	TCPTimeout, TCPFinTimeout, UDPTimeout time.Duration
 	// Variant selects the iptables backend of the static rules; Auto
@@ -113,11 +131,15 @@ type Proxier struct {
 	// retry holds the virtual servers the kernel refused (or refused a real
 	// server of) in the last Apply: partial syncs revisit them until they
 	// are programmed.
-	retry     map[Key]bool
-	logged    map[string]bool
-	rulesOK   bool
-	last      Stats
-	sysctlErr error
+	retry   map[Key]bool
+	logged  map[string]bool
+	rulesOK bool
+	// podCIDRs are the Node's pod ranges the rules tell pods by
+	// (NodePodCIDRs), as of the last Apply.
+	podCIDRs     []netip.Prefix
+	podCIDRsRead bool
+	last         Stats
+	sysctlErr    error
 }
 
 var (
@@ -173,7 +195,7 @@ func New(opts Options) (*Proxier, error) {
 		if connReuseWorkaround(kernelRelease()) {
 			want["net/ipv4/vs/conn_reuse_mode"] = "0"
 		}
-		if opts.IPv6 {
+		if opts.IPv6 && !opts.KeepIPv6Forwarding {
 			want["net/ipv6/conf/all/forwarding"] = "1"
 		}
 		if opts.StrictARP {
@@ -341,6 +363,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		}
 	}
 	errs = append(errs, p.syncSets(want, full, &st)...)
+	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
+		p.followPodCIDRs(plan.PodCIDRs)
+	}
 	if full || !p.rulesOK {
 		p.rulesOK = true
 		for _, t := range p.ipt {
@@ -445,7 +470,36 @@ func nodePortAddrs(all []netip.Addr, fams []datapath.Family, cidrs []netip.Prefi
 }
 
 func (p *Proxier) ruleText(t iptables) (string, error) {
-	return renderRules(ruleConfig{Family: t.fam, RandomFully: t.randomFully, ClusterCIDRs: p.opts.ClusterCIDRs, MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
+	cidrs := p.opts.ClusterCIDRs
+	if p.opts.NodePodCIDRs {
+		cidrs = p.podCIDRs
+	}
+	return renderRules(ruleConfig{Family: t.fam, RandomFully: t.randomFully, ClusterCIDRs: cidrs, PodInterface: p.opts.PodInterface,
+		MasqueradeAll: p.opts.MasqueradeAll, MarkBit: p.opts.MasqueradeBit})
+}
+
+// followPodCIDRs makes the Node's pod ranges (the first of each family,
+// as kube-proxy takes them) the ones that tell pods; a change has the
+// static rules written again.
+func (p *Proxier) followPodCIDRs(podCIDRs []netip.Prefix) {
+	var cidrs []netip.Prefix
+	for _, fam := range p.families() {
+		if i := slices.IndexFunc(podCIDRs, func(c netip.Prefix) bool { return datapath.FamilyOf(c.Addr()) == fam }); i >= 0 {
+			cidrs = append(cidrs, podCIDRs[i].Masked())
+		}
+	}
+	if p.podCIDRsRead && slices.Equal(cidrs, p.podCIDRs) {
+		return
+	}
+	p.podCIDRsRead = true
+	if len(cidrs) < len(p.families()) {
+		p.log.Warn("detectLocalMode NodeCIDR: the Node lacks a pod range of a family; no traffic of that family is told from pods", "podCIDRs", podCIDRs)
+	}
+	if len(cidrs) > 0 {
+		p.log.Info("detectLocalMode NodeCIDR: pods are told by the Node's pod ranges", "podCIDRs", cidrs)
+	}
+	p.podCIDRs = cidrs
+	p.rulesOK = false
 }
 
 func (p *Proxier) logOnce(msg string, args ...any) {

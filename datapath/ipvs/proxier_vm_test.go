@@ -1010,6 +1010,46 @@ func TestMasqueradeLikeUpstream(t *testing.T) {
 	}
 }
 
+// TestDetectLocalModes: kube-proxy's local-traffic detection modes with
+// real IPVS traffic. A pod's packets come in on the node's bridge br0:
+// told by the bridge (BridgeInterface), by a prefix of it
+// (InterfaceNamePrefix) or by the Node's pod range from the plan
+// (NodeCIDR), the pod keeps its source to a ClusterIP and the outside
+// client is masqueraded; a prefix no pod's packets arrive on ("veth")
+// tells no one, and the pod is masqueraded too.
+func TestDetectLocalModes(t *testing.T) {
+	w := newWorld(t, "a", "c")
+	vip := ap("10.96.5.1", 80)
+	plan := func() *datapath.Plan {
+		return &datapath.Plan{Full: true, PodCIDRs: []netip.Prefix{w.node.PodNet}, Frontends: []datapath.Frontend{{
+			Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP, Protocol: datapath.TCP,
+			Family: datapath.IPv4, Addr: vip.Addr(), Port: 80, Endpoints: []datapath.Endpoint{w.ep("a", 1)}}}}
+	}
+	for _, c := range []struct {
+		name    string
+		opts    Options
+		podMasq bool
+	}{
+		{"BridgeInterface", Options{PodInterface: "br0"}, false},
+		{"InterfaceNamePrefix", Options{PodInterface: "br+"}, false},
+		{"NodeCIDR", Options{NodePodCIDRs: true, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.99.0.0/16")}}, false},
+		{"InterfaceNamePrefix naming no pod link", Options{PodInterface: "veth+"}, true},
+	} {
+		p := w.newProxier(c.opts)
+		w.apply(p, plan())
+		if r, err := w.pods["c"].TCP(vip, timeout); err != nil || r.Name != "a" {
+			t.Errorf("%s: pod -> ClusterIP: %v %v", c.name, r, err)
+		} else if masq := r.Client.Addr() != w.pods["c"].IP; masq != c.podMasq {
+			t.Errorf("%s: pod -> ClusterIP: a saw %s (masqueraded %v), want masqueraded %v", c.name, r.Client, masq, c.podMasq)
+		}
+		if r, err := w.client.TCP(vip, timeout); err != nil || r.Name != "a" {
+			t.Errorf("%s: client -> ClusterIP: %v %v", c.name, r, err)
+		} else if r.Client.Addr() == addr("192.168.77.2") {
+			t.Errorf("%s: client -> ClusterIP kept its source %s; want it masqueraded", c.name, r.Client)
+		}
+	}
+}
+
 // TestHostPortsOnServiceAddresses: a daemon of the node listening on
 // 0.0.0.0 answers on the node's own addresses, but not through a service
 // address (bound on the dummy link) on a port no service uses: refused,

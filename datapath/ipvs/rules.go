@@ -35,7 +35,8 @@ var (
 // ruleConfig is what the static rules depend on.
 type ruleConfig struct {
 	Family        datapath.Family // the sets matched are this family's
-	ClusterCIDRs  []netip.Prefix  // those of other families are ignored
+	ClusterCIDRs  []netip.Prefix  // tell pods by source: the first of the family; others are ignored
+	PodInterface  string          // tell pods by input interface instead (-i; "veth+" by prefix)
 	MasqueradeAll bool
 	MarkBit       int
 	RandomFully   bool // MASQUERADE --random-fully (iptables 1.6.2 and later)
@@ -98,15 +99,19 @@ func (w ruleWriter) set(base, dirs string) xtables.Match {
 	return xtables.InSet(setName(base, w.c.Family), dirs)
 }
 
-// cidrs are the cluster ranges of the rules' family.
-func (c ruleConfig) cidrs() []netip.Prefix {
-	var out []netip.Prefix
+// fromPods is the match that tells traffic from pods (kube-proxy's
+// local-traffic detector): the interface it arrives on, or the first
+// range of the rules' family; false when nothing tells it.
+func (c ruleConfig) fromPods() (xtables.Match, bool) {
+	if c.PodInterface != "" {
+		return xtables.InIface(c.PodInterface), true
+	}
 	for _, p := range c.ClusterCIDRs {
 		if datapath.FamilyOf(p.Addr()) == c.Family {
-			out = append(out, p.Masked())
+			return xtables.Src(p.Masked()), true
 		}
 	}
-	return out
+	return xtables.Match{}, false
 }
 
 // ms lists matches.
@@ -121,20 +126,18 @@ func (w ruleWriter) nat() {
 	r(chainPostrouting, rule{Matches: ms(xtables.NotMark(c.mark())), Target: xtables.Return})
 	r(chainPostrouting, rule{Target: xtables.MarkXor(c.mark())})
 	r(chainPostrouting, rule{Comment: "edgeproxy service traffic requiring SNAT", Target: xtables.Masquerade(c.RandomFully)})
-	// ClusterIP traffic is masqueraded when it comes from outside the
-	// cluster ranges (so that replies return through this node), or
-	// always with masqueradeAll.
-	cidrs := c.cidrs()
-	if !c.MasqueradeAll {
-		for _, p := range cidrs {
-			r(chainClusterMasq, rule{Matches: ms(xtables.Src(p)), Target: xtables.Return})
-		}
+	// ClusterIP traffic is masqueraded when it does not come from pods
+	// (so that replies return through this node), or always with
+	// masqueradeAll.
+	pods, podsTold := c.fromPods()
+	if !c.MasqueradeAll && podsTold {
+		r(chainClusterMasq, rule{Matches: ms(pods), Target: xtables.Return})
 	}
 	r(chainClusterMasq, rule{Target: xtables.JumpTo(chainMarkMasq)})
-	if c.MasqueradeAll || len(cidrs) > 0 {
+	if c.MasqueradeAll || podsTold {
 		r(chainServices, rule{Matches: ms(set(setClusterIP, "dst,dst")), Target: xtables.JumpTo(chainClusterMasq)})
 	} else {
-		// Without cluster ranges pods cannot be told from the outside;
+		// When nothing tells pods from the outside;
 		// as kube-proxy, masquerade only what the node sends from a
 		// service address (the source the kernel picks to reach an
 		// address bound on the dummy link).
@@ -164,12 +167,12 @@ func (w ruleWriter) filter() {
 	type rule = xtables.Rule
 	w.declare(xtables.Filter, filterChains)
 	r(chainFilter, rule{Matches: ms(set(setNoEndpoints, "dst,dst")), Comment: "edgeproxy service without endpoints", Target: xtables.Reject})
-	// Policy Local without local endpoints: pods (sources in the cluster
-	// ranges) and the node itself use the cluster-wide endpoints, the
-	// rest is dropped.
+	// Policy Local without local endpoints: pods (fromPods) and the node
+	// itself use the cluster-wide endpoints, the rest is dropped.
 	r(chainFilter, rule{Matches: ms(set(setNoEndpointsLo, "dst,dst"), xtables.SrcLocal()), Target: xtables.Return})
-	for _, p := range c.cidrs() {
-		r(chainFilter, rule{Matches: ms(set(setNoEndpointsLo, "dst,dst"), xtables.Src(p)), Target: xtables.Return})
+	if pods, ok := c.fromPods(); ok {
+		// The address or interface first, where iptables-save puts it.
+		r(chainFilter, rule{Matches: ms(pods, set(setNoEndpointsLo, "dst,dst")), Target: xtables.Return})
 	}
 	r(chainFilter, rule{Matches: ms(set(setNoEndpointsLo, "dst,dst")), Comment: "edgeproxy local service without local endpoints", Target: xtables.Drop})
 	r(chainFilter, rule{Matches: ms(set(setLBFirewall, "dst,dst"), xtables.NotInSet(setName(setLBSource, c.Family), "dst,dst,src")), Comment: "edgeproxy load balancer source ranges", Target: xtables.Drop})

@@ -94,7 +94,7 @@ func (p *ruleParser) rule() (Rule, error) {
 		if err != nil {
 			return r, err
 		}
-		if neg && w != "-s" && w != "-d" {
+		if neg && w != "-s" && w != "-d" && w != "-i" {
 			return r, fmt.Errorf("\"!\" before %q", w)
 		}
 		switch w {
@@ -104,6 +104,12 @@ func (p *ruleParser) rule() (Rule, error) {
 				return r, err
 			}
 			r.Matches = append(r.Matches, m)
+		case "-i":
+			name, err := p.next()
+			if err != nil {
+				return r, err
+			}
+			r.Matches = append(r.Matches, Match{kind: mInIface, name: name, not: neg})
 		case "-p":
 			m, err := p.proto()
 			if err != nil {

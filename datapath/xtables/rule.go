@@ -82,6 +82,7 @@ const (
 	mRecentSeen                      // -m recent --name N --rcheck --seconds S --reap
 	mRecentSet                       // -m recent --name N --set --rsource
 	mSet                             // -m set --match-set NAME DIRS
+	mInIface                         // -i NAME (a trailing + matches by prefix)
 )
 
 // Match is one match of a rule. Build it with the functions below; the
@@ -93,7 +94,7 @@ type Match struct {
 	dirs   uint8        // mSet: 1 + the index of its flags in setFlags (0: invalid); a byte keeps Match as small as it was without sets
 	port   uint16       // mProto (0: no port match), mCtOrigDst
 	prefix netip.Prefix // mSrc, mDst; mCtOrigDst: the address (all bits)
-	name   string       // mProto, mCtOrigDst: the protocol ("tcp", "udp", "sctp"); mCtState: the states; mRecent*, mSet: the list
+	name   string       // mProto, mCtOrigDst: the protocol ("tcp", "udp", "sctp"); mCtState: the states; mRecent*, mSet: the list; mInIface: the interface
 	n      int64        // mMark: the mark; mRecentSeen: seconds
 	prob   float64      // mStatistic
 }
@@ -112,6 +113,33 @@ var setFlags = func() []string {
 
 // setDirs is the dirs of a Match for flags.
 func setDirs(flags string) uint8 { return uint8(slices.Index(setFlags, flags) + 1) }
+
+// InIface matches packets that arrived on interface name (-i name); a
+// name ending in "+" matches every interface whose name begins with the
+// rest. Packets the node sends have arrived on none.
+func InIface(name string) Match { return Match{kind: mInIface, name: name} }
+
+// NotInIface matches packets that did not arrive on interface name
+// (! -i name).
+func NotInIface(name string) Match { return Match{kind: mInIface, name: name, not: true} }
+
+// MaxIfaceName is the longest interface name (and -i argument) the
+// kernel takes (IFNAMSIZ, 16 with its NUL).
+const MaxIfaceName = 15
+
+// ValidIface checks an interface name or a "prefix+" for -i: 1 to
+// MaxIfaceName characters, none of them blank, '/' or ':', and no '+'
+// but a last one (as the kernel's dev_valid_name).
+func ValidIface(name string) error {
+	base := strings.TrimSuffix(name, "+")
+	if base == "" && name != "+" || len(name) > MaxIfaceName || base == "." || base == ".." ||
+		strings.ContainsFunc(base, func(r rune) bool {
+			return r <= ' ' || r > '~' || r == '/' || r == ':' || r == '+' || r == '"' || r == '!'
+		}) {
+		return fmt.Errorf("interface %q: not 1..%d printable characters without blanks, '/', ':', '!' or a '+' but a last one", name, MaxIfaceName)
+	}
+	return nil
+}
 
 // Src matches sources in p (-s p).
 func Src(p netip.Prefix) Match { return Match{kind: mSrc, prefix: p} }
@@ -212,6 +240,8 @@ func (m *Match) validate() error {
 		if m.dirs == 0 || int(m.dirs) > len(setFlags) {
 			return fmt.Errorf("set %s: flags are not 1 to 3 of src and dst", m.name)
 		}
+	case mInIface:
+		return ValidIface(m.name)
 	case mAddrType, mMark:
 	default:
 		return fmt.Errorf("unknown match kind %d", m.kind)
@@ -221,10 +251,12 @@ func (m *Match) validate() error {
 
 // args writes the match's arguments to w.
 func (m *Match) args(w *argWriter) {
-	if m.not && (m.kind == mSrc || m.kind == mDst) {
+	if m.not && (m.kind == mSrc || m.kind == mDst || m.kind == mInIface) {
 		w.arg("!")
 	}
 	switch m.kind {
+	case mInIface:
+		w.args("-i", m.name)
 	case mSrc:
 		w.arg("-s")
 		w.prefix(m.prefix)

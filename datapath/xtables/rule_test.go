@@ -22,6 +22,8 @@ func TestParseRoundTrip(t *testing.T) {
 		{Matches: []Match{Proto("udp"), Probability(0.3333333333)}, Target: DNAT(netip.MustParseAddrPort("10.0.0.1:53"))},
 		{Matches: []Match{Proto("sctp")}, Target: DNAT(netip.MustParseAddrPort("[fd00::2]:9000"))},
 		{Matches: []Match{SrcLocal(), DstLocal()}, Target: MarkOr(0x4000)},
+		{Matches: []Match{InIface("cni0")}, Comment: "pod traffic", Target: JumpTo("EP-SVC-X")},
+		{Matches: []Match{NotInIface("veth+"), InSet("EP-CLUSTER-IP", "dst,dst")}, Target: JumpTo("EP-MARK-MASQ")},
 		{Matches: []Match{CtState("NEW"), NotCtState("RELATED,ESTABLISHED,DNAT")}, Target: Drop},
 		{Matches: []Match{CtOrigDst(a("172.30.0.1"), 443, "tcp")}, Comment: "source ranges", Target: JumpTo("EP-FW-X")},
 		{Matches: []Match{Mark(0x4000)}, Target: Accept},
@@ -96,6 +98,9 @@ func TestParseRefuses(t *testing.T) {
 		"-j MASQUERADE --to-ports 1",            // an option the model does not write
 		"-m comment --comment \"open -j ACCEPT", // unterminated quote
 		"! -p tcp -j ACCEPT",
+		"-i -j ACCEPT",                   // no interface
+		"-i a/b -j ACCEPT",               // not an interface name
+		"-i vethisfartoolong+ -j ACCEPT", // longer than IFNAMSIZ
 	} {
 		if r, err := ParseRule(text); err == nil {
 			t.Errorf("ParseRule(%q) = %q, want an error", text, r.Text())
@@ -110,6 +115,10 @@ func TestValidate(t *testing.T) {
 		{Matches: []Match{InSet("EP-X", "dst,dst,src,src")}, Target: Accept},
 		{Matches: []Match{InSet("EP-X", "dest")}, Target: Accept},
 		{Matches: []Match{Probability(1.5)}, Target: Accept},
+		{Matches: []Match{InIface("")}, Target: Accept},
+		{Matches: []Match{InIface("a+b")}, Target: Accept},
+		{Matches: []Match{InIface("br 0")}, Target: Accept},
+		{Matches: []Match{InIface("abcdefghijklmnop")}, Target: Accept},
 		{Matches: []Match{{}}, Target: Accept},
 		{Comment: `a "quote"`, Target: Accept},
 		{Target: JumpTo("INPUT")},

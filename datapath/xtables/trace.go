@@ -16,6 +16,10 @@ type Packet struct {
 	Src, Dst netip.Addr
 	Proto    string // "tcp", "udp" or "sctp"
 	Port     uint16 // the destination port
+	// InIface is the interface a packet from elsewhere arrives on (-i
+	// sees it in PREROUTING, INPUT and FORWARD); a packet the node sends
+	// arrives on none.
+	InIface string
 }
 
 // Verdict is how a packet's way through the rules ends.
@@ -63,6 +67,7 @@ func (f *Fake) Trace(p Packet, local []netip.Addr) ([]Path, error) {
 	st := &flowState{pkt: p, origDst: p.Dst, origPort: p.Port, prob: 1}
 	var hooks []Chain
 	if t.isLocal(p.Src) {
+		st.pkt.InIface = ""
 		hooks = []Chain{{NAT, "OUTPUT"}, {Filter, "OUTPUT"}, {NAT, "POSTROUTING"}, {Filter, "INPUT"}}
 	} else {
 		hooks = []Chain{{NAT, "PREROUTING"}, {Filter, "INPUT"}, {Filter, "FORWARD"}, {NAT, "POSTROUTING"}}
@@ -74,6 +79,12 @@ func (f *Fake) Trace(p Packet, local []netip.Addr) ([]Path, error) {
 			if s.verdict != "" || !t.applies(h, s) {
 				next = append(next, s)
 				continue
+			}
+			// No hook after routing but INPUT and FORWARD knows where
+			// a packet came in.
+			t.inIface = ""
+			if h.Name == "PREROUTING" || h.Name == "INPUT" || h.Name == "FORWARD" {
+				t.inIface = s.pkt.InIface
 			}
 			flows, err := t.chain(h.Table, h.Name, s, 0)
 			if err != nil {
@@ -101,8 +112,9 @@ func (f *Fake) Trace(p Packet, local []netip.Addr) ([]Path, error) {
 
 // tracer walks the rules of one Trace.
 type tracer struct {
-	chains map[Chain][]Rule
-	local  []netip.Addr
+	chains  map[Chain][]Rule
+	local   []netip.Addr
+	inIface string // the packet's input interface as the current hook sees it
 }
 
 // flowState is what the rules can change of a packet on one path.
@@ -286,6 +298,12 @@ func (t *tracer) test(m *Match, s *flowState) (bool, error) {
 	switch m.kind {
 	case mSrc:
 		ok = m.prefix.Contains(s.pkt.Src)
+	case mInIface:
+		if p, prefix := strings.CutSuffix(m.name, "+"); prefix {
+			ok = strings.HasPrefix(t.inIface, p)
+		} else {
+			ok = t.inIface == m.name
+		}
 	case mDst:
 		ok = m.prefix.Contains(s.pkt.Dst)
 	case mProto:

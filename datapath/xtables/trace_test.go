@@ -88,6 +88,58 @@ COMMIT
 	}
 }
 
+// TestTraceInIface: -i sees the interface a packet arrived on, in the
+// hooks before routing and INPUT and FORWARD; a "+" name matches by
+// prefix; a packet the node sends arrived on none.
+func TestTraceInIface(t *testing.T) {
+	k := fakeWith(t, `*nat
+:EP-S - [0:0]
+:EP-MARK - [0:0]
+:EP-POST - [0:0]
+-A EP-MARK -j MARK --or-mark 0x4000
+-A EP-S -i cni0 -j RETURN
+-A EP-S -i veth+ -j RETURN
+-A EP-S -j EP-MARK
+-A EP-POST -m mark ! --mark 0x4000/0x4000 -j RETURN
+-A EP-POST -j MASQUERADE
+-I PREROUTING 1 -j EP-S
+-I OUTPUT 1 -j EP-S
+-I POSTROUTING 1 -j EP-POST
+COMMIT
+*filter
+:EP-F - [0:0]
+-A EP-F ! -i eth0 -j ACCEPT
+-A EP-F -j DROP
+-I FORWARD 1 -j EP-F
+COMMIT
+`)
+	dst := netip.MustParseAddr("10.96.0.1")
+	for _, c := range []struct {
+		src   netip.Addr
+		iface string
+		want  string
+	}{
+		{client, "cni0", "ACCEPT"},
+		{client, "veth1234", "ACCEPT"},
+		{client, "cni01", "ACCEPT masq"}, // not the bridge's name: masqueraded, and not eth0
+		{client, "eth0", "DROP"},         // dropped in FORWARD, before POSTROUTING
+		{client, "vet", "ACCEPT masq"},
+		{node, "cni0", "ACCEPT masq"}, // the node's own: no input interface
+	} {
+		paths, err := k.Trace(Packet{Src: c.src, Dst: dst, Proto: "tcp", Port: 80, InIface: c.iface}, []netip.Addr{node})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := string(paths[0].Verdict)
+		if paths[0].Masquerade {
+			got += " masq"
+		}
+		if len(paths) != 1 || got != c.want {
+			t.Errorf("from %s on %q: %d paths, %s; want %s", c.src, c.iface, len(paths), got, c.want)
+		}
+	}
+}
+
 func TestTraceRefuses(t *testing.T) {
 	k := fakeWith(t, "*nat\n:EP-S - [0:0]\n-A EP-S -m set --match-set EP-X dst,dst -j RETURN\n-I PREROUTING 1 -j EP-S\nCOMMIT\n")
 	if _, err := k.Trace(Packet{Src: client, Dst: node, Proto: "tcp", Port: 1}, nil); err == nil || !strings.Contains(err.Error(), "ipset") {
