@@ -25,6 +25,11 @@ const (
 // overruns counts the ENOBUFS every Watch has seen, for the tests.
 var overruns atomic.Uint64
 
+// beforeRead, when a test sets it (before Watch starts), runs before each
+// wait for events: holding it keeps the socket unread, so a test can make
+// an overrun certain instead of a race with the reader.
+var beforeRead func()
+
 // Watch reports the nf_tables transactions committed in the calling
 // thread's network namespace (any table, any family, by anyone: us
 // included) until ctx is done. It subscribes to NFNLGRP_NFTABLES, sends on
@@ -103,6 +108,9 @@ func Watch(ctx context.Context, changed chan<- struct{}) error {
 	}
 	for {
 		got, readErr = false, nil
+		if beforeRead != nil {
+			beforeRead()
+		}
 		err := rc.Read(drain)
 		if ctx.Err() != nil {
 			return nil
