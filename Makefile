@@ -44,12 +44,14 @@ cluster-bins:
 # ClusterIP is answered by a pod; everything is removed after. The second half
 # needs root, iptables and iproute2 (test/deps.sh's demo group, installed when
 # missing: nothing else, so a fresh machine is ready in minutes); it never
-# reports success for a part it did not run.
+# reports success for a part it did not run. The test is built with make
+# build's flags (no cgo, -trimpath), so it reuses the packages the binary
+# compiled instead of compiling them all again.
 demo: deps-demo build
 	./$(BIN) plan --config configs/demo.yaml --node-name demo-node
 	@if [ "$$(id -u)" != 0 ]; then \
 		echo "make demo: the namespace half needs root (network namespaces and iptables); run it as root" >&2; exit 1; fi
-	@set -o pipefail; EDGEPROXY_REQUIRE_ALL=1 EDGEPROXY_BIN=$(CURDIR)/$(BIN) $(GO) -C test test -count=1 -v -run TestDemo ./demo \
+	@set -o pipefail; EDGEPROXY_REQUIRE_ALL=1 EDGEPROXY_BIN=$(CURDIR)/$(BIN) CGO_ENABLED=0 $(GO) -C test test -trimpath -count=1 -v -run TestDemo ./demo \
 		| grep -v '^\(=== \|--- PASS\|PASS\|ok \)' \
 		|| { echo "make demo: the namespace demo failed (see above)" >&2; exit 1; }
 
