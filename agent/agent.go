@@ -79,13 +79,15 @@ type Agent struct {
 	quarantine *quarantine               // under mu
 	last       atomic.Pointer[published] // read without mu
 
-	mu       sync.Mutex // guards the fields below; held by sync
-	needFull bool
-	lastFull time.Time
-	// Of the last successful apply: the snapshot generation it carried
-	// and whether it came from the on-disk snapshot; of the last full
-	// compare, the generation it compared; deferred: a compare that came
-	// due with changes waiting was left to the next sync (see periodic).
+	mu sync.Mutex // guards the fields below; held by sync
+	// What the syncs left for the next one's decision (decide): a full
+	// sync owed (the first, after a failed apply, tampering or a reload);
+	// when the last compare ran, and the snapshot generation it compared;
+	// of the last successful apply, the generation it carried and whether
+	// it came from the on-disk snapshot; deferred: a compare that came due
+	// with changes waiting was left to the next sync.
+	needFull               bool
+	lastFull               time.Time
 	syncedGen, comparedGen uint64
 	syncedOffline          bool
 	deferred               bool
@@ -95,18 +97,13 @@ type Agent struct {
 	syncOnce               sync.Once
 	startTime              time.Time
 
-	notifier    *notify.Notifier
-	snapWritten time.Time // under mu
-	snapDirty   bool      // under mu
-	snapFailing bool      // under mu: the last snapshot write failed
-	snapWriting bool      // under mu: a write runs (saveSnapshot)
-	// releaseAfterSnap: the first sync left releaseAfterStart to the
-	// snapshot write it started. Under mu.
-	releaseAfterSnap bool
-	snapWG           sync.WaitGroup
-	snapAge          atomic.Int64
-	fromSnapshot     atomic.Bool
-	probes           *probing // nil with health.mode: off
+	notifier *notify.Notifier
+	snaps    *snapshotWriter
+	// snapAge holds the written stamp (Unix ns) of the snapshot on disk,
+	// written or loaded; 0: none known.
+	snapAge      atomic.Int64
+	fromSnapshot atomic.Bool
+	probes       *probing // nil with health.mode: off
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
 	// externalIPsWarned: Services already warned about ignored
@@ -146,6 +143,7 @@ func New(opts Options) (*Agent, error) {
 	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, a.opts.Policy)
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
 	a.quarantine = newQuarantine(opts.Registry, a.log)
+	a.snaps = newSnapshotWriter(cfg.StateDir, a.log, a.metrics.snapshotWriteFailures, &a.snapAge)
 	var err error
 	// The sync loop sleeps for as long as an hour on a quiet node (see
 	// restWhenQuiet): the watchdog follows what it owes, not its last run.
@@ -259,7 +257,7 @@ func (a *Agent) Run(ctx context.Context) error {
 	_ = a.notifier.Stopping()
 	cancel()
 	g.wg.Wait()
-	a.snapWG.Wait()
+	a.snaps.wait()
 	if a.chains != nil {
 		if cerr := a.chains.Close(context.Background()); cerr != nil {
 			a.log.Warn("closing the policy engine", "err", cerr)
