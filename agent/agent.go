@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -231,32 +232,29 @@ func (a *Agent) Backend() datapath.Backend { return a.backend }
 func (a *Agent) Synced() <-chan struct{} { return a.synced }
 
 // Run starts every part and returns when ctx is done. It returns an error
-// only when a part cannot start (e.g. a listen address is taken).
+// only when a part cannot start (e.g. a listen address is taken) or fails.
 func (a *Agent) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g := &parts{ctx: ctx, errc: make(chan error, 1)}
 	servers, err := a.listen()
 	if err != nil {
 		return err
 	}
+	eg, gctx := errgroup.WithContext(ctx)
+	g := &parts{ctx: gctx, eg: eg}
 	for _, s := range servers {
 		g.run("http "+s.name, s.serve)
 	}
-	rebooted := a.startAfterReboot(ctx)
+	rebooted := a.startAfterReboot(gctx)
 	a.startParts(g)
 	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
 	_ = a.notifier.Status("waiting for the API server")
-	a.startSyncing(ctx, g, rebooted)
+	a.startSyncing(gctx, g, rebooted)
 
-	select {
-	case <-ctx.Done():
-	case err = <-g.errc:
-		a.log.Error("stopping", "err", err)
+	<-gctx.Done() // ctx is done, or a part failed
+	if ctx.Err() == nil {
+		a.log.Error("stopping", "err", context.Cause(gctx))
 	}
 	_ = a.notifier.Stopping()
-	cancel()
-	g.wg.Wait()
+	err = eg.Wait()
 	a.snaps.wait()
 	if a.chains != nil {
 		if cerr := a.chains.Close(context.Background()); cerr != nil {
@@ -266,26 +264,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// parts are the agent's goroutines, all ended by ctx: the first error of
-// one (while ctx lives) stops the agent; later ones are dropped, so no
-// part blocks on reporting while the agent stops.
+// parts are the agent's goroutines, all ended by ctx, which the first
+// error of one (while ctx lives) cancels: that error stops the agent, and
+// what the others return as they stop is dropped.
 type parts struct {
-	ctx  context.Context
-	wg   sync.WaitGroup
-	errc chan error // capacity 1
+	ctx context.Context
+	eg  *errgroup.Group
 }
 
 func (g *parts) run(name string, fn func(context.Context) error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
+	g.eg.Go(func() error {
 		if err := fn(g.ctx); err != nil && g.ctx.Err() == nil {
-			select {
-			case g.errc <- fmt.Errorf("%s: %w", name, err):
-			default:
-			}
+			return fmt.Errorf("%s: %w", name, err)
 		}
-	}()
+		return nil
+	})
 }
 
 // startParts starts what runs beside the sync loop: the source, the
