@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sync/errgroup"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -79,13 +80,15 @@ type Agent struct {
 	quarantine *quarantine               // under mu
 	last       atomic.Pointer[published] // read without mu
 
-	mu       sync.Mutex // guards the fields below; held by sync
-	needFull bool
-	lastFull time.Time
-	// Of the last successful apply: the snapshot generation it carried
-	// and whether it came from the on-disk snapshot; of the last full
-	// compare, the generation it compared; deferred: a compare that came
-	// due with changes waiting was left to the next sync (see periodic).
+	mu sync.Mutex // guards the fields below; held by sync
+	// What the syncs left for the next one's decision (decide): a full
+	// sync owed (the first, after a failed apply, tampering or a reload);
+	// when the last compare ran, and the snapshot generation it compared;
+	// of the last successful apply, the generation it carried and whether
+	// it came from the on-disk snapshot; deferred: a compare that came due
+	// with changes waiting was left to the next sync.
+	needFull               bool
+	lastFull               time.Time
 	syncedGen, comparedGen uint64
 	syncedOffline          bool
 	deferred               bool
@@ -95,18 +98,13 @@ type Agent struct {
 	syncOnce               sync.Once
 	startTime              time.Time
 
-	notifier    *notify.Notifier
-	snapWritten time.Time // under mu
-	snapDirty   bool      // under mu
-	snapFailing bool      // under mu: the last snapshot write failed
-	snapWriting bool      // under mu: a write runs (saveSnapshot)
-	// releaseAfterSnap: the first sync left releaseAfterStart to the
-	// snapshot write it started. Under mu.
-	releaseAfterSnap bool
-	snapWG           sync.WaitGroup
-	snapAge          atomic.Int64
-	fromSnapshot     atomic.Bool
-	probes           *probing // nil with health.mode: off
+	notifier *notify.Notifier
+	snaps    *snapshotWriter
+	// snapAge holds the written stamp (Unix ns) of the snapshot on disk,
+	// written or loaded; 0: none known.
+	snapAge      atomic.Int64
+	fromSnapshot atomic.Bool
+	probes       *probing // nil with health.mode: off
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
 	// externalIPsWarned: Services already warned about ignored
@@ -146,6 +144,7 @@ func New(opts Options) (*Agent, error) {
 	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, a.opts.Policy)
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
 	a.quarantine = newQuarantine(opts.Registry, a.log)
+	a.snaps = newSnapshotWriter(cfg.StateDir, a.log, a.metrics.snapshotWriteFailures, &a.snapAge)
 	var err error
 	// The sync loop sleeps for as long as an hour on a quiet node (see
 	// restWhenQuiet): the watchdog follows what it owes, not its last run.
@@ -233,33 +232,30 @@ func (a *Agent) Backend() datapath.Backend { return a.backend }
 func (a *Agent) Synced() <-chan struct{} { return a.synced }
 
 // Run starts every part and returns when ctx is done. It returns an error
-// only when a part cannot start (e.g. a listen address is taken).
+// only when a part cannot start (e.g. a listen address is taken) or fails.
 func (a *Agent) Run(ctx context.Context) error {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g := &parts{ctx: ctx, errc: make(chan error, 1)}
 	servers, err := a.listen()
 	if err != nil {
 		return err
 	}
+	eg, gctx := errgroup.WithContext(ctx)
+	g := &parts{ctx: gctx, eg: eg}
 	for _, s := range servers {
 		g.run("http "+s.name, s.serve)
 	}
-	rebooted := a.startAfterReboot(ctx)
+	rebooted := a.startAfterReboot(gctx)
 	a.startParts(g)
 	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
 	_ = a.notifier.Status("waiting for the API server")
-	a.startSyncing(ctx, g, rebooted)
+	a.startSyncing(gctx, g, rebooted)
 
-	select {
-	case <-ctx.Done():
-	case err = <-g.errc:
-		a.log.Error("stopping", "err", err)
+	<-gctx.Done() // ctx is done, or a part failed
+	if ctx.Err() == nil {
+		a.log.Error("stopping", "err", context.Cause(gctx))
 	}
 	_ = a.notifier.Stopping()
-	cancel()
-	g.wg.Wait()
-	a.snapWG.Wait()
+	err = eg.Wait()
+	a.snaps.wait()
 	if a.chains != nil {
 		if cerr := a.chains.Close(context.Background()); cerr != nil {
 			a.log.Warn("closing the policy engine", "err", cerr)
@@ -268,26 +264,21 @@ func (a *Agent) Run(ctx context.Context) error {
 	return err
 }
 
-// parts are the agent's goroutines, all ended by ctx: the first error of
-// one (while ctx lives) stops the agent; later ones are dropped, so no
-// part blocks on reporting while the agent stops.
+// parts are the agent's goroutines, all ended by ctx, which the first
+// error of one (while ctx lives) cancels: that error stops the agent, and
+// what the others return as they stop is dropped.
 type parts struct {
-	ctx  context.Context
-	wg   sync.WaitGroup
-	errc chan error // capacity 1
+	ctx context.Context
+	eg  *errgroup.Group
 }
 
 func (g *parts) run(name string, fn func(context.Context) error) {
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
+	g.eg.Go(func() error {
 		if err := fn(g.ctx); err != nil && g.ctx.Err() == nil {
-			select {
-			case g.errc <- fmt.Errorf("%s: %w", name, err):
-			default:
-			}
+			return fmt.Errorf("%s: %w", name, err)
 		}
-	}()
+		return nil
+	})
 }
 
 // startParts starts what runs beside the sync loop: the source, the

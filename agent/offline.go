@@ -3,98 +3,46 @@ package agent
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/agent/snapshot"
-	"github.com/edgeproxy/edgeproxy/policy"
 )
 
-// saveSnapshot writes the last known state after a sync that changed
-// something, at most once per offline.snapshotInterval. A skipped write is
-// remembered and done by a later sync, an idle one included. Called with
-// a.mu held.
-//
-// The write runs beside the sync loop: snapshot.Save encodes every object
-// and waits for the disk (about 0.2 s at 5,000 services), and a change
-// that arrives meanwhile must not wait for it, nor sync.minPeriod after
-// it. One write runs at a time; a sync while it runs leaves the snapshot
-// dirty for a later one. Run waits for it before it returns.
+// saveSnapshot hands a programmed plan to the snapshot writer, which
+// writes the last known state after a sync that changed something, at most
+// once per offline.snapshotInterval, beside the sync loop; a skipped write
+// is done by a later sync, an idle one included. Called with a.mu held.
 func (a *Agent) saveSnapshot(res *planner.Result, now time.Time) {
 	if a.api == nil || a.Config().StateDir == "" {
 		return // a manifest directory is its own last known state
 	}
-	if len(res.Plan.Changed) > 0 || res.Plan.Full && a.snapWritten.IsZero() {
-		a.snapDirty = true
-	}
-	if !a.snapDirty || a.snapWriting || now.Sub(a.snapWritten) < a.Config().Offline.SnapshotInterval {
-		return
-	}
-	node, services, slices := a.state.Objects()
-	s := &snapshot.Snapshot{Written: now, Services: services, Slices: slices, Plan: *res.Plan}
-	if node != nil {
-		s.Node = *node
-	}
-	if a.chains != nil {
-		s.Modules = map[string]string{}
-		for _, m := range a.chains.Modules() {
-			s.Modules[m.Module] = m.SHA256
-		}
-	}
-	a.snapWriting, a.snapDirty = true, false
-	dir := a.Config().StateDir
-	a.snapWG.Add(1)
-	go func() {
-		defer a.snapWG.Done()
-		err := snapshot.Save(dir, s)
-		written := s.Written
-		s = nil // garbage before releaseAfterStart
-		a.mu.Lock()
-		a.snapWriting = false
-		if !a.wroteSnapshot(dir, written, err) {
-			a.snapDirty = true // tried again by the next sync
-		}
-		release := a.releaseAfterSnap
-		a.releaseAfterSnap = false
-		a.mu.Unlock()
-		if release {
-			releaseAfterStart(a.log)
-		}
-	}()
+	a.snaps.note(res.Plan)
+	a.flushSnapshot(res, now)
 }
 
-// writeSnapshot saves s to the state directory now. Called with a.mu held.
-func (a *Agent) writeSnapshot(s *snapshot.Snapshot) bool {
-	dir := a.Config().StateDir
-	return a.wroteSnapshot(dir, s.Written, snapshot.Save(dir, s))
+// flushSnapshot starts the write that the interval put off, if any, of
+// the state with res, the plan last programmed. Called with a.mu held, so
+// that the objects are those of res.
+func (a *Agent) flushSnapshot(res *planner.Result, now time.Time) {
+	a.snaps.flush(now, a.Config().Offline.SnapshotInterval, func(now time.Time) *snapshot.Snapshot {
+		node, services, slices := a.state.Objects()
+		s := &snapshot.Snapshot{Written: now, Services: services, Slices: slices, Plan: *res.Plan}
+		if node != nil {
+			s.Node = *node
+		}
+		if a.chains != nil {
+			s.Modules = map[string]string{}
+			for _, m := range a.chains.Modules() {
+				s.Modules[m.Module] = m.SHA256
+			}
+		}
+		return s
+	})
 }
 
-// wroteSnapshot records the outcome of a write of the snapshot stamped
-// written. A failure (a full disk, a read-only directory) keeps the previous
-// snapshot, is counted in edgeproxy_snapshot_write_failures_total and logged
-// once until a write succeeds again: the caller keeps the snapshot dirty, so
-// every later sync tries again. Called with a.mu held.
-func (a *Agent) wroteSnapshot(dir string, written time.Time, err error) bool {
-	if err != nil {
-		a.metrics.snapshotWriteFailures.Inc()
-		if why := policy.DirProblem(dir); why != nil {
-			err = fmt.Errorf("%w: %w", err, why)
-		}
-		if !a.snapFailing {
-			a.log.Warn("cannot write the snapshot; the previous one stays, retrying on every sync", "dir", dir, "err", err)
-		}
-		a.snapFailing = true
-		return false
-	}
-	if a.snapFailing {
-		a.log.Info("the snapshot is written again", "dir", dir)
-	}
-	a.snapFailing = false
-	a.snapWritten = written
-	a.snapAge.Store(written.UnixNano())
-	return true
-}
+// writeSnapshot saves s to the state directory now.
+func (a *Agent) writeSnapshot(s *snapshot.Snapshot) bool { return a.snaps.write(s) }
 
 // startFromSnapshot loads the on-disk snapshot into the state, so the sync
 // loop programs the last known state while the API server is unreachable

@@ -29,15 +29,22 @@ func (a *Agent) sync(ctx context.Context) error {
 	if !snap.Oldest.IsZero() {
 		a.metrics.lastQueued.Set(float64(snap.Oldest.Unix()))
 	}
-	compare, idle, quiet := a.periodic(snap, start)
-	if idle {
+	kind := decide(a.syncInput(snap, start))
+	switch {
+	case kind == syncPartialFirst:
+		a.deferred = true
+	case kind.quietCompare():
+		a.lastFull = start
+		a.metrics.quietCompares.Inc()
+	}
+	if !kind.plans() {
 		// Nothing moved: the last plan stands, and the rules are as
 		// programmed as they were (alerts on a stale timestamp stay quiet).
 		a.metrics.lastSync.Set(float64(start.Unix()))
-		if p := a.last.Load(); p != nil && a.snapDirty {
-			a.saveSnapshot(p.res, start) // one the interval put off
+		if p := a.last.Load(); p != nil {
+			a.flushSnapshot(p.res, start) // one the interval put off
 		}
-		if quiet && a.mayRest() {
+		if kind == syncRest && a.mayRest() {
 			a.runner.Rest(restWhenQuiet)
 		}
 		return nil
@@ -46,10 +53,8 @@ func (a *Agent) sync(ctx context.Context) error {
 	// planner weighs its ports in several batches.
 	res := a.planner.Build(chain.WithShadowBudget(ctx), snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
-	if a.applyProbeVerdicts(res.Plan, snap) {
-		a.needFull = true
-	}
-	res.Plan.Full = a.needFull || compare
+	// Changed probe verdicts change frontends outside plan.Changed.
+	res.Plan.Full = a.applyProbeVerdicts(res.Plan, snap) || kind.full()
 	a.metrics.portsEvaluated.Add(float64(res.Evaluated))
 
 	ports, err := datapath.SplitPortErrors(a.backend.Apply(ctx, res.Plan))
@@ -79,7 +84,7 @@ func (a *Agent) sync(ctx context.Context) error {
 		// guard until something moves.
 		a.runner.Rest(restWhenQuiet)
 	}
-	a.log.Debug("synced", "generation", res.Plan.Generation, "full", res.Plan.Full,
+	a.log.Debug("synced", "kind", kind, "generation", res.Plan.Generation, "full", res.Plan.Full,
 		"changed", len(res.Plan.Changed), "evaluated", res.Evaluated, "took", now.Sub(start), "majorFaults", majorFaults()-faults)
 	return nil
 }
@@ -123,12 +128,8 @@ func (a *Agent) afterSync(res *planner.Result, start, now time.Time) {
 			a.log.Warn("systemd notify", "err", err)
 		}
 		// The first snapshot's encoding is start-up garbage too: give it
-		// back once that write is done (see saveSnapshot).
-		if a.snapWriting {
-			a.releaseAfterSnap = true
-		} else {
-			releaseAfterStart(a.log)
-		}
+		// back once that write is done.
+		a.snaps.afterWrite(func() { releaseAfterStart(a.log) })
 	})
 	status := fmt.Sprintf("generation %d: %d frontends", res.Plan.Generation, len(res.Plan.Frontends))
 	if a.fromSnapshot.Load() {
@@ -145,7 +146,7 @@ type kernelWatch interface {
 }
 
 // restWhenQuiet is how long the sync loop may sleep after a quiet compare
-// (see periodic): kube-proxy's periodic full sync interval in its
+// (see decide): kube-proxy's periodic full sync interval in its
 // iptables and nftables modes. Everything that can move wakes it sooner: a
 // change in the state asks for a sync, and so does the tamper monitor when
 // the kernel objects were changed behind our back.
@@ -156,54 +157,31 @@ const restWhenQuiet = time.Hour
 // verdicts are in force, and the backend vouches for its kernel objects
 // (kernelWatch) as they are now. Called under a.mu.
 func (a *Agent) mayRest() bool {
-	if a.snapDirty || a.probes != nil && a.probes.active.Load() {
+	if a.snaps.pending() || a.probes != nil && a.probes.active.Load() {
 		return false
 	}
 	w, ok := a.backend.(kernelWatch)
 	return ok && w.Unchanged()
 }
 
-// periodic decides what this sync does about the sync.period compare,
-// which renders every service again and writes what differs: the guard
-// against a change the partial syncs missed. Called under a.mu.
-//
-// The compare runs only when something it guards may have moved since the
-// last one: the state (a newer snapshot generation) or the kernel (the
-// backend cannot vouch for its objects). Otherwise it is counted as done
-// (quiet), and a sync with nothing to do at all is idle: no plan, no
-// apply. After a quiet compare nothing is left to guard until something
-// moves, so the loop rests (restWhenQuiet) instead of waking every period.
-//
-// A compare that comes due while changes wait is left to the next sync
-// (once): the changes are applied partially first and do not wait for it,
-// and no sync is asked for on its account: the next change's sync (which
-// then compares too: with the iptables datapath a hash per unit) or the
-// runner's periodic one takes it.
-func (a *Agent) periodic(snap *state.Snapshot, start time.Time) (compare, idle, quiet bool) {
-	moved := len(snap.Changed) > 0 || snap.NodeChanged || snap.Generation != a.syncedGen
-	idle = !moved && !a.needFull && a.planner.Settled() &&
-		(a.probes == nil || !a.probes.active.Load() && !a.probingWanted(start)) && a.fromSnapshot.Load() == a.syncedOffline
+// syncInput gathers what decide turns on. Called under a.mu.
+func (a *Agent) syncInput(snap *state.Snapshot, start time.Time) syncInput {
+	in := syncInput{
+		changed:    len(snap.Changed) > 0 || snap.NodeChanged,
+		generation: snap.Generation, synced: a.syncedGen, compared: a.comparedGen,
+		owed: a.needFull, deferred: a.deferred,
+		unsettled: !a.planner.Settled() || a.fromSnapshot.Load() != a.syncedOffline ||
+			a.probes != nil && (a.probes.active.Load() || a.probingWanted(start)),
+	}
 	if d, ok := a.backend.(datapath.Drainer); ok && d.Draining() > 0 {
-		idle = false
+		in.unsettled = true
 	}
 	period := a.Config().Sync.Period
-	if period <= 0 || start.Sub(a.lastFull) < period || a.needFull {
-		return false, idle, false
+	in.compareDue = period > 0 && start.Sub(a.lastFull) >= period
+	if w, ok := a.backend.(kernelWatch); ok && in.compareDue && !in.owed {
+		in.vouched = w.Unchanged() // a fingerprint read: only when it counts
 	}
-	if moved && !a.deferred {
-		// No sync of its own: a compare sync right after this one would
-		// hold the next change for as long as it runs plus sync.minPeriod
-		// after it (the S2 tail). It comes with the next sync: the next
-		// change's, or the runner's at the end of sync.period.
-		a.deferred = true
-		return false, false, false
-	}
-	if w, ok := a.backend.(kernelWatch); ok && snap.Generation == a.comparedGen && w.Unchanged() {
-		a.lastFull = start
-		a.metrics.quietCompares.Inc()
-		return false, idle, idle
-	}
-	return true, false, false
+	return in
 }
 
 func healthChecks(res *planner.Result) map[uint16]healthcheck.Info {
