@@ -352,7 +352,8 @@ down() {
 	[ ! -e "/run/netns/$NETNS-void" ] || ip netns del "$NETNS-void"
 	# The last cluster down puts the machine's values back.
 	others=$(ls /run/netns/ 2>/dev/null | grep -- '-node$' | while read -r n; do
-		[ -e "/run/netns/${n%-node}-node-void" ] && echo "$n"; done)
+		if [ -e "/run/netns/$n-void" ]; then echo "$n"; fi
+	done)
 	if [ -f "$SYSCTLS_SAVED" ] && [ -z "$others" ]; then
 		while IFS= read -r kv; do sysctl -q -w "$kv" >/dev/null; done <"$SYSCTLS_SAVED"
 		rm -f "$SYSCTLS_SAVED"

@@ -24,15 +24,32 @@ type suites struct {
 }
 
 type testCase struct {
-	Name    string    `xml:"name,attr"`
-	Time    float64   `xml:"time,attr"`
-	Skipped *struct{} `xml:"skipped"`
-	Failure *struct {
+	Name    string  `xml:"name,attr"`
+	Time    float64 `xml:"time,attr"`
+	Skipped *struct {
 		Message string `xml:"message,attr"`
-	} `xml:"failure"`
-	Error *struct {
-		Message string `xml:"message,attr"`
-	} `xml:"error"`
+	} `xml:"skipped"`
+	Failure *message `xml:"failure"`
+	Error   *message `xml:"error"`
+}
+
+// message is a failure or error: ginkgo leaves the attribute empty and
+// writes the report in the text.
+type message struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+// reason is the line that says why: the one ginkgo starts with [FAILED] or
+// [PANICKED], else the first.
+func (m *message) reason() string {
+	for _, l := range strings.Split(m.Message+"\n"+m.Text, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[FAILED]") || strings.HasPrefix(l, "[PANICKED]") {
+			return firstLine(l)
+		}
+	}
+	return firstLine(strings.TrimSpace(m.Message + "\n" + m.Text))
 }
 
 type result struct {
@@ -67,17 +84,17 @@ func read(path string) (map[string]result, error) {
 	for _, su := range s.Suites {
 		for _, c := range su.Cases {
 			name := strings.TrimPrefix(c.Name, "[It] ")
-			if !strings.Contains(name, "[sig-network]") {
-				continue // BeforeSuite, AfterSuite, ReportAfterSuite
+			if !strings.HasPrefix(name, "[sig-network] Services ") {
+				continue // other tests, BeforeSuite, AfterSuite, ReportAfterSuite
 			}
 			r := result{state: "passed", secs: c.Time}
 			switch {
 			case c.Skipped != nil:
-				r.state = "skipped"
+				r.state, r.why = "skipped", strings.TrimPrefix(firstLine(c.Skipped.Message), "skipped - ")
 			case c.Failure != nil:
-				r.state, r.why = "failed", firstLine(c.Failure.Message)
+				r.state, r.why = "failed", c.Failure.reason()
 			case c.Error != nil:
-				r.state, r.why = "failed", firstLine(c.Error.Message)
+				r.state, r.why = "failed", c.Error.reason()
 			}
 			out[name] = r
 		}
@@ -98,7 +115,7 @@ func cell(r result) string {
 	case "":
 		return "—"
 	case "skipped":
-		return "skipped"
+		return "skipped: " + r.why
 	case "passed":
 		return fmt.Sprintf("pass (%.0fs)", r.secs)
 	}
@@ -115,24 +132,27 @@ func run(w io.Writer, kpPath, epPath string) error {
 		return err
 	}
 	var names []string
-	for n, r := range kp {
-		if r.state != "skipped" || ep[n].state != "skipped" {
+	for n := range kp {
+		names = append(names, n)
+	}
+	for n := range ep {
+		if _, ok := kp[n]; !ok {
 			names = append(names, n)
 		}
 	}
-	for n, r := range ep {
-		if _, ok := kp[n]; !ok && r.state != "skipped" {
-			names = append(names, n)
-		}
-	}
-	// Differences first, then by name.
-	differs := func(n string) bool { return kp[n].state != ep[n].state }
-	slices.SortFunc(names, func(a, b string) int {
-		if differs(a) != differs(b) {
-			if differs(a) {
-				return -1
-			}
+	// Differences first, then what ran, then what both skipped; by name.
+	rank := func(n string) int {
+		switch {
+		case kp[n].state != ep[n].state:
+			return 0
+		case kp[n].state != "skipped":
 			return 1
+		}
+		return 2
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return ra - rb
 		}
 		return strings.Compare(a, b)
 	})
