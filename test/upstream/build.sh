@@ -55,7 +55,7 @@ stamp=$(cat "$0" "$here/image.sh" "$here/build/go.mod" "$here/build/go.sum" \
 	"$here/build/e2e.go" "$here/runtime/go.mod" "$here/runtime/go.sum" \
 	"$here/runtime/coredns/main.go" "$cluster_bin/.stamp" | sha256sum | cut -d' ' -f1)
 
-complete() {
+built_all() {
 	for b in $bins; do
 		[ -x "$out/bin/$b" ] || return 1
 	done
@@ -71,7 +71,7 @@ missing_debs() {
 }
 
 if [ "${EDGEPROXY_BUILD_FORCE:-0}" != 1 ] && [ -f "$out/.stamp" ] &&
-	[ "$(cat "$out/.stamp")" = "$stamp" ] && complete && [ -z "$(missing_debs)" ]; then
+	[ "$(cat "$out/.stamp")" = "$stamp" ] && built_all && [ -z "$(missing_debs)" ]; then
 	echo "$out"
 	exit 0
 fi

@@ -129,7 +129,7 @@ EOF
 
 up() {
 	[ "$(id -u)" = 0 ] || die "needs root (namespaces, cgroups, mounts)"
-	: "${K8S_BIN:?K8S_BIN: test/cluster/build.sh's directory}" "${UPSTREAM:?UPSTREAM: build.sh's directory}"
+	: "${K8S_BIN:?K8S_BIN: the directory test/cluster/build.sh prints}" "${UPSTREAM:?UPSTREAM: the directory build.sh prints}"
 	[ ! -e "/run/netns/$NETNS" ] || die "/run/netns/$NETNS exists: a cluster is up (or was not cleaned: cluster.sh down DIR)"
 	for c in $CONTROLLERS; do
 		[ -d "/sys/fs/cgroup/$c" ] || die "cgroup v1 hierarchy /sys/fs/cgroup/$c missing"
@@ -326,7 +326,7 @@ down() {
 		rm -f "$dir/pids/$n"
 	done
 	# What is left in the cluster's cgroups: containers, their shims.
-	for round in 1 2 3 4 5 6 7 8 9 10; do
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
 		pids=$(cgroup_pids)
 		[ -n "$pids" ] || break
 		# shellcheck disable=SC2086
@@ -351,9 +351,10 @@ down() {
 	[ ! -e "/run/netns/$NETNS" ] || ip netns del "$NETNS"
 	[ ! -e "/run/netns/$NETNS-void" ] || ip netns del "$NETNS-void"
 	# The last cluster down puts the machine's values back.
-	others=$(ls /run/netns/ 2>/dev/null | grep -- '-node$' | while read -r n; do
-		if [ -e "/run/netns/$n-void" ]; then echo "$n"; fi
-	done)
+	others=""
+	for n in /run/netns/*-node; do
+		if [ -e "$n-void" ]; then others="$others ${n##*/}"; fi
+	done
 	if [ -f "$SYSCTLS_SAVED" ] && [ -z "$others" ]; then
 		while IFS= read -r kv; do sysctl -q -w "$kv" >/dev/null; done <"$SYSCTLS_SAVED"
 		rm -f "$SYSCTLS_SAVED"

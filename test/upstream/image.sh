@@ -29,7 +29,8 @@ dir=$(mktemp -d)
 trap 'rm -rf "$dir"' EXIT INT TERM
 mkdir -p "$dir/blobs/sha256"
 
-# blob FILE: moves FILE into the blob store; prints "DIGEST SIZE".
+# blob FILE: moves FILE into the blob store; prints "DIGEST SIZE", which
+# the callers split into $1 and $2 (set -- $(blob ...)).
 blob() {
 	d=$(sha256sum "$1" | cut -d' ' -f1)
 	s=$(stat -c %s "$1")
@@ -40,6 +41,7 @@ blob() {
 layers="" diffids=""
 for l in "$@"; do
 	cp "$l" "$dir/layer"
+	# shellcheck disable=SC2046
 	set -- $(blob "$dir/layer")
 	# Uncompressed layers: the digest is also the diff ID.
 	layers="$layers${layers:+,}{\"mediaType\":\"application/vnd.oci.image.layer.v1.tar\",\"digest\":\"sha256:$1\",\"size\":$2}"
@@ -48,9 +50,11 @@ done
 
 printf '{"architecture":"%s","os":"linux","config":{"Env":["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"],"Entrypoint":%s,"Cmd":%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":[%s]}}' \
 	"$arch" "$entrypoint" "$cmd" "$diffids" >"$dir/config"
+# shellcheck disable=SC2046
 set -- $(blob "$dir/config")
 printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[%s]}' \
 	"$1" "$2" "$layers" >"$dir/manifest"
+# shellcheck disable=SC2046
 set -- $(blob "$dir/manifest")
 printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"platform":{"architecture":"%s","os":"linux"},"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"%s"}}]}' \
 	"$1" "$2" "$arch" "$name" "${name##*:}" >"$dir/index.json"

@@ -14,7 +14,7 @@ set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
 dir=$(cd "${1:?usage: suite.sh DIR}" && pwd)
-: "${UPSTREAM:?UPSTREAM: build.sh's directory}"
+: "${UPSTREAM:?UPSTREAM: the directory build.sh prints}"
 FOCUS=${EPUP_FOCUS:-'\[sig-network\] Services'}
 SKIP=${EPUP_SKIP:-'LoadBalancer|ESIPP|SCTP|\[Disruptive\]|\[Feature:'}
 NODES=${EPUP_NODES:-3}
