@@ -129,4 +129,4 @@ if [ "$what" = suite ] && [ -f "$out/kube-proxy/junit/junit_01.xml" ] && [ -f "$
 	log "per-test results: $out/RESULTS.md"
 fi
 log "done in $(($(date +%s) - t0))s"
-[ -z "$failed" ] || die "the suite failed with:$failed (a test failing with kube-proxy too is a harness defect)"
+[ -z "$failed" ] || die "the suite failed with:$failed; per test: $out/RESULTS.md (a test that fails with kube-proxy too is a harness defect)"
