@@ -137,3 +137,11 @@ package: build modules
 
 clean:
 	rm -rf bin
+
+# The upstream [sig-network] Services e2e tests on a real one-node cluster
+# (kubelet, containerd, CNI, CoreDNS), first with kube-proxy, then with
+# edgeproxy installed as deploy/daemonset.yaml; root, not part of make test
+# (test/upstream/README.md says what works and how long it takes).
+.PHONY: e2e-upstream
+e2e-upstream:
+	EDGEPROXY_CACHE=$(CACHE) test/upstream/run.sh suite

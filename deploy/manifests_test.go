@@ -135,6 +135,21 @@ func TestDaemonSet(t *testing.T) {
 		t.Fatalf("%d containers", len(spec.Containers))
 	}
 	c := spec.Containers[0]
+	// The API server's own address: the in-cluster default, the kubernetes
+	// Service's ClusterIP, has no proxy behind it on a node where
+	// edgeproxy replaces kube-proxy, so the Pod would wait forever (seen on
+	// a real node by test/upstream).
+	set := map[string]string{}
+	for _, e := range c.Env {
+		if e.ValueFrom == nil {
+			set[e.Name] = e.Value
+		}
+	}
+	for _, name := range []string{"KUBERNETES_SERVICE_HOST", "KUBERNETES_SERVICE_PORT"} {
+		if set[name] == "" {
+			t.Errorf("the container does not set %s: the in-cluster config would dial the kubernetes Service, which nothing serves before edgeproxy runs", name)
+		}
+	}
 	var env []string
 	for _, e := range c.Env {
 		if e.ValueFrom != nil {

@@ -1,0 +1,375 @@
+#!/bin/sh
+# cluster.sh up DIR | down DIR | exec DIR CMD... — one real Kubernetes node
+# for the test/upstream tier, on this machine, inside namespaces it makes:
+#
+#   network namespace  $NETNS (ip netns, $EPUP_NAME-node): the node. A veth "eth0" (its peer
+#                      alone in $NETNS-void) holds the node address $NODE_IP
+#                      and a default route that goes nowhere; the pod bridge cni0 ($POD_CIDR) is
+#                      made by the bridge CNI plugin. Every process of the
+#                      cluster runs here; nothing routes out.
+#   mount namespace    DIR/run/mntns (unshare -m, private, then / rshared inside
+#                      it): containerd's, kubelet's and runc's mounts stay
+#                      in it. ip netns exec is not used: it remounts /sys
+#                      and hides the cgroup mounts.
+#   cgroups            /epup (kubelet's cgroupRoot: the pods) and
+#                      /epup-daemons (every process started here, and
+#                      containerd's shims), in each cgroup v1 hierarchy.
+#
+# up starts etcd, kube-apiserver, kube-controller-manager (all controllers),
+# kube-scheduler, containerd and kubelet, imports the images of build.sh into
+# containerd, and waits until the node is Ready. No proxy runs: run.sh
+# installs kube-proxy or edgeproxy as a DaemonSet. down stops and removes
+# everything up made (processes, cgroups, mounts, namespaces, the global
+# sysctls kubelet rewrites) and is safe to run after a failed up.
+#
+# Binaries: $K8S_BIN (test/cluster/build.sh) and $UPSTREAM (build.sh).
+set -eu
+
+here=$(cd "$(dirname "$0")" && pwd)
+# EPUP_NAME names the namespaces and cgroups, so that two clusters (one
+# per proxy) can run side by side; the addresses are the same in each.
+NAME=${EPUP_NAME:-epup}
+NETNS=$NAME-node
+NODE=epup-node
+NODE_IP=10.99.0.2
+SERVICE_CIDR=10.96.0.0/16
+SERVICE_IP=10.96.0.1
+DNS_IP=10.96.0.10
+POD_CIDR=10.244.0.0/24
+CGROUP_PODS=$NAME
+CGROUP_DAEMONS=$NAME-daemons
+CONTROLLERS="cpu cpuacct cpuset memory devices freezer blkio pids systemd"
+# The kernel-wide sysctls kubelet sets at start (setupKernelTunables).
+GLOBAL_SYSCTLS="kernel.panic kernel.panic_on_oops vm.overcommit_memory"
+SYSCTLS_SAVED=/run/edgeproxy-upstream.sysctls
+
+log() { echo "cluster.sh: $*" >&2; }
+die() {
+	log "$*"
+	exit 1
+}
+
+[ $# -ge 2 ] || die "usage: cluster.sh up|down|exec DIR [CMD...]"
+verb=$1 dir=$2
+shift 2
+
+# in CMD...: runs CMD in the node's network and mount namespaces.
+node_exec() { nsenter --mount="$dir/run/mntns" --net="/run/netns/$NETNS" -- "$@"; }
+
+# start NAME CMD...: starts CMD in the node, in cgroup /epup-daemons, with
+# its output in DIR/logs/NAME.log and its PID in DIR/pids/NAME.
+start() {
+	name=$1
+	shift
+	# shellcheck disable=SC2016 # $$ is the inner shell's PID
+	sh -c 'for c in '"$CONTROLLERS"'; do echo $$ >/sys/fs/cgroup/$c/'"$CGROUP_DAEMONS"'/cgroup.procs; done; exec "$@"' \
+		sh nsenter --mount="$dir/run/mntns" --net="/run/netns/$NETNS" -- env PATH="$PATH" "$@" \
+		>>"$dir/logs/$name.log" 2>&1 </dev/null &
+	echo $! >"$dir/pids/$name"
+}
+
+# wait_for WHAT SECONDS CMD...: runs CMD every second until it succeeds;
+# gives up at once when CMD returns 2 (what it waits for has died).
+wait_for() {
+	what=$1 secs=$2
+	shift 2
+	i=0
+	while :; do
+		rc=0
+		"$@" >/dev/null 2>"$dir/logs/wait.err" || rc=$?
+		[ "$rc" != 0 ] || break
+		i=$((i + 1))
+		if [ "$rc" = 2 ] || [ "$i" -ge "$secs" ]; then
+			log "$what: not ready after ${i}s: $(tail -5 "$dir/logs/wait.err")"
+			return 1
+		fi
+		sleep 1
+	done
+	log "$what: ready after ${i}s"
+}
+
+alive() { kill -0 "$(cat "$dir/pids/$1")" 2>/dev/null; }
+
+# node_ready: kubelet runs and the Node says Ready.
+node_ready() {
+	alive kubelet || {
+		echo "kubelet exited: $(tail -5 "$dir/logs/kubelet.log")" >&2
+		return 2
+	}
+	node_exec kubectl --kubeconfig="$dir/admin.kubeconfig" get node "$NODE" \
+		-o jsonpath='{.status.conditions[?(@.type=="Ready")].status}' | grep -qx True
+}
+
+case $(uname -m) in
+x86_64) ARCH=amd64 ;;
+aarch64) ARCH=arm64 ;;
+*) ARCH=$(uname -m) ;;
+esac
+
+kubeconfig() { # FILE USER CERT KEY [SERVER]
+	cat >"$1" <<EOF
+apiVersion: v1
+kind: Config
+clusters:
+- name: epup
+  cluster:
+    server: ${5:-https://$NODE_IP:6443}
+    certificate-authority-data: $(base64 -w0 "$dir/pki/ca.crt")
+users:
+- name: $2
+  user:
+    client-certificate-data: $(base64 -w0 "$3")
+    client-key-data: $(base64 -w0 "$4")
+contexts:
+- name: epup
+  context: {cluster: epup, user: $2}
+current-context: epup
+EOF
+}
+
+up() {
+	[ "$(id -u)" = 0 ] || die "needs root (namespaces, cgroups, mounts)"
+	: "${K8S_BIN:?K8S_BIN: the directory test/cluster/build.sh prints}" "${UPSTREAM:?UPSTREAM: the directory build.sh prints}"
+	[ ! -e "/run/netns/$NETNS" ] || die "/run/netns/$NETNS exists: a cluster is up (or was not cleaned: cluster.sh down DIR)"
+	for c in $CONTROLLERS; do
+		[ -d "/sys/fs/cgroup/$c" ] || die "cgroup v1 hierarchy /sys/fs/cgroup/$c missing"
+		[ ! -d "/sys/fs/cgroup/$c/$CGROUP_PODS" ] || die "cgroup /sys/fs/cgroup/$c/$CGROUP_PODS exists: cluster.sh down first"
+	done
+	[ ! -e "$dir/etcd" ] || die "$dir holds an earlier cluster (etcd data): remove it first"
+	mkdir -p "$dir/logs" "$dir/pids" "$dir/run"
+	dir=$(cd "$dir" && pwd)
+	export PATH="$UPSTREAM/bin:$K8S_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+
+	# One saved copy for the machine: a second cluster started beside the
+	# first would save what the first one's kubelet wrote.
+	if [ ! -f "$SYSCTLS_SAVED" ]; then
+		for s in $GLOBAL_SYSCTLS; do
+			echo "$s=$(sysctl -n "$s")"
+		done >"$SYSCTLS_SAVED.tmp"
+		mv "$SYSCTLS_SAVED.tmp" "$SYSCTLS_SAVED"
+	fi
+	# kubelet wants its cgroupRoot in every hierarchy before it starts.
+	for g in $CGROUP_DAEMONS $CGROUP_PODS; do
+		for c in $CONTROLLERS; do
+			mkdir -p "/sys/fs/cgroup/$c/$g"
+		done
+		# cpuset: a new cgroup starts with no CPUs and no memory nodes.
+		cat /sys/fs/cgroup/cpuset/cpuset.cpus >"/sys/fs/cgroup/cpuset/$g/cpuset.cpus"
+		cat /sys/fs/cgroup/cpuset/cpuset.mems >"/sys/fs/cgroup/cpuset/$g/cpuset.mems"
+	done
+
+	# This kernel has no dummy links ("Unknown device type"): eth0 is a veth
+	# whose peer sits alone in $NETNS-void, which forwards nothing.
+	ip netns add "$NETNS"
+	ip netns add "$NETNS-void"
+	ip -n "$NETNS" link set lo up
+	ip -n "$NETNS" link add eth0 type veth peer name void netns "$NETNS-void"
+	ip -n "$NETNS" addr add "$NODE_IP/24" dev eth0
+	ip -n "$NETNS" link set eth0 up
+	ip -n "$NETNS-void" link set void up
+	# A route for every destination (Service addresses included, which the
+	# proxies' OUTPUT rules rewrite after the lookup); what is left goes to
+	# the void and is dropped there.
+	ip -n "$NETNS" route add default dev eth0
+
+	# The mount namespace is pinned by a bind mount on a private mount.
+	mount --bind "$dir/run" "$dir/run"
+	mount --make-private "$dir/run"
+	touch "$dir/run/mntns"
+	# Inside, /run is the node's own tmpfs (containerd's shim sockets at the
+	# fixed /run/containerd/s, the pods' network namespaces, the xtables
+	# lock) and /var/lib is DIR/var-lib (the CNI plugins' address leases in
+	# /var/lib/cni, the proxies' hostPath state such as /var/lib/edgeproxy):
+	# nothing of the node lands in the machine's own directories.
+	mkdir -p "$dir/var-lib"
+	unshare --mount="$dir/run/mntns" --propagation private sh -c \
+		"mount --make-rshared / && mount -t tmpfs -o mode=0755 epup-run /run && mount --bind '$dir/var-lib' /var/lib"
+
+	sh "$here/pki.sh" "$dir/pki" "$NODE_IP" "$SERVICE_IP" "$NODE"
+	p=$dir/pki
+	kubeconfig "$dir/admin.kubeconfig" admin "$p/admin.crt" "$p/admin.key"
+	kubeconfig "$dir/controller-manager.kubeconfig" system:kube-controller-manager "$p/controller-manager.crt" "$p/controller-manager.key"
+	kubeconfig "$dir/scheduler.kubeconfig" system:kube-scheduler "$p/scheduler.crt" "$p/scheduler.key"
+	kubeconfig "$dir/kubelet.kubeconfig" "system:node:$NODE" "$p/kubelet.crt" "$p/kubelet.key"
+
+	start etcd etcd --name=epup --data-dir="$dir/etcd" \
+		--listen-client-urls=http://127.0.0.1:2379 --advertise-client-urls=http://127.0.0.1:2379 \
+		--listen-peer-urls=http://127.0.0.1:2380 --initial-advertise-peer-urls=http://127.0.0.1:2380 \
+		--initial-cluster=epup=http://127.0.0.1:2380 --unsafe-no-fsync=true --log-level=warn
+	wait_for etcd 60 node_exec curl -sf http://127.0.0.1:2379/health
+
+	start kube-apiserver kube-apiserver --etcd-servers=http://127.0.0.1:2379 \
+		--bind-address=0.0.0.0 --advertise-address="$NODE_IP" --secure-port=6443 \
+		--service-cluster-ip-range="$SERVICE_CIDR" --allow-privileged=true \
+		--authorization-mode=Node,RBAC --enable-admission-plugins=NodeRestriction \
+		--client-ca-file="$p/ca.crt" --tls-cert-file="$p/apiserver.crt" --tls-private-key-file="$p/apiserver.key" \
+		--kubelet-client-certificate="$p/apiserver-kubelet-client.crt" --kubelet-client-key="$p/apiserver-kubelet-client.key" \
+		--kubelet-preferred-address-types=InternalIP \
+		--service-account-issuer=https://kubernetes.default.svc.cluster.local \
+		--service-account-key-file="$p/sa.pub" --service-account-signing-key-file="$p/sa.key" \
+		--cert-dir="$dir/apiserver-certs" --profiling=false --v=1
+	wait_for kube-apiserver 180 node_exec kubectl --kubeconfig="$dir/admin.kubeconfig" get --raw /readyz
+
+	start kube-controller-manager kube-controller-manager --kubeconfig="$dir/controller-manager.kubeconfig" \
+		--authentication-kubeconfig="$dir/controller-manager.kubeconfig" --authorization-kubeconfig="$dir/controller-manager.kubeconfig" \
+		--use-service-account-credentials=true --service-account-private-key-file="$p/sa.key" --root-ca-file="$p/ca.crt" \
+		--cluster-signing-cert-file="$p/ca.crt" --cluster-signing-key-file="$p/ca.key" \
+		--service-cluster-ip-range="$SERVICE_CIDR" --leader-elect=false --bind-address=127.0.0.1 \
+		--cert-dir="$dir/controller-manager-certs" --profiling=false --v=1
+	start kube-scheduler kube-scheduler --kubeconfig="$dir/scheduler.kubeconfig" \
+		--authentication-kubeconfig="$dir/scheduler.kubeconfig" --authorization-kubeconfig="$dir/scheduler.kubeconfig" \
+		--leader-elect=false --bind-address=127.0.0.1 --profiling=false --v=1
+
+	# containerd: its own root, state and socket under DIR; cgroupfs; the
+	# sandbox image is the imported pause; CNI from Debian's plugins.
+	mkdir -p "$dir/cni"
+	cat >"$dir/cni/10-bridge.conflist" <<EOF
+{
+  "cniVersion": "1.0.0",
+  "name": "epup",
+  "plugins": [
+    {"type": "bridge", "bridge": "cni0", "isGateway": true, "ipMasq": false, "hairpinMode": true,
+     "ipam": {"type": "host-local", "ranges": [[{"subnet": "$POD_CIDR"}]], "routes": [{"dst": "0.0.0.0/0"}]}},
+    {"type": "portmap", "capabilities": {"portMappings": true}},
+    {"type": "loopback"}
+  ]
+}
+EOF
+	cat >"$dir/containerd.toml" <<EOF
+version = 3
+root = "$dir/containerd/root"
+state = "$dir/containerd/state"
+disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper", "io.containerd.snapshotter.v1.blockfile", "io.containerd.snapshotter.v1.erofs"]
+[grpc]
+  address = "$dir/containerd.sock"
+[plugins.'io.containerd.cri.v1.images']
+  snapshotter = "overlayfs"
+  [plugins.'io.containerd.cri.v1.images'.pinned_images]
+    sandbox = "registry.k8s.io/pause:3.10.2"
+[plugins.'io.containerd.cri.v1.runtime']
+  # No CAP_SYS_RESOURCE here (CapEff lacks bit 24): runc cannot lower a
+  # container's oom_score_adj below containerd's ("nsexec: failed to update
+  # /proc/self/oom_score_adj: Permission denied"); clamp it instead.
+  restrict_oom_score_adj = true
+  [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+    runtime_type = "io.containerd.runc.v2"
+    [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+      BinaryName = "$(command -v runc)"
+      Root = "$dir/runc"
+      SystemdCgroup = false
+  [plugins.'io.containerd.cri.v1.runtime'.cni]
+    bin_dirs = ["/usr/lib/cni"]
+    conf_dir = "$dir/cni"
+EOF
+	start containerd containerd --config "$dir/containerd.toml"
+	wait_for containerd 60 node_exec ctr --address "$dir/containerd.sock" version
+	for i in agnhost pause busybox kube-proxy coredns; do
+		node_exec ctr --address "$dir/containerd.sock" -n k8s.io images import --platform "linux/$ARCH" \
+			"$UPSTREAM/images/$i.tar" >>"$dir/logs/images.log" 2>&1 || die "import $i.tar failed: $(tail -3 "$dir/logs/images.log")"
+	done
+	log "images: $(node_exec ctr --address "$dir/containerd.sock" -n k8s.io images ls -q | grep -v '^sha256:' | tr '\n' ' ')"
+
+	cat >"$dir/kubelet.yaml" <<EOF
+apiVersion: kubelet.config.k8s.io/v1beta1
+kind: KubeletConfiguration
+failCgroupV1: false
+cgroupDriver: cgroupfs
+cgroupRoot: /$CGROUP_PODS
+containerRuntimeEndpoint: unix://$dir/containerd.sock
+authentication:
+  anonymous: {enabled: false}
+  webhook: {enabled: true}
+  x509: {clientCAFile: $p/ca.crt}
+authorization: {mode: Webhook}
+clusterDomain: cluster.local
+clusterDNS: [$DNS_IP]
+resolvConf: ""
+failSwapOn: false
+podLogsDir: $dir/pod-logs
+serializeImagePulls: false
+imageGCHighThresholdPercent: 100
+imageGCLowThresholdPercent: 99
+evictionHard: {memory.available: 100Mi}
+maxPods: 200
+EOF
+	start kubelet kubelet --config="$dir/kubelet.yaml" --kubeconfig="$dir/kubelet.kubeconfig" \
+		--root-dir="$dir/kubelet" --cert-dir="$dir/kubelet-certs" \
+		--hostname-override="$NODE" --node-ip="$NODE_IP" --v=1
+	wait_for "node $NODE Ready" 240 node_ready ||
+		die "the node did not get Ready; kubelet log: $(tail -20 "$dir/logs/kubelet.log")"
+}
+
+# cgroup_pids: every process in the cluster's cgroups.
+cgroup_pids() {
+	for g in $CGROUP_PODS $CGROUP_DAEMONS; do
+		[ -d "/sys/fs/cgroup/pids/$g" ] && find "/sys/fs/cgroup/pids/$g" -name cgroup.procs -exec cat {} + 2>/dev/null
+	done | sort -u
+}
+
+down() {
+	[ -d "$dir" ] || die "$dir does not exist"
+	dir=$(cd "$dir" && pwd)
+	export PATH="${UPSTREAM:+$UPSTREAM/bin:}${K8S_BIN:+$K8S_BIN:}$PATH"
+	# kubelet first, so that it restarts nothing; then the processes
+	# started here, by PID, in reverse order of start.
+	for n in kubelet containerd kube-scheduler kube-controller-manager kube-apiserver etcd; do
+		[ -f "$dir/pids/$n" ] || continue
+		pid=$(cat "$dir/pids/$n")
+		if kill -TERM "$pid" 2>/dev/null; then
+			i=0
+			while kill -0 "$pid" 2>/dev/null && [ $i -lt 100 ]; do
+				sleep 0.1
+				i=$((i + 1))
+			done
+			kill -KILL "$pid" 2>/dev/null || true
+		fi
+		rm -f "$dir/pids/$n"
+	done
+	# What is left in the cluster's cgroups: containers, their shims.
+	for _ in 1 2 3 4 5 6 7 8 9 10; do
+		pids=$(cgroup_pids)
+		[ -n "$pids" ] || break
+		# shellcheck disable=SC2086
+		kill -KILL $pids 2>/dev/null || true
+		sleep 0.5
+	done
+	[ -z "$(cgroup_pids)" ] || log "processes left in the cgroups: $(cgroup_pids)"
+	# Every hierarchy: kubelet also makes its tree in the cgroup2 one
+	# (/sys/fs/cgroup/unified).
+	for h in /sys/fs/cgroup/*/; do
+		for g in $CGROUP_PODS $CGROUP_DAEMONS; do
+			[ -d "$h$g" ] || continue
+			find "$h$g" -depth -type d -exec rmdir {} \; 2>/dev/null || true
+			[ ! -d "$h$g" ] || log "cgroup $h$g not removed"
+		done
+	done
+	# The mount namespace dies with its last process and its pin.
+	if mountpoint -q "$dir/run/mntns" 2>/dev/null; then
+		umount "$dir/run/mntns"
+	fi
+	while mountpoint -q "$dir/run" 2>/dev/null; do umount "$dir/run"; done
+	[ ! -e "/run/netns/$NETNS" ] || ip netns del "$NETNS"
+	[ ! -e "/run/netns/$NETNS-void" ] || ip netns del "$NETNS-void"
+	# The last cluster down puts the machine's values back.
+	others=""
+	for n in /run/netns/*-node; do
+		if [ -e "$n-void" ]; then others="$others ${n##*/}"; fi
+	done
+	if [ -f "$SYSCTLS_SAVED" ] && [ -z "$others" ]; then
+		while IFS= read -r kv; do sysctl -q -w "$kv" >/dev/null; done <"$SYSCTLS_SAVED"
+		rm -f "$SYSCTLS_SAVED"
+	fi
+	left=$(grep -c " $dir" /proc/mounts || true)
+	[ "$left" = 0 ] || log "$left mounts under $dir left: $(grep " $dir" /proc/mounts | cut -d' ' -f2 | tr '\n' ' ')"
+}
+
+case $verb in
+up) up ;;
+down) down ;;
+exec)
+	dir=$(cd "$dir" && pwd)
+	export PATH="${UPSTREAM:+$UPSTREAM/bin:}${K8S_BIN:+$K8S_BIN:}$PATH"
+	node_exec "$@"
+	;;
+*) die "unknown verb $verb" ;;
+esac

@@ -1,0 +1,176 @@
+// Command report turns the JUnit files of the test/upstream runs into the
+// markdown table of RESULTS.md: one row per test that ran in either run,
+// with kube-proxy's result and edgeproxy's side by side, and the tests
+// where they differ first.
+//
+//	go -C test run ./upstream/report -kube-proxy KP.xml -edgeproxy EP.xml
+package main
+
+import (
+	"encoding/xml"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"slices"
+	"strings"
+)
+
+// suites is the subset of the JUnit that ginkgo writes for the e2e suite.
+type suites struct {
+	Suites []struct {
+		Cases []testCase `xml:"testcase"`
+	} `xml:"testsuite"`
+}
+
+type testCase struct {
+	Name    string  `xml:"name,attr"`
+	Time    float64 `xml:"time,attr"`
+	Skipped *struct {
+		Message string `xml:"message,attr"`
+	} `xml:"skipped"`
+	Failure *message `xml:"failure"`
+	Error   *message `xml:"error"`
+}
+
+// message is a failure or error: ginkgo leaves the attribute empty and
+// writes the report in the text.
+type message struct {
+	Message string `xml:"message,attr"`
+	Text    string `xml:",chardata"`
+}
+
+// reason is the line that says why: the one ginkgo starts with [FAILED] or
+// [PANICKED], else the first.
+func (m *message) reason() string {
+	for _, l := range strings.Split(m.Message+"\n"+m.Text, "\n") {
+		l = strings.TrimSpace(l)
+		if strings.HasPrefix(l, "[FAILED]") || strings.HasPrefix(l, "[PANICKED]") {
+			return firstLine(l)
+		}
+	}
+	return firstLine(strings.TrimSpace(m.Message + "\n" + m.Text))
+}
+
+type result struct {
+	state string // passed, failed, skipped, "" (not in the run)
+	secs  float64
+	why   string
+}
+
+func main() {
+	kp := flag.String("kube-proxy", "", "JUnit of the kube-proxy run")
+	ep := flag.String("edgeproxy", "", "JUnit of the edgeproxy run")
+	flag.Parse()
+	if err := run(os.Stdout, *kp, *ep); err != nil {
+		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(1)
+	}
+}
+
+func read(path string) (map[string]result, error) {
+	out := map[string]result{}
+	if path == "" {
+		return out, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var s suites
+	if err := xml.Unmarshal(b, &s); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	for _, su := range s.Suites {
+		for _, c := range su.Cases {
+			name := strings.TrimPrefix(c.Name, "[It] ")
+			if !strings.HasPrefix(name, "[sig-network] Services ") {
+				continue // other tests, BeforeSuite, AfterSuite, ReportAfterSuite
+			}
+			r := result{state: "passed", secs: c.Time}
+			switch {
+			case c.Skipped != nil:
+				r.state, r.why = "skipped", strings.TrimPrefix(firstLine(c.Skipped.Message), "skipped - ")
+			case c.Failure != nil:
+				r.state, r.why = "failed", c.Failure.reason()
+			case c.Error != nil:
+				r.state, r.why = "failed", c.Error.reason()
+			}
+			out[name] = r
+		}
+	}
+	return out, nil
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(strings.TrimSpace(s), "\n")
+	if len(s) > 120 {
+		s = s[:120] + "…"
+	}
+	return strings.ReplaceAll(s, "|", "\\|")
+}
+
+func cell(r result) string {
+	switch r.state {
+	case "":
+		return "—"
+	case "skipped":
+		return "skipped: " + r.why
+	case "passed":
+		return fmt.Sprintf("pass (%.0fs)", r.secs)
+	}
+	return fmt.Sprintf("**FAIL** (%.0fs): %s", r.secs, r.why)
+}
+
+func run(w io.Writer, kpPath, epPath string) error {
+	kp, err := read(kpPath)
+	if err != nil {
+		return err
+	}
+	ep, err := read(epPath)
+	if err != nil {
+		return err
+	}
+	var names []string
+	for n := range kp {
+		names = append(names, n)
+	}
+	for n := range ep {
+		if _, ok := kp[n]; !ok {
+			names = append(names, n)
+		}
+	}
+	// Differences first, then what ran, then what both skipped; by name.
+	rank := func(n string) int {
+		switch {
+		case kp[n].state != ep[n].state:
+			return 0
+		case kp[n].state != "skipped":
+			return 1
+		}
+		return 2
+	}
+	slices.SortFunc(names, func(a, b string) int {
+		if ra, rb := rank(a), rank(b); ra != rb {
+			return ra - rb
+		}
+		return strings.Compare(a, b)
+	})
+	count := func(m map[string]result, state string) int {
+		n := 0
+		for _, r := range m {
+			if r.state == state {
+				n++
+			}
+		}
+		return n
+	}
+	fmt.Fprintf(w, "| | passed | failed | skipped |\n|---|---|---|---|\n")
+	fmt.Fprintf(w, "| kube-proxy | %d | %d | %d |\n", count(kp, "passed"), count(kp, "failed"), count(kp, "skipped"))
+	fmt.Fprintf(w, "| edgeproxy | %d | %d | %d |\n\n", count(ep, "passed"), count(ep, "failed"), count(ep, "skipped"))
+	fmt.Fprintf(w, "| test | kube-proxy | edgeproxy |\n|---|---|---|\n")
+	for _, n := range names {
+		fmt.Fprintf(w, "| %s | %s | %s |\n", strings.TrimPrefix(n, "[sig-network] Services "), cell(kp[n]), cell(ep[n]))
+	}
+	return nil
+}
