@@ -42,7 +42,8 @@ var (
 var rules = []rule{
 	{pkgs: []string{"agent/cmd/edgeproxy"}, may: []string{"*"}},
 	{pkgs: []string{"agent"}, may: join([]string{"agent/...", "datapath/...", "policy/...",
-		"k8s.io/client-go/kubernetes", "k8s.io/client-go/rest", "k8s.io/client-go/tools/clientcmd", prometheus}, kernel)},
+		"k8s.io/client-go/kubernetes", "k8s.io/client-go/rest", "k8s.io/client-go/tools/clientcmd", prometheus,
+		"golang.org/x/sync/errgroup"}, kernel)},
 	{pkgs: []string{"agent/source"}, may: []string{"k8s.io/...", "agent/model", "agent/config",
 		"github.com/fsnotify/fsnotify", prometheus, unix}},
 	{pkgs: []string{"agent/model", "agent/state", "agent/selection", "agent/planner"}, may: []string{"agent/...", "datapath"}},
