@@ -103,6 +103,19 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 		st.Removed, st.RemovedAt = removed, time.Now()
 		k.removed.WithLabelValues("chain").Add(float64(removed.Chains()))
 		k.removed.WithLabelValues("jump").Add(float64(removed.Jumps()))
+		if len(removed) > 0 {
+			// Until now kube-proxy's rules still answered some new
+			// connections (nftables: its table's hooks may come first),
+			// with endpoints of when it stopped; the UDP conntrack
+			// entries they made outlive them. A full sync sweeps every
+			// UDP entry whose endpoint is not in the plan, as the first
+			// one did.
+			a.mu.Lock()
+			a.needFull = true
+			a.mu.Unlock()
+			a.runner.Run()
+			a.waitFullSyncAfter(ctx, st.RemovedAt, time.Minute)
+		}
 		if err != nil {
 			a.log.Warn("removing kube-proxy's rules", "removed", removed.String(), "err", err)
 			st.Error = err.Error()
@@ -135,6 +148,27 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 			"found", again.String())
 		return
 	}
+}
+
+// waitFullSyncAfter waits, at most for d, until a full sync that started
+// after t has applied: the status then tells of a takeover whose sweep
+// is done.
+func (a *Agent) waitFullSyncAfter(ctx context.Context, t time.Time, d time.Duration) {
+	deadline := time.Now().Add(d)
+	for time.Now().Before(deadline) {
+		a.mu.Lock()
+		done := a.lastFull.After(t)
+		a.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	a.log.Warn("the full sync after the takeover from kube-proxy has not run yet", "waited", d)
 }
 
 // takesOver reports whether the agent looks for kube-proxy's objects: a
