@@ -36,15 +36,18 @@ import (
 //     keep answering), edgeproxy started; it programs its rules and
 //     then removes kube-proxy's.
 //   - edgeproxy → kube-proxy: edgeproxy is stopped (its rules stay),
-//     kube-proxy started; once it has synced, `edgeproxy cleanup`.
+//     `edgeproxy cleanup` run, kube-proxy started: new connections fail
+//     until its first sync.
 //
 // While no proxy runs, one endpoint of the streamed Service ("c") is
 // deleted: its server stays up, so a connection that reaches it shows
-// stale rules. Per direction the test counts new connections (failed
-// before and after the switch is complete), connections that reached the
-// deleted endpoint after it, and established flows broken (an exchange
-// failed or moved to another pod), and requires 0 for all but the
-// failures before the new proxy's first sync.
+// stale rules. The switch is complete once the new proxy has synced
+// (kube-proxy: its rules and its conntrack sweep; edgeproxy: its rules,
+// the takeover and the sweep after it). Per direction the test counts new
+// connections (failed before and after the switch is complete),
+// connections that reached the deleted endpoint after it, and established
+// flows broken (an exchange failed or moved to another pod), and requires
+// 0 for all but what happened before the switch was complete.
 func TestSwitchKubeProxy(t *testing.T) {
 	gate.Root(t)
 	bin := agentBinary(t)
@@ -240,16 +243,21 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 		// to it.
 		deletePod(ctx, t, c, ns, "c")
 		sw.deleted.Store(true)
-		p := start(next)
-		synced(next, p)
 		if next != proxies.EdgeProxy {
-			// The way back: kube-proxy is in place, edgeproxy's rules go.
+			// The way back: edgeproxy's rules go, then kube-proxy
+			// starts. (Cleaning up after kube-proxy's first sync has no
+			// gap, but the old rules, which may still come first then,
+			// leave UDP conntrack entries to the deleted endpoint that
+			// kube-proxy's sweep, done by then, never sees.)
 			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), bin, "cleanup", "--config", cfg)
 			if err != nil {
 				t.Fatalf("edgeproxy cleanup: %v: %s", err, out)
 			}
 			assertNoEdgeProxyObjects(t, node)
-		} else {
+		}
+		p := start(next)
+		synced(next, p)
+		if next == proxies.EdgeProxy {
 			assertNoKubeProxyObjects(t, node)
 			if out, err := os.ReadFile(p.Log); err == nil {
 				for _, l := range strings.Split(string(out), "\n") {
