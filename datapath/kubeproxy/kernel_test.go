@@ -42,7 +42,7 @@ func TestRemoveKernel(t *testing.T) {
 				}
 			}
 			restore(string(rules))
-			if _, err := ns.Run("nft", "add table ip kube-proxy; add chain ip kube-proxy services; add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }; add rule ip kube-proxy nat-prerouting jump services"); err != nil {
+			if _, err := ns.Run("nft", "add table ip kube-proxy; add chain ip kube-proxy services; add chain ip kube-proxy nat-prerouting { type nat hook prerouting priority -100 ; }; add rule ip kube-proxy nat-prerouting jump services; add table ip6 kube-proxy; add chain ip6 kube-proxy services"); err != nil {
 				t.Fatal(err)
 			}
 			before := save(t, ns, v)
@@ -62,9 +62,9 @@ func TestRemoveKernel(t *testing.T) {
 			if found.String() != removed.String() {
 				t.Errorf("Find said %s, Remove removed %s", found, removed)
 			}
-			// nat: 7 chains, 3 jumps; filter: 6, 9; mangle: 1; nft: 2 chains.
-			if c, j := removed.Chains(), removed.Jumps(); c != 7+6+1+2 || j != 12 {
-				t.Errorf("removed %d chains and %d jumps, want 16 and 12: %s", c, j, removed)
+			// nat: 7 chains, 3 jumps; filter: 6, 9; mangle: 1; nft: 2+1 chains.
+			if c, j := removed.Chains(), removed.Jumps(); c != 7+6+1+2+1 || j != 12 {
+				t.Errorf("removed %d chains and %d jumps, want 17 and 12: %s", c, j, removed)
 			}
 			after := save(t, ns, v)
 			for _, l := range strings.Split(after, "\n") {

@@ -12,7 +12,8 @@
 //
 // The agent calls Remove once, after its own first successful sync, so
 // that its rules are in place before kube-proxy's go: no new connection
-// meets a node without Service rules.
+// meets a node without Service rules. The nftables tables are found and
+// deleted over netlink: no nft program is needed.
 package kubeproxy
 
 import (
@@ -70,7 +71,7 @@ func Owned(table, chain string) bool {
 // backend and family, or one nftables table.
 type Found struct {
 	Where  string `json:"where"`  // "iptables-nft IPv4 nat", "nftables ip kube-proxy"
-	Chains int    `json:"chains"` // kube-proxy's chains (nftables: the table's chains)
+	Chains int    `json:"chains"` // kube-proxy's chains (nftables: the table's chains, sets and maps)
 	Jumps  int    `json:"jumps"`  // rules in other chains that jump to them
 	// Kept are chains left because a chain that is not kube-proxy's
 	// jumps to them (directly or through another kept one).
@@ -105,6 +106,10 @@ func (r Report) String() string {
 	}
 	parts := make([]string, len(r))
 	for i, f := range r {
+		if strings.HasPrefix(f.Where, "nftables") {
+			parts[i] = fmt.Sprintf("%s: %d chains, sets and maps", f.Where, f.Chains)
+			continue
+		}
 		parts[i] = fmt.Sprintf("%s: %d chains, %d jumps", f.Where, f.Chains, f.Jumps)
 		if len(f.Kept) > 0 {
 			parts[i] += fmt.Sprintf(" (kept %s)", strings.Join(f.Kept, " "))
@@ -156,7 +161,7 @@ func walk(ctx context.Context, o Options, remove bool) (Report, error) {
 			}
 		}
 	}
-	found, err := nftTables(ctx, remove, o.Logger)
+	found, err := nftTables(remove)
 	rep = append(rep, found...)
 	if err != nil {
 		errs = append(errs, err)
@@ -289,42 +294,4 @@ func jumpTarget(spec string) string {
 		}
 	}
 	return ""
-}
-
-// nftFamilies are the nftables families kube-proxy's nftables mode uses,
-// each with one table named "kube-proxy".
-var nftFamilies = []string{"ip", "ip6"}
-
-// nftTables finds (and removes) kube-proxy's nftables tables with the nft
-// program. Without nft there is nothing to look with: kube-proxy itself
-// needs nft for its nftables mode, so a node without it is logged, not
-// failed.
-func nftTables(ctx context.Context, remove bool, log *slog.Logger) (Report, error) {
-	nft, err := exec.LookPath("nft")
-	if err != nil {
-		log.Debug("nft is not installed: not looking for kube-proxy's nftables tables", "err", err)
-		return nil, nil
-	}
-	var rep Report
-	var errs []error
-	for _, fam := range nftFamilies {
-		out, err := exec.CommandContext(ctx, nft, "list", "table", fam, "kube-proxy").CombinedOutput()
-		if err != nil {
-			continue // no such table (or no nf_tables): nothing of kube-proxy's
-		}
-		f := Found{Where: "nftables " + fam + " kube-proxy"}
-		for _, l := range strings.Split(string(out), "\n") {
-			if strings.HasPrefix(strings.TrimSpace(l), "chain ") {
-				f.Chains++
-			}
-		}
-		if remove {
-			if out, err := exec.CommandContext(ctx, nft, "delete", "table", fam, "kube-proxy").CombinedOutput(); err != nil {
-				errs = append(errs, fmt.Errorf("kubeproxy: nft delete table %s kube-proxy: %w: %s", fam, err, strings.TrimSpace(string(out))))
-				continue
-			}
-		}
-		rep = append(rep, f)
-	}
-	return rep, errors.Join(errs...)
 }
