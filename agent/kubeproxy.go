@@ -110,11 +110,14 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 			// entries they made outlive them. A full sync sweeps every
 			// UDP entry whose endpoint is not in the plan, as the first
 			// one did.
+			// A sync holds a.mu throughout: the next lastFull is that of a
+			// sync that started after this.
 			a.mu.Lock()
 			a.needFull = true
+			last := a.lastFull
 			a.mu.Unlock()
 			a.runner.Run()
-			a.waitFullSyncAfter(ctx, st.RemovedAt, time.Minute)
+			a.waitFullSyncAfter(ctx, last, time.Minute)
 		}
 		if err != nil {
 			a.log.Warn("removing kube-proxy's rules", "removed", removed.String(), "err", err)
@@ -150,14 +153,14 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 	}
 }
 
-// waitFullSyncAfter waits, at most for d, until a full sync that started
-// after t has applied: the status then tells of a takeover whose sweep
-// is done.
-func (a *Agent) waitFullSyncAfter(ctx context.Context, t time.Time, d time.Duration) {
+// waitFullSyncAfter waits, at most for d, until a full sync newer than
+// the one that ended at last has applied: the status then tells of a
+// takeover whose sweep is done.
+func (a *Agent) waitFullSyncAfter(ctx context.Context, last time.Time, d time.Duration) {
 	deadline := time.Now().Add(d)
 	for time.Now().Before(deadline) {
 		a.mu.Lock()
-		done := a.lastFull.After(t)
+		done := !a.lastFull.Equal(last)
 		a.mu.Unlock()
 		if done {
 			return
