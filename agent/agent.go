@@ -110,6 +110,8 @@ type Agent struct {
 	// externalIPsWarned: Services already warned about ignored
 	// externalIPs (under mu).
 	externalIPsWarned map[string]bool
+	// kubeProxy: what the agent found and removed of kube-proxy's.
+	kubeProxy *kubeProxyTakeover
 }
 
 // New builds an agent; nothing runs until Run.
@@ -145,6 +147,7 @@ func New(opts Options) (*Agent, error) {
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
 	a.quarantine = newQuarantine(opts.Registry, a.log)
 	a.snaps = newSnapshotWriter(cfg.StateDir, a.log, a.metrics.snapshotWriteFailures, &a.snapAge)
+	a.kubeProxy = newKubeProxyTakeover(opts.Registry)
 	var err error
 	// The sync loop sleeps for as long as an hour on a quiet node (see
 	// restWhenQuiet): the watchdog follows what it owes, not its last run.
@@ -305,6 +308,9 @@ func (a *Agent) startParts(g *parts) {
 	g.run("systemd notify", a.notifier.Run)
 	if a.opts.Backend == nil {
 		cleanupOtherMode(g.ctx, a.Config(), a.log)
+	}
+	if takesOver(a.Config(), a.opts.Backend == nil) {
+		g.run("kube-proxy takeover", func(ctx context.Context) error { a.takeOverFromKubeProxy(ctx); return nil })
 	}
 }
 

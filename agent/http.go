@@ -205,6 +205,9 @@ type Status struct {
 	// edgeproxy.io/offline-probe), as they were logged; not the objects
 	// that are not for this proxy (headless, other proxies').
 	Skipped []source.Problem `json:"skipped,omitempty"`
+	// KubeProxy is what the agent found and removed of kube-proxy's
+	// kernel objects after its first sync; nil before that look.
+	KubeProxy *KubeProxyStatus `json:"kubeProxy,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -235,6 +238,7 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	st.Refused = a.Refused()
 	st.Probes = a.probeStatus()
 	st.Skipped = a.sourceProblems()
+	st.KubeProxy = a.kubeProxy.Status()
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		st.ExternalIPsIgnored = res.ExternalIPsIgnored

@@ -23,6 +23,9 @@ type Config struct {
 	// ExternalIPs enables programming spec.externalIPs (upstream deprecated
 	// them; off by default).
 	ExternalIPs bool `koanf:"externalIPs"`
+	// KeepKubeProxy keeps the rules kube-proxy left on the node (to
+	// inspect them) instead of removing them after the first sync.
+	KeepKubeProxy bool `koanf:"keepKubeProxy"`
 
 	Sync     Sync     `koanf:"sync"`
 	IPTables IPTables `koanf:"iptables"`

@@ -25,7 +25,7 @@ import (
 var RestartOnly = []string{
 	"nodeName", "kubeconfig", "manifests", "mode", "proxyName", "stateDir",
 	"server.healthz", "server.metrics", "policy.engine", "ipvs.interface",
-	"log.format",
+	"log.format", "keepKubeProxy",
 	// The datapath tells pods as it was built to.
 	"detectLocalMode", "detectLocal.bridgeInterface", "detectLocal.interfaceNamePrefix",
 	// The prober is built once; health.mode and health.after apply live.

@@ -226,6 +226,16 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 	if len(st.ExternalIPsIgnored) > 0 {
 		fmt.Fprintf(w, "externalIPs not programmed (externalIPs: false): %s\n", strings.Join(st.ExternalIPsIgnored, ", "))
 	}
+	if kp := st.KubeProxy; kp != nil {
+		switch {
+		case len(kp.Returned) > 0:
+			fmt.Fprintf(w, "kube-proxy still runs: it wrote its rules again (%s)\n", kp.Returned)
+		case len(kp.Removed) > 0:
+			fmt.Fprintf(w, "kube-proxy's rules removed %s: %s\n", kp.RemovedAt.Format(time.RFC3339), kp.Removed)
+		case kp.Kept && len(kp.Found) > 0:
+			fmt.Fprintf(w, "kube-proxy's rules kept (keepKubeProxy): %s\n", kp.Found)
+		}
+	}
 	if len(st.Refused) > 0 {
 		fmt.Fprintln(w, "left out of the datapath (everything else is programmed):")
 		for _, r := range st.Refused {

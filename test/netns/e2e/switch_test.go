@@ -1,0 +1,635 @@
+package e2e_test
+
+import (
+	"bufio"
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
+
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/test/cluster"
+	"github.com/edgeproxy/edgeproxy/test/proxies"
+)
+
+// A switch between kube-proxy and edgeproxy on a live node, as a user
+// does it, under a stream of new connections (TCP and UDP) to one
+// Service and a set of established flows (TCP and UDP) to another:
+//
+//   - kube-proxy → edgeproxy: kube-proxy is stopped (its rules stay and
+//     keep answering), edgeproxy started; it programs its rules and
+//     then removes kube-proxy's.
+//   - edgeproxy → kube-proxy: edgeproxy is stopped (its rules stay),
+//     `edgeproxy cleanup` run, kube-proxy started: new connections fail
+//     until its first sync.
+//
+// While no proxy runs, one endpoint of the streamed Service ("c") is
+// deleted: its server stays up, so a connection that reaches it shows
+// stale rules. The switch is complete once the new proxy has synced
+// (kube-proxy: its rules and its conntrack sweep; edgeproxy: its rules,
+// the takeover and the sweep after it). Per direction the test counts new
+// connections (failed before and after the switch is complete),
+// connections that reached the deleted endpoint after it, and established
+// flows broken (an exchange failed or moved to another pod), and requires
+// 0 for all but what happened before the switch was complete.
+func TestSwitchKubeProxy(t *testing.T) {
+	gate.Root(t)
+	bin := agentBinary(t)
+	kubeProxy, err := cluster.BinPath("kube-proxy")
+	if err != nil {
+		gate.Skip(t, fmt.Sprintf("needs the kube-proxy binary (make cluster-bins): %v", err))
+	}
+	for _, backend := range []string{"nft", "legacy"} {
+		t.Run(backend, func(t *testing.T) {
+			gate.Binaries(t, "iptables-"+backend, "iptables-"+backend+"-restore", "iptables-nft-save", "iptables-legacy-save", "nft")
+			switchKubeProxy(t, bin, kubeProxy, backend)
+		})
+	}
+}
+
+// switchKubeProxy runs the switches with both proxies' iptables on
+// backend (kube-proxy's nftables mode is nft's whatever it is).
+func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
+
+	node := netns.NewNode(t, "node")
+	pods := map[string]*netns.Pod{}
+	for _, name := range []string{"a", "b", "c"} {
+		p := node.AddPod(name)
+		if err := p.Serve(podPort); err != nil {
+			t.Fatal(err)
+		}
+		if err := serveHeld(t, p, heldPort); err != nil {
+			t.Fatal(err)
+		}
+		pods[name] = p
+	}
+	client := node.AddClient("client")
+	hostIP, _ := node.LinkHost()
+	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
+	defer cancel()
+	const ns = "switch"
+	for _, err := range []error{c.CreateNamespace(ctx, ns), c.EnsureDefaultServiceAccount(ctx, ns)} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if _, err := c.CreateNode(ctx, nodeName, "zone-a", node.LinkIP.String()); err != nil {
+		t.Fatal(err)
+	}
+	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP},
+		{Name: "udp", ContainerPort: podPort, Protocol: corev1.ProtocolUDP}, {Name: "held", ContainerPort: heldPort, Protocol: corev1.ProtocolTCP}}
+	addPod := func(name string) {
+		t.Helper()
+		labels := map[string]string{"app": "web"}
+		if name != "c" {
+			labels["steady"] = "yes"
+		}
+		if _, err := c.CreateReadyPod(ctx, ns, name, nodeName, pods[name].IP.String(), labels, ports); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, name := range []string{"a", "b", "c"} {
+		addPod(name)
+	}
+	webVIP, steadyVIP := netip.MustParseAddr("10.96.100.10"), netip.MustParseAddr("10.96.100.11")
+	for _, s := range []struct {
+		name     string
+		vip      netip.Addr
+		selector map[string]string
+		ports    []corev1.ServicePort
+	}{
+		{"web", webVIP, map[string]string{"app": "web"}, []corev1.ServicePort{
+			{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)},
+			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
+		{"steady", steadyVIP, map[string]string{"steady": "yes"}, []corev1.ServicePort{
+			{Name: "held", Protocol: corev1.ProtocolTCP, Port: heldPort, TargetPort: intstr.FromInt32(heldPort)},
+			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
+	} {
+		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns},
+			Spec: corev1.ServiceSpec{ClusterIP: s.vip.String(), Selector: s.selector, Ports: s.ports}}
+		if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	dir := t.TempDir()
+	kubeconfig := filepath.Join(dir, "kubeconfig")
+	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
+		t.Fatal(err)
+	}
+	path, err := proxies.BackendPath(dir, backend)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn := proxies.Node{Name: nodeName, Kubeconfig: kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
+	settings := proxies.Settings{Backend: backend, MinSync: 200 * time.Millisecond, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
+	cfg := filepath.Join(dir, "edgeproxy.yaml")
+	if err := os.WriteFile(cfg, []byte(proxies.EdgeProxyConfig(pn, settings, filepath.Join(dir, "state"))), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, cmd := range [][]string{{"iptables-nft-save"}, {"iptables-legacy-save"}, {"nft", "list", "ruleset"}} {
+				out, _ := node.Run(cmd[0], cmd[1:]...)
+				t.Logf("%s in the node:\n%s", strings.Join(cmd, " "), out)
+			}
+		}
+	})
+
+	runs := 0
+	start := func(kind proxies.Kind) *proxies.Process {
+		t.Helper()
+		var args []string
+		switch kind {
+		case proxies.KubeProxy:
+			args = append([]string{kubeProxy}, proxies.KubeProxyArgs(pn, settings)...)
+		case proxies.KubeProxyNFTables:
+			args = append([]string{kubeProxy}, proxies.KubeProxyNFTablesArgs(pn, settings)...)
+		case proxies.EdgeProxy:
+			args = []string{bin, "run", "--config", cfg}
+		}
+		runs++
+		logPath := filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, kind))
+		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() {
+			f.Close()
+			if t.Failed() {
+				out, _ := os.ReadFile(logPath)
+				t.Logf("%s log (tail):\n%s", kind, tail(string(out), 60))
+			}
+		})
+		cmd := exec.Command(args[0], args[1:]...)
+		cmd.Stdout, cmd.Stderr = f, f
+		cmd.Env = proxies.Env(path)
+		var p *proxies.Process
+		if err := node.Do(func() (err error) { p, err = proxies.Start(string(kind), cmd, logPath); return err }); err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(p.Stop)
+		return p
+	}
+	// synced waits until the proxy has finished a sync: kube-proxy's
+	// last-sync metric is set, edgeproxy's status reports its takeover.
+	synced := func(kind proxies.Kind, p *proxies.Process) {
+		t.Helper()
+		waitFor(t, 3*time.Minute, string(kind)+" synced", func() error {
+			if err := p.Exited(); err != nil {
+				t.Fatal(err)
+			}
+			if kind == proxies.EdgeProxy {
+				body, err := nodeGET(node, "127.0.0.1:10249", "/debug/status")
+				if err != nil {
+					return err
+				}
+				if !strings.Contains(body, `"kubeProxy"`) {
+					return fmt.Errorf("no takeover in the status yet")
+				}
+				return nil
+			}
+			body, err := nodeGET(node, "127.0.0.1:10249", "/metrics")
+			if err != nil {
+				return err
+			}
+			if !kubeProxySyncedV4(body) {
+				return fmt.Errorf("no finished IPv4 sync and conntrack sweep in kube-proxy's metrics")
+			}
+			return nil
+		})
+	}
+	// reaches waits until a new connection to web lands on pod name.
+	reaches := func(name string) {
+		t.Helper()
+		waitFor(t, 60*time.Second, "web reaches "+name, func() error {
+			for range 30 {
+				if r, err := client.TCP(netip.AddrPortFrom(webVIP, 80), time.Second); err == nil && r.Name == name {
+					return nil
+				}
+			}
+			return fmt.Errorf("no connection reached %s", name)
+		})
+	}
+
+	cur := start(proxies.KubeProxy)
+	curKind := proxies.KubeProxy
+	synced(curKind, cur)
+	reaches("c")
+	var report []string
+	for _, next := range []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxyNFTables, proxies.EdgeProxy, proxies.KubeProxy} {
+		what := fmt.Sprintf("%s → %s", curKind, next)
+		sw := startSwitchLoad(t, client, webVIP, steadyVIP)
+		sw.waitNew(20)
+		cur.Stop()
+		// No proxy runs: c leaves the Service; the old rules still send
+		// to it.
+		deletePod(ctx, t, c, ns, "c")
+		sw.deleted.Store(true)
+		if next != proxies.EdgeProxy {
+			// The way back: edgeproxy's rules go, then kube-proxy
+			// starts. (Cleaning up after kube-proxy's first sync has no
+			// gap, but the old rules, which may still come first then,
+			// leave UDP conntrack entries to the deleted endpoint that
+			// kube-proxy's sweep, done by then, never sees.)
+			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), bin, "cleanup", "--config", cfg)
+			if err != nil {
+				t.Fatalf("edgeproxy cleanup: %v: %s", err, out)
+			}
+			assertNoEdgeProxyObjects(t, node)
+		}
+		p := start(next)
+		synced(next, p)
+		if next == proxies.EdgeProxy {
+			assertNoKubeProxyObjects(t, node)
+			if out, err := os.ReadFile(p.Log); err == nil {
+				for _, l := range strings.Split(string(out), "\n") {
+					if strings.Contains(l, "took over from kube-proxy") {
+						t.Logf("%s: %s", what, l)
+					}
+				}
+			}
+		}
+		sw.switched()
+		sw.waitNew(100)
+		sw.waitExchanges(5 * (heldFlows + udpFlows))
+		res := sw.stop()
+		report = append(report, fmt.Sprintf("%s: %s", what, res))
+		t.Logf("%s: %s", what, res)
+		if res.failedAfter != 0 || res.goneAfter != 0 || res.heldBroken != 0 || res.udpBroken != 0 || res.newAfter < 100 {
+			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
+		}
+		cur, curKind = p, next
+		addPod("c")
+		reaches("c")
+	}
+	t.Logf("switch summary:\n  %s", strings.Join(report, "\n  "))
+}
+
+const heldPort = 9090
+
+// deletePod deletes pod name at once (no kubelet finishes a graceful
+// deletion here) and waits until it is gone.
+func deletePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) {
+	t.Helper()
+	zero := int64(0)
+	pods := c.Client().CoreV1().Pods(ns)
+	if err := pods.Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &zero}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 30*time.Second, "pod "+name+" gone", func() error {
+		if _, err := pods.Get(ctx, name, metav1.GetOptions{}); err == nil {
+			return fmt.Errorf("pod %s still exists", name)
+		}
+		return nil
+	})
+}
+
+// serveHeld serves port on pod p with connections that stay open: each
+// line read is answered "<pod name>\n".
+func serveHeld(t *testing.T, p *netns.Pod, port uint16) error {
+	var l net.Listener
+	if err := p.Do(func() (err error) { l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); return err }); err != nil {
+		return err
+	}
+	var wg sync.WaitGroup
+	var mu sync.Mutex
+	var conns []net.Conn
+	t.Cleanup(func() {
+		l.Close()
+		mu.Lock()
+		for _, c := range conns {
+			c.Close()
+		}
+		mu.Unlock()
+		wg.Wait()
+	})
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			c, err := l.Accept()
+			if err != nil {
+				return
+			}
+			mu.Lock()
+			conns = append(conns, c)
+			mu.Unlock()
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				r := bufio.NewReader(c)
+				for {
+					if _, err := r.ReadString('\n'); err != nil {
+						return
+					}
+					if _, err := fmt.Fprintf(c, "%s\n", p.PodName); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return nil
+}
+
+// switchLoad is the traffic across one switch: a stream of new
+// connections to web (TCP and UDP, alternating, each from a new source
+// port) and established flows to steady (held TCP connections, UDP
+// flows from fixed source ports), each exchanging every 100 ms.
+type switchLoad struct {
+	t              *testing.T
+	stopc          chan struct{}
+	wg             sync.WaitGroup
+	done           atomic.Bool // the switch is complete
+	deleted        atomic.Bool // c was deleted
+	goneGap        atomic.Int64
+	newOK, newFail atomic.Int64
+	failedAfter    atomic.Int64
+	newAfter       atomic.Int64
+	goneAfter      atomic.Int64
+	heldBroken     atomic.Int64
+	udpBroken      atomic.Int64
+	exchanges      atomic.Int64
+	firstErr       atomic.Value
+}
+
+type switchResult struct {
+	newTotal, failedBefore, newAfter, failedAfter, goneAfter int64
+	goneGap                                                  int64
+	held, heldBroken, udp, udpBroken                         int
+	exchanges                                                int64
+	firstErr                                                 any
+}
+
+func (r switchResult) String() string {
+	return fmt.Sprintf("%d new connections (before the switch completed: %d failed, %d to the deleted endpoint by the old rules; after it: %d, %d failed, %d to the deleted endpoint); established: %d TCP (%d broken), %d UDP (%d broken), %d exchanges; first error: %v",
+		r.newTotal, r.failedBefore, r.goneGap, r.newAfter, r.failedAfter, r.goneAfter, r.held, r.heldBroken, r.udp, r.udpBroken, r.exchanges, r.firstErr)
+}
+
+const heldFlows, udpFlows = 4, 4
+
+func startSwitchLoad(t *testing.T, client *netns.NS, web, steady netip.Addr) *switchLoad {
+	t.Helper()
+	s := &switchLoad{t: t, stopc: make(chan struct{})}
+	deadline := time.Now().Add(5 * time.Minute)
+	// Established TCP flows.
+	for i := range heldFlows {
+		var c net.Conn
+		if err := client.Do(func() (err error) {
+			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(steady, heldPort).String(), 2*time.Second)
+			return err
+		}); err != nil {
+			t.Fatalf("held flow %d: %v", i, err)
+		}
+		s.flow(c, deadline, &s.heldBroken, fmt.Sprintf("held TCP flow %d", i))
+	}
+	// Established UDP flows: fixed source ports.
+	for i := range udpFlows {
+		var c net.Conn
+		if err := client.Do(func() (err error) {
+			c, err = net.DialUDP("udp4", &net.UDPAddr{Port: 40100 + i}, net.UDPAddrFromAddrPort(netip.AddrPortFrom(steady, 80)))
+			return err
+		}); err != nil {
+			t.Fatalf("UDP flow %d: %v", i, err)
+		}
+		s.flow(c, deadline, &s.udpBroken, fmt.Sprintf("UDP flow %d", i))
+	}
+	// The stream of new connections.
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
+			select {
+			case <-s.stopc:
+				return
+			default:
+			}
+			// Read before the connection starts: one under way when
+			// the switch completes is not "after".
+			after := s.done.Load()
+			var r netns.Reply
+			var err error
+			proto := "tcp"
+			if i%2 == 0 {
+				r, err = client.TCP(netip.AddrPortFrom(web, 80), 2*time.Second)
+			} else {
+				proto = "udp"
+				r, err = client.UDP(netip.AddrPortFrom(web, 80), 0, 2*time.Second)
+			}
+			if after {
+				s.newAfter.Add(1)
+			}
+			switch {
+			case err != nil:
+				s.newFail.Add(1)
+				if after {
+					s.failedAfter.Add(1)
+					s.firstErr.CompareAndSwap(nil, fmt.Sprintf("%s at %s: %v", proto, time.Now().Format("15:04:05.000"), err))
+				}
+			default:
+				s.newOK.Add(1)
+				switch {
+				case r.Name != "c":
+				case after:
+					s.goneAfter.Add(1)
+					s.firstErr.CompareAndSwap(nil, fmt.Sprintf("%s from %s to the deleted endpoint at %s", proto, r.Client, time.Now().Format("15:04:05.000")))
+				case s.deleted.Load():
+					s.goneGap.Add(1)
+				}
+			}
+		}
+	}()
+	return s
+}
+
+// flow exchanges a line on c every 100 ms until stopped; an exchange that
+// fails, or that another pod answers than the first, breaks the flow
+// (counted once in broken; the flow ends).
+func (s *switchLoad) flow(c net.Conn, deadline time.Time, broken *atomic.Int64, what string) {
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer c.Close()
+		r := bufio.NewReader(c)
+		first := ""
+		for time.Now().Before(deadline) {
+			select {
+			case <-s.stopc:
+				return
+			case <-time.After(100 * time.Millisecond):
+			}
+			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
+			if _, err := io.WriteString(c, "x\n"); err != nil {
+				s.broke(broken, fmt.Errorf("%s: write: %w", what, err))
+				return
+			}
+			line, err := r.ReadString('\n')
+			if err != nil {
+				s.broke(broken, fmt.Errorf("%s: read: %w", what, err))
+				return
+			}
+			name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
+			if first == "" {
+				first = name
+			} else if name != first {
+				s.broke(broken, fmt.Errorf("%s: moved from %s to %s", what, first, name))
+				return
+			}
+			s.exchanges.Add(1)
+		}
+	}()
+}
+
+func (s *switchLoad) broke(n *atomic.Int64, err error) {
+	n.Add(1)
+	s.firstErr.CompareAndSwap(nil, err.Error())
+}
+
+// waitNew waits (bounded) until n more new connections have been made.
+func (s *switchLoad) waitNew(n int64) {
+	s.t.Helper()
+	from := s.newOK.Load() + s.newFail.Load()
+	deadline := time.Now().Add(2 * time.Minute)
+	for s.newOK.Load()+s.newFail.Load() < from+n {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%d new connections not made within 2m", n)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// waitExchanges waits (bounded) until the established flows have made n
+// more exchanges, so that each one crosses the switch.
+func (s *switchLoad) waitExchanges(n int64) {
+	s.t.Helper()
+	from := s.exchanges.Load()
+	deadline := time.Now().Add(time.Minute)
+	for s.exchanges.Load() < from+n {
+		if time.Now().After(deadline) {
+			s.t.Fatalf("%d exchanges on the established flows not made within 1m (%d)", n, s.exchanges.Load()-from)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// switched marks the switch complete: what follows is "after".
+func (s *switchLoad) switched() { s.done.Store(true) }
+
+func (s *switchLoad) stop() switchResult {
+	close(s.stopc)
+	s.wg.Wait()
+	r := switchResult{
+		newTotal: s.newOK.Load() + s.newFail.Load(), failedAfter: s.failedAfter.Load(), newAfter: s.newAfter.Load(),
+		goneAfter: s.goneAfter.Load(), goneGap: s.goneGap.Load(), held: heldFlows, heldBroken: int(s.heldBroken.Load()),
+		udp: udpFlows, udpBroken: int(s.udpBroken.Load()), exchanges: s.exchanges.Load(), firstErr: s.firstErr.Load(),
+	}
+	r.failedBefore = s.newFail.Load() - r.failedAfter
+	return r
+}
+
+// assertNoKubeProxyObjects fails t if kube-proxy's chains or tables are
+// left in the node (either iptables backend, nftables).
+func assertNoKubeProxyObjects(t *testing.T, node *netns.Node) {
+	t.Helper()
+	for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+		out, err := node.Run(save)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, chain := range []string{"KUBE-SERVICES", "KUBE-SVC-", "KUBE-SEP-", "KUBE-POSTROUTING", "KUBE-PROXY-"} {
+			if strings.Contains(out, chain) {
+				t.Errorf("%s: kube-proxy's %s left after the takeover", save, chain)
+			}
+		}
+	}
+	if out, err := node.Run("nft", "list", "tables"); err != nil || strings.Contains(out, "kube-proxy") {
+		t.Errorf("nftables after the takeover: %s %v", out, err)
+	}
+}
+
+// edgeProxyChain finds an edgeproxy chain (EP-…, not KUBE-SEP-…) in a
+// listing.
+var edgeProxyChain = regexp.MustCompile(`(?m)(^:|^-A |-j )EP-`)
+
+// assertNoEdgeProxyObjects fails t if an edgeproxy chain is left.
+func assertNoEdgeProxyObjects(t *testing.T, node *netns.Node) {
+	t.Helper()
+	for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
+		out, err := node.Run(save)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if edgeProxyChain.MatchString(out) {
+			t.Errorf("%s: edgeproxy rules left after `edgeproxy cleanup`:\n%s", save, out)
+		}
+	}
+}
+
+// nodeGET fetches path from addr inside the node namespace.
+func nodeGET(node *netns.Node, addr, path string) (string, error) {
+	var conn net.Conn
+	if err := node.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, time.Second); return err }); err != nil {
+		return "", err
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
+		return "", err
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
+	if err != nil {
+		return "", err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return "", fmt.Errorf("GET %s: %s", path, resp.Status)
+	}
+	return string(body), nil
+}
+
+// kubeProxySyncedV4 reports whether kube-proxy's metrics show a finished
+// IPv4 sync and the conntrack sweep that follows it (after the sync's
+// timestamp is set: pkg/proxy/iptables and nftables syncProxyRules; the
+// first sync of UDP Services always sweeps).
+func kubeProxySyncedV4(metrics string) bool {
+	synced, swept := false, false
+	for _, line := range strings.Split(metrics, "\n") {
+		if v, ok := strings.CutPrefix(line, `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} `); ok {
+			synced = strings.TrimSpace(v) != "0"
+		}
+		if v, ok := strings.CutPrefix(line, `kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} `); ok {
+			swept = strings.TrimSpace(v) != "0"
+		}
+	}
+	return synced && swept
+}
+
+func tail(s string, n int) string {
+	lines := strings.Split(s, "\n")
+	if len(lines) > n {
+		lines = lines[len(lines)-n:]
+	}
+	return strings.Join(lines, "\n")
+}
