@@ -164,25 +164,15 @@ func newNet(t testing.TB) *World {
 			}
 		}
 	}
-	// No TIME_WAIT sockets. The echo servers close first, so a server
-	// would keep each connection in TIME_WAIT for a minute, and both
-	// proxies masquerade with --random-fully: a masqueraded probe then
-	// meets, now and then, a tuple still in TIME_WAIT at its endpoint,
-	// whose SYN is answered for the old connection and sent again after
-	// 1 s (syn-resent). In the first runs with the probe that sees
-	// resends, 24 of 1,434 cells showed one, every one masqueraded,
-	// in either proxy's column at random. The stall is the world's, not
-	// a proxy's: without the sockets, a SYN a proxy drops still shows.
-	// A fin timeout above TIME_WAIT's minute keeps a closed server's
-	// FIN_WAIT2 a full socket until the client's FIN: without a TIME_WAIT
-	// bucket to turn into, it would otherwise be gone at once, and the
-	// client's next segment would be answered with a reset (in the VM a
-	// probe's connect then failed with EPIPE).
+	// No TIME_WAIT sockets (netns.NoTimeWait): in the first runs with the
+	// probe that sees SYN resends, 24 of 1,434 cells showed one, every one
+	// masqueraded, in either proxy's column at random. The stall is the
+	// world's, not a proxy's: without the sockets, a SYN a proxy drops
+	// still shows. In the VM, without the long fin timeout, a probe's
+	// connect failed with EPIPE.
 	for _, n := range append([]*netns.NS{w.Node.NS, w.Remote.NS, w.Ext}, podNS(w.Pods)...) {
-		for k, v := range map[string]string{"net/ipv4/tcp_max_tw_buckets": "0", "net/ipv4/tcp_fin_timeout": "61"} {
-			if err := n.Sysctl(k, v); err != nil {
-				t.Fatalf("%s: %v", k, err)
-			}
+		if err := n.NoTimeWait(); err != nil {
+			t.Fatal(err)
 		}
 	}
 	for name, p := range w.Pods {

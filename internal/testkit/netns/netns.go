@@ -187,6 +187,25 @@ func (n *NS) Sysctl(name, value string) error {
 	})
 }
 
+// NoTimeWait keeps TCP sockets in the namespace out of TIME_WAIT, for
+// worlds that open thousands of connections to a few echo servers. The
+// servers close first, so each would hold its side of a connection in
+// TIME_WAIT for a minute; a new connection whose tuple meets one (masquerade
+// with --random-fully picks ports at random; a client reuses its own ports)
+// has its SYN answered for the old connection and sent again after 1 s: a
+// stall the proxies did not cause. A fin timeout above TIME_WAIT's minute
+// keeps a closed server's FIN_WAIT2 a whole socket until the client's FIN:
+// with no TIME_WAIT bucket to turn into it would otherwise go at once, and
+// the client's next segment would be answered with a reset.
+func (n *NS) NoTimeWait() error {
+	for k, v := range map[string]string{"net/ipv4/tcp_max_tw_buckets": "0", "net/ipv4/tcp_fin_timeout": "61"} {
+		if err := n.Sysctl(k, v); err != nil {
+			return fmt.Errorf("netns: %s: %s: %w", n.Name, k, err)
+		}
+	}
+	return nil
+}
+
 // Reply is what an echo server answered.
 type Reply struct {
 	Name   string         // the pod that answered

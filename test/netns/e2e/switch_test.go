@@ -80,6 +80,13 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 		pods[name] = p
 	}
 	client := node.AddClient("client")
+	// Thousands of connections to three servers: no stall from a tuple
+	// still in TIME_WAIT may count as a failed switch.
+	for _, n := range []*netns.NS{node.NS, pods["a"].NS, pods["b"].NS, pods["c"].NS, client} {
+		if err := n.NoTimeWait(); err != nil {
+			t.Fatal(err)
+		}
+	}
 	hostIP, _ := node.LinkHost()
 	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
