@@ -16,7 +16,11 @@ import (
 
 // Well-known labels and annotations the proxy reads.
 const (
-	LabelServiceProxyName  = "service.kubernetes.io/service-proxy-name"
+	LabelServiceProxyName = "service.kubernetes.io/service-proxy-name"
+	// LabelHeadless on an EndpointSlice hides it from proxies, as
+	// kube-proxy's slice informer selects !service.kubernetes.io/headless
+	// (the EndpointSlice controller sets it on headless Services' slices).
+	LabelHeadless          = v1.IsHeadlessService
 	LabelServiceName       = discovery.LabelServiceName // kubernetes.io/service-name
 	LabelZone              = v1.LabelTopologyZone
 	LabelRegion            = v1.LabelTopologyRegion
@@ -174,6 +178,9 @@ func servicePorts(ports []v1.ServicePort) ([]model.ServicePort, error) {
 // reported in the returned warnings; a slice the proxy cannot use at all
 // (FQDN, no service-name label) is an error.
 func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSlice, []string, error) {
+	if _, ok := s.Labels[LabelHeadless]; ok {
+		return nil, nil, fmt.Errorf("%w: labelled %s", ErrSkip, LabelHeadless)
+	}
 	svc := s.Labels[LabelServiceName]
 	if svc == "" {
 		return nil, nil, fmt.Errorf("metadata.labels: no %s label", LabelServiceName)

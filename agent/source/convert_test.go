@@ -133,6 +133,16 @@ func TestEndpointSliceConversion(t *testing.T) {
 		t.Errorf("warnings = %q, want %q", warnings, want)
 	}
 
+	// A slice labelled headless (any value) is not proxied, as kube-proxy's
+	// informer selects !service.kubernetes.io/headless: upstream's e2e
+	// "should implement service.kubernetes.io/headless" labels a working
+	// Service's slice and expects the Service to stop answering.
+	s.Labels[LabelHeadless] = ""
+	if m, _, err := conv.EndpointSlice(s); !errors.Is(err, ErrSkip) || m != nil {
+		t.Errorf("slice labelled %s: (%v, %v), want ErrSkip", LabelHeadless, m, err)
+	}
+	delete(s.Labels, LabelHeadless)
+
 	s.AddressType = discovery.AddressTypeFQDN
 	if _, _, err := conv.EndpointSlice(s); err == nil || !strings.Contains(err.Error(), "FQDN") {
 		t.Errorf("FQDN slice: err = %v", err)
