@@ -95,8 +95,11 @@ type Agent struct {
 	triggers               []time.Time
 	lastErr                error
 	synced                 chan struct{} // closed after the first successful apply
-	syncOnce               sync.Once
-	startTime              time.Time
+	// firstSynced is when that apply ended (unix ns), for health: the
+	// runner records the sync's success only once the sync returns.
+	firstSynced atomic.Int64
+	syncOnce    sync.Once
+	startTime   time.Time
 
 	notifier *notify.Notifier
 	snaps    *snapshotWriter

@@ -249,3 +249,28 @@ func TestNoLocalEndpointsMetric(t *testing.T) {
 		t.Errorf("got %v, want %v", got, want)
 	}
 }
+
+// The first sync closes Synced and tells systemd it is ready before it
+// returns to the runner, which records its success only then: in between,
+// a start that took longer than healthTimeout must not answer 503.
+func TestHealthyOnceFirstSyncProgrammed(t *testing.T) {
+	cfg := config.Default()
+	cfg.NodeName, cfg.Manifests, cfg.Mode = "n1", t.TempDir(), "plan"
+	cfg.StateDir = t.TempDir()
+	cfg.Server = config.Server{}
+	cfg.Sync.HealthTimeout = 300 * time.Millisecond
+	a, err := New(Options{Config: &cfg, Backend: &flaky{}, Registry: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := time.Now()
+	a.startTime = now.Add(-time.Minute) // a slow start
+	if h := a.HealthNow(now); h.Healthy {
+		t.Fatalf("health before any sync after a minute = %+v, want unhealthy", h)
+	}
+	a.firstSynced.Store(now.Add(-time.Millisecond).UnixNano())
+	if h := a.HealthNow(now); !h.Healthy || h.LastUpdated.IsZero() {
+		t.Fatalf("health once the first sync programmed = %+v, want healthy with LastUpdated", h)
+	}
+}

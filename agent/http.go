@@ -103,6 +103,14 @@ type Health struct {
 // ToBeDeletedByClusterAutoscaler; only /healthz counts it, not Healthy.
 func (a *Agent) HealthNow(now time.Time) Health {
 	st := a.runner.Status()
+	if st.LastSuccess.IsZero() {
+		// The first sync has programmed the kernel (Synced is closed, systemd
+		// told ready) but has not returned to the runner yet: it counts as
+		// done, and the requests it took over as met.
+		if ns := a.firstSynced.Load(); ns != 0 {
+			st.LastSuccess, st.PendingSince = time.Unix(0, ns), time.Time{}
+		}
+	}
 	h := Health{LastUpdated: st.LastSuccess, CurrentTime: now, NodeEligible: !a.nodeIneligible.Load(), PendingSince: st.PendingSince}
 	if st.LastError != nil {
 		h.LastError = st.LastError.Error()

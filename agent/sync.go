@@ -123,6 +123,7 @@ func (a *Agent) afterSync(res *planner.Result, start, now time.Time) {
 	}
 	a.syncOnce.Do(func() {
 		a.log.Info("first sync done", "frontends", len(res.Plan.Frontends), "took", now.Sub(start).Round(time.Millisecond))
+		a.firstSynced.Store(now.UnixNano())
 		close(a.synced)
 		if err := a.notifier.MarkReady(fmt.Sprintf("programmed %d frontends", len(res.Plan.Frontends))); err != nil {
 			a.log.Warn("systemd notify", "err", err)
