@@ -22,12 +22,12 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
-	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/notify"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
+	"github.com/edgeproxy/edgeproxy/agent/prober"
 	"github.com/edgeproxy/edgeproxy/agent/runner"
 	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/agent/state"
@@ -58,7 +58,7 @@ type Options struct {
 	// Version is reported on /debug/status.
 	Version string
 	// ProbeDial overrides the endpoint probe (tests); nil: TCP connect.
-	ProbeDial health.DialFunc
+	ProbeDial prober.DialFunc
 }
 
 // Agent is one running edgeproxy.
@@ -466,7 +466,7 @@ func untilTick(now time.Time, every time.Duration) time.Duration {
 // after it, once no evaluation uses them.
 func (a *Agent) reconfigure(prev, next *config.Config) error {
 	var perr error
-	var swap *chain.Swap
+	var swap *policychain.Swap
 	// The agent's own chains reload; a policy the caller supplied does not.
 	if a.chains != nil && !reflect.DeepEqual(prev.Policy, next.Policy) {
 		swap, perr = a.chains.Prepare(context.Background(), next.Policy)

@@ -15,10 +15,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -197,7 +197,7 @@ type Status struct {
 	// heartbeat.
 	APIReachable bool `json:"apiReachable"`
 	// Modules is the health of each loaded policy module.
-	Modules []chain.ModuleStatus `json:"modules,omitempty"`
+	Modules []policychain.ModuleStatus `json:"modules,omitempty"`
 	// ExternalIPsIgnored names the Services whose externalIPs are not
 	// programmed because externalIPs is off.
 	ExternalIPsIgnored []string `json:"externalIPsIgnored,omitempty"`
@@ -300,7 +300,7 @@ func (a *Agent) serveShadow(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if a.chains == nil {
-		writeJSON(w, http.StatusOK, chain.ShadowReport{Modules: []chain.ShadowStatus{}, Diffs: []chain.ShadowDiff{}})
+		writeJSON(w, http.StatusOK, policychain.ShadowReport{Modules: []policychain.ShadowStatus{}, Diffs: []policychain.ShadowDiff{}})
 		return
 	}
 	writeJSON(w, http.StatusOK, a.chains.ShadowReport(name))

@@ -7,14 +7,14 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/policy"
 )
 
 // chainPolicy adapts the Wasm chain evaluator to the planner.
-type chainPolicy struct{ ev *chain.Evaluator }
+type chainPolicy struct{ ev *policychain.Evaluator }
 
 func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (*chainPolicy, error) {
 	// Compiled modules are cached under stateDir. A stateDir that can never
@@ -25,8 +25,8 @@ func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, r
 			return nil, fmt.Errorf("stateDir %s (compiled modules are cached under it): %w", cfg.StateDir, why)
 		}
 	}
-	ev, err := chain.New(ctx, cfg.Policy, cfg.StateDir, log.With("component", "policy"), reg,
-		chain.WithServiceKeyPrefix(cfg.ServiceKeyPrefix), chain.WithNodeLabels(cfg.NodeLabels))
+	ev, err := policychain.New(ctx, cfg.Policy, cfg.StateDir, log.With("component", "policy"), reg,
+		policychain.WithServiceKeyPrefix(cfg.ServiceKeyPrefix), policychain.WithNodeLabels(cfg.NodeLabels))
 	if err != nil {
 		return nil, err
 	}
@@ -36,9 +36,9 @@ func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, r
 // Weigh evaluates every request in one go, so that each chain step calls
 // its module in batches.
 func (p *chainPolicy) Weigh(ctx context.Context, reqs []planner.Request) []planner.Weighing {
-	creqs := make([]chain.Request, len(reqs))
+	creqs := make([]policychain.Request, len(reqs))
 	for i, r := range reqs {
-		creqs[i] = chain.Request(r)
+		creqs[i] = policychain.Request(r)
 	}
 	out := make([]planner.Weighing, len(reqs))
 	for i, v := range p.ev.EvaluateBatch(ctx, creqs) {
@@ -51,8 +51,8 @@ func (p *chainPolicy) Weigh(ctx context.Context, reqs []planner.Request) []plann
 }
 
 // Prepare loads and checks new chains beside the running ones; see
-// chain.Evaluator.Prepare.
-func (p *chainPolicy) Prepare(ctx context.Context, cfg config.Policy) (*chain.Swap, error) {
+// policychain.Evaluator.Prepare.
+func (p *chainPolicy) Prepare(ctx context.Context, cfg config.Policy) (*policychain.Swap, error) {
 	return p.ev.Prepare(ctx, cfg)
 }
 
@@ -60,9 +60,9 @@ func (p *chainPolicy) Close(ctx context.Context) error { return p.ev.Close(ctx) 
 
 // ShadowReport is the /debug/shadow answer: the shadow modules and their
 // latest differences (of service "namespace/name" when not empty).
-func (p *chainPolicy) ShadowReport(service string) chain.ShadowReport {
+func (p *chainPolicy) ShadowReport(service string) policychain.ShadowReport {
 	return p.ev.ShadowReport(service)
 }
 
 // Modules reports each loaded module's health for /debug/status.
-func (p *chainPolicy) Modules() []chain.ModuleStatus { return p.ev.Modules() }
+func (p *chainPolicy) Modules() []policychain.ModuleStatus { return p.ev.Modules() }

@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
-	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/prober"
 	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -22,7 +22,7 @@ import (
 // EndpointSlices cannot be trusted to be fresh (the API server is away),
 // or always with health.mode: always.
 type probing struct {
-	prober *health.Prober
+	prober *prober.Prober
 	active atomic.Bool // verdicts were applied by the last sync
 	// left is what the last sync left out; under the agent's mu.
 	left leftOut
@@ -41,7 +41,7 @@ func (a *Agent) newProbing(reg prometheus.Registerer) *probing {
 		return nil
 	}
 	p := &probing{badSpecs: map[string]string{}}
-	p.prober = health.New(health.Options{
+	p.prober = prober.New(prober.Options{
 		Interval: h.Interval, Timeout: h.Timeout,
 		FailureThreshold: h.FailureThreshold, SuccessThreshold: h.SuccessThreshold,
 		RatePerSecond: h.ProbesPerSecond, Concurrency: h.Concurrency,
@@ -53,7 +53,7 @@ func (a *Agent) newProbing(reg prometheus.Registerer) *probing {
 		reg.MustRegister(perEndpoint{p.prober})
 	}
 	if reg != nil {
-		for _, s := range health.States {
+		for _, s := range prober.States {
 			reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 				Name:        "edgeproxy_endpoint_probe_state",
 				Help:        "Probed endpoints by state (probing runs while the API server is away, or always with health.mode: always).",
@@ -67,7 +67,7 @@ func (a *Agent) newProbing(reg prometheus.Registerer) *probing {
 // perEndpoint exports one series per probed endpoint, the value 1 under
 // its state's label (health.perEndpointMetrics: as many series as
 // endpoints, so off by default).
-type perEndpoint struct{ prober *health.Prober }
+type perEndpoint struct{ prober *prober.Prober }
 
 var perEndpointDesc = prometheus.NewDesc("edgeproxy_endpoint_probe_target_state",
 	"Each probed endpoint (address:port, /udp for UDP probes) with 1 under its state.",
@@ -178,16 +178,16 @@ func parseProbeSpec(v string) (probeSpec, error) {
 
 // target returns what probes endpoint e of a frontend of protocol proto,
 // and false when it is not probed.
-func (s probeSpec) target(e netip.AddrPort, proto datapath.Protocol) (health.Target, bool) {
+func (s probeSpec) target(e netip.AddrPort, proto datapath.Protocol) (prober.Target, bool) {
 	switch {
 	case s.off:
-		return health.Target{}, false
+		return prober.Target{}, false
 	case s.port != 0:
-		return health.Target{Addr: netip.AddrPortFrom(e.Addr(), s.port), UDP: s.udp}, true
+		return prober.Target{Addr: netip.AddrPortFrom(e.Addr(), s.port), UDP: s.udp}, true
 	case proto == datapath.TCP:
-		return health.Target{Addr: e}, true
+		return prober.Target{Addr: e}, true
 	}
-	return health.Target{}, false
+	return prober.Target{}, false
 }
 
 // probeSpecs returns the probe spec of every service port of snap whose
@@ -252,26 +252,26 @@ func (a *Agent) applyProbeVerdicts(plan *datapath.Plan, snap *state.Snapshot) bo
 
 // leftOut is what one sync left out: per service port, each endpoint with
 // its verdict.
-type leftOut map[model.ServicePortName]map[netip.AddrPort]health.Verdict
+type leftOut map[model.ServicePortName]map[netip.AddrPort]prober.Verdict
 
 // filter returns eps of frontend f without the failed endpoints, all of
 // them when every one failed, and whether it left any out; what it leaves
 // out goes to left.
 func (p *probing) filter(f *datapath.Frontend, spec probeSpec, eps []datapath.Endpoint, left leftOut) ([]datapath.Endpoint, bool) {
 	failed := make([]bool, len(eps))
-	verdicts := make([]health.Verdict, len(eps))
+	verdicts := make([]prober.Verdict, len(eps))
 	any := false
 	for i, e := range eps {
 		if t, ok := spec.target(e.Addr, f.Protocol); ok {
 			verdicts[i] = p.prober.Verdict(t)
 		}
-		failed[i] = verdicts[i].State == health.Failed
+		failed[i] = verdicts[i].State == prober.Failed
 		any = any || failed[i]
 	}
 	if !any {
 		return eps, false
 	}
-	keep := health.Keep(failed)
+	keep := prober.Keep(failed)
 	out := make([]datapath.Endpoint, 0, len(eps))
 	for i, e := range eps {
 		if keep[i] {
@@ -279,7 +279,7 @@ func (p *probing) filter(f *datapath.Frontend, spec probeSpec, eps []datapath.En
 			continue
 		}
 		if left[f.Service] == nil {
-			left[f.Service] = map[netip.AddrPort]health.Verdict{}
+			left[f.Service] = map[netip.AddrPort]prober.Verdict{}
 		}
 		left[f.Service][e.Addr] = verdicts[i]
 	}
@@ -315,7 +315,7 @@ func (p *probing) publish() {
 
 // ProbeVerdicts returns what the last sync left out because of probes:
 // per service port, each endpoint with its verdict; nil when nothing.
-func (a *Agent) ProbeVerdicts() map[model.ServicePortName]map[netip.AddrPort]health.Verdict {
+func (a *Agent) ProbeVerdicts() map[model.ServicePortName]map[netip.AddrPort]prober.Verdict {
 	if a.probes == nil {
 		return nil
 	}
@@ -338,9 +338,9 @@ func (a *Agent) probeNotes(svc model.ServicePortName) []string {
 }
 
 // probeTargets lists, once each, what the plan's endpoints probe as.
-func probeTargets(plan *datapath.Plan, specs map[model.ServicePortName]probeSpec) []health.Target {
-	seen := map[health.Target]bool{}
-	var out []health.Target
+func probeTargets(plan *datapath.Plan, specs map[model.ServicePortName]probeSpec) []prober.Target {
+	seen := map[prober.Target]bool{}
+	var out []prober.Target
 	for _, f := range plan.Frontends {
 		spec := specs[f.Service]
 		for _, list := range [][]datapath.Endpoint{f.Endpoints, f.Cluster} {

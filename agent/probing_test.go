@@ -20,8 +20,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
-	"github.com/edgeproxy/edgeproxy/agent/health"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/prober"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -118,8 +118,8 @@ func TestProbedEndpointsLeftOut(t *testing.T) {
 			}
 		}
 	}
-	dial := func(ctx context.Context, tgt health.Target) error {
-		return health.DialTCP(ctx, local[tgt.Addr])
+	dial := func(ctx context.Context, tgt prober.Target) error {
+		return prober.DialTCP(ctx, local[tgt.Addr])
 	}
 	dir := t.TempDir()
 	manifest := fmt.Sprintf(probeWorld, "web", "", "10.96.0.5") + "---\n" +
@@ -180,7 +180,7 @@ func TestProbedEndpointsLeftOut(t *testing.T) {
 		s.stop()
 	}
 	eventually(t, "every endpoint failed", func() bool {
-		return a.probes.prober.Counts()[health.Failed] == 3
+		return a.probes.prober.Counts()[prober.Failed] == 3
 	})
 	gen := a.Last().Plan.Generation
 	eventually(t, "a sync after every endpoint failed", func() bool { a.runner.Run(); return a.Last().Plan.Generation > gen })
@@ -251,7 +251,7 @@ func freePort(t *testing.T) uint16 {
 	return uint16(l.Addr().(*net.TCPAddr).Port)
 }
 
-func startProbingAgent(t *testing.T, backend datapath.Backend, manifests string, dial health.DialFunc) *Agent {
+func startProbingAgent(t *testing.T, backend datapath.Backend, manifests string, dial prober.DialFunc) *Agent {
 	t.Helper()
 	cfg := config.Default()
 	cfg.NodeName, cfg.Manifests, cfg.Mode = "n1", manifests, "plan"
@@ -290,7 +290,7 @@ func TestBadOfflineProbeShown(t *testing.T) {
 	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(manifest), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	a := startProbingAgent(t, &flaky{}, dir, func(context.Context, health.Target) error { return nil })
+	a := startProbingAgent(t, &flaky{}, dir, func(context.Context, prober.Target) error { return nil })
 	<-a.Synced()
 	rec := httptest.NewRecorder()
 	a.serveStatus(rec, httptest.NewRequest("GET", "/debug/status", nil))

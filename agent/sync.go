@@ -5,9 +5,9 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/healthcheck"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -51,7 +51,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	}
 	// One shadow budget for the whole sync (policy.shadowBudget): the
 	// planner weighs its ports in several batches.
-	res := a.planner.Build(chain.WithShadowBudget(ctx), snap)
+	res := a.planner.Build(policychain.WithShadowBudget(ctx), snap)
 	refused := a.quarantine.sanitize(res.Plan, snap)
 	// Changed probe verdicts change frontends outside plan.Changed.
 	res.Plan.Full = a.applyProbeVerdicts(res.Plan, snap) || kind.full()

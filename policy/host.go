@@ -3,7 +3,7 @@
 // cap, calls it with a deadline, validates every output, and contains
 // failures (discard the instance, re-create it with backoff, open a circuit
 // after repeated failures). It knows nothing of Kubernetes; the agent
-// converts its model into abi.Input (see agent/chain).
+// converts its model into abi.Input (see agent/policychain).
 package policy
 
 import (

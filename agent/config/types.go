@@ -165,7 +165,7 @@ type ChainStep struct {
 }
 
 // Health configures endpoint probing while the API server is away (see
-// agent/health): EndpointSlices are frozen then, and a dead pod would keep
+// agent/prober): EndpointSlices are frozen then, and a dead pod would keep
 // its share of traffic until the link returns.
 type Health struct {
 	// Mode is "offline" (probe once the API server has been unreachable

@@ -251,7 +251,7 @@ func (c *Config) validateHost(ps *problems) {
 }
 
 // Validate checks the policy section alone, as a reload of the policy engine
-// does (agent/chain): every problem, each naming its key.
+// does (agent/policychain): every problem, each naming its key.
 func (p Policy) Validate() error { return errors.Join(p.validate()...) }
 
 func (p Policy) validate() []error {

@@ -13,9 +13,9 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
@@ -96,11 +96,11 @@ policy:
 	if err != nil || code != 200 {
 		t.Fatalf("/debug/shadow: %d %v %s", code, err, body)
 	}
-	var rep chain.ShadowReport
+	var rep policychain.ShadowReport
 	if err := json.Unmarshal(body, &rep); err != nil {
 		t.Fatalf("/debug/shadow: %v\n%s", err, body)
 	}
-	var diff *chain.ShadowDiff
+	var diff *policychain.ShadowDiff
 	for i := range rep.Diffs {
 		if rep.Diffs[i].Module == "weighted-next" {
 			diff = &rep.Diffs[i]
@@ -130,7 +130,7 @@ policy:
 	if err := json.Unmarshal(out, &ex); err != nil {
 		t.Fatalf("explain -o json: %v\n%s", err, out)
 	}
-	var v chain.Verdict
+	var v policychain.Verdict
 	pe := ex[ns+"/web"]
 	if len(pe) == 0 {
 		t.Fatalf("explain -o json: no %s/web:\n%s", ns, out)

@@ -18,10 +18,10 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent"
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/planner"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -345,7 +345,7 @@ func renderExplain(w io.Writer, ex map[model.ServicePortName][]planner.Explain) 
 // (its JSON, b): what it answered and how that differs from the module it
 // shadows. Nothing when there are none.
 func renderShadows(w io.Writer, b []byte) {
-	var v chain.Verdict
+	var v policychain.Verdict
 	if json.Unmarshal(b, &v) != nil {
 		return
 	}

@@ -9,8 +9,8 @@ import (
 	"log/slog"
 	"os"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 )
 
 // moduleCheck runs every check a chain runs before it trusts a module and
@@ -42,7 +42,7 @@ func moduleCheck(args []string, stdout io.Writer) error {
 	if err != nil {
 		return err
 	}
-	report, err := chain.CheckFile(context.Background(), cfg.Policy, file, quiet)
+	report, err := policychain.CheckFile(context.Background(), cfg.Policy, file, quiet)
 	if report == nil {
 		return err
 	}

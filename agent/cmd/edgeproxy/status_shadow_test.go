@@ -6,7 +6,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent"
-	"github.com/edgeproxy/edgeproxy/agent/chain"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 )
 
 // `edgeproxy status` says how many calls of a shadow the shadow budget
@@ -14,7 +14,7 @@ import (
 // metric to say so), and says nothing of it when none was.
 func TestRenderStatusShadowSkipped(t *testing.T) {
 	var b strings.Builder
-	renderStatus(&b, &agent.Status{Mode: "plan", Modules: []chain.ModuleStatus{
+	renderStatus(&b, &agent.Status{Mode: "plan", Modules: []policychain.ModuleStatus{
 		{Chain: "c", Module: "weighted"},
 		{Chain: "c", Module: "next", ShadowOf: "weighted", Skipped: 12},
 		{Chain: "c", Module: "other", ShadowOf: "weighted"},

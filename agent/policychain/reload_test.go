@@ -1,4 +1,4 @@
-package chain_test
+package policychain_test
 
 import (
 	"context"
@@ -7,8 +7,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 )
 
 // TestPrepareLeavesRunningChains: the chains in force answer while new
@@ -112,7 +112,7 @@ func TestRemovedShadowForgotten(t *testing.T) {
 		"stays", weighted, "weighted", map[string]any{"default": 30})
 	e, _, _ := newEvaluator(t, both)
 	e.Evaluate(ctx, service("shop", nil), port, node, endpoints("zone-a"))
-	modules := func(diffs []chain.ShadowDiff) []string {
+	modules := func(diffs []policychain.ShadowDiff) []string {
 		var out []string
 		for _, d := range diffs {
 			out = append(out, d.Module)

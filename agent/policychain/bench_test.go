@@ -1,4 +1,4 @@
-package chain_test
+package policychain_test
 
 import (
 	"context"
@@ -6,9 +6,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 )
 
 // BenchmarkSync5k evaluates 5,000 service ports of 10 endpoints each, as
@@ -74,9 +74,9 @@ func BenchmarkShadow(b *testing.B) {
 	base.Timeout, base.ShadowBudget = 50*time.Millisecond, time.Minute // the default deadline; a budget that never cuts
 	withCopy := withShadow(base, "copy", topo, "topology", nil)
 	eps := endpoints("zone-a", "zone-b", "zone-c", "zone-a", "zone-b", "zone-c", "zone-a", "zone-b", "zone-c", "zone-a")
-	reqs := make([]chain.Request, 256)
+	reqs := make([]policychain.Request, 256)
 	for i := range reqs {
-		reqs[i] = chain.Request{Service: &model.Service{Namespace: "shop", Name: fmt.Sprint("svc-", i)}, Port: port, Node: node, Endpoints: eps}
+		reqs[i] = policychain.Request{Service: &model.Service{Namespace: "shop", Name: fmt.Sprint("svc-", i)}, Port: port, Node: node, Endpoints: eps}
 	}
 	for _, c := range []struct {
 		name string

@@ -1,4 +1,4 @@
-package chain_test
+package policychain_test
 
 import (
 	"context"
@@ -10,8 +10,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 )
 
 // within runs fn and fails the test if it has not returned after a
@@ -79,7 +79,7 @@ func TestModuleReadRefusesNonRegularFiles(t *testing.T) {
 		}
 
 		err = within(t, "check "+path, func() error {
-			_, err := chain.CheckFile(ctx, config.Default().Policy, path, nil)
+			_, err := policychain.CheckFile(ctx, config.Default().Policy, path, nil)
 			return err
 		})
 		if err == nil || !strings.Contains(err.Error(), want) {
@@ -99,10 +99,10 @@ func TestModuleReadRefusesOversize(t *testing.T) {
 	cfg := policyConfig(map[string]string{"m": big}, config.Chain{Name: "c", Modules: []config.ChainStep{{Module: "m"}}})
 	cfg.MaxModuleSize = 64 << 10
 	want := big + ": larger than policy.maxModuleSize (65537 bytes, limit 65536)"
-	if _, err := chain.New(ctx, cfg, stateDir, nil, nil); err == nil || !strings.Contains(err.Error(), want) {
+	if _, err := policychain.New(ctx, cfg, stateDir, nil, nil); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("load: %v, want an error containing %q", err, want)
 	}
-	if _, err := chain.CheckFile(ctx, cfg, big, nil); err == nil || !strings.Contains(err.Error(), want) {
+	if _, err := policychain.CheckFile(ctx, cfg, big, nil); err == nil || !strings.Contains(err.Error(), want) {
 		t.Errorf("module check: %v, want an error containing %q", err, want)
 	}
 }

@@ -7,7 +7,7 @@
 // It is pure scheduling and bookkeeping: the dial is injected (the agent
 // dials TCP from the node's own network namespace), so the logic is tested
 // without a network and the rate cap is measured with 1,000 endpoints.
-package health
+package prober
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package chain_test
+package policychain_test
 
 import (
 	"context"
@@ -8,9 +8,9 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/policy"
 )
 
@@ -23,7 +23,7 @@ func withShadow(p config.Policy, name, path, of string, conf map[string]any) con
 
 // sameTraffic fails unless got gives every endpoint the weights,
 // scheduler, steps and fallback of want: what the datapath is built from.
-func sameTraffic(t *testing.T, what string, got, want chain.Verdict) {
+func sameTraffic(t *testing.T, what string, got, want policychain.Verdict) {
 	t.Helper()
 	got.Shadows = nil
 	if got.String() != want.String() || !slices.Equal(got.Weights, want.Weights) || got.Fallback != want.Fallback {
@@ -49,7 +49,7 @@ func TestShadowCandidateDiffers(t *testing.T) {
 	svc := service("shop", nil)
 	canary := service("shop", map[string]string{"edgeproxy.io/weights": "zone:zone-b=5"})
 	canary.Name = "canary"
-	reqs := []chain.Request{
+	reqs := []policychain.Request{
 		{Service: svc, Port: port, Node: node, Endpoints: eps},
 		{Service: canary, Port: port, Node: node, Endpoints: eps},
 		{Service: service("other", nil), Port: port, Node: node, Endpoints: eps},
@@ -104,13 +104,13 @@ func TestShadowCandidateDiffers(t *testing.T) {
 	}
 
 	// The history is bounded.
-	for i := range chain.ShadowHistory + 10 {
+	for i := range policychain.ShadowHistory + 10 {
 		more := endpoints("zone-a", "zone-b")
 		more[0].Port = uint16(9000 + i)
 		e.Evaluate(ctx, svc, port, node, more)
 	}
-	if got := len(e.ShadowReport("").Diffs); got != chain.ShadowHistory {
-		t.Errorf("%d differences kept, want %d", got, chain.ShadowHistory)
+	if got := len(e.ShadowReport("").Diffs); got != policychain.ShadowHistory {
+		t.Errorf("%d differences kept, want %d", got, policychain.ShadowHistory)
 	}
 }
 
@@ -168,15 +168,15 @@ func TestShadowHostileChangesNothing(t *testing.T) {
 			// would be refused by the load checks (shown in
 			// TestShadowReloadAndPromotion).
 			cfg := withShadow(base, c.module, modulePath(t, "modules/testdata/hostile/"+c.module), "topology", map[string]any{"only": "hostile"})
-			e, _, reg := newEvaluator(t, cfg, chain.WithClock(clk.Now))
-			plain, _, _ := newEvaluator(t, base, chain.WithClock(clk.Now))
+			e, _, reg := newEvaluator(t, cfg, policychain.WithClock(clk.Now))
+			plain, _, _ := newEvaluator(t, base, policychain.WithClock(clk.Now))
 			// Eight syncs, each with new endpoints (no cache), two ports each.
 			for i := range 8 {
 				eps := endpoints("zone-a", "zone-b", "zone-a")
 				for j := range eps {
 					eps[j].Port = uint16(8000 + i)
 				}
-				reqs := []chain.Request{
+				reqs := []policychain.Request{
 					{Service: service("hostile", nil), Port: port, Node: node, Endpoints: eps},
 					{Service: service("shop", nil), Port: port, Node: node, Endpoints: eps[:2]},
 				}
@@ -240,14 +240,14 @@ func TestShadowBudget(t *testing.T) {
 		config.Chain{Name: "close", Modules: []config.ChainStep{{Module: "topology"}}})
 	base.ShadowBudget = time.Nanosecond
 	e, logs, reg := newEvaluator(t, withShadow(base, "copy", topo, "topology", nil))
-	ctx := chain.WithShadowBudget(context.Background())
+	ctx := policychain.WithShadowBudget(context.Background())
 	for i := range 3 {
 		v := e.Evaluate(ctx, service("shop", nil), port, node, endpoints("zone-a", "zone-b"))
-		if !slices.Equal(v.Weights, []uint32{1, 0}) || len(v.Shadows) != 1 || v.Shadows[0].Failure != chain.ShadowSkipped {
+		if !slices.Equal(v.Weights, []uint32{1, 0}) || len(v.Shadows) != 1 || v.Shadows[0].Failure != policychain.ShadowSkipped {
 			t.Fatalf("batch %d: %s %+v", i, v, v.Shadows)
 		}
 	}
-	if n := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", "copy", "reason", chain.ShadowSkipped); n != 3 {
+	if n := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", "copy", "reason", policychain.ShadowSkipped); n != 3 {
 		t.Errorf("skipped %v, want 3", n)
 	}
 	const warning = `level=WARN msg="policy: shadow evaluations skipped: the sync's shadow budget is spent`
@@ -268,7 +268,7 @@ func TestShadowBudget(t *testing.T) {
 	if err := e.Reload(context.Background(), withShadow(base, "copy", topo, "topology", nil)); err != nil {
 		t.Fatal(err)
 	}
-	v := e.Evaluate(chain.WithShadowBudget(context.Background()), service("shop", nil), port, node, endpoints("zone-a", "zone-b"))
+	v := e.Evaluate(policychain.WithShadowBudget(context.Background()), service("shop", nil), port, node, endpoints("zone-a", "zone-b"))
 	if len(v.Shadows) != 1 || v.Shadows[0].Failure != "" || v.Shadows[0].Diff != "" {
 		t.Fatalf("new sync: %+v", v.Shadows)
 	}
@@ -296,7 +296,7 @@ func TestShadowReloadAndPromotion(t *testing.T) {
 	if rep := e.ShadowReport(""); len(rep.Modules) != 1 || rep.Modules[0].Loaded || rep.Modules[0].LoadErr == "" {
 		t.Fatalf("report: %+v", rep.Modules)
 	}
-	if n := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", "next", "reason", chain.ShadowLoad); n != 1 {
+	if n := metric(t, reg, "edgeproxy_policy_shadow_failures_total", "module", "next", "reason", policychain.ShadowLoad); n != 1 {
 		t.Errorf("load failures %v, want 1", n)
 	}
 	// A good candidate replaces it.

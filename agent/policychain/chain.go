@@ -7,7 +7,7 @@
 //
 // One Evaluator serves the sync loop; Reload swaps in a new module set only
 // when every module of it passed its checks.
-package chain
+package policychain
 
 import (
 	"cmp"

@@ -1,4 +1,4 @@
-package health
+package prober
 
 import (
 	"context"

@@ -1,4 +1,4 @@
-package chain_test
+package policychain_test
 
 import (
 	"context"
@@ -15,9 +15,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/policy"
 )
@@ -79,12 +79,12 @@ func policyConfig(mods map[string]string, chains ...config.Chain) config.Policy 
 	return p
 }
 
-func newEvaluator(t testing.TB, cfg config.Policy, opts ...chain.Option) (*chain.Evaluator, *logBuffer, *prometheus.Registry) {
+func newEvaluator(t testing.TB, cfg config.Policy, opts ...policychain.Option) (*policychain.Evaluator, *logBuffer, *prometheus.Registry) {
 	t.Helper()
 	logs := &logBuffer{}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	e, err := chain.New(context.Background(), cfg, stateDir, log, reg, opts...)
+	e, err := policychain.New(context.Background(), cfg, stateDir, log, reg, opts...)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -229,7 +229,7 @@ func TestWeightedAnnotation(t *testing.T) {
 		t.Fatalf("scheduler %q %v", v.Scheduler, v.SchedulerFlags)
 	}
 	// Annotations outside the prefix never reach a module.
-	e2, _, _ := newEvaluator(t, cfg, chain.WithServiceKeyPrefix("example.com/"))
+	e2, _, _ := newEvaluator(t, cfg, policychain.WithServiceKeyPrefix("example.com/"))
 	if v = e2.Evaluate(ctx, svc, port, node, eps); !slices.Equal(v.Weights, []uint32{10, 10, 10}) || v.Scheduler != "" {
 		t.Fatalf("prefix example.com/: %s, want the config default everywhere", v)
 	}
@@ -318,7 +318,7 @@ func TestHostileContained(t *testing.T) {
 			clk := &fakeClock{t: time.Unix(1e9, 0)}
 			cfg := policyConfig(map[string]string{"topology": modulePath(t, "modules/topology"), c.module: modulePath(t, "modules/testdata/hostile/"+c.module)},
 				config.Chain{Name: "h", Failure: c.failure, Modules: []config.ChainStep{{Module: "topology"}, {Module: c.module, Config: only}}})
-			e, logs, reg := newEvaluator(t, cfg, chain.WithClock(clk.Now))
+			e, logs, reg := newEvaluator(t, cfg, policychain.WithClock(clk.Now))
 			eps := endpoints("zone-a", "zone-b", "zone-a")
 			v := e.Evaluate(ctx, service("hostile", nil), port, node, eps)
 			if v.Fallback != config.FailureKeepBuiltin || !slices.Equal(v.Weights, []uint32{1, 1, 1}) {
@@ -387,7 +387,7 @@ func TestInputKeys(t *testing.T) {
 	cfg := policyConfig(map[string]string{"s": modulePath(t, "modules/scheduler")},
 		config.Chain{Name: "c", Match: config.Match{Annotations: map[string]string{"edgeproxy.io/sched": "yes"}},
 			Modules: []config.ChainStep{{Module: "s", Config: map[string]any{"ports": map[string]string{"http": "mh:mh-port"}}}}})
-	e, _, _ := newEvaluator(t, cfg, chain.WithNodeLabels([]string{"site"}))
+	e, _, _ := newEvaluator(t, cfg, policychain.WithNodeLabels([]string{"site"}))
 	svc := service("shop", map[string]string{"edgeproxy.io/sched": "yes"})
 	v := e.Evaluate(ctx, svc, port, node, endpoints("zone-a"))
 	if v.Scheduler != "mh" || !slices.Equal(v.SchedulerFlags, []string{"mh-port"}) || !slices.Equal(v.Weights, []uint32{1}) {
@@ -401,17 +401,17 @@ func TestInputKeys(t *testing.T) {
 func TestCheckFile(t *testing.T) {
 	ctx := context.Background()
 	cfg := config.Default().Policy
-	r, err := chain.CheckFile(ctx, cfg, modulePath(t, "modules/topology"), nil)
+	r, err := policychain.CheckFile(ctx, cfg, modulePath(t, "modules/topology"), nil)
 	if err != nil || !r.OK() {
 		t.Fatalf("topology: %v\n%s", err, r)
 	}
 	p := modulePath(t, "modules/testdata/hostile/forbidden")
-	r, err = chain.CheckFile(ctx, cfg, p, nil)
+	r, err = policychain.CheckFile(ctx, cfg, p, nil)
 	if err == nil || r == nil || !strings.Contains(r.String(), "path_open is not allowed") {
 		t.Fatalf("forbidden: %v\n%s", err, r)
 	}
 	cfg.Modules = []config.Module{{Name: "pinned", Path: modulePath(t, "modules/topology"), SHA256: strings.Repeat("ab", 32)}}
-	if r, err = chain.CheckFile(ctx, cfg, cfg.Modules[0].Path, nil); err == nil || r.Module != "pinned" {
+	if r, err = policychain.CheckFile(ctx, cfg, cfg.Modules[0].Path, nil); err == nil || r.Module != "pinned" {
 		t.Fatalf("wrong pin accepted: %v\n%s", err, r)
 	}
 }
@@ -447,9 +447,9 @@ func TestEvaluateBatch(t *testing.T) {
 	e, _, _ := newEvaluator(t, cfg)
 	alone, _, _ := newEvaluator(t, cfg)
 	eps := endpoints("zone-a", "zone-b", "zone-a")
-	var reqs []chain.Request
+	var reqs []policychain.Request
 	for _, ns := range []string{"shop", "calm", "other", "hostile", "calm", "shop"} {
-		reqs = append(reqs, chain.Request{Service: service(ns, nil), Port: port, Node: node, Endpoints: eps})
+		reqs = append(reqs, policychain.Request{Service: service(ns, nil), Port: port, Node: node, Endpoints: eps})
 	}
 	reqs[4].Port.Port, reqs[5].Endpoints = 81, endpoints("zone-b", "zone-a")
 	got := e.EvaluateBatch(ctx, reqs)

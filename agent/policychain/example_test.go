@@ -1,4 +1,4 @@
-package chain_test
+package policychain_test
 
 import (
 	"context"
@@ -7,9 +7,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/edgeproxy/edgeproxy/agent/chain"
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/agent/policychain"
 )
 
 // How the sync loop uses an Evaluator. (Not run: it needs built modules.)
@@ -21,8 +21,8 @@ func Example() {
 		Name: "close", Match: config.Match{Namespaces: []string{"shop"}},
 		Modules: []config.ChainStep{{Module: "topology", Config: map[string]any{"minEndpoints": 2}}},
 	}}
-	e, err := chain.New(ctx, cfg.Policy, cfg.StateDir, slog.Default(), prometheus.DefaultRegisterer,
-		chain.WithServiceKeyPrefix(cfg.ServiceKeyPrefix), chain.WithNodeLabels(cfg.NodeLabels))
+	e, err := policychain.New(ctx, cfg.Policy, cfg.StateDir, slog.Default(), prometheus.DefaultRegisterer,
+		policychain.WithServiceKeyPrefix(cfg.ServiceKeyPrefix), policychain.WithNodeLabels(cfg.NodeLabels))
 	if err != nil {
 		fmt.Println(err) // some module failed its checks
 		return
