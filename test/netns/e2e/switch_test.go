@@ -293,7 +293,10 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 const heldPort = 9090
 
 // deletePod deletes pod name at once (no kubelet finishes a graceful
-// deletion here) and waits until it is gone.
+// deletion here) and waits until it is gone, from the API and from every
+// EndpointSlice: the EndpointSlice controller drops it a moment later
+// (seconds on a loaded machine), and a proxy started before then is
+// right to send traffic to it.
 func deletePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name string) {
 	t.Helper()
 	zero := int64(0)
@@ -304,6 +307,17 @@ func deletePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name s
 	waitFor(t, 30*time.Second, "pod "+name+" gone", func() error {
 		if _, err := pods.Get(ctx, name, metav1.GetOptions{}); err == nil {
 			return fmt.Errorf("pod %s still exists", name)
+		}
+		slices, err := c.Client().DiscoveryV1().EndpointSlices(ns).List(ctx, metav1.ListOptions{})
+		if err != nil {
+			return err
+		}
+		for _, s := range slices.Items {
+			for _, e := range s.Endpoints {
+				if e.TargetRef != nil && e.TargetRef.Name == name {
+					return fmt.Errorf("EndpointSlice %s still lists pod %s", s.Name, name)
+				}
+			}
 		}
 		return nil
 	})
