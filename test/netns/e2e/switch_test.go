@@ -241,9 +241,10 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 	synced(curKind, cur)
 	reaches("c")
 	var report []string
+	srcPorts := newSourcePorts()
 	for _, next := range []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxyNFTables, proxies.EdgeProxy, proxies.KubeProxy} {
 		what := fmt.Sprintf("%s → %s", curKind, next)
-		sw := startSwitchLoad(t, client, webVIP, steadyVIP)
+		sw := startSwitchLoad(t, client, srcPorts, webVIP, steadyVIP)
 		sw.waitNew(20)
 		cur.Stop()
 		// No proxy runs: c leaves the Service; the old rules still send
@@ -407,7 +408,7 @@ func (r switchResult) String() string {
 
 const heldFlows, udpFlows = 4, 4
 
-func startSwitchLoad(t *testing.T, client *netns.NS, web, steady netip.Addr) *switchLoad {
+func startSwitchLoad(t *testing.T, client *netns.NS, ports *sourcePorts, web, steady netip.Addr) *switchLoad {
 	t.Helper()
 	s := &switchLoad{t: t, stopc: make(chan struct{})}
 	deadline := time.Now().Add(5 * time.Minute)
@@ -450,7 +451,11 @@ func startSwitchLoad(t *testing.T, client *netns.NS, web, steady netip.Addr) *sw
 			var err error
 			proto := "tcp"
 			if i%2 == 0 {
-				r, err = client.TCP(netip.AddrPortFrom(web, 80), 2*time.Second)
+				port := ports.take()
+				r, err = client.TCPFrom(netip.AddrPortFrom(web, 80), port, 2*time.Second)
+				if err != nil {
+					ports.spoil(port)
+				}
 			} else {
 				proto = "udp"
 				r, err = client.UDP(netip.AddrPortFrom(web, 80), 0, 2*time.Second)
@@ -479,6 +484,50 @@ func startSwitchLoad(t *testing.T, client *netns.NS, web, steady netip.Addr) *sw
 		}
 	}()
 	return s
+}
+
+// sourcePorts hands out the stream's TCP source ports, below the kernel's
+// ephemeral range (the established flows' ports), in turn, and never
+// again one whose connection failed. A SYN sent while no proxy's rules
+// are in place (the way back, between `edgeproxy cleanup` and kube-proxy's
+// first sync) leaves an unreplied conntrack entry with no DNAT in the
+// node, and a later SYN of the same four-tuple follows that entry, not the
+// new rules, for as long as SYN_SENT's timeout (120 s, renewed by each
+// resend): with either proxy. The kernel's own choice of port comes back
+// to the same one within a few thousand connections (RFC 6056's random
+// increments), so a failure before one switch failed a connection after
+// the next one.
+type sourcePorts struct {
+	mu     sync.Mutex
+	next   uint16
+	spoilt map[uint16]bool
+}
+
+const firstSourcePort, lastSourcePort = 10000, 32767
+
+func newSourcePorts() *sourcePorts {
+	return &sourcePorts{next: firstSourcePort, spoilt: map[uint16]bool{}}
+}
+
+func (p *sourcePorts) take() uint16 {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for range lastSourcePort - firstSourcePort + 1 {
+		port := p.next
+		if p.next++; p.next > lastSourcePort {
+			p.next = firstSourcePort
+		}
+		if !p.spoilt[port] && port != podPort && port != heldPort {
+			return port
+		}
+	}
+	return 0 // every port failed once: the kernel's choice
+}
+
+func (p *sourcePorts) spoil(port uint16) {
+	p.mu.Lock()
+	p.spoilt[port] = true
+	p.mu.Unlock()
 }
 
 // flow exchanges a line on c every 100 ms until stopped; an exchange that
