@@ -247,15 +247,7 @@ func New(opts Options) (*Proxier, error) {
 		p.ct = c
 	}
 
-	want := map[string]string{"net/ipv4/ip_forward": "1"}
-	if opts.LocalhostNodePorts {
-		want["net/ipv4/conf/all/route_localnet"] = "1"
-	}
-	if opts.IPv6 && !opts.KeepIPv6Forwarding {
-		want["net/ipv6/conf/all/forwarding"] = "1"
-	}
-	maps.Copy(want, opts.Sysctls)
-	if err := sysctl.Ensure(want); err != nil {
+	if err := sysctl.Ensure(p.sysctls()); err != nil {
 		p.sysctlErr = err
 		log.Warn("cannot set the sysctls the datapath needs; some traffic may not be forwarded", "err", err)
 	}
@@ -294,22 +286,74 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 	if err := f.x.CheckOtherBackend(context.Background(), xtables.NAT, chainServices, log); err != nil {
 		return nil, err
 	}
-	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
-	f.cfg = Config{
-		Family:             fam,
-		MasqueradeBit:      opts.MasqueradeBit,
-		MasqueradeAll:      opts.MasqueradeAll,
-		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
-		PodInterface:       opts.PodInterface,
-		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
-		TCPBeLiberal:       opts.TCPBeLiberal,
-		RandomFully:        f.ipt.HasRandomFully(),
-	}
-	if opts.NodePodCIDRs {
-		f.cfg.ClusterCIDRs = nil // the Node's, from the first plan on
-	}
+	f.cfg.RandomFully = f.ipt.HasRandomFully()
+	f.configure(opts)
 	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", f.x.Variant, "iptables", f.x.IPTables, "restore", f.x.Restore)
 	return f, nil
+}
+
+// configure takes the rendering settings of opts (New's, or
+// Reconfigure's) for the family. What the kernel and the plans decide
+// stays: the family, RandomFully, the node-port addresses and health
+// check ports of the last apply, and with NodePodCIDRs the Node's range.
+func (f *family) configure(opts Options) {
+	fam := f.cfg.Family
+	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
+	f.cfg.MasqueradeBit = opts.MasqueradeBit
+	f.cfg.MasqueradeAll = opts.MasqueradeAll
+	f.cfg.PodInterface = opts.PodInterface
+	f.cfg.LocalhostNodePorts = opts.LocalhostNodePorts && fam == datapath.IPv4
+	f.cfg.TCPBeLiberal = opts.TCPBeLiberal
+	if !opts.NodePodCIDRs {
+		f.cfg.ClusterCIDRs = filterFamily(opts.ClusterCIDRs, fam)
+	} // else the Node's, from the first plan on (followPodCIDRs)
+}
+
+// Reconfigure takes the settings of opts that can change while the
+// proxier runs and makes the next Apply a rewrite, rendered with them:
+// MasqueradeBit, MasqueradeAll, ClusterCIDRs, NodePortAddresses,
+// NodePortPrimary, LocalhostNodePorts, TCPBeLiberal, KeepIPv6Forwarding
+// and Sysctls (set now, as by New; a sysctl already set is not undone).
+// The others keep the values New was given: they chose the tools, the
+// families and how pods are told (Variant, IPv6, LockWait,
+// NodePodCIDRs, PodInterface), and who logs and counts. A bad value
+// changes nothing.
+func (p *Proxier) Reconfigure(opts Options) error {
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return fmt.Errorf("iptables: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := &p.opts
+	o.MasqueradeBit, o.MasqueradeAll, o.ClusterCIDRs = opts.MasqueradeBit, opts.MasqueradeAll, opts.ClusterCIDRs
+	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
+	o.LocalhostNodePorts, o.TCPBeLiberal = opts.LocalhostNodePorts, opts.TCPBeLiberal
+	o.KeepIPv6Forwarding, o.Sysctls = opts.KeepIPv6Forwarding, opts.Sysctls
+	for _, f := range p.fams {
+		f.configure(p.opts)
+		f.needFull = true
+	}
+	if c, ok := p.ct.(interface{ SetNodePortAddresses([]netip.Prefix) }); ok {
+		c.SetNodePortAddresses(o.NodePortAddresses)
+	}
+	if err := sysctl.Ensure(p.sysctls()); err != nil {
+		p.sysctlErr = err
+		p.log.Warn("cannot set the sysctls the datapath needs; some traffic may not be forwarded", "err", err)
+	}
+	return nil
+}
+
+// sysctls are the kernel parameters the options need.
+func (p *Proxier) sysctls() map[string]string {
+	want := map[string]string{"net/ipv4/ip_forward": "1"}
+	if p.opts.LocalhostNodePorts {
+		want["net/ipv4/conf/all/route_localnet"] = "1"
+	}
+	if p.opts.IPv6 && !p.opts.KeepIPv6Forwarding {
+		want["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	maps.Copy(want, p.opts.Sysctls)
+	return want
 }
 
 // followPodCIDRs makes the Node's pod range of the family (its first, as
