@@ -195,13 +195,7 @@ func New(opts Options) (*Proxier, error) {
 		if connReuseWorkaround(kernelRelease()) {
 			want["net/ipv4/vs/conn_reuse_mode"] = "0"
 		}
-		if opts.IPv6 && !opts.KeepIPv6Forwarding {
-			want["net/ipv6/conf/all/forwarding"] = "1"
-		}
-		if opts.StrictARP {
-			want["net/ipv4/conf/all/arp_ignore"] = "1"
-			want["net/ipv4/conf/all/arp_announce"] = "2"
-		}
+		maps.Copy(want, opts.sysctls())
 		if err := sysctl.Ensure(want); err != nil {
 			p.sysctlErr = err
 			p.log.Warn("some sysctls could not be set", "err", err)
@@ -247,20 +241,26 @@ func (p *Proxier) Reconfigure(opts Options) error {
 	}
 	p.opts, p.synced = next, false
 	if next.Kernel == nil {
-		want := map[string]string{}
-		if next.IPv6 && !next.KeepIPv6Forwarding {
-			want["net/ipv6/conf/all/forwarding"] = "1"
-		}
-		if next.StrictARP {
-			want["net/ipv4/conf/all/arp_ignore"] = "1"
-			want["net/ipv4/conf/all/arp_announce"] = "2"
-		}
-		if err := sysctl.Ensure(want); err != nil {
+		if err := sysctl.Ensure(next.sysctls()); err != nil {
 			p.sysctlErr = err
 			p.log.Warn("some sysctls could not be set", "err", err)
 		}
 	}
 	return nil
+}
+
+// sysctls are the kernel parameters that the settings a reload may
+// change need (see Reconfigure).
+func (opts Options) sysctls() map[string]string {
+	want := map[string]string{}
+	if opts.IPv6 && !opts.KeepIPv6Forwarding {
+		want["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	if opts.StrictARP {
+		want["net/ipv4/conf/all/arp_ignore"] = "1"
+		want["net/ipv4/conf/all/arp_announce"] = "2"
+	}
+	return want
 }
 
 // withDefaults returns opts with the defaults filled in, or why it cannot
