@@ -72,19 +72,20 @@ func iptablesSettings(cfg *config.Config, log *slog.Logger) iptables.Options {
 // agent reloads without a restart. A backend the caller supplied (tests,
 // plan mode) takes none.
 func reconfigureBackend(b datapath.Backend, prev, next *config.Config, log *slog.Logger) (bool, error) {
-	quiet := slog.New(slog.DiscardHandler) // prev's settings were logged when they were new
+	// Compared quietly; only settings that changed are built again with
+	// the log, which then says what they mean (e.g. no clusterCIDR).
+	quiet := slog.New(slog.DiscardHandler)
 	switch b := b.(type) {
 	case *iptables.Proxier:
-		was, now := iptablesSettings(prev, quiet), iptablesSettings(next, log)
-		if reflect.DeepEqual(was, now) {
+		if reflect.DeepEqual(iptablesSettings(prev, quiet), iptablesSettings(next, quiet)) {
 			return false, nil
 		}
-		return true, b.Reconfigure(now)
+		return true, b.Reconfigure(iptablesSettings(next, log))
 	case *ipvsBackend:
-		was, now := ipvsSettings(prev, quiet), ipvsSettings(next, log)
-		if reflect.DeepEqual(was, now) {
+		if reflect.DeepEqual(ipvsSettings(prev, quiet), ipvsSettings(next, quiet)) {
 			return false, nil
 		}
+		now := ipvsSettings(next, log)
 		if err := b.Proxier.Reconfigure(now); err != nil {
 			return true, err
 		}
