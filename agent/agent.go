@@ -455,7 +455,10 @@ func untilTick(now time.Time, every time.Duration) time.Duration {
 }
 
 // reconfigure applies a reloaded config. The watcher has already kept the
-// restart-only keys at their running values. When the new policy modules
+// restart-only keys at their running values. The datapath takes its new
+// settings (masquerading, the pod ranges, node-port addresses, the IPVS
+// scheduler and timeouts…) and rewrites its rules with them at the next
+// sync, which is a full one. When the new policy modules
 // are refused, the rest applies, the running chains stay (and so does the
 // policy part of the config shown in /debug/status), and the error makes
 // the watcher count the reload as failed.
@@ -465,6 +468,16 @@ func untilTick(now time.Time, every time.Duration) time.Duration {
 // lock, so no sync sees half of a reload, and the old chains are closed
 // after it, once no evaluation uses them.
 func (a *Agent) reconfigure(prev, next *config.Config) error {
+	// The datapath first: a setting it refuses refuses the whole reload
+	// before anything else changed.
+	changed, err := reconfigureBackend(a.backend, prev, next, a.log)
+	if err != nil {
+		a.log.Error("datapath settings refused; the running config stays in force", "err", err)
+		return fmt.Errorf("datapath: %w", err)
+	}
+	if changed {
+		a.log.Info("datapath settings changed; the next sync rewrites the rules")
+	}
 	var perr error
 	var swap *policychain.Swap
 	// The agent's own chains reload; a policy the caller supplied does not.

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -38,11 +39,20 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 }
 
 func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) iptables.Options {
+	o := iptablesSettings(cfg, log)
+	// IPv6 frontends are programmed (with ip6tables) where IPv6 works, as
+	// kube-proxy runs its dual-stack proxier.
+	o.IPv6 = proxyIPv6(cfg.IPTables.LockWait, log)
+	o.LockWait = cfg.IPTables.LockWait
+	o.Logger, o.Registerer = log.With("datapath", "iptables"), reg
+	return o
+}
+
+// iptablesSettings are the options of iptables mode that cfg sets and a
+// reload may change (iptables.Proxier.Reconfigure).
+func iptablesSettings(cfg *config.Config, log *slog.Logger) iptables.Options {
 	pods := detectLocal(cfg, log)
 	return iptables.Options{
-		// IPv6 frontends are programmed (with ip6tables) where IPv6
-		// works, as kube-proxy runs its dual-stack proxier.
-		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
 		KeepIPv6Forwarding: !routesIPv6(cfg, log),
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
 		LocalhostNodePorts: cfg.IPTables.LocalhostNodePorts,
@@ -52,11 +62,37 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 		MasqueradeAll:      cfg.MasqueradeAll,
 		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary:    slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
-		LockWait:           cfg.IPTables.LockWait,
 		TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
-		Logger:             log.With("datapath", "iptables"),
-		Registerer:         reg,
 	}
+}
+
+// reconfigureBackend gives the backend next's datapath settings when
+// they differ from prev's, and reports whether it did: the backend's next
+// apply rewrites its rules with them. kube-proxy restarts for that; the
+// agent reloads without a restart. A backend the caller supplied (tests,
+// plan mode) takes none.
+func reconfigureBackend(b datapath.Backend, prev, next *config.Config, log *slog.Logger) (bool, error) {
+	// Compared quietly; only settings that changed are built again with
+	// the log, which then says what they mean (e.g. no clusterCIDR).
+	quiet := slog.New(slog.DiscardHandler)
+	switch b := b.(type) {
+	case *iptables.Proxier:
+		if reflect.DeepEqual(iptablesSettings(prev, quiet), iptablesSettings(next, quiet)) {
+			return false, nil
+		}
+		return true, b.Reconfigure(iptablesSettings(next, log))
+	case *ipvsBackend:
+		if reflect.DeepEqual(ipvsSettings(prev, quiet), ipvsSettings(next, quiet)) {
+			return false, nil
+		}
+		now := ipvsSettings(next, log)
+		if err := b.Proxier.Reconfigure(now); err != nil {
+			return true, err
+		}
+		b.ct.SetNodePortAddresses(now.NodePortCIDRs)
+		return true, nil
+	}
+	return false, nil
 }
 
 // podDetector is how the datapaths tell traffic from pods: by one of
@@ -175,12 +211,20 @@ func ip6tablesWorks(lockWait time.Duration) error {
 }
 
 func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) ipvs.Options {
+	o := ipvsSettings(cfg, log)
+	// Both families where IPv6 works, as in iptables mode.
+	o.IPv6 = proxyIPv6(cfg.IPTables.LockWait, log)
+	o.Interface, o.LockWait = cfg.IPVS.Interface, cfg.IPTables.LockWait
+	o.Logger, o.Registerer = log.With("datapath", "ipvs"), reg
+	return o
+}
+
+// ipvsSettings are the options of IPVS mode that cfg sets and a reload
+// may change (ipvs.Proxier.Reconfigure).
+func ipvsSettings(cfg *config.Config, log *slog.Logger) ipvs.Options {
 	pods := detectLocal(cfg, log)
 	return ipvs.Options{
-		// Both families where IPv6 works, as in iptables mode.
-		IPv6:               proxyIPv6(cfg.IPTables.LockWait, log),
 		KeepIPv6Forwarding: !routesIPv6(cfg, log),
-		Interface:          cfg.IPVS.Interface,
 		Scheduler:          cfg.IPVS.Scheduler,
 		SchedulerFlags:     cfg.IPVS.SchedulerFlags,
 		StrictARP:          cfg.IPVS.StrictARP,
@@ -192,12 +236,9 @@ func ipvsOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer
 		PodInterface:       pods.iface,
 		MasqueradeAll:      cfg.MasqueradeAll,
 		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
-		LockWait:           cfg.IPTables.LockWait,
 		TCPTimeout:         cfg.IPVS.TCPTimeout,
 		TCPFinTimeout:      cfg.IPVS.TCPFinTimeout,
 		UDPTimeout:         cfg.IPVS.UDPTimeout,
-		Registerer:         reg,
-		Logger:             log.With("datapath", "ipvs"),
 	}
 }
 

@@ -25,7 +25,7 @@ func newChainPolicy(ctx context.Context, cfg *config.Config, log *slog.Logger, r
 			return nil, fmt.Errorf("stateDir %s (compiled modules are cached under it): %w", cfg.StateDir, why)
 		}
 	}
-	ev, err := policychain.New(ctx, cfg.Policy, cfg.StateDir, log.With("component", "policy"), reg,
+	ev, err := policychain.New(ctx, cfg.Policy, cfg.StateDir, log, reg,
 		policychain.WithServiceKeyPrefix(cfg.ServiceKeyPrefix), policychain.WithNodeLabels(cfg.NodeLabels))
 	if err != nil {
 		return nil, err

@@ -18,20 +18,11 @@ import (
 // runs again maps them back with a minor fault, without reading the disk.
 // It returns the bytes of the mappings advised.
 //
-// Why: a Go binary's start-up (every package's init, the first list and
-// sync) touches most of its 30 MiB, and keeps it all mapped, although a
-// quiet agent runs a few MiB of it. At 100 services that was 25 of 35 MiB
-// RSS.
-//
-// Why not MADV_PAGEOUT, which we used before: it evicts the pages from the
-// page cache too, so each page a quiet agent needs again is read from the
-// disk, one read per 4 KiB page with MADV_RANDOM. In a quiet window right
-// after the start that was about 100 major faults and most of the agent's
-// CPU (perf), 8.4 ms against 6.3 ms now over 22 s (means of four
-// benchmark runs at 1k services), for 5 MiB less RSS at 100 services
-// (12.5-13 against 18-19 MiB now). On an edge box's flash each such read
-// also holds up whatever path needed the page, such as the first sync
-// after a long quiet spell.
+// Why: a Go binary's start-up touches most of its executable and keeps it
+// all mapped, although a quiet agent runs a few MiB of it; MADV_DONTNEED
+// and not MADV_PAGEOUT, which would read each page needed again from the
+// disk (RATIONALE.md, "Why the executable's pages are dropped, not paged
+// out").
 func unmapExecutable() (int64, error) {
 	var self syscall.Stat_t
 	if err := syscall.Stat("/proc/self/exe", &self); err != nil {

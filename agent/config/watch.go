@@ -26,8 +26,10 @@ var RestartOnly = []string{
 	"nodeName", "kubeconfig", "manifests", "mode", "proxyName", "stateDir",
 	"server.healthz", "server.metrics", "policy.engine", "ipvs.interface",
 	"log.format", "keepKubeProxy",
-	// The datapath tells pods as it was built to.
+	// The datapath tells pods as it was built to, and opened its tools
+	// with the lock wait; its other settings apply live (Reconfigure).
 	"detectLocalMode", "detectLocal.bridgeInterface", "detectLocal.interfaceNamePrefix",
+	"iptables.lockWait",
 	// The prober is built once; health.mode and health.after apply live.
 	"health.interval", "health.timeout", "health.failureThreshold", "health.successThreshold",
 	"health.probesPerSecond", "health.concurrency", "health.jitterPercent", "health.perEndpointMetrics",

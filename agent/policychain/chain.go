@@ -198,7 +198,12 @@ func (e *Evaluator) Prepare(ctx context.Context, cfg config.Policy, opts ...Opti
 		e.shadows.keepOnly(old) // the counts of shadows that never ran
 		e.reloading.Unlock()
 		e.metrics.reloads.WithLabelValues("failure").Inc()
-		e.log.Error("policy: new modules refused; the previous chains keep running", "err", err)
+		if old == nil {
+			// The first load (New): no chains run that could keep running.
+			e.log.Error("policy: modules refused", "err", err)
+		} else {
+			e.log.Error("policy: new modules refused; the previous chains keep running", "err", err)
+		}
 		return nil, err
 	}
 	return &Swap{e: e, next: next, old: old}, nil

@@ -235,6 +235,27 @@ func TestWeightedAnnotation(t *testing.T) {
 	}
 }
 
+// TestNewRefusedClaimsNothing: modules refused at start (New) are logged
+// and counted as refused, with no word of previous chains that keep
+// running: there are none (issue 29 §7).
+func TestNewRefusedClaimsNothing(t *testing.T) {
+	logs := &logBuffer{}
+	reg := prometheus.NewRegistry()
+	log := slog.New(slog.NewTextHandler(logs, nil))
+	cfg := policyConfig(map[string]string{"m": filepath.Join(t.TempDir(), "missing.wasm")},
+		config.Chain{Name: "c", Modules: []config.ChainStep{{Module: "m"}}})
+	if e, err := policychain.New(context.Background(), cfg, stateDir, log, reg); err == nil {
+		e.Close(context.Background())
+		t.Fatal("New accepted a missing module")
+	}
+	if !strings.Contains(logs.String(), "policy: modules refused") || strings.Contains(logs.String(), "keep running") {
+		t.Errorf("log of the refusal at start, want one naming it and no chains kept running:\n%s", logs)
+	}
+	if n := metric(t, reg, "edgeproxy_policy_reloads_total", "result", "failure"); n != 1 {
+		t.Errorf("failed loads metric %v, want 1", n)
+	}
+}
+
 func TestReloadBrokenModuleKeepsOld(t *testing.T) {
 	ctx := context.Background()
 	path := modulePath(t, "modules/topology")

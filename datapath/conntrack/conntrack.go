@@ -56,10 +56,10 @@ type Options struct {
 // It is safe for concurrent use; calls are serialized.
 type Cleaner struct {
 	log        *slog.Logger
-	npa        []netip.Prefix
 	localAddrs func() ([]netip.Addr, error)
 
 	mu   sync.Mutex
+	npa  []netip.Prefix          // Options.NodePortAddresses, or SetNodePortAddresses'
 	last map[datapath.Key]string // endpoint signature per UDP frontend at the last successful pass
 
 	deleted  prometheus.Counter
@@ -109,6 +109,14 @@ func New(opts Options) (*Cleaner, error) {
 		}
 	}
 	return c, nil
+}
+
+// SetNodePortAddresses replaces Options.NodePortAddresses from the next
+// Reconcile on (a config reload).
+func (c *Cleaner) SetNodePortAddresses(npa []netip.Prefix) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.npa = npa
 }
 
 // target is one UDP frontend's set of valid reply sources.

@@ -84,7 +84,7 @@ func FakeOf(t testing.TB, p *Proxier, fam datapath.Family, plan *datapath.Plan) 
 		k := xtables.NewFake()
 		c := *plan
 		c.Frontends, c.Full = slices.Clone(plan.Frontends), true
-		if _, err := newFakeFamily(f.cfg, k).apply(context.Background(), &c, true, true); err != nil {
+		if _, err := newFakeFamily(f.cfg, k).apply(context.Background(), &c, modeRewrite); err != nil {
 			t.Fatal(err)
 		}
 		return k

@@ -19,7 +19,7 @@ func TestCompareRendersOnlyMovedInput(t *testing.T) {
 	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	fs := samplePlan()
 	f := newFakeFamily(cfg, xtables.NewFake())
-	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, true, true); err != nil {
+	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, modeRewrite); err != nil {
 		t.Fatal(err)
 	}
 	var rendered []string
@@ -28,7 +28,7 @@ func TestCompareRendersOnlyMovedInput(t *testing.T) {
 	compare := func(t *testing.T) []string {
 		t.Helper()
 		rendered = nil
-		if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: slices.Clone(fs), Full: true}, false, true); err != nil {
+		if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: slices.Clone(fs), Full: true}, modeCompare); err != nil {
 			t.Fatal(err)
 		}
 		return slices.Compact(slices.Sorted(slices.Values(rendered)))
@@ -115,12 +115,12 @@ func BenchmarkCompare1k(b *testing.B) {
 	}
 	plan := &datapath.Plan{Frontends: fs, Full: true}
 	f := newFakeFamily(cfg, xtables.NewFake())
-	if _, err := f.apply(context.Background(), plan, true, true); err != nil {
+	if _, err := f.apply(context.Background(), plan, modeRewrite); err != nil {
 		b.Fatal(err)
 	}
 	b.Run("compare", func(b *testing.B) {
 		for b.Loop() {
-			if st, err := f.apply(context.Background(), plan, false, true); err != nil || st.written > 0 {
+			if st, err := f.apply(context.Background(), plan, modeCompare); err != nil || st.written > 0 {
 				b.Fatalf("compare wrote %d units: %v", st.written, err)
 			}
 		}

@@ -247,15 +247,7 @@ func New(opts Options) (*Proxier, error) {
 		p.ct = c
 	}
 
-	want := map[string]string{"net/ipv4/ip_forward": "1"}
-	if opts.LocalhostNodePorts {
-		want["net/ipv4/conf/all/route_localnet"] = "1"
-	}
-	if opts.IPv6 && !opts.KeepIPv6Forwarding {
-		want["net/ipv6/conf/all/forwarding"] = "1"
-	}
-	maps.Copy(want, opts.Sysctls)
-	if err := sysctl.Ensure(want); err != nil {
+	if err := sysctl.Ensure(p.sysctls()); err != nil {
 		p.sysctlErr = err
 		log.Warn("cannot set the sysctls the datapath needs; some traffic may not be forwarded", "err", err)
 	}
@@ -294,22 +286,74 @@ func newFamily(opts Options, fam datapath.Family, log *slog.Logger) (*family, er
 	if err := f.x.CheckOtherBackend(context.Background(), xtables.NAT, chainServices, log); err != nil {
 		return nil, err
 	}
-	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
-	f.cfg = Config{
-		Family:             fam,
-		MasqueradeBit:      opts.MasqueradeBit,
-		MasqueradeAll:      opts.MasqueradeAll,
-		ClusterCIDRs:       filterFamily(opts.ClusterCIDRs, fam),
-		PodInterface:       opts.PodInterface,
-		LocalhostNodePorts: opts.LocalhostNodePorts && fam == datapath.IPv4,
-		TCPBeLiberal:       opts.TCPBeLiberal,
-		RandomFully:        f.ipt.HasRandomFully(),
-	}
-	if opts.NodePodCIDRs {
-		f.cfg.ClusterCIDRs = nil // the Node's, from the first plan on
-	}
+	f.cfg.RandomFully = f.ipt.HasRandomFully()
+	f.configure(opts)
 	log.Info("iptables backend detected", "family", fmt.Sprintf("IPv%d", fam), "variant", f.x.Variant, "iptables", f.x.IPTables, "restore", f.x.Restore)
 	return f, nil
+}
+
+// configure takes the rendering settings of opts (New's, or
+// Reconfigure's) for the family. What the kernel and the plans decide
+// stays: the family, RandomFully, the node-port addresses and health
+// check ports of the last apply, and with NodePodCIDRs the Node's range.
+func (f *family) configure(opts Options) {
+	fam := f.cfg.Family
+	f.npa, f.primary = filterFamily(opts.NodePortAddresses, fam), opts.NodePortPrimary
+	f.cfg.MasqueradeBit = opts.MasqueradeBit
+	f.cfg.MasqueradeAll = opts.MasqueradeAll
+	f.cfg.PodInterface = opts.PodInterface
+	f.cfg.LocalhostNodePorts = opts.LocalhostNodePorts && fam == datapath.IPv4
+	f.cfg.TCPBeLiberal = opts.TCPBeLiberal
+	if !opts.NodePodCIDRs {
+		f.cfg.ClusterCIDRs = filterFamily(opts.ClusterCIDRs, fam)
+	} // else the Node's, from the first plan on (followPodCIDRs)
+}
+
+// Reconfigure takes the settings of opts that can change while the
+// proxier runs and makes the next Apply a rewrite, rendered with them:
+// MasqueradeBit, MasqueradeAll, ClusterCIDRs, NodePortAddresses,
+// NodePortPrimary, LocalhostNodePorts, TCPBeLiberal, KeepIPv6Forwarding
+// and Sysctls (set now, as by New; a sysctl already set is not undone).
+// The others keep the values New was given: they chose the tools, the
+// families and how pods are told (Variant, IPv6, LockWait,
+// NodePodCIDRs, PodInterface), and who logs and counts. A bad value
+// changes nothing.
+func (p *Proxier) Reconfigure(opts Options) error {
+	if opts.MasqueradeBit < 0 || opts.MasqueradeBit > 31 {
+		return fmt.Errorf("iptables: masquerade bit %d out of range 0..31", opts.MasqueradeBit)
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := &p.opts
+	o.MasqueradeBit, o.MasqueradeAll, o.ClusterCIDRs = opts.MasqueradeBit, opts.MasqueradeAll, opts.ClusterCIDRs
+	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
+	o.LocalhostNodePorts, o.TCPBeLiberal = opts.LocalhostNodePorts, opts.TCPBeLiberal
+	o.KeepIPv6Forwarding, o.Sysctls = opts.KeepIPv6Forwarding, opts.Sysctls
+	for _, f := range p.fams {
+		f.configure(p.opts)
+		f.needFull = true
+	}
+	if c, ok := p.ct.(interface{ SetNodePortAddresses([]netip.Prefix) }); ok {
+		c.SetNodePortAddresses(o.NodePortAddresses)
+	}
+	if err := sysctl.Ensure(p.sysctls()); err != nil {
+		p.sysctlErr = err
+		p.log.Warn("cannot set the sysctls the datapath needs; some traffic may not be forwarded", "err", err)
+	}
+	return nil
+}
+
+// sysctls are the kernel parameters the options need.
+func (p *Proxier) sysctls() map[string]string {
+	want := map[string]string{"net/ipv4/ip_forward": "1"}
+	if p.opts.LocalhostNodePorts {
+		want["net/ipv4/conf/all/route_localnet"] = "1"
+	}
+	if p.opts.IPv6 && !p.opts.KeepIPv6Forwarding {
+		want["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	maps.Copy(want, p.opts.Sysctls)
+	return want
 }
 
 // followPodCIDRs makes the Node's pod range of the family (its first, as
@@ -353,10 +397,11 @@ func filterFamily(ps []netip.Prefix, fam datapath.Family) []netip.Prefix {
 // rendered rules differ from what was last written are written, and chains
 // no longer wanted are deleted, in one atomic iptables-restore. Everything
 // is rewritten on the first apply since New, after a failed apply, after
-// tampering was seen, and once per FullSyncPeriod (see the comment in the
-// loop for plan.Full). A service port whose rules the kernel refuses is
-// left out and named in the error; the others are programmed. After a
-// successful apply, stale UDP conntrack entries are deleted.
+// tampering was seen, and once per FullSyncPeriod; plan.Full otherwise
+// asks for a compare (see syncMode). A service port whose rules the
+// kernel refuses is left out and named in the error; the others are
+// programmed. After a successful apply, stale UDP conntrack entries are
+// deleted.
 func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -386,20 +431,22 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 // applyFamily applies plan to one family's tables and records it in the
 // metrics; fatal is a failure that left the family's rules unwritten.
 func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Plan) (fatal bool, err error) {
-	// A rewrite of everything on the first apply (adopting what a
-	// previous run left), after a failure or tampering, and once per
-	// FullSyncPeriod. plan.Full otherwise means "compare everything":
-	// the sentinel rules are checked unless the tables' fingerprint
-	// shows no write since they last passed (a flush found there turns
-	// this into a rewrite), all units are rendered again without trusting
-	// plan.Changed, and the chains that differ from what was written
-	// are rewritten.
-	full := !f.applied || f.needFull || time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod
-	if plan.Full && !full && !f.unchanged(p.watched()) {
-		if t, err := f.tampered(ctx); err != nil || t {
-			full = true
+	// plan.Full asks for a compare: the sentinel rules are checked unless
+	// the tables' fingerprint shows no write since they last passed (a
+	// flush found there turns it into a rewrite), and every unit whose
+	// input moved is rendered again without trusting plan.Changed.
+	mode := decideMode(modeInput{
+		applied:    f.applied,
+		owed:       f.needFull,
+		rewriteDue: time.Since(f.lastRewrite) >= p.opts.FullSyncPeriod,
+		compare:    plan.Full,
+	}, func() bool {
+		if f.unchanged(p.watched()) {
+			return false
 		}
-	}
+		t, err := f.tampered(ctx)
+		return err != nil || t
+	})
 	if ips, err := datapath.NodePortIPs(f.cfg.Family, f.npa, f.primary, plan.NodeIPs, localAddrs); err != nil {
 		f.log.Warn("cannot list the node's addresses; node ports keep the addresses they had", "err", err)
 	} else {
@@ -411,19 +458,19 @@ func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Pla
 	}
 	start := time.Now()
 	pre, read, trusted := f.verifiedNow()
-	st, err := f.apply(ctx, plan, full, plan.Full)
+	st, err := f.apply(ctx, plan, mode)
 	switch {
-	case err == nil && full && read && f.trustRewrite(pre):
+	case err == nil && mode == modeRewrite && read && f.trustRewrite(pre):
 	case err == nil && trusted:
 		f.trustOwnWrite(pre)
 	}
-	if full {
+	if mode == modeRewrite {
 		p.m.fullDuration.Observe(time.Since(start).Seconds())
 	} else {
 		p.m.partialDuration.Observe(time.Since(start).Seconds())
 	}
 	p.m.restoreFailures.Add(float64(st.failures))
-	if !full {
+	if mode != modeRewrite {
 		p.m.partialFailures.Add(float64(st.failures))
 	}
 	if st.bytes > 0 {
@@ -435,7 +482,7 @@ func (p *Proxier) applyFamily(ctx context.Context, f *family, plan *datapath.Pla
 	// Where the time went: a restore's wall time against its own CPU time
 	// tells a busy machine (the restore waited for a core) from a larger
 	// write.
-	f.log.Debug("applied plan", "generation", plan.Generation, "full", full, "written", st.written, "units", st.units, "bytes", st.bytes,
+	f.log.Debug("applied plan", "generation", plan.Generation, "mode", mode, "written", st.written, "units", st.units, "bytes", st.bytes,
 		"took", time.Since(start), "render", st.render, "restore", st.restore.Wall, "restoreCPU", st.restore.CPU)
 	return err != nil && st.fatal, err
 }
@@ -472,16 +519,18 @@ type applyStats struct {
 // emptyRestore is the restore input of a partial sync that changes nothing.
 var emptyRestore = []byte("*filter\nCOMMIT\n*nat\nCOMMIT\n")
 
-func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAll bool) (applyStats, error) {
+// apply writes plan in mode and remembers what it wrote.
+func (f *family) apply(ctx context.Context, plan *datapath.Plan, mode syncMode) (applyStats, error) {
 	var st applyStats
-	existing, missing, listed, err := f.existingChains(full)
+	existing, missing, listed, err := f.existingChains(mode)
 	if err != nil {
 		f.needFull = true
 		st.fatal = true
 		return st, err
 	}
-	rs, ws, fixed, errs, err := f.write(ctx, &st, plan, full, compareAll, existing, missing)
-	if err == nil && full && !listed {
+	w, err := f.write(ctx, &st, plan, mode, existing, missing)
+	errs := w.errs
+	if err == nil && mode == modeRewrite && !listed {
 		// A periodic rewrite: the jumps are checked one by one.
 		err = f.ensureJumps()
 	}
@@ -490,23 +539,32 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, full, compareAl
 		st.fatal = true
 		return st, errors.Join(append(errs, err)...)
 	}
-	st.units = len(rs.units)
-	if ws.write == nil {
-		st.written = len(rs.units)
+	st.units = len(w.rs.units)
+	if w.spec.write == nil {
+		st.written = len(w.rs.units)
 	} else {
-		st.written = len(ws.write)
+		st.written = len(w.spec.write)
 	}
-	f.remember(rs, fixed, full)
-	st.rules = rs.ruleCounts()
+	f.remember(w.rs, w.fixed, mode)
+	st.rules = w.rs.ruleCounts()
 	return st, errors.Join(errs...)
+}
+
+// written is what one restore wrote: the ruleset rendered, which of its
+// chains were written (spec), the fixed chains' digests as written, and
+// the units left out because the tables refused them (PortErrors).
+type written struct {
+	rs    *Ruleset
+	spec  writeSpec
+	fixed map[xtables.Chain]digest
+	errs  []error
 }
 
 // write renders the plan and writes it in one restore. When the restore
 // fails on a unit's line, that unit is left out (its error in errs) and
 // the rest written again; err is a failure no unit is to blame for, or
 // the last one after maxRounds.
-func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan, full, compareAll bool, existing []xtables.Chain, missing []xtables.Jump) (
-	rs *Ruleset, ws writeSpec, fixed map[xtables.Chain]digest, errs []error, err error) {
+func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan, mode syncMode, existing []xtables.Chain, missing []xtables.Jump) (w written, err error) {
 	// Each round either succeeds or drops the unit that a failed line
 	// belongs to; the bound keeps a systematic failure from looping.
 	const maxRounds = 8
@@ -517,7 +575,7 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 	// passed their checks; a render refused before that aborts it, and
 	// the kernel keeps the rules it has.
 	var rr restorer
-	if full {
+	if mode == modeRewrite {
 		rr, _ = f.io.StartRestore(ctx) // on failure, started again below and reported there
 	}
 	defer func() {
@@ -528,35 +586,35 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 	for round := 0; ; round++ {
 		var keepFixed bool
 		began := time.Now()
-		rs, keepFixed = f.ruleset(plan, full, compareAll, dropped)
+		w.rs, keepFixed = f.ruleset(plan, mode, dropped)
 		if round == 0 {
-			errs = rs.Errors
+			w.errs = w.rs.Errors
 		}
-		ws = f.writeSpec(rs, rs.chains(), existing, missing, full)
-		ws.keepFixed = keepFixed
+		w.spec = f.writeSpec(w.rs, w.rs.chains(), existing, missing, mode)
+		w.spec.keepFixed = keepFixed
 		var text []byte
 		var owner []*unitID
-		text, owner, fixed, err = rs.restoreText(ws)
+		text, owner, w.fixed, err = w.rs.restoreText(w.spec)
 		st.bytes, st.render = len(text), time.Since(began)
 		if err == nil {
-			if !full && len(ws.write) == 0 && len(ws.stale) == 0 && bytes.Equal(text, emptyRestore) {
-				return rs, ws, fixed, errs, nil // nothing changed
+			if mode != modeRewrite && len(w.spec.write) == 0 && len(w.spec.stale) == 0 && bytes.Equal(text, emptyRestore) {
+				return w, nil // nothing changed
 			}
 			st.restore, err = f.restore(ctx, &rr, text)
 		}
 		if err == nil {
-			return rs, ws, fixed, errs, nil
+			return w, nil
 		}
 		st.failures++
 		id := xtables.FailedOwner(err, owner)
 		if id == nil || round == maxRounds-1 {
-			return rs, ws, fixed, errs, err
+			return w, err
 		}
 		var oe *xtables.OpError[*unitID]
 		if !errors.As(err, &oe) { // an OpError names its unit already
 			err = fmt.Errorf("iptables: unit %s: %w", id, err)
 		}
-		errs = append(errs, &datapath.PortError{Service: id.service, Err: err})
+		w.errs = append(w.errs, &datapath.PortError{Service: id.service, Err: err})
 		dropped[*id] = true
 	}
 }
@@ -566,10 +624,10 @@ func (f *family) write(ctx context.Context, st *applyStats, plan *datapath.Plan,
 // the fixed chains are as last written; when they are not, units taken
 // from the last sync are rendered again, as the fixed chains hold rules
 // of every unit.
-func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map[unitID]bool) (rs *Ruleset, keepFixed bool) {
-	rs = render(f.cfg, plan.Frontends, f.reuse(plan, full, compareAll))
+func (f *family) ruleset(plan *datapath.Plan, mode syncMode, dropped map[unitID]bool) (rs *Ruleset, keepFixed bool) {
+	rs = render(f.cfg, plan.Frontends, f.reuse(plan, mode))
 	rs.dropAll(dropped)
-	keepFixed = !full && rs.fixedSum() == f.lastFixedSum
+	keepFixed = mode != modeRewrite && rs.fixedSum() == f.lastFixedSum
 	if !keepFixed && rs.summaries() {
 		rs = render(f.cfg, plan.Frontends, nil)
 		rs.dropAll(dropped)
@@ -580,15 +638,15 @@ func (f *family) ruleset(plan *datapath.Plan, full, compareAll bool, dropped map
 // reuse returns how render takes units from the last apply: those of
 // service ports the plan says did not change are not rendered again but
 // taken as the summaries kept (see family.ruleset for when they are
-// rendered after all). A compare (compareAll) does not trust plan.Changed:
-// it takes a summary only when the unit's input hash (its frontends and
-// the rendering config) is the one it was rendered from, and renders the
-// others. Nil (render everything) on a full sync.
-func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) reuseFunc {
+// rendered after all). A compare does not trust plan.Changed: it takes a
+// summary only when the unit's input hash (its frontends and the
+// rendering config) is the one it was rendered from, and renders the
+// others. Nil (render everything) on a rewrite.
+func (f *family) reuse(plan *datapath.Plan, mode syncMode) reuseFunc {
 	switch {
-	case full || len(f.units) == 0:
+	case mode == modeRewrite || len(f.units) == 0:
 		return nil
-	case compareAll || plan.Changed == nil:
+	case mode == modeCompare || plan.Changed == nil:
 		return func(id unitID, in func() inputSum) *unit {
 			if last := f.units[id]; last != nil && last.input == in() {
 				return last
@@ -604,20 +662,20 @@ func (f *family) reuse(plan *datapath.Plan, full, compareAll bool) reuseFunc {
 	}
 }
 
-// existingChains returns, for a full sync, the chains of ours that exist
-// (a full sync removes those the plan does not want). What the kernel
+// existingChains returns, for a rewrite, the chains of ours that exist
+// (a rewrite removes those the plan does not want). What the kernel
 // holds is listed on the first apply (adopting a previous run's chains)
 // and after a failure, and then the missing jumps from built-in chains
 // are known too: they are written in the same restore as the chains they
 // lead to, so that rules are live the moment they are in the kernel.
 // Otherwise what we wrote last is known, and listing a large table is
 // costly.
-func (f *family) existingChains(full bool) (existing []xtables.Chain, missing []xtables.Jump, listed bool, err error) {
+func (f *family) existingChains(mode syncMode) (existing []xtables.Chain, missing []xtables.Jump, listed bool, err error) {
 	switch {
-	case full && (!f.applied || f.needFull):
+	case mode == modeRewrite && (!f.applied || f.needFull):
 		existing, missing, err = f.listOurs()
 		return existing, missing, true, err
-	case full:
+	case mode == modeRewrite:
 		for _, u := range f.units {
 			existing = append(existing, u.names...)
 		}
@@ -625,13 +683,13 @@ func (f *family) existingChains(full bool) (existing []xtables.Chain, missing []
 	return existing, nil, false, nil
 }
 
-// writeSpec says what one restore writes: on a full sync everything, and
+// writeSpec says what one restore writes: on a rewrite everything, and
 // the existing chains not desired are deleted; otherwise only units whose
 // digest changed, fixed chains whose content changed, and deletions of
 // the chains written last that are no longer desired.
-func (f *family) writeSpec(rs *Ruleset, desired map[xtables.Chain]bool, existing []xtables.Chain, missing []xtables.Jump, full bool) writeSpec {
+func (f *family) writeSpec(rs *Ruleset, desired map[xtables.Chain]bool, existing []xtables.Chain, missing []xtables.Jump, mode syncMode) writeSpec {
 	ws := writeSpec{jumps: missing}
-	if full {
+	if mode == modeRewrite {
 		for _, c := range existing {
 			if !desired[c] && !isFixed(c) {
 				ws.stale = append(ws.stale, c)
@@ -658,7 +716,7 @@ func (f *family) writeSpec(rs *Ruleset, desired map[xtables.Chain]bool, existing
 
 // remember records what a successful apply wrote, for the next one: unit
 // summaries and digests, no rule text.
-func (f *family) remember(rs *Ruleset, fixed map[xtables.Chain]digest, full bool) {
+func (f *family) remember(rs *Ruleset, fixed map[xtables.Chain]digest, mode syncMode) {
 	f.units = make(map[unitID]*unit, len(rs.units))
 	for _, u := range rs.units {
 		if !u.summary {
@@ -668,7 +726,7 @@ func (f *family) remember(rs *Ruleset, fixed map[xtables.Chain]digest, full bool
 	}
 	f.lastFixed = fixed
 	f.lastFixedSum = rs.fixedSum()
-	if full {
+	if mode == modeRewrite {
 		f.lastRewrite = time.Now()
 	}
 	f.applied = true

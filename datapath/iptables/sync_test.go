@@ -175,15 +175,15 @@ func TestSyncsLikeFull(t *testing.T) {
 	}
 	k := xtables.NewFake()
 	f := newFakeFamily(cfg, k)
-	apply := func(t *testing.T, f *family, plan *datapath.Plan, full bool) applyStats {
+	apply := func(t *testing.T, f *family, plan *datapath.Plan, mode syncMode) applyStats {
 		t.Helper()
-		st, err := f.apply(context.Background(), plan, full, plan.Full)
+		st, err := f.apply(context.Background(), plan, mode)
 		if err != nil {
 			t.Fatal(err)
 		}
 		return st
 	}
-	apply(t, f, &datapath.Plan{Frontends: fs, Full: true}, true)
+	apply(t, f, &datapath.Plan{Frontends: fs, Full: true}, modeRewrite)
 	for _, step := range []struct {
 		name     string
 		change   func()
@@ -219,12 +219,16 @@ func TestSyncsLikeFull(t *testing.T) {
 					plan.Changed[SPN(s)] = true
 				}
 			}
-			st := apply(t, f, plan, false)
+			mode := modePartial
+			if step.compare {
+				mode = modeCompare
+			}
+			st := apply(t, f, plan, mode)
 			if step.maxBytes > 0 && st.bytes > step.maxBytes {
 				t.Errorf("restore of %d bytes, want at most %d", st.bytes, step.maxBytes)
 			}
 			fresh := xtables.NewFake()
-			apply(t, newFakeFamily(f.cfg, fresh), &datapath.Plan{Frontends: slices.Clone(fs), Full: true}, true)
+			apply(t, newFakeFamily(f.cfg, fresh), &datapath.Plan{Frontends: slices.Clone(fs), Full: true}, modeRewrite)
 			if got, want := k.Dump(), fresh.Dump(); got != want {
 				t.Fatalf("tables after the sync differ from a full sync of the plan:\n--- got\n%s\n--- want\n%s", got, want)
 			}
@@ -240,7 +244,7 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 	fs := samplePlan()
 	k := xtables.NewFake()
 	f := newFakeFamily(cfg, k)
-	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, true, true); err != nil {
+	if _, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Full: true}, modeRewrite); err != nil {
 		t.Fatal(err)
 	}
 	renderHook = func(u *unit) {
@@ -249,7 +253,7 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 		}
 	}
 	defer func() { renderHook = nil }()
-	_, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "web", Port: "http"}: true}}, false, false)
+	_, err := f.apply(context.Background(), &datapath.Plan{Frontends: fs, Changed: map[datapath.ServicePortName]bool{{Namespace: "default", Name: "web", Port: "http"}: true}}, modePartial)
 	var pe *datapath.PortError
 	if !errors.As(err, &pe) || pe.Service != (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}) {
 		t.Fatalf("apply error = %v, want a PortError for default/web:http", err)
@@ -262,7 +266,7 @@ func TestSyncDropsRefusedUnit(t *testing.T) {
 	without := slices.DeleteFunc(slices.Clone(fs), func(f datapath.Frontend) bool {
 		return f.Service == (datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"})
 	})
-	if _, err := newFakeFamily(cfg, fresh).apply(context.Background(), &datapath.Plan{Frontends: without, Full: true}, true, true); err != nil {
+	if _, err := newFakeFamily(cfg, fresh).apply(context.Background(), &datapath.Plan{Frontends: without, Full: true}, modeRewrite); err != nil {
 		t.Fatal(err)
 	}
 	if got, want := k.Dump(), fresh.Dump(); got != want {
@@ -279,14 +283,14 @@ func TestRewriteRenderErrorWritesNothing(t *testing.T) {
 	k := xtables.NewFake()
 	f := newFakeFamily(cfg, k)
 	plan := &datapath.Plan{Frontends: samplePlan(), Full: true}
-	if _, err := f.apply(context.Background(), plan, true, true); err != nil {
+	if _, err := f.apply(context.Background(), plan, modeRewrite); err != nil {
 		t.Fatal(err)
 	}
 	before, restores := k.Dump(), k.Restores
 	// A fixed rule that cannot be rendered: a pod interface that is no
 	// interface name.
 	f.cfg.PodInterface = "a/b"
-	_, err := f.apply(context.Background(), plan, true, true)
+	_, err := f.apply(context.Background(), plan, modeRewrite)
 	if err == nil {
 		t.Fatal("a rewrite whose fixed rules cannot be rendered succeeded")
 	}

@@ -52,7 +52,7 @@ func syncedFake(t *testing.T, cfg Config, fs []datapath.Frontend) *xtables.Fake 
 	k := xtables.NewFake()
 	p := datapath.Plan{Frontends: slices.Clone(fs), Full: true}
 	p.Sort()
-	if _, err := newFakeFamily(cfg, k).apply(context.Background(), &p, true, true); err != nil {
+	if _, err := newFakeFamily(cfg, k).apply(context.Background(), &p, modeRewrite); err != nil {
 		t.Fatal(err)
 	}
 	return k
@@ -247,7 +247,7 @@ func TestPacketFlowsDetectLocal(t *testing.T) {
 				plan.PodCIDRs = podCIDRs
 				f.followPodCIDRs(plan.PodCIDRs)
 			}
-			if _, err := f.apply(context.Background(), &plan, true, true); err != nil {
+			if _, err := f.apply(context.Background(), &plan, modeRewrite); err != nil {
 				t.Fatal(err)
 			}
 			runFlows(t, k, []netip.Addr{nodeIP4}, c.flows)
@@ -293,7 +293,7 @@ func TestPacketFlowsDetectLocalIPv6(t *testing.T) {
 				plan.PodCIDRs = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("fd00:244::/64")}
 				f.followPodCIDRs(plan.PodCIDRs)
 			}
-			if _, err := f.apply(context.Background(), &plan, true, true); err != nil {
+			if _, err := f.apply(context.Background(), &plan, modeRewrite); err != nil {
 				t.Fatal(err)
 			}
 			runFlows(t, k, []netip.Addr{nodeIP6}, c.flows)
@@ -310,7 +310,7 @@ func TestNodeCIDRFollowsTheNode(t *testing.T) {
 	ctx := context.Background()
 	plan := datapath.Plan{Frontends: samplePlan(), Full: true}
 	f.followPodCIDRs(nil) // the Node has no podCIDRs yet
-	if _, err := f.apply(ctx, &plan, true, true); err != nil {
+	if _, err := f.apply(ctx, &plan, modeRewrite); err != nil {
 		t.Fatal(err)
 	}
 	outsideFlow := flow{name: "outside", src: outside4, iface: "eth0", dst: "10.96.0.10", port: 80}
@@ -319,7 +319,7 @@ func TestNodeCIDRFollowsTheNode(t *testing.T) {
 	}
 	next := datapath.Plan{Frontends: samplePlan(), Changed: map[datapath.ServicePortName]bool{}, PodCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24")}}
 	f.followPodCIDRs(next.PodCIDRs)
-	if _, err := f.apply(ctx, &next, false, false); err != nil {
+	if _, err := f.apply(ctx, &next, modePartial); err != nil {
 		t.Fatal(err)
 	}
 	runFlows(t, k, []netip.Addr{nodeIP4}, []flow{

@@ -195,13 +195,7 @@ func New(opts Options) (*Proxier, error) {
 		if connReuseWorkaround(kernelRelease()) {
 			want["net/ipv4/vs/conn_reuse_mode"] = "0"
 		}
-		if opts.IPv6 && !opts.KeepIPv6Forwarding {
-			want["net/ipv6/conf/all/forwarding"] = "1"
-		}
-		if opts.StrictARP {
-			want["net/ipv4/conf/all/arp_ignore"] = "1"
-			want["net/ipv4/conf/all/arp_announce"] = "2"
-		}
+		maps.Copy(want, opts.sysctls())
 		if err := sysctl.Ensure(want); err != nil {
 			p.sysctlErr = err
 			p.log.Warn("some sysctls could not be set", "err", err)
@@ -214,6 +208,59 @@ func New(opts Options) (*Proxier, error) {
 		}
 	}
 	return p, nil
+}
+
+// Reconfigure takes the settings of opts that can change while the
+// proxier runs and makes the next Apply full, so that the rules, sets and
+// virtual servers are compared with them: Scheduler, SchedulerFlags,
+// GracePeriod, NodePortCIDRs, NodePortPrimary, ClusterCIDRs,
+// MasqueradeAll, MasqueradeBit, the connection timeouts (set now; zero
+// keeps the value the kernel has), StrictARP and KeepIPv6Forwarding (the
+// sysctls are set now, never undone, as by New). The others keep the
+// values New was given: they chose the link, the tools, the families and
+// how pods are told (Interface, Variant, IPv6, LockWait, NodePodCIDRs,
+// PodInterface), and who logs and counts. A bad value changes nothing.
+func (p *Proxier) Reconfigure(opts Options) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	next := p.opts
+	next.Scheduler, next.SchedulerFlags, next.GracePeriod = opts.Scheduler, opts.SchedulerFlags, opts.GracePeriod
+	next.NodePortCIDRs, next.NodePortPrimary, next.ClusterCIDRs = opts.NodePortCIDRs, opts.NodePortPrimary, opts.ClusterCIDRs
+	next.MasqueradeAll, next.MasqueradeBit = opts.MasqueradeAll, opts.MasqueradeBit
+	next.TCPTimeout, next.TCPFinTimeout, next.UDPTimeout = opts.TCPTimeout, opts.TCPFinTimeout, opts.UDPTimeout
+	next.StrictARP, next.KeepIPv6Forwarding = opts.StrictARP, opts.KeepIPv6Forwarding
+	next, err := next.withDefaults()
+	if err != nil {
+		return err
+	}
+	prev := p.opts
+	if next.TCPTimeout != prev.TCPTimeout || next.TCPFinTimeout != prev.TCPFinTimeout || next.UDPTimeout != prev.UDPTimeout {
+		if err := p.k.SetTimeouts(next.TCPTimeout, next.TCPFinTimeout, next.UDPTimeout); err != nil {
+			return err
+		}
+	}
+	p.opts, p.synced = next, false
+	if next.Kernel == nil {
+		if err := sysctl.Ensure(next.sysctls()); err != nil {
+			p.sysctlErr = err
+			p.log.Warn("some sysctls could not be set", "err", err)
+		}
+	}
+	return nil
+}
+
+// sysctls are the kernel parameters that the settings a reload may
+// change need (see Reconfigure).
+func (opts Options) sysctls() map[string]string {
+	want := map[string]string{}
+	if opts.IPv6 && !opts.KeepIPv6Forwarding {
+		want["net/ipv6/conf/all/forwarding"] = "1"
+	}
+	if opts.StrictARP {
+		want["net/ipv4/conf/all/arp_ignore"] = "1"
+		want["net/ipv4/conf/all/arp_announce"] = "2"
+	}
+	return want
 }
 
 // withDefaults returns opts with the defaults filled in, or why it cannot

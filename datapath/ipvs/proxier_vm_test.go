@@ -1115,3 +1115,55 @@ func TestSysctlsAndTimeouts(t *testing.T) {
 		}
 	}
 }
+
+// TestReconfigureReachesTheKernel: settings changed while the proxier
+// runs (a config reload) reach the kernel at the next Apply, even one
+// whose plan changes nothing: the scheduler of a virtual server in place,
+// masquerading of a pod's traffic (masqueradeAll, then a clusterCIDR
+// without the pod), and back.
+func TestReconfigureReachesTheKernel(t *testing.T) {
+	w := newWorld(t, "a", "c")
+	vip := ap("10.96.5.1", 80)
+	plan := func(full bool) *datapath.Plan {
+		return &datapath.Plan{Full: full, Changed: map[datapath.ServicePortName]bool{}, Frontends: []datapath.Frontend{{
+			Service: datapath.ServicePortName{Namespace: "default", Name: "web", Port: "http"}, Kind: datapath.ClusterIP,
+			Protocol: datapath.TCP, Family: datapath.IPv4, Addr: vip.Addr(), Port: 80, Endpoints: []datapath.Endpoint{w.ep("a", 1)}}}}
+	}
+	reconfigure := func(o Options) {
+		t.Helper()
+		if err := w.node.Do(func() error { return w.p.Reconfigure(o) }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	seen := func(what string, want netip.Addr) {
+		t.Helper()
+		r, err := w.pods["c"].TCP(vip, timeout)
+		if err != nil || r.Name != "a" || r.Client.Addr() != want {
+			t.Fatalf("%s: %+v %v, want a seeing %s", what, r, err, want)
+		}
+	}
+	key := Key{vip.Addr(), datapath.TCP, 80}
+	w.apply(w.p, plan(true))
+	seen("pod -> ClusterIP, pod in clusterCIDR", w.pods["c"].IP)
+	if s := w.kernel()[key].VS.Scheduler; s != "rr" {
+		t.Fatalf("scheduler %q, want rr", s)
+	}
+
+	reconfigure(Options{GracePeriod: 10 * time.Second, ClusterCIDRs: []netip.Prefix{w.node.PodNet}, MasqueradeAll: true, Scheduler: "lc"})
+	w.apply(w.p, plan(false))
+	if s := w.kernel()[key].VS.Scheduler; s != "lc" {
+		t.Errorf("scheduler after the reload %q, want lc", s)
+	}
+	seen("pod -> ClusterIP with masqueradeAll", w.node.Gateway)
+
+	reconfigure(Options{GracePeriod: 10 * time.Second, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.250.0.0/16")}})
+	w.apply(w.p, plan(false))
+	seen("pod -> ClusterIP, pod outside clusterCIDR", w.node.Gateway)
+
+	reconfigure(Options{GracePeriod: 10 * time.Second, ClusterCIDRs: []netip.Prefix{w.node.PodNet}})
+	w.apply(w.p, plan(false))
+	seen("pod -> ClusterIP, pod in clusterCIDR again", w.pods["c"].IP)
+	if s := w.kernel()[key].VS.Scheduler; s != "rr" {
+		t.Errorf("scheduler after the second reload %q, want rr", s)
+	}
+}

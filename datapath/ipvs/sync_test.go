@@ -18,6 +18,8 @@ type fakeKernel struct {
 	// netlink does (e.g. an unknown scheduler module, ENOMEM).
 	refuseVS   map[Key]error
 	refuseReal map[netip.AddrPort]error
+	// The connection timeouts as set; zero: the kernel's.
+	tcp, tcpFin, udp time.Duration
 }
 
 func newFakeKernel() *fakeKernel {
@@ -70,8 +72,18 @@ func (f *fakeKernel) DeleteRealServer(v VirtualServer, r RealServer) error {
 	delete(f.reals[v.Key()], r.Addr)
 	return nil
 }
-func (f *fakeKernel) SetTimeouts(tcp, tcpFin, udp time.Duration) error { return nil }
-func (f *fakeKernel) Close() error                                     { return nil }
+func (f *fakeKernel) SetTimeouts(tcp, tcpFin, udp time.Duration) error {
+	for _, t := range []struct {
+		to *time.Duration
+		v  time.Duration
+	}{{&f.tcp, tcp}, {&f.tcpFin, tcpFin}, {&f.udp, udp}} {
+		if t.v != 0 { // zero keeps a value, as netlink's
+			*t.to = t.v
+		}
+	}
+	return nil
+}
+func (f *fakeKernel) Close() error { return nil }
 
 func TestSyncServersDrainsAndDeletes(t *testing.T) {
 	k := newFakeKernel()

@@ -200,114 +200,150 @@ func (p *ruleParser) uint(bits int) (uint64, error) {
 	return strconv.ParseUint(w, 10, bits)
 }
 
+// module parses the options of match module mod (after "-m mod").
 func (p *ruleParser) module(mod string) (Match, error) {
 	switch mod {
 	case "addrtype":
-		dir, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		if dir != "--src-type" && dir != "--dst-type" {
-			return Match{}, fmt.Errorf("unknown option %q", dir)
-		}
-		return Match{kind: mAddrType, src: dir == "--src-type"}, p.want("LOCAL")
+		return p.addrType()
 	case "conntrack":
-		neg := p.not()
-		w, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		switch {
-		case w == "--ctstate":
-			states, err := p.next()
-			return Match{kind: mCtState, name: states, not: neg}, err
-		case w == "--ctorigdst" && !neg:
-			a, err := p.next()
-			if err != nil {
-				return Match{}, err
-			}
-			addr, err := netip.ParseAddr(a)
-			if err != nil {
-				return Match{}, err
-			}
-			if err := p.want("--ctorigdstport"); err != nil {
-				return Match{}, err
-			}
-			port, err := p.uint(16)
-			if err != nil {
-				return Match{}, err
-			}
-			if err := p.want("--ctproto"); err != nil {
-				return Match{}, err
-			}
-			proto, err := p.next()
-			return CtOrigDst(addr, uint16(port), proto), err
-		}
-		return Match{}, fmt.Errorf("unknown option %q", w)
+		return p.conntrack()
 	case "mark":
-		neg := p.not()
-		if err := p.want("--mark"); err != nil {
-			return Match{}, err
-		}
-		w, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		v, mask, _ := strings.Cut(w, "/")
-		if v != mask || !strings.HasPrefix(v, "0x") {
-			return Match{}, fmt.Errorf("mark %q is not 0xM/0xM", w)
-		}
-		m, err := strconv.ParseUint(v[2:], 16, 32)
-		return Match{kind: mMark, n: int64(m), not: neg}, err
+		return p.mark()
 	case "statistic":
-		if err := p.want("--mode", "random", "--probability"); err != nil {
-			return Match{}, err
-		}
-		w, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		prob, err := strconv.ParseFloat(w, 64)
-		return Probability(prob), err
+		return p.statistic()
 	case "recent":
-		if err := p.want("--name"); err != nil {
-			return Match{}, err
-		}
-		list, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		w, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		switch w {
-		case "--rcheck":
-			if err := p.want("--seconds"); err != nil {
-				return Match{}, err
-			}
-			secs, err := p.uint(63)
-			if err != nil {
-				return Match{}, err
-			}
-			return RecentSeen(list, int64(secs)), p.want("--reap")
-		case "--set":
-			return RecentSet(list), p.want("--rsource")
-		}
-		return Match{}, fmt.Errorf("unknown option %q", w)
+		return p.recent()
 	case "set":
-		neg := p.not()
-		if err := p.want("--match-set"); err != nil {
-			return Match{}, err
-		}
-		set, err := p.next()
-		if err != nil {
-			return Match{}, err
-		}
-		dirs, err := p.next()
-		return Match{kind: mSet, name: set, dirs: setDirs(dirs), not: neg}, err
+		return p.set()
 	}
 	return Match{}, errors.New("unknown match")
+}
+
+// addrType: --src-type LOCAL or --dst-type LOCAL.
+func (p *ruleParser) addrType() (Match, error) {
+	dir, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	if dir != "--src-type" && dir != "--dst-type" {
+		return Match{}, fmt.Errorf("unknown option %q", dir)
+	}
+	return Match{kind: mAddrType, src: dir == "--src-type"}, p.want("LOCAL")
+}
+
+// conntrack: [!] --ctstate STATES, or --ctorigdst A --ctorigdstport P
+// --ctproto PROTO.
+func (p *ruleParser) conntrack() (Match, error) {
+	neg := p.not()
+	w, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	switch {
+	case w == "--ctstate":
+		states, err := p.next()
+		return Match{kind: mCtState, name: states, not: neg}, err
+	case w == "--ctorigdst" && !neg:
+		return p.ctOrigDst()
+	}
+	return Match{}, fmt.Errorf("unknown option %q", w)
+}
+
+func (p *ruleParser) ctOrigDst() (Match, error) {
+	a, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	addr, err := netip.ParseAddr(a)
+	if err != nil {
+		return Match{}, err
+	}
+	if err := p.want("--ctorigdstport"); err != nil {
+		return Match{}, err
+	}
+	port, err := p.uint(16)
+	if err != nil {
+		return Match{}, err
+	}
+	if err := p.want("--ctproto"); err != nil {
+		return Match{}, err
+	}
+	proto, err := p.next()
+	return CtOrigDst(addr, uint16(port), proto), err
+}
+
+// mark: [!] --mark 0xM/0xM (one bit, as we write it).
+func (p *ruleParser) mark() (Match, error) {
+	neg := p.not()
+	if err := p.want("--mark"); err != nil {
+		return Match{}, err
+	}
+	w, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	v, mask, _ := strings.Cut(w, "/")
+	if v != mask || !strings.HasPrefix(v, "0x") {
+		return Match{}, fmt.Errorf("mark %q is not 0xM/0xM", w)
+	}
+	m, err := strconv.ParseUint(v[2:], 16, 32)
+	return Match{kind: mMark, n: int64(m), not: neg}, err
+}
+
+// statistic: --mode random --probability P.
+func (p *ruleParser) statistic() (Match, error) {
+	if err := p.want("--mode", "random", "--probability"); err != nil {
+		return Match{}, err
+	}
+	w, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	prob, err := strconv.ParseFloat(w, 64)
+	return Probability(prob), err
+}
+
+// recent: --name L, then --rcheck --seconds S --reap or --set --rsource.
+func (p *ruleParser) recent() (Match, error) {
+	if err := p.want("--name"); err != nil {
+		return Match{}, err
+	}
+	list, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	w, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	switch w {
+	case "--rcheck":
+		if err := p.want("--seconds"); err != nil {
+			return Match{}, err
+		}
+		secs, err := p.uint(63)
+		if err != nil {
+			return Match{}, err
+		}
+		return RecentSeen(list, int64(secs)), p.want("--reap")
+	case "--set":
+		return RecentSet(list), p.want("--rsource")
+	}
+	return Match{}, fmt.Errorf("unknown option %q", w)
+}
+
+// set: [!] --match-set NAME DIRS.
+func (p *ruleParser) set() (Match, error) {
+	neg := p.not()
+	if err := p.want("--match-set"); err != nil {
+		return Match{}, err
+	}
+	set, err := p.next()
+	if err != nil {
+		return Match{}, err
+	}
+	dirs, err := p.next()
+	return Match{kind: mSet, name: set, dirs: setDirs(dirs), not: neg}, err
 }
 
 func (p *ruleParser) target() (Target, error) {

@@ -163,12 +163,11 @@ func appendEvaluation(dst, b []byte) (res []byte, err error) {
 		return nil, err
 	}
 	res = abi.AppendOutput(dst, &out)
-	// The guest's garbage collector runs its background workers only when
-	// this goroutine yields, which an exported function otherwise never
-	// does; a cycle then advances only through allocation assists and
-	// keeps write barriers on across many calls. Yielding now and then
-	// lets a started cycle finish: the mean call time of
-	// EvaluateTopology10 fell from ~30 to ~24 µs (the median is unchanged).
+	// Yield now and then: the guest's garbage collector runs its
+	// background workers only when this goroutine yields, which an
+	// exported function otherwise never does, so a started cycle would
+	// keep write barriers on across many calls (RATIONALE.md, "What a
+	// guest call costs").
 	if calls++; calls%64 == 0 {
 		runtime.Gosched()
 	}

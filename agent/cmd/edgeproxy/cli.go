@@ -168,8 +168,21 @@ func runStatus(args []string, stdout io.Writer) error {
 	return nil
 }
 
-// renderStatus prints the status for people.
+// renderStatus prints the status for people: the agent, its policy
+// modules, what stands out, and every service's frontends.
 func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
+	renderAgent(w, st, now)
+	if len(st.Modules) > 0 {
+		renderModules(w, st.Modules, now)
+	}
+	renderNotes(w, st)
+	fmt.Fprintln(w)
+	renderServices(w, st.Services)
+}
+
+// renderAgent prints who answers, its health and where its state comes
+// from.
+func renderAgent(w io.Writer, st *agent.Status, now time.Time) {
 	age := func(t time.Time) string {
 		if t.IsZero() {
 			return "never"
@@ -193,33 +206,40 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 	if st.FromSnapshot {
 		fmt.Fprintln(w, "serving the last known state from the snapshot until the API server is back")
 	}
-	if len(st.Modules) > 0 {
-		fmt.Fprintln(w, "policy modules:")
-		mw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(mw, "  CHAIN\tMODULE\tSTATE\tSHA256")
-		for _, m := range st.Modules {
-			state := "ok"
-			switch {
-			case m.State.OpenUntil.After(now):
-				state = fmt.Sprintf("circuit open (%d failures), retry in %s", m.State.Failures, m.State.OpenUntil.Sub(now).Round(time.Second))
-			case m.State.Failures > 0:
-				state = fmt.Sprintf("failing (%d in a row)", m.State.Failures)
-			}
-			if m.Skipped > 0 {
-				state += fmt.Sprintf(", %d skipped (policy.shadowBudget spent)", m.Skipped)
-			}
-			sum := m.SHA256
-			if len(sum) > 12 {
-				sum = sum[:12]
-			}
-			name := m.Module
-			if m.ShadowOf != "" {
-				name += " (shadow of " + m.ShadowOf + ")"
-			}
-			fmt.Fprintf(mw, "  %s\t%s\t%s\t%s\n", m.Chain, name, state, sum)
+}
+
+// renderModules prints the policy modules' table.
+func renderModules(w io.Writer, modules []policychain.ModuleStatus, now time.Time) {
+	fmt.Fprintln(w, "policy modules:")
+	mw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(mw, "  CHAIN\tMODULE\tSTATE\tSHA256")
+	for _, m := range modules {
+		state := "ok"
+		switch {
+		case m.State.OpenUntil.After(now):
+			state = fmt.Sprintf("circuit open (%d failures), retry in %s", m.State.Failures, m.State.OpenUntil.Sub(now).Round(time.Second))
+		case m.State.Failures > 0:
+			state = fmt.Sprintf("failing (%d in a row)", m.State.Failures)
 		}
-		mw.Flush()
+		if m.Skipped > 0 {
+			state += fmt.Sprintf(", %d skipped (policy.shadowBudget spent)", m.Skipped)
+		}
+		sum := m.SHA256
+		if len(sum) > 12 {
+			sum = sum[:12]
+		}
+		name := m.Module
+		if m.ShadowOf != "" {
+			name += " (shadow of " + m.ShadowOf + ")"
+		}
+		fmt.Fprintf(mw, "  %s\t%s\t%s\t%s\n", m.Chain, name, state, sum)
 	}
+	mw.Flush()
+}
+
+// renderNotes prints what stands out, when it does: the last error,
+// ignored externalIPs, kube-proxy's rules, what was left out or skipped.
+func renderNotes(w io.Writer, st *agent.Status) {
 	if st.Health.LastError != "" {
 		fmt.Fprintf(w, "last error: %s\n", st.Health.LastError)
 	}
@@ -248,10 +268,14 @@ func renderStatus(w io.Writer, st *agent.Status, now time.Time) {
 			fmt.Fprintf(w, "  %s %s: %s\n", p.Kind, p.Object, p.Reason)
 		}
 	}
-	fmt.Fprintln(w)
+}
+
+// renderServices prints one line per frontend with its weighted
+// endpoints.
+func renderServices(w io.Writer, services []agent.ServiceView) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "SERVICE\tFRONTEND\tKIND\tENDPOINTS (weight)")
-	for _, s := range st.Services {
+	for _, s := range services {
 		for _, f := range s.Frontends {
 			var eps []string
 			for _, e := range f.Endpoints {

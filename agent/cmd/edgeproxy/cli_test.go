@@ -131,6 +131,14 @@ func TestPlanBounded(t *testing.T) {
 	if code == 0 || !strings.Contains(errs, "not a directory") {
 		t.Errorf("a stateDir that is a file is not named as such: exit %d: %s", code, errs)
 	}
+	// A module refused at start: no previous chains keep running.
+	if err := os.WriteFile(cfg, []byte("stateDir: "+filepath.Join(dir, "state")+"\npolicy:\n  modules: [{name: m, path: /nonexistent.wasm}]\n  chains: [{name: c, modules: [{module: m}]}]\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	code, _, errs = runCLI(t, "plan", "--config", cfg, "--manifests", mdir, "--node-name", "n1", "--timeout", "20s")
+	if code == 0 || !strings.Contains(errs, "/nonexistent.wasm") || strings.Contains(errs, "keep running") {
+		t.Errorf("a module refused at start: exit %d, want an error naming it and no word of chains kept running:\n%s", code, errs)
+	}
 
 	// Issue 29 §7: a stateDir that is a symlink loop said "mkdir …: file
 	// exists", and the refusal at start was logged as "the previous chains
