@@ -1,0 +1,438 @@
+package nftables
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+)
+
+var update = flag.Bool("update", false, "rewrite testdata/*.golden from the current output")
+
+var clusterCIDR = netip.MustParsePrefix("10.244.0.0/16")
+
+func newProxier(t *testing.T, ns *netns.NS, o Options) *Proxier {
+	t.Helper()
+	o.NetNS = int(ns.Handle())
+	if o.MasqueradeBit == 0 {
+		o.MasqueradeBit = 14
+	}
+	p, err := New(o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+func kernel(t *testing.T) {
+	t.Helper()
+	gate.Root(t)
+	gate.Binaries(t, "nft")
+}
+
+var elementsRE = regexp.MustCompile(`(?s)elements = \{([^}]*)\}`)
+
+// normalize puts the elements of every set in order, one line: nft lists
+// them in the kernel's hash order, which differs from run to run. The
+// result is still nft syntax.
+func normalize(s string) string {
+	return elementsRE.ReplaceAllStringFunc(s, func(m string) string {
+		body := elementsRE.FindStringSubmatch(m)[1]
+		var es []string
+		for _, e := range strings.Split(body, ",") {
+			if e = strings.TrimSpace(e); e != "" {
+				es = append(es, e)
+			}
+		}
+		slices.Sort(es)
+		return "elements = { " + strings.Join(es, ", ") + " }"
+	})
+}
+
+func list(t *testing.T, ns *netns.NS, args ...string) string {
+	t.Helper()
+	out, err := ns.Run("nft", append([]string{"list"}, args...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return normalize(out)
+}
+
+func svcName(ns, name, port string) datapath.ServicePortName {
+	return datapath.ServicePortName{Namespace: ns, Name: name, Port: port}
+}
+
+func clusterIP(s datapath.ServicePortName, proto datapath.Protocol, vip string, port uint16, eps ...datapath.Endpoint) datapath.Frontend {
+	a := netip.MustParseAddr(vip)
+	return datapath.Frontend{Service: s, Kind: datapath.ClusterIP, Protocol: proto, Addr: a, Family: datapath.FamilyOf(a), Port: port, Endpoints: eps}
+}
+
+func nodePort(s datapath.ServicePortName, proto datapath.Protocol, fam datapath.Family, port uint16, eps ...datapath.Endpoint) datapath.Frontend {
+	return datapath.Frontend{Service: s, Kind: datapath.NodePort, Protocol: proto, Family: fam, Port: port, Endpoints: eps}
+}
+
+func newPlan(gen uint64, fs ...datapath.Frontend) *datapath.Plan {
+	p := &datapath.Plan{Generation: gen, Full: true, Frontends: fs}
+	p.Sort()
+	return p
+}
+
+// goldenPlan has one of each shape this datapath programs, in both
+// families.
+func goldenPlan() *datapath.Plan {
+	web, dns, empty, v6 := svcName("default", "web", "http"), svcName("kube-system", "dns", ""), svcName("default", "empty", ""), svcName("default", "web6", "")
+	eps := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1), ep("10.244.0.4:8080", 1)}
+	dropped := nodePort(empty, datapath.UDP, datapath.IPv4, 30053)
+	dropped.Drop = true
+	return newPlan(1,
+		clusterIP(web, datapath.TCP, "10.96.0.10", 80, eps...),
+		nodePort(web, datapath.TCP, datapath.IPv4, 30080, eps...),
+		clusterIP(dns, datapath.UDP, "10.96.0.53", 53, ep("10.244.0.2:53", 100), ep("10.244.0.3:53", 300), ep("10.244.0.4:53", 50)),
+		clusterIP(empty, datapath.TCP, "10.96.0.20", 80),
+		nodePort(empty, datapath.TCP, datapath.IPv4, 30090),
+		dropped,
+		clusterIP(v6, datapath.TCP, "fd00:96::10", 80, ep("[fd00:244::2]:8080", 1), ep("[fd00:244::3]:8080", 1)),
+		nodePort(v6, datapath.TCP, datapath.IPv6, 30080, ep("[fd00:244::2]:8080", 1), ep("[fd00:244::3]:8080", 1)),
+	)
+}
+
+// The ruleset written over netlink is what Debian's nft lists, and it
+// survives nft both ways: the golden text loaded with `nft -f`, and the
+// JSON of `nft -j list ruleset` loaded with `nft -j -f` (chains moved
+// first, see chainsFirst), each into an empty namespace, list as the
+// golden again. Every rule's text (what
+// partial syncs compare) is the line nft prints for its expressions.
+func TestGoldenRuleset(t *testing.T) {
+	kernel(t)
+	ns := netns.New(t, "nftgold")
+	p := newProxier(t, ns, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR, netip.MustParsePrefix("fd00:244::/48")}, IPv6: true})
+	if err := p.Apply(context.Background(), goldenPlan()); err != nil {
+		t.Fatal(err)
+	}
+	got := list(t, ns, "ruleset")
+	golden := filepath.Join("testdata", "ruleset.golden")
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("nft list ruleset:\n%s\nwant (%s):\n%s", got, golden, want)
+	}
+
+	text := netns.New(t, "nfttext")
+	if _, err := text.Run("nft", "-f", golden); err != nil {
+		t.Fatal(err)
+	}
+	if back := list(t, text, "ruleset"); back != got {
+		t.Errorf("golden loaded with nft -f lists as:\n%s", back)
+	}
+
+	js, err := ns.Run("nft", "-j", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jf := filepath.Join(t.TempDir(), "ruleset.json")
+	if err := os.WriteFile(jf, chainsFirst(t, js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	jsonNS := netns.New(t, "nftjson")
+	if _, err := jsonNS.Run("nft", "-j", "-f", jf); err != nil {
+		t.Fatal(err)
+	}
+	if back := list(t, jsonNS, "ruleset"); back != got {
+		t.Errorf("nft -j list ruleset loaded with nft -j -f lists as:\n%s", back)
+	}
+
+	for _, tb := range p.tables {
+		chains := tb.f.fixedChains(&p.opts, func(string) uint32 { return 0 })
+		for _, u := range tb.units {
+			chains = append(chains, u.chains...)
+		}
+		for _, c := range chains {
+			out := list(t, ns, "chain", tb.f.name, TableName, c.name)
+			var lines []string
+			for _, l := range strings.Split(out, "\n") {
+				l = strings.TrimSpace(l)
+				if l == "" || l == "}" || strings.HasPrefix(l, "table ") || strings.HasPrefix(l, "chain ") || strings.HasPrefix(l, "type ") {
+					continue
+				}
+				lines = append(lines, l)
+			}
+			var texts []string
+			for _, r := range c.rules {
+				texts = append(texts, r.text)
+			}
+			if !slices.Equal(lines, texts) {
+				t.Errorf("%s chain %s: nft prints\n%s\nthe rules' texts are\n%s", tb.f.name, c.name, strings.Join(lines, "\n"), strings.Join(texts, "\n"))
+			}
+		}
+	}
+}
+
+// chainsFirst moves every chain of the JSON listing right after its
+// table. nft 1.0.6 lists a map's elements before the chains they jump to
+// and its own JSON parser then cannot load the listing ("Could not
+// process rule: No such file or directory"; the same for a ruleset nft
+// itself loaded from text): the order is nft's, the content is checked.
+func chainsFirst(t *testing.T, js string) []byte {
+	t.Helper()
+	var doc struct {
+		Nftables []map[string]json.RawMessage `json:"nftables"`
+	}
+	if err := json.Unmarshal([]byte(js), &doc); err != nil {
+		t.Fatalf("nft -j list ruleset is not JSON: %v", err)
+	}
+	type id struct{ Family, Table, Name string }
+	chains := map[id][]map[string]json.RawMessage{}
+	var rest []map[string]json.RawMessage
+	for _, o := range doc.Nftables {
+		if c, ok := o["chain"]; ok {
+			var k id
+			if err := json.Unmarshal(c, &k); err != nil {
+				t.Fatal(err)
+			}
+			chains[id{k.Family, k.Table, ""}] = append(chains[id{k.Family, k.Table, ""}], o)
+			continue
+		}
+		rest = append(rest, o)
+	}
+	var out []map[string]json.RawMessage
+	for _, o := range rest {
+		out = append(out, o)
+		if tb, ok := o["table"]; ok {
+			var k id
+			if err := json.Unmarshal(tb, &k); err != nil {
+				t.Fatal(err)
+			}
+			out = append(out, chains[id{k.Family, k.Name, ""}]...)
+		}
+	}
+	doc.Nftables = out
+	b, err := json.Marshal(doc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// world is a node with three pods (two serve, one is a client) and an
+// outside client, and a proxier programming the node.
+type world struct {
+	node       *netns.Node
+	pods       []*netns.Pod
+	client     *netns.NS
+	p          *Proxier
+	web, empty datapath.ServicePortName
+	self, dns  datapath.ServicePortName
+}
+
+func newWorld(t *testing.T) *world {
+	t.Helper()
+	kernel(t)
+	w := &world{node: netns.NewNode(t, "nftnode")}
+	for _, name := range []string{"nftpod1", "nftpod2", "nftpod3"} {
+		w.pods = append(w.pods, w.node.AddPod(name))
+	}
+	for _, p := range w.pods[:2] {
+		if err := p.Serve(8080); err != nil {
+			t.Fatal(err)
+		}
+	}
+	w.client = w.node.AddClient("nftcl")
+	w.p = newProxier(t, w.node.NS, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}})
+	w.web, w.empty = svcName("default", "web", "http"), svcName("default", "empty", "")
+	w.self, w.dns = svcName("default", "self", ""), svcName("default", "dns", "")
+	return w
+}
+
+func (w *world) eps(pods ...int) []datapath.Endpoint {
+	var out []datapath.Endpoint
+	for _, i := range pods {
+		out = append(out, datapath.Endpoint{Addr: w.pods[i].AddrPort(8080), Weight: 1})
+	}
+	return out
+}
+
+func (w *world) plan(gen uint64, webPods ...int) *datapath.Plan {
+	return newPlan(gen,
+		clusterIP(w.web, datapath.TCP, "10.96.0.10", 80, w.eps(webPods...)...),
+		nodePort(w.web, datapath.TCP, datapath.IPv4, 30080, w.eps(webPods...)...),
+		clusterIP(w.dns, datapath.UDP, "10.96.0.10", 53, w.eps(0, 1)...),
+		clusterIP(w.empty, datapath.TCP, "10.96.0.20", 80),
+		nodePort(w.empty, datapath.TCP, datapath.IPv4, 30090),
+		clusterIP(w.self, datapath.TCP, "10.96.0.30", 80, w.eps(0)...),
+	)
+}
+
+const wait = 3 * time.Second
+
+// reach connects n times and returns who answered, failing on any error
+// or on a client address other than want.
+func reach(t *testing.T, n int, from *netns.NS, dst string, udp bool, want netip.Addr) map[string]int {
+	t.Helper()
+	seen := map[string]int{}
+	for i := range n {
+		var r netns.Reply
+		var err error
+		if udp {
+			r, err = from.UDP(netip.MustParseAddrPort(dst), uint16(40000+i), wait)
+		} else {
+			r, err = from.TCP(netip.MustParseAddrPort(dst), wait)
+		}
+		if err != nil {
+			t.Fatalf("%s from %s: %v", dst, from.Name, err)
+		}
+		if r.Client.Addr() != want {
+			t.Fatalf("%s from %s: the endpoint saw client %s, want %s", dst, from.Name, r.Client.Addr(), want)
+		}
+		seen[r.Name]++
+	}
+	return seen
+}
+
+func refused(t *testing.T, from *netns.NS, dst string) {
+	t.Helper()
+	_, err := from.TCP(netip.MustParseAddrPort(dst), wait)
+	if !errors.Is(err, syscall.ECONNREFUSED) {
+		t.Fatalf("%s from %s: %v, want connection refused (reject)", dst, from.Name, err)
+	}
+}
+
+// Real packets through the programmed node: ClusterIP over TCP and UDP,
+// spread over both endpoints and not masqueraded from a pod; masqueraded
+// from outside the cluster CIDR; NodePort on the node's address; a
+// Service without endpoints refused; an endpoint reaching itself through
+// its Service (hairpin, masqueraded so that it answers through the node).
+func TestPackets(t *testing.T) {
+	w := newWorld(t)
+	if err := w.p.Apply(context.Background(), w.plan(1, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	pod3, gw := w.pods[2], w.node.Gateway
+	t.Run("ClusterIP TCP", func(t *testing.T) {
+		seen := reach(t, 40, pod3.NS, "10.96.0.10:80", false, pod3.IP)
+		if len(seen) != 2 {
+			t.Fatalf("answered by %v, want both endpoints", seen)
+		}
+	})
+	t.Run("ClusterIP UDP", func(t *testing.T) {
+		seen := reach(t, 40, pod3.NS, "10.96.0.10:53", true, pod3.IP)
+		if len(seen) != 2 {
+			t.Fatalf("answered by %v, want both endpoints", seen)
+		}
+	})
+	t.Run("masquerade from outside the cluster CIDR", func(t *testing.T) {
+		reach(t, 5, w.client, "10.96.0.10:80", false, gw)
+	})
+	t.Run("NodePort", func(t *testing.T) {
+		seen := reach(t, 40, w.client, w.node.LinkIP.String()+":30080", false, gw)
+		if len(seen) != 2 {
+			t.Fatalf("answered by %v, want both endpoints", seen)
+		}
+	})
+	t.Run("no endpoints", func(t *testing.T) {
+		refused(t, pod3.NS, "10.96.0.20:80")
+		refused(t, w.client, w.node.LinkIP.String()+":30090")
+	})
+	t.Run("hairpin", func(t *testing.T) {
+		seen := reach(t, 5, w.pods[0].NS, "10.96.0.30:80", false, gw)
+		if seen[w.pods[0].PodName] != 5 {
+			t.Fatalf("answered by %v, want %s", seen, w.pods[0].PodName)
+		}
+	})
+}
+
+// A partial sync sends only the changed Service, traffic follows it at
+// once, and the table it leaves is the one a rebuild from the same plan
+// writes. Cleanup removes the tables.
+func TestPartialSync(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	if err := w.p.Apply(ctx, w.plan(1, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.p.LastStats(); !st.Rebuilt {
+		t.Fatalf("first apply: %+v, want a rebuild", st)
+	}
+	pod3 := w.pods[2]
+
+	// web moves to pod2 only.
+	p := w.plan(2, 1)
+	p.Full, p.Changed = false, map[datapath.ServicePortName]bool{w.web: true}
+	if err := w.p.Apply(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.p.LastStats(); st.Rebuilt || st.Units != 1 {
+		t.Fatalf("partial apply: %+v, want one unit and no rebuild", st)
+	}
+	if seen := reach(t, 10, pod3.NS, "10.96.0.10:80", false, pod3.IP); seen[w.pods[1].PodName] != 10 {
+		t.Fatalf("after the update answered by %v, want only %s", seen, w.pods[1].PodName)
+	}
+
+	// empty goes away; self gets endpoints pod1 and pod2 (pod1 stays in
+	// the hairpin set through dns and self).
+	p = w.plan(3, 1)
+	p.Frontends = slices.DeleteFunc(p.Frontends, func(f datapath.Frontend) bool { return f.Service == w.empty })
+	for i := range p.Frontends {
+		if p.Frontends[i].Service == w.self {
+			p.Frontends[i].Endpoints = w.eps(0, 1)
+		}
+	}
+	p.Full, p.Changed = false, map[datapath.ServicePortName]bool{w.empty: true, w.self: true}
+	if err := w.p.Apply(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	got := list(t, w.node.NS, "table", "ip", TableName)
+	if strings.Contains(got, "10.96.0.20") {
+		t.Fatalf("the removed Service is still listed:\n%s", got)
+	}
+
+	// The same plan written from scratch in another namespace.
+	other := netns.New(t, "nftrebuild")
+	q := newProxier(t, other, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}})
+	full := *p
+	full.Full, full.Changed = true, nil
+	if err := q.Apply(ctx, &full); err != nil {
+		t.Fatal(err)
+	}
+	if want := list(t, other, "table", "ip", TableName); got != want {
+		t.Fatalf("after partial syncs:\n%s\nrebuilt from the same plan:\n%s", got, want)
+	}
+
+	// A full compare of an unchanged plan sends nothing.
+	if err := w.p.Apply(ctx, &full); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.p.LastStats(); st.Rebuilt || st.Messages != 0 {
+		t.Fatalf("full compare of the same plan: %+v, want nothing sent", st)
+	}
+
+	if err := w.p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if out := list(t, w.node.NS, "tables"); strings.Contains(out, TableName) {
+		t.Fatalf("after cleanup: %s", out)
+	}
+	if err := w.p.Cleanup(ctx); err != nil {
+		t.Fatalf("cleanup without tables: %v", err)
+	}
+}

@@ -1,0 +1,145 @@
+package nftables
+
+import (
+	"net/netip"
+
+	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// TableName is the name of edgeproxy's table in each family (ip and ip6).
+// Cleanup removes exactly these tables.
+const TableName = "edgeproxy"
+
+// Fixed objects of each table. The maps and the set are the only sets:
+// their number does not grow with the number of Services (the issue's
+// measurements: the number of sets, not nftables, is the cost).
+const (
+	mapServiceIPs  = "service-ips"           // daddr . proto . dport : goto svc-/ext- chain
+	mapNodePorts   = "service-nodeports"     // proto . dport : goto ext- chain (local daddr)
+	mapNoEndpoints = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
+	mapNoEPPorts   = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
+	setHairpin     = "hairpin"               // ep . ep: an endpoint reaching itself
+
+	chainFilterInput   = "filter-input"
+	chainFilterForward = "filter-forward"
+	chainFilterOutput  = "filter-output"
+	chainSvcCheck      = "service-endpoints-check"
+	chainNodePortCheck = "nodeport-endpoints-check"
+	chainReject        = "reject-chain"
+	chainNatPre        = "nat-prerouting"
+	chainNatOutput     = "nat-output"
+	chainNatPost       = "nat-postrouting"
+	chainServices      = "services"
+	chainMasquerading  = "masquerading"
+)
+
+// Priorities as kube-proxy's nftables mode: the filter chains run just
+// before DNAT (dstnat - 10), so that a Service without endpoints is
+// refused by its own address; the nat chains at dstnat and srcnat.
+const (
+	prioFilter  = nftables.ChainPriority(-110)
+	prioDstNAT  = nftables.ChainPriority(-100)
+	prioSrcNAT  = nftables.ChainPriority(100)
+	svcPrefix   = "svc-"
+	extPrefix   = "ext-"
+	maxChainLen = 256 // NFT_CHAIN_MAXNAMELEN
+)
+
+// fam is what differs between the ip and ip6 tables.
+type fam struct {
+	family      datapath.Family
+	tf          nftables.TableFamily
+	nfproto     uint32 // NFPROTO_* for the nat expression
+	name        string // "ip" or "ip6": nft's word for the header
+	addrLen     uint32
+	saddrOff    uint32
+	daddrOff    uint32
+	addrType    nftables.SetDatatype
+	loopback    netip.Prefix
+	portUnreach uint8 // ICMP(v6) port unreachable, what reject sends
+}
+
+var (
+	famIPv4 = &fam{family: datapath.IPv4, tf: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4, name: "ip",
+		addrLen: 4, saddrOff: 12, daddrOff: 16, addrType: nftables.TypeIPAddr,
+		loopback: netip.MustParsePrefix("127.0.0.0/8"), portUnreach: 3}
+	famIPv6 = &fam{family: datapath.IPv6, tf: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, name: "ip6",
+		addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr,
+		loopback: netip.MustParsePrefix("::1/128"), portUnreach: 4}
+)
+
+// chainName is the chain of one service port: "svc-" or "ext-" and
+// "namespace/name/port" ("namespace/name" for an unnamed port). nft's
+// identifiers allow '/' but not ':'. Kubernetes names (namespace and name
+// at most 63 bytes, a port name at most 15) keep it far below nf_tables'
+// 256 bytes, so a name is never shortened and never collides.
+func chainName(prefix string, s datapath.ServicePortName) string {
+	n := prefix + s.Namespace + "/" + s.Name
+	if s.Port != "" {
+		n += "/" + s.Port
+	}
+	return n
+}
+
+// setSpec is one of the fixed maps or sets.
+type setSpec struct {
+	name  string
+	key   []nftables.SetDatatype
+	isMap bool
+}
+
+func (f *fam) sets() []setSpec {
+	return []setSpec{
+		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true},
+		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true},
+		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true},
+		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true},
+		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false},
+	}
+}
+
+// chainSpec is a chain and its rules; base chains have a hook.
+type chainSpec struct {
+	name  string
+	typ   nftables.ChainType
+	hook  *nftables.ChainHook
+	prio  nftables.ChainPriority
+	rules []rule
+}
+
+// fixedChains are the chains every table has, regular ones first (base
+// chains jump to them, so they must exist before).
+func (f *fam) fixedChains(o *Options, setID func(string) uint32) []chainSpec {
+	bit := uint32(1) << o.MasqueradeBit
+	return []chainSpec{
+		{name: chainReject, rules: []rule{ruleReject(f)}},
+		{name: chainSvcCheck, rules: []rule{ruleDispatch(f, true, mapNoEndpoints, setID(mapNoEndpoints))}},
+		{name: chainNodePortCheck, rules: []rule{ruleNodePortDispatch(f, mapNoEPPorts, setID(mapNoEPPorts))}},
+		{name: chainServices, rules: []rule{
+			ruleDispatch(f, true, mapServiceIPs, setID(mapServiceIPs)),
+			ruleNodePortDispatch(f, mapNodePorts, setID(mapNodePorts)),
+		}},
+		{name: chainMasquerading, rules: []rule{
+			ruleHairpinMark(f, setHairpin, setID(setHairpin), bit),
+			ruleUnmarkedReturn(bit),
+			ruleClearMark(bit),
+			ruleMasquerade(),
+		}},
+		{name: chainFilterInput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookInput, prio: prioFilter, rules: []rule{
+			ruleJump(true, chainNodePortCheck),
+			ruleJump(true, chainSvcCheck),
+		}},
+		{name: chainFilterForward, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookForward, prio: prioFilter, rules: []rule{
+			ruleJump(true, chainSvcCheck),
+		}},
+		{name: chainFilterOutput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookOutput, prio: prioFilter, rules: []rule{
+			ruleJump(true, chainSvcCheck),
+		}},
+		{name: chainNatPre, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
+		{name: chainNatOutput, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
+		{name: chainNatPost, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPostrouting, prio: prioSrcNAT, rules: []rule{ruleJump(false, chainMasquerading)}},
+	}
+}

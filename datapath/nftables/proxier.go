@@ -1,0 +1,206 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+
+	"github.com/google/nftables"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// Options configure a Proxier.
+type Options struct {
+	// MasqueradeBit is the packet-mark bit (0..31) that asks for SNAT, as
+	// in the iptables mode (default config: 14).
+	MasqueradeBit int
+	// ClusterCIDRs are the pod ranges, at most one per family: traffic to
+	// a cluster IP from outside them is masqueraded. A family without one
+	// masquerades none (kube-proxy's ClusterCIDR mode without a range).
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool
+	// IPv6 also programs the ip6 table; off, IPv6 frontends are ignored.
+	IPv6 bool
+	// NetNS is a file descriptor of the network namespace to program
+	// (tests); 0 means the process's own.
+	NetNS  int
+	Logger *slog.Logger
+}
+
+func (o *Options) clusterCIDR(f datapath.Family) (netip.Prefix, bool) {
+	for _, p := range o.ClusterCIDRs {
+		if datapath.FamilyOf(p.Addr()) == f {
+			return p.Masked(), true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// Proxier implements datapath.Backend with nf_tables over netlink.
+type Proxier struct {
+	opts Options
+	log  *slog.Logger
+	conn *nftables.Conn
+
+	mu     sync.Mutex
+	tables []*table
+	stats  Stats
+}
+
+var _ datapath.Backend = (*Proxier)(nil)
+
+// Stats describe the last successful Apply.
+type Stats struct {
+	Rebuilt  bool // the tables were written from scratch
+	Units    int  // service ports whose objects were compared
+	Messages int  // netlink messages in the batch
+}
+
+// table is the state of one family's table as last written: kept in
+// memory, never read back from the kernel.
+type table struct {
+	f        *fam
+	written  bool // a rebuild succeeded since start
+	needFull bool // the last apply failed
+	units    map[datapath.ServicePortName]*unit
+	hairpin  map[netip.Addr]int // references to each endpoint from units
+}
+
+// New returns a Proxier. It writes nothing until the first Apply, which
+// replaces whatever table of our name exists with the whole plan in one
+// transaction.
+func New(o Options) (*Proxier, error) {
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if o.NetNS != 0 {
+		opts = append(opts, nftables.WithNetNSFd(o.NetNS))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: netlink: %w", err)
+	}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c}
+	p.tables = append(p.tables, newTable(famIPv4))
+	if o.IPv6 {
+		p.tables = append(p.tables, newTable(famIPv6))
+	}
+	return p, nil
+}
+
+func newTable(f *fam) *table {
+	return &table{f: f, units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}}
+}
+
+// Name is "nftables".
+func (p *Proxier) Name() string { return "nftables" }
+
+// Close releases the netlink socket.
+func (p *Proxier) Close() error { return p.conn.CloseLasting() }
+
+// LastStats returns what the last successful Apply did.
+func (p *Proxier) LastStats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// Apply makes the tables match plan in one nf_tables transaction, so no
+// packet sees half of it. The first apply, and the one after a failure,
+// writes the tables from scratch; after that only the service ports in
+// plan.Changed (all of them when plan.Full) are compared with what was
+// written, and only their differences are sent.
+func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := check(plan.Frontends); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := &batch{c: p.conn}
+	var pend []*pending
+	st := Stats{}
+	for _, t := range p.tables {
+		rebuild := !t.written || t.needFull
+		groups := group(plan, t.f.family, rebuild || plan.Full)
+		var pd *pending
+		var err error
+		if rebuild {
+			st.Rebuilt = true
+			pd, err = t.rebuild(b, &p.opts, groups)
+		} else {
+			pd, err = t.update(b, &p.opts, groups, plan)
+		}
+		if err != nil {
+			return err // nothing was queued on the connection yet
+		}
+		st.Units += pd.n
+		pend = append(pend, pd)
+	}
+	st.Messages = b.run()
+	if err := p.conn.Flush(); err != nil {
+		for _, t := range p.tables {
+			t.needFull = true
+		}
+		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
+	}
+	for i, t := range p.tables {
+		pend[i].commit(t)
+	}
+	p.stats = st
+	return nil
+}
+
+// group collects the frontends of family fam by service port: all of
+// them, or only the changed ones.
+func group(plan *datapath.Plan, f datapath.Family, all bool) map[datapath.ServicePortName][]datapath.Frontend {
+	out := map[datapath.ServicePortName][]datapath.Frontend{}
+	for i := range plan.Frontends {
+		fr := &plan.Frontends[i]
+		if fr.Family != f || (!all && !plan.Changed[fr.Service]) {
+			continue
+		}
+		out[fr.Service] = append(out[fr.Service], *fr)
+	}
+	return out
+}
+
+// pending is what a table will hold once the batch is committed.
+type pending struct {
+	replace bool // units and hairpin replace the table's
+	units   map[datapath.ServicePortName]*unit
+	hairpin map[netip.Addr]int // the new counts (replace) or the deltas
+	n       int                // service ports compared
+}
+
+func (pd *pending) commit(t *table) {
+	if pd.replace {
+		t.units, t.hairpin = pd.units, pd.hairpin
+		t.written, t.needFull = true, false
+		return
+	}
+	for s, u := range pd.units {
+		if u == nil {
+			delete(t.units, s)
+		} else {
+			t.units[s] = u
+		}
+	}
+	for a, d := range pd.hairpin {
+		if n := t.hairpin[a] + d; n > 0 {
+			t.hairpin[a] = n
+		} else {
+			delete(t.hairpin, a)
+		}
+	}
+}

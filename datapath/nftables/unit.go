@@ -1,0 +1,232 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+
+	"github.com/google/nftables/expr"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// ErrUnsupported is wrapped by Apply's error for a plan that needs what
+// this datapath does not program yet; nothing is written then.
+var ErrUnsupported = errors.New("nftables: not supported yet")
+
+// unsupported says why f cannot be programmed faithfully yet, or "".
+// Everything else of the plan is programmed as kube-proxy's nftables
+// mode does.
+func unsupported(f *datapath.Frontend) string {
+	switch {
+	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort:
+		return string(f.Kind) + " frontends"
+	case f.LocalOnly:
+		return "traffic policy Local"
+	case f.Affinity > 0:
+		return "session affinity"
+	case len(f.SourceRanges) > 0:
+		return "loadBalancerSourceRanges"
+	case f.Protocol.Number() == 0:
+		return "protocol " + string(f.Protocol)
+	}
+	return ""
+}
+
+// check returns an error wrapping ErrUnsupported that names every
+// unsupported feature the plan's frontends use, with one service each.
+func check(frontends []datapath.Frontend) error {
+	first := map[string]datapath.ServicePortName{}
+	for i := range frontends {
+		if why := unsupported(&frontends[i]); why != "" {
+			if _, ok := first[why]; !ok {
+				first[why] = frontends[i].Service
+			}
+		}
+	}
+	if len(first) == 0 {
+		return nil
+	}
+	var parts []string
+	for why, s := range first {
+		parts = append(parts, fmt.Sprintf("%s (%s)", why, s))
+	}
+	slices.Sort(parts)
+	return fmt.Errorf("%w: %s", ErrUnsupported, strings.Join(parts, ", "))
+}
+
+// elemKey is one element of one of the fixed maps or sets: the set's name
+// and the element's key bytes.
+type elemKey struct {
+	set string
+	key string
+}
+
+// target is what a map element points at.
+type target struct {
+	kind  expr.VerdictKind
+	chain string
+}
+
+// unit is what one service port puts into the table of one family: its
+// chains (ordered so that a chain comes before those that jump to it),
+// its elements in the fixed maps, and the endpoint addresses it adds to
+// the hairpin set (counted across units: two Services may share one).
+type unit struct {
+	chains  []chainSpec
+	elems   map[elemKey]target
+	hairpin []netip.Addr
+}
+
+// keyAddrProtoPort is the key of "daddr . inet_proto . inet_service":
+// each field padded to 32 bits, as nf_tables stores concatenations.
+func keyAddrProtoPort(a netip.Addr, p datapath.Protocol, port uint16) string {
+	b := a.AsSlice()
+	b = append(b, p.Number(), 0, 0, 0)
+	b = binary.BigEndian.AppendUint16(b, port)
+	return string(append(b, 0, 0))
+}
+
+func keyProtoPort(p datapath.Protocol, port uint16) string {
+	b := []byte{p.Number(), 0, 0, 0}
+	b = binary.BigEndian.AppendUint16(b, port)
+	return string(append(b, 0, 0))
+}
+
+func keyHairpin(a netip.Addr) string { return string(append(a.AsSlice(), a.AsSlice()...)) }
+
+// buildUnit lays out one service port's frontends of one family (all of
+// them supported, see check). The endpoints of the first frontend that
+// has some make the service chain; a frontend of the same port whose
+// endpoints differ would need a second chain (traffic policy Local), which
+// check refuses before.
+func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
+	u := &unit{elems: map[elemKey]target{}}
+	if len(fs) == 0 {
+		return u, nil
+	}
+	svcName, extName := chainName(svcPrefix, fs[0].Service), chainName(extPrefix, fs[0].Service)
+	if len(extName) > maxChainLen {
+		return nil, fmt.Errorf("nftables: chain name of %s is longer than %d bytes", fs[0].Service, maxChainLen)
+	}
+	bit := uint32(1) << o.MasqueradeBit
+	var eps []datapath.Endpoint
+	var marks []rule
+	external := false
+	for i := range fs {
+		fr := &fs[i]
+		if len(fr.Endpoints) == 0 {
+			t := target{kind: expr.VerdictGoto, chain: chainReject}
+			if fr.Drop {
+				t = target{kind: expr.VerdictDrop}
+			}
+			if fr.Kind == datapath.NodePort {
+				u.elems[elemKey{mapNoEPPorts, keyProtoPort(fr.Protocol, fr.Port)}] = t
+			} else {
+				u.elems[elemKey{mapNoEndpoints, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = t
+			}
+			continue
+		}
+		if eps == nil {
+			eps = fr.Endpoints
+		} else if !slices.Equal(eps, fr.Endpoints) {
+			return nil, fmt.Errorf("%w: frontends of %s with different endpoints", ErrUnsupported, fr.Service)
+		}
+		switch fr.Kind {
+		case datapath.NodePort:
+			external = true
+			u.elems[elemKey{mapNodePorts, keyProtoPort(fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: extName}
+		default:
+			u.elems[elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: svcName}
+			if cidr, ok := o.clusterCIDR(f.family); o.MasqueradeAll || ok {
+				marks = append(marks, ruleMarkFrom(f, fr.Addr, cidr, bit))
+			}
+		}
+	}
+	if eps == nil {
+		return u, nil
+	}
+	svc := chainSpec{name: svcName, rules: append(marks, cascade(f, fs[0].Protocol, eps)...)}
+	u.chains = append(u.chains, svc)
+	if external {
+		u.chains = append(u.chains, chainSpec{name: extName, rules: []rule{ruleMark(bit), ruleGoto(svcName)}})
+	}
+	for _, e := range eps {
+		u.hairpin = append(u.hairpin, e.Addr.Addr())
+	}
+	slices.SortFunc(u.hairpin, netip.Addr.Compare)
+	u.hairpin = slices.Compact(u.hairpin)
+	return u, nil
+}
+
+// cascade spreads new connections over eps by their weights, exactly: the
+// rule of endpoint i matches with probability w_i / (w_i + … + w_n) among
+// the packets that reach it, so endpoint i gets w_i / Σw of them. Weights
+// are divided by their greatest common divisor first, so equal weights
+// give "numgen random mod n 0" rules and no byte-order conversion.
+func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint) []rule {
+	g := uint32(0)
+	for _, e := range eps {
+		g = gcd(g, max(e.Weight, 1))
+	}
+	rest := uint32(0)
+	for _, e := range eps {
+		rest += max(e.Weight, 1) / g
+	}
+	out := make([]rule, 0, len(eps))
+	for i, e := range eps {
+		w := max(e.Weight, 1) / g
+		if i == len(eps)-1 {
+			out = append(out, ruleDNAT(f, proto, e.Addr, 0, 0))
+			break
+		}
+		out = append(out, ruleDNAT(f, proto, e.Addr, rest, w))
+		rest -= w
+	}
+	return out
+}
+
+func gcd(a, b uint32) uint32 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// sameRules reports whether two chains hold the same rules.
+func sameRules(a, b []rule) bool {
+	return slices.EqualFunc(a, b, func(x, y rule) bool { return x.text == y.text })
+}
+
+// String renders the unit as nft would list its chains and elements (in
+// a stable order), for logs and tests.
+func (u *unit) String() string {
+	var b strings.Builder
+	for _, c := range u.chains {
+		fmt.Fprintf(&b, "chain %s {\n", c.name)
+		for _, r := range c.rules {
+			fmt.Fprintf(&b, "\t%s\n", r.text)
+		}
+		b.WriteString("}\n")
+	}
+	keys := make([]elemKey, 0, len(u.elems))
+	for k := range u.elems {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b elemKey) int {
+		if c := strings.Compare(a.set, b.set); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	for _, k := range keys {
+		fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
+	}
+	for _, a := range u.hairpin {
+		fmt.Fprintf(&b, "hairpin %s\n", a)
+	}
+	return b.String()
+}
