@@ -2,8 +2,8 @@
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
 // one transaction per Apply. It is not yet selectable as a mode: it
 // refuses, by name and before writing anything, the frontends it does not
-// program yet (ErrUnsupported: LoadBalancer and ExternalIP frontends,
-// traffic policy Local, session affinity, source ranges).
+// program yet (ErrUnsupported: traffic policy Local, session affinity,
+// loadBalancerSourceRanges).
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,
@@ -20,7 +20,8 @@
 //	                 meta l4proto . th dport vmap @service-nodeports
 //	svc-NS/NAME/PORT   [ip daddr VIP ip saddr != clusterCIDR mark]
 //	                   numgen cascade of "dnat to" (exact weights)
-//	ext-NS/NAME/PORT   mark; goto svc-…                (NodePort)
+//	             (ExternalIP and LoadBalancer IPs: → ext-… in @service-ips)
+//	ext-NS/NAME/PORT   mark; goto svc-…   (NodePort, ExternalIP, LB IP)
 //	filter-input/forward/output (filter, dstnat-10), ct state new:
 //	             … vmap @no-endpoint-services / @no-endpoint-nodeports
 //	             → goto reject-chain (reject) | drop

@@ -56,7 +56,7 @@ var _ datapath.Backend = (*Proxier)(nil)
 // Stats describe the last successful Apply.
 type Stats struct {
 	Rebuilt  bool // the tables were written from scratch
-	Units    int  // service ports whose objects were compared
+	Units    int  // service ports compared (in the family with most)
 	Messages int  // netlink messages in the batch
 }
 
@@ -144,7 +144,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		if err != nil {
 			return err // nothing was queued on the connection yet
 		}
-		st.Units += pd.n
+		st.Units = max(st.Units, pd.n)
 		pend = append(pend, pd)
 	}
 	st.Messages = b.run()

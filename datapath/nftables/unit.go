@@ -19,11 +19,12 @@ var ErrUnsupported = errors.New("nftables: not supported yet")
 
 // unsupported says why f cannot be programmed faithfully yet, or "".
 // Everything else of the plan is programmed as kube-proxy's nftables
-// mode does.
+// mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends
+// with the Cluster traffic policy.
 func unsupported(f *datapath.Frontend) string {
 	switch {
-	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort:
-		return string(f.Kind) + " frontends"
+	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort && f.Kind != datapath.ExternalIP && f.Kind != datapath.LoadBalancer:
+		return "frontend kind " + string(f.Kind)
 	case f.LocalOnly:
 		return "traffic policy Local"
 	case f.Affinity > 0:
@@ -139,6 +140,9 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		case datapath.NodePort:
 			external = true
 			u.elems[elemKey{mapNodePorts, keyProtoPort(fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: extName}
+		case datapath.ExternalIP, datapath.LoadBalancer:
+			external = true
+			u.elems[elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: extName}
 		default:
 			u.elems[elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: svcName}
 			if cidr, ok := o.clusterCIDR(f.family); o.MasqueradeAll || ok {

@@ -74,8 +74,10 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 		mod  func(f *datapath.Frontend)
 		want string
 	}{
-		{"LoadBalancer", func(f *datapath.Frontend) { f.Kind = datapath.LoadBalancer }, "LoadBalancer frontends"},
-		{"ExternalIP", func(f *datapath.Frontend) { f.Kind = datapath.ExternalIP }, "ExternalIP frontends"},
+		{"source ranges", func(f *datapath.Frontend) {
+			f.Kind = datapath.LoadBalancer
+			f.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+		}, "loadBalancerSourceRanges"},
 		{"Local", func(f *datapath.Frontend) { f.Kind = datapath.NodePort; f.LocalOnly = true }, "traffic policy Local"},
 		{"affinity", func(f *datapath.Frontend) { f.Affinity = time.Hour }, "session affinity"},
 	} {
