@@ -427,7 +427,8 @@ func TestPackets(t *testing.T) {
 
 // A partial sync sends only the changed Service, traffic follows it at
 // once, and the table it leaves is the one a rebuild from the same plan
-// writes. Cleanup removes the tables.
+// writes. A failed apply is followed by a rebuild. Cleanup removes the
+// tables.
 func TestPartialSync(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
@@ -489,6 +490,27 @@ func TestPartialSync(t *testing.T) {
 	}
 	if st := w.p.LastStats(); st.Rebuilt || st.Messages != 0 {
 		t.Fatalf("full compare of the same plan: %+v, want nothing sent", st)
+	}
+
+	// A failed apply (the table deleted by hand under a partial sync)
+	// returns the error, and the next apply rebuilds whatever it is.
+	if _, err := w.node.Run("nft", "delete", "table", "ip", TableName); err != nil {
+		t.Fatal(err)
+	}
+	p = w.plan(4, 0)
+	p.Full, p.Changed = false, map[datapath.ServicePortName]bool{w.web: true}
+	if err := w.p.Apply(ctx, p); err == nil {
+		t.Fatal("a partial sync into a deleted table succeeded")
+	}
+	p.Generation = 5
+	if err := w.p.Apply(ctx, p); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.p.LastStats(); !st.Rebuilt {
+		t.Fatalf("apply after a failure: %+v, want a rebuild", st)
+	}
+	if seen := reach(t, 10, pod3.NS, "10.96.0.10:80", false, pod3.IP); seen[w.pods[0].PodName] != 10 {
+		t.Fatalf("after the rebuild answered by %v, want only %s", seen, w.pods[0].PodName)
 	}
 
 	if err := w.p.Cleanup(ctx); err != nil {
