@@ -197,7 +197,11 @@ func TestGoldenRuleset(t *testing.T) {
 
 	for _, tb := range p.tables {
 		chains := tb.f.fixedChains(&p.opts, func(string) uint32 { return 0 })
-		for _, u := range tb.units {
+		for _, fs := range group(goldenPlan(), tb.f.family, true) {
+			u, err := buildUnit(tb.f, &p.opts, fs)
+			if err != nil {
+				t.Fatal(err)
+			}
 			chains = append(chains, u.chains...)
 		}
 		for _, c := range chains {

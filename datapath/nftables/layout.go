@@ -103,11 +103,12 @@ func (f *fam) sets() []setSpec {
 
 // chainSpec is a chain and its rules; base chains have a hook.
 type chainSpec struct {
-	name  string
-	typ   nftables.ChainType
-	hook  *nftables.ChainHook
-	prio  nftables.ChainPriority
-	rules []rule
+	name   string
+	typ    nftables.ChainType
+	hook   *nftables.ChainHook
+	prio   nftables.ChainPriority
+	rules  []rule
+	digest [16]byte // of the rules' texts (Service chains; see seal)
 }
 
 // fixedChains are the chains every table has, regular ones first (base

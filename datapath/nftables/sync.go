@@ -157,6 +157,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		for k, v := range u.elems {
 			all[k] = v
 		}
+		pd.units[s] = u.summary()
 	}
 	for a := range pd.hairpin {
 		all[elemKey{setHairpin, keyHairpin(a)}] = target{}
@@ -205,20 +206,21 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		if err != nil {
 			return nil, err
 		}
+		oldElems := old.elemMap()
 		if len(nu.chains) == 0 && len(nu.elems) == 0 {
-			if len(old.chains) > 0 || len(old.elems) > 0 {
+			if len(old.chains) > 0 || len(oldElems) > 0 {
 				pd.units[s] = nil
 			}
 		} else {
-			pd.units[s] = nu
+			pd.units[s] = nu.summary()
 		}
-		for k, v := range old.elems {
+		for k, v := range oldElems {
 			if nv, ok := nu.elems[k]; !ok || nv != v {
 				del[k] = v
 			}
 		}
 		for k, v := range nu.elems {
-			if ov, ok := old.elems[k]; !ok || ov != v {
+			if ov, ok := oldElems[k]; !ok || ov != v {
 				add[k] = v
 			}
 		}
@@ -232,7 +234,7 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			switch {
 			case j < 0:
 				addChains = append(addChains, c)
-			case !sameRules(old.chains[j].rules, c.rules):
+			case old.chains[j].digest != c.digest:
 				rewrite = append(rewrite, c)
 			}
 		}

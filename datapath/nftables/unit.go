@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"crypto/sha256"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -76,10 +77,44 @@ type target struct {
 // chains (ordered so that a chain comes before those that jump to it),
 // its elements in the fixed maps, and the endpoint addresses it adds to
 // the hairpin set (counted across units: two Services may share one).
+//
+// A unit as built holds its rules and an element map; what the Proxier
+// keeps between syncs is its summary: chain names and digests, the
+// elements as a short list, no rule (a few hundred bytes a Service).
 type unit struct {
 	chains  []chainSpec
-	elems   map[elemKey]target
+	elems   map[elemKey]target // built units
+	list    []elemEntry        // summaries
 	hairpin []netip.Addr
+}
+
+type elemEntry struct {
+	k elemKey
+	t target
+}
+
+// summary is u without its rules, as kept between syncs.
+func (u *unit) summary() *unit {
+	s := &unit{chains: make([]chainSpec, len(u.chains)), hairpin: u.hairpin}
+	for i, c := range u.chains {
+		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
+	}
+	for k, t := range u.elems {
+		s.list = append(s.list, elemEntry{k, t})
+	}
+	return s
+}
+
+// elemMap returns the unit's elements as a map, whether built or summed up.
+func (u *unit) elemMap() map[elemKey]target {
+	if u.elems != nil || u.list == nil {
+		return u.elems
+	}
+	m := make(map[elemKey]target, len(u.list))
+	for _, e := range u.list {
+		m[e.k] = e.t
+	}
+	return m
 }
 
 // keyAddrProtoPort is the key of "daddr . inet_proto . inet_service":
@@ -158,6 +193,9 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	if external {
 		u.chains = append(u.chains, chainSpec{name: extName, rules: []rule{ruleMark(bit), ruleGoto(svcName)}})
 	}
+	for i := range u.chains {
+		u.chains[i].seal()
+	}
 	for _, e := range eps {
 		u.hairpin = append(u.hairpin, e.Addr.Addr())
 	}
@@ -200,9 +238,15 @@ func gcd(a, b uint32) uint32 {
 	return a
 }
 
-// sameRules reports whether two chains hold the same rules.
-func sameRules(a, b []rule) bool {
-	return slices.EqualFunc(a, b, func(x, y rule) bool { return x.text == y.text })
+// seal sets the chain's digest: a hash of its rules' texts, which is what
+// partial syncs compare (the texts are the rules' identities).
+func (c *chainSpec) seal() {
+	h := sha256.New()
+	for _, r := range c.rules {
+		h.Write([]byte(r.text))
+		h.Write([]byte{'\n'})
+	}
+	copy(c.digest[:], h.Sum(nil))
 }
 
 // String renders the unit as nft would list its chains and elements (in
