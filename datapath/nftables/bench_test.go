@@ -44,7 +44,7 @@ func BenchmarkColdStart(b *testing.B) {
 			msgs := 0
 			for b.Loop() {
 				b.StopTimer()
-				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle())})
+				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
 				if err != nil {
 					b.Fatal(err)
 				}
@@ -76,7 +76,7 @@ func BenchmarkUpdateOne(b *testing.B) {
 			ns := netns.New(b, "nftbench")
 			plan := benchPlan(n)
 			before := heap()
-			p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle())})
+			p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
 			if err != nil {
 				b.Fatal(err)
 			}

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
@@ -32,6 +33,9 @@ var (
 func newProxier(t *testing.T, ns *netns.NS, o Options) *Proxier {
 	t.Helper()
 	o.NetNS = int(ns.Handle())
+	if o.Conntrack == nil {
+		o.NoConntrack = true // TestUDPStaleConntrack sets its own
+	}
 	if o.MasqueradeBit == 0 {
 		o.MasqueradeBit = 14
 	}
@@ -616,5 +620,76 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 		if st := p.LastStats(); st.Messages != 0 {
 			t.Fatalf("step %d: a full compare after the partial sync sent %d operations", step, st.Messages)
 		}
+	}
+}
+
+// A UDP flow follows its conntrack entry: after its endpoint leaves the
+// Service the client keeps reaching it, unless the cleaner deletes the
+// entry after the apply (as kube-proxy does); a flow to an endpoint that
+// still serves is kept.
+func TestUDPStaleConntrack(t *testing.T) {
+	for _, cleanup := range []bool{true, false} {
+		t.Run(fmt.Sprintf("cleanup=%v", cleanup), func(t *testing.T) {
+			kernel(t)
+			node := netns.NewNode(t, "nftctnode")
+			var pods []*netns.Pod
+			for _, name := range []string{"nftcta", "nftctb", "nftctc"} {
+				p := node.AddPod(name)
+				if err := p.Serve(8080); err != nil {
+					t.Fatal(err)
+				}
+				pods = append(pods, p)
+			}
+			client := node.AddPod("nftctcl")
+			o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NoConntrack: !cleanup}
+			if cleanup {
+				c, err := conntrack.New(conntrack.Options{})
+				if err != nil {
+					t.Fatal(err)
+				}
+				o.Conntrack = c
+			}
+			p := newProxier(t, node.NS, o)
+			dns := svcName("default", "dns", "")
+			plan := func(gen uint64, to int, serving ...int) *datapath.Plan {
+				f := clusterIP(dns, datapath.UDP, "10.96.0.53", 53, datapath.Endpoint{Addr: pods[to].AddrPort(8080), Weight: 1})
+				for _, i := range append([]int{to}, serving...) {
+					f.Serving = append(f.Serving, pods[i].AddrPort(8080))
+				}
+				pl := newPlan(gen, f)
+				if gen > 1 {
+					pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{dns: true}
+				}
+				return pl
+			}
+			apply := func(pl *datapath.Plan) {
+				t.Helper()
+				// The cleaner works in the namespace of the calling thread.
+				if err := node.Do(func() error { return p.Apply(context.Background(), pl) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			ask := func(want string) {
+				t.Helper()
+				r, err := client.UDP(netip.MustParseAddrPort("10.96.0.53:53"), 45000, wait)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if r.Name != want {
+					t.Fatalf("answered by %s, want %s", r.Name, want)
+				}
+			}
+			apply(plan(1, 0))
+			ask("nftcta")
+			apply(plan(2, 1))
+			if !cleanup {
+				ask("nftcta") // stuck on the old endpoint
+				return
+			}
+			ask("nftctb")
+			// b is no longer chosen but still serves: its flow is kept.
+			apply(plan(3, 2, 1))
+			ask("nftctb")
+		})
 	}
 }

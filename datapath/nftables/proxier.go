@@ -10,6 +10,7 @@ import (
 	"github.com/google/nftables"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
 )
 
 // Options configure a Proxier.
@@ -29,6 +30,18 @@ type Options struct {
 	// (tests); 0 means the process's own.
 	NetNS  int
 	Logger *slog.Logger
+	// Conntrack cleans stale UDP entries after each successful apply
+	// (*conntrack.Cleaner; it works in the network namespace of the
+	// thread that calls Apply). Nil creates a conntrack.Cleaner; set
+	// NoConntrack to have none.
+	Conntrack   ConntrackCleaner
+	NoConntrack bool
+}
+
+// ConntrackCleaner removes stale UDP conntrack entries after an apply.
+// *conntrack.Cleaner implements it.
+type ConntrackCleaner interface {
+	Reconcile(ctx context.Context, frontends []datapath.Frontend, force bool) (int, error)
 }
 
 func (o *Options) clusterCIDR(f datapath.Family) (netip.Prefix, bool) {
@@ -45,6 +58,7 @@ type Proxier struct {
 	opts Options
 	log  *slog.Logger
 	conn *nftables.Conn
+	ct   ConntrackCleaner
 
 	mu     sync.Mutex
 	tables []*table
@@ -89,6 +103,18 @@ func New(o Options) (*Proxier, error) {
 		return nil, fmt.Errorf("nftables: netlink: %w", err)
 	}
 	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c}
+	switch {
+	case o.NoConntrack:
+	case o.Conntrack != nil:
+		p.ct = o.Conntrack
+	default:
+		ct, err := conntrack.New(conntrack.Options{Logger: o.Logger})
+		if err != nil {
+			_ = c.CloseLasting()
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		p.ct = ct
+	}
 	p.tables = append(p.tables, newTable(famIPv4))
 	if o.IPv6 {
 		p.tables = append(p.tables, newTable(famIPv6))
@@ -158,6 +184,14 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		pend[i].commit(t)
 	}
 	p.stats = st
+	// A failed conntrack cleanup does not fail the apply: the rules are
+	// right, the cleaner counts the failure, and the next sync tries
+	// again (as in the iptables mode).
+	if p.ct != nil {
+		if _, err := p.ct.Reconcile(ctx, plan.Frontends, plan.Full); err != nil {
+			p.log.Warn("conntrack cleanup after the apply failed; retried next sync", "err", err)
+		}
+	}
 	return nil
 }
 
