@@ -2,8 +2,7 @@
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
 // one transaction per Apply. It is not yet selectable as a mode: it
 // refuses, by name and before writing anything, the frontends it does not
-// program yet (ErrUnsupported: traffic policy Local, session affinity,
-// loadBalancerSourceRanges).
+// program yet (ErrUnsupported: session affinity, loadBalancerSourceRanges).
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,
@@ -22,6 +21,8 @@
 //	                   numgen cascade of "dnat to" (exact weights)
 //	             (ExternalIP and LoadBalancer IPs: → ext-… in @service-ips)
 //	ext-NS/NAME/PORT   mark; goto svc-…   (NodePort, ExternalIP, LB IP)
+//	                   Local: pods and the node short-circuit to the
+//	                   cluster-wide svc- chain, the rest to the local one
 //	filter-input/forward/output (filter, dstnat-10), ct state new:
 //	             … vmap @no-endpoint-services / @no-endpoint-nodeports
 //	             → goto reject-chain (reject) | drop

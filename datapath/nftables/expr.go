@@ -319,3 +319,29 @@ func ruleDNAT(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32)
 // ipsDstNAT is IPS_DST_NAT of linux/netfilter/nf_conntrack_common.h: the
 // connection's destination was translated.
 const ipsDstNAT = 1 << 5
+
+// ruleFromGoto: "ip saddr CIDR goto chain" (traffic from pods).
+func ruleFromGoto(f *fam, from netip.Prefix, chain string) rule {
+	ex, t := matchPrefix(f, false, false, from)
+	return rule{text: t + " goto " + chain, exprs: append(ex, verdict(expr.VerdictGoto, chain))}
+}
+
+// fibLocalSource: "fib saddr type local" (traffic from the node itself).
+func fibLocalSource() []expr.Any {
+	return []expr.Any{
+		&expr.Fib{Register: reg1, FlagSADDR: true, ResultADDRTYPE: true},
+		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(unix.RTN_LOCAL)},
+	}
+}
+
+// ruleLocalSourceMark: "fib saddr type local meta mark set meta mark |
+// 0x00004000".
+func ruleLocalSourceMark(bit uint32) rule {
+	m, t := setMark(bit)
+	return rule{text: "fib saddr type local " + t, exprs: append(fibLocalSource(), m...)}
+}
+
+// ruleLocalSourceGoto: "fib saddr type local goto chain".
+func ruleLocalSourceGoto(chain string) rule {
+	return rule{text: "fib saddr type local goto " + chain, exprs: append(fibLocalSource(), verdict(expr.VerdictGoto, chain))}
+}

@@ -132,7 +132,14 @@ func goldenPlan() *datapath.Plan {
 	eps := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1), ep("10.244.0.4:8080", 1)}
 	dropped := nodePort(empty, datapath.UDP, datapath.IPv4, 30053)
 	dropped.Drop = true
+	loc := svcName("default", "local", "")
+	all := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.1.3:8080", 1)}
+	locNP := nodePort(loc, datapath.TCP, datapath.IPv4, 30040, all[0])
+	locNP.LocalOnly, locNP.Cluster = true, all
+	locLB := external(loc, datapath.LoadBalancer, "198.51.100.40", 80)
+	locLB.LocalOnly, locLB.Cluster, locLB.Drop = true, all, true
 	return newPlan(1,
+		clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), locNP, locLB,
 		clusterIP(web, datapath.TCP, "10.96.0.10", 80, eps...),
 		nodePort(web, datapath.TCP, datapath.IPv4, 30080, eps...),
 		external(web, datapath.ExternalIP, "192.0.2.10", 80, eps...),
@@ -535,7 +542,8 @@ func TestPartialSync(t *testing.T) {
 // randomPlan draws a plan over a small world so that updates collide:
 // 8 service ports, endpoints from a pool of 12 addresses with weights 1..3
 // (an address often loses its last Service: the hairpin set shrinks),
-// each frontend kind, no endpoints (reject or drop) and absent Services.
+// each frontend kind, traffic policy Local, no endpoints (reject or drop)
+// and absent Services.
 func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapath.ServicePortName]bool) *datapath.Plan {
 	p := &datapath.Plan{Generation: gen}
 	if keep != nil {
@@ -562,14 +570,26 @@ func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapa
 		proto := []datapath.Protocol{datapath.TCP, datapath.UDP}[i%2]
 		vip := fmt.Sprintf("10.96.1.%d", i+1)
 		p.Frontends = append(p.Frontends, clusterIP(s, proto, vip, 80, eps...))
+		// Traffic policy Local for the external frontends: half of the
+		// endpoints are local, the rest short-circuit only.
+		local := r.IntN(3) == 0
+		ext := func(f datapath.Frontend) datapath.Frontend {
+			f.Protocol = proto
+			if local {
+				f.LocalOnly, f.Cluster, f.Endpoints = true, eps, eps[:len(eps)/2]
+				f.Drop = len(f.Endpoints) == 0 && len(eps) > 0
+			}
+			return f
+		}
 		if r.IntN(2) == 0 {
-			np := nodePort(s, proto, datapath.IPv4, uint16(30000+i), eps...)
-			np.Drop = len(eps) == 0 && r.IntN(2) == 0
+			np := ext(nodePort(s, proto, datapath.IPv4, uint16(30000+i), eps...))
+			if len(eps) == 0 {
+				np.Drop = r.IntN(2) == 0
+			}
 			p.Frontends = append(p.Frontends, np)
 		}
 		if r.IntN(3) == 0 {
-			p.Frontends = append(p.Frontends, external(s, datapath.ExternalIP, fmt.Sprintf("192.0.2.%d", i+1), 80, eps...))
-			p.Frontends[len(p.Frontends)-1].Protocol = proto
+			p.Frontends = append(p.Frontends, ext(external(s, datapath.ExternalIP, fmt.Sprintf("192.0.2.%d", i+1), 80, eps...)))
 		}
 	}
 	p.Sort()
@@ -577,7 +597,8 @@ func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapa
 }
 
 // Any sequence of partial syncs leaves the table that a rebuild of the
-// last plan writes, and a full compare afterwards finds nothing to send.
+// last plan writes, and a full compare afterwards finds nothing to send;
+// Apply never modifies the plan.
 // The sequence is random with a fixed seed (a failure reproduces).
 func TestPartialSyncsMatchRebuild(t *testing.T) {
 	kernel(t)
@@ -591,15 +612,19 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 	if err := p.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	for step := range 60 {
+	for step := range 80 {
 		change := map[datapath.ServicePortName]bool{}
 		for range 1 + r.IntN(3) {
 			change[svcName("rnd", fmt.Sprintf("s%d", r.IntN(8)), "")] = true
 		}
 		next := randomPlan(r, uint64(step+2), plan, change)
 		next.Changed = change
+		before := next.String()
 		if err := p.Apply(ctx, next); err != nil {
 			t.Fatalf("step %d: %v\n%s", step, err, next)
+		}
+		if after := next.String(); after != before {
+			t.Fatalf("step %d: Apply modified the plan:\n%s\nwas:\n%s", step, after, before)
 		}
 		if st := p.LastStats(); st.Rebuilt {
 			t.Fatalf("step %d rebuilt", step)
@@ -691,5 +716,43 @@ func TestUDPStaleConntrack(t *testing.T) {
 			apply(plan(3, 2, 1))
 			ask("nftctb")
 		})
+	}
+}
+
+// Traffic policy Local with real packets: an outside client reaches only
+// the local endpoint and keeps its address; pods and the node itself are
+// short-circuited to every endpoint (the node masqueraded); a frontend
+// without local endpoints drops outside clients but still serves pods.
+func TestLocalPolicy(t *testing.T) {
+	w := newWorld(t)
+	loc := svcName("default", "local", "")
+	all := w.eps(0, 1)
+	np := nodePort(loc, datapath.TCP, datapath.IPv4, 30040, w.eps(0)...)
+	np.LocalOnly, np.Cluster = true, all
+	lb := external(loc, datapath.LoadBalancer, "198.51.100.40", 80)
+	lb.LocalOnly, lb.Cluster, lb.Drop = true, all, true
+	if err := w.p.Apply(context.Background(), newPlan(1, clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), np, lb)); err != nil {
+		t.Fatal(err)
+	}
+	pod3, nodePortAddr := w.pods[2], w.node.LinkIP.String()+":30040"
+	clientIP := netip.MustParseAddr("192.168.77.2")
+	if seen := reach(t, 20, w.client, nodePortAddr, false, clientIP); seen[w.pods[0].PodName] != 20 {
+		t.Fatalf("outside client answered by %v, want only the local endpoint %s", seen, w.pods[0].PodName)
+	}
+	if seen := reach(t, 40, pod3.NS, nodePortAddr, false, pod3.IP); len(seen) != 2 {
+		t.Fatalf("pod answered by %v, want both endpoints (short-circuit)", seen)
+	}
+	if seen := reach(t, 40, w.node.NS, nodePortAddr, false, w.node.Gateway); len(seen) != 2 {
+		t.Fatalf("node answered by %v, want both endpoints (short-circuit, masqueraded)", seen)
+	}
+	if seen := reach(t, 40, pod3.NS, "198.51.100.40:80", false, pod3.IP); len(seen) != 2 {
+		t.Fatalf("pod to the LoadBalancer IP answered by %v, want both endpoints", seen)
+	}
+	// Dropped, not refused: no answer at all. The wait is the test's
+	// choice, not a speed it asserts.
+	_, err := w.client.TCP(netip.MustParseAddrPort("198.51.100.40:80"), 500*time.Millisecond)
+	var ne interface{ Timeout() bool }
+	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("outside client to a Local LoadBalancer IP without local endpoints: %v, want no answer (drop)", err)
 	}
 }

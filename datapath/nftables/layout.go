@@ -109,6 +109,11 @@ type chainSpec struct {
 	prio   nftables.ChainPriority
 	rules  []rule
 	digest [16]byte // of the rules' texts (Service chains; see seal)
+
+	// While buildUnit collects a load-balancing chain: its endpoints and
+	// the cluster IPs' masquerade rules that go before them.
+	eps   []datapath.Endpoint
+	marks []rule
 }
 
 // fixedChains are the chains every table has, regular ones first (base

@@ -175,9 +175,10 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // update sends the differences of the service ports in scope (plan.Changed,
 // or every one with plan.Full) between what was written and groups.
 // Within the transaction: elements that go or change are deleted first,
-// then chains that go (an external chain before the service chain it
-// jumps to), then new and changed chains are written, then new elements
-// added: no element ever points at a missing chain.
+// chains to rewrite flushed, then chains that go deleted (an external
+// chain before the service chain it jumps to), new chains created, the
+// rules of new and rewritten chains added, and new elements added last:
+// nothing ever points at a missing chain.
 func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan) (*pending, error) {
 	pd := &pending{units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}}
 	scope := map[datapath.ServicePortName]bool{}
@@ -256,16 +257,23 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			del[elemKey{setHairpin, keyHairpin(a)}] = target{}
 		}
 	}
+	// Order matters: a chain can be deleted only once nothing points at
+	// it, neither an element nor a rule of a chain being rewritten; a
+	// rule can jump only to a chain that exists.
 	b.elems(ob, true, del)
+	for _, c := range rewrite {
+		b.flushChain(ob, c)
+	}
 	for _, c := range delChains {
 		b.delChain(ob, c)
 	}
 	for _, c := range addChains {
 		b.addChain(ob, c)
+	}
+	for _, c := range addChains {
 		b.addRules(ob, c)
 	}
 	for _, c := range rewrite {
-		b.flushChain(ob, c)
 		b.addRules(ob, c)
 	}
 	b.elems(ob, false, add)

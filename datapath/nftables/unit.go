@@ -20,14 +20,12 @@ var ErrUnsupported = errors.New("nftables: not supported yet")
 
 // unsupported says why f cannot be programmed faithfully yet, or "".
 // Everything else of the plan is programmed as kube-proxy's nftables
-// mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends
-// with the Cluster traffic policy.
+// mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends,
+// traffic policies Cluster and Local.
 func unsupported(f *datapath.Frontend) string {
 	switch {
 	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort && f.Kind != datapath.ExternalIP && f.Kind != datapath.LoadBalancer:
 		return "frontend kind " + string(f.Kind)
-	case f.LocalOnly:
-		return "traffic policy Local"
 	case f.Affinity > 0:
 		return "session affinity"
 	case len(f.SourceRanges) > 0:
@@ -135,73 +133,137 @@ func keyProtoPort(p datapath.Protocol, port uint16) string {
 func keyHairpin(a netip.Addr) string { return string(append(a.AsSlice(), a.AsSlice()...)) }
 
 // buildUnit lays out one service port's frontends of one family (all of
-// them supported, see check). The endpoints of the first frontend that
-// has some make the service chain; a frontend of the same port whose
-// endpoints differ would need a second chain (traffic policy Local), which
-// check refuses before.
+// them supported, see check). Each distinct list of endpoints gets one
+// load-balancing chain: "svc-NS/NAME/PORT" for the first, then ".2", ".3"
+// (the internal traffic policy Local gives the cluster IP local endpoints,
+// the external one other frontends theirs; a port name cannot hold a dot,
+// so the names never collide). External frontends go through an "ext-"
+// chain, one per distinct behaviour, named the same way.
 func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	u := &unit{elems: map[elemKey]target{}}
 	if len(fs) == 0 {
 		return u, nil
 	}
-	svcName, extName := chainName(svcPrefix, fs[0].Service), chainName(extPrefix, fs[0].Service)
-	if len(extName) > maxChainLen {
-		return nil, fmt.Errorf("nftables: chain name of %s is longer than %d bytes", fs[0].Service, maxChainLen)
+	base := chainName(svcPrefix, fs[0].Service)
+	if len(chainName(extPrefix, fs[0].Service))+4 > maxChainLen {
+		return nil, fmt.Errorf("nftables: chain name of %s is longer than %d bytes", fs[0].Service, maxChainLen-4)
 	}
 	bit := uint32(1) << o.MasqueradeBit
-	var eps []datapath.Endpoint
-	var marks []rule
-	external := false
+	cidr, haveCIDR := o.clusterCIDR(f.family)
+	var lbs, exts []*chainSpec
+	// lb returns the load-balancing chain of eps.
+	lb := func(eps []datapath.Endpoint) *chainSpec {
+		for _, c := range lbs {
+			if slices.Equal(c.eps, eps) {
+				return c
+			}
+		}
+		c := &chainSpec{name: base + suffix(len(lbs)), eps: eps}
+		lbs = append(lbs, c)
+		return c
+	}
+	// ext returns the name of the external chain holding rules.
+	ext := func(rules []rule) string {
+		for _, c := range exts {
+			if slices.EqualFunc(c.rules, rules, func(a, b rule) bool { return a.text == b.text }) {
+				return c.name
+			}
+		}
+		c := &chainSpec{name: chainName(extPrefix, fs[0].Service) + suffix(len(exts)), rules: rules}
+		exts = append(exts, c)
+		return c.name
+	}
 	for i := range fs {
 		fr := &fs[i]
+		key := elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
+		noEP := elemKey{mapNoEndpoints, key.key}
+		if fr.Kind == datapath.NodePort {
+			key = elemKey{mapNodePorts, keyProtoPort(fr.Protocol, fr.Port)}
+			noEP = elemKey{mapNoEPPorts, key.key}
+		}
 		if len(fr.Endpoints) == 0 {
+			// Refused, or dropped (Drop: the service has endpoints, none
+			// this frontend may use) in the filter chains. A Local frontend
+			// may still short-circuit pods and the node to Cluster: their
+			// packets are DNATed before the filter chains look.
 			t := target{kind: expr.VerdictGoto, chain: chainReject}
 			if fr.Drop {
 				t = target{kind: expr.VerdictDrop}
 			}
-			if fr.Kind == datapath.NodePort {
-				u.elems[elemKey{mapNoEPPorts, keyProtoPort(fr.Protocol, fr.Port)}] = t
-			} else {
-				u.elems[elemKey{mapNoEndpoints, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = t
+			u.elems[noEP] = t
+			if !fr.LocalOnly || len(fr.Cluster) == 0 || !fr.Kind.External() {
+				continue
+			}
+		}
+		if !fr.Kind.External() {
+			c := lb(fr.Endpoints)
+			u.elems[key] = target{kind: expr.VerdictGoto, chain: c.name}
+			if o.MasqueradeAll || haveCIDR {
+				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, cidr, bit))
 			}
 			continue
 		}
-		if eps == nil {
-			eps = fr.Endpoints
-		} else if !slices.Equal(eps, fr.Endpoints) {
-			return nil, fmt.Errorf("%w: frontends of %s with different endpoints", ErrUnsupported, fr.Service)
+		var rules []rule
+		if !fr.LocalOnly {
+			// Cluster policy: masquerade, as the endpoint may be on
+			// another node.
+			rules = []rule{ruleMark(bit), ruleGoto(lb(fr.Endpoints).name)}
+		} else {
+			// Local: the client's address is kept. Pods and the node
+			// itself are short-circuited to the cluster-wide endpoints
+			// (kube-proxy's rule: the policy never breaks in-cluster
+			// reachability); the node's own traffic is masqueraded, its
+			// source being a local address.
+			cluster := fr.Cluster
+			if len(cluster) == 0 {
+				cluster = fr.Endpoints
+			}
+			cl := lb(cluster).name
+			if haveCIDR {
+				rules = append(rules, ruleFromGoto(f, cidr, cl))
+			}
+			rules = append(rules, ruleLocalSourceMark(bit), ruleLocalSourceGoto(cl))
+			if len(fr.Endpoints) > 0 {
+				rules = append(rules, ruleGoto(lb(fr.Endpoints).name))
+			}
 		}
-		switch fr.Kind {
-		case datapath.NodePort:
-			external = true
-			u.elems[elemKey{mapNodePorts, keyProtoPort(fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: extName}
-		case datapath.ExternalIP, datapath.LoadBalancer:
-			external = true
-			u.elems[elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: extName}
-		default:
-			u.elems[elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}] = target{kind: expr.VerdictGoto, chain: svcName}
-			if cidr, ok := o.clusterCIDR(f.family); o.MasqueradeAll || ok {
-				marks = append(marks, ruleMarkFrom(f, fr.Addr, cidr, bit))
+		u.elems[key] = target{kind: expr.VerdictGoto, chain: ext(rules)}
+	}
+	proto := fs[0].Protocol
+	seen := map[netip.Addr]bool{}
+	for _, c := range lbs {
+		c.rules = append(c.marks, cascade(f, proto, c.eps)...)
+		c.marks, c.eps = nil, nil
+		u.chains = append(u.chains, *c)
+	}
+	for _, fr := range fs {
+		// Never append to the plan's slices: a Backend does not modify
+		// the plan it is given.
+		for _, eps := range [][]datapath.Endpoint{fr.Endpoints, fr.Cluster} {
+			for _, e := range eps {
+				if !seen[e.Addr.Addr()] {
+					seen[e.Addr.Addr()] = true
+					u.hairpin = append(u.hairpin, e.Addr.Addr())
+				}
 			}
 		}
 	}
-	if eps == nil {
-		return u, nil
-	}
-	svc := chainSpec{name: svcName, rules: append(marks, cascade(f, fs[0].Protocol, eps)...)}
-	u.chains = append(u.chains, svc)
-	if external {
-		u.chains = append(u.chains, chainSpec{name: extName, rules: []rule{ruleMark(bit), ruleGoto(svcName)}})
+	for _, c := range exts {
+		u.chains = append(u.chains, *c)
 	}
 	for i := range u.chains {
 		u.chains[i].seal()
 	}
-	for _, e := range eps {
-		u.hairpin = append(u.hairpin, e.Addr.Addr())
-	}
 	slices.SortFunc(u.hairpin, netip.Addr.Compare)
-	u.hairpin = slices.Compact(u.hairpin)
 	return u, nil
+}
+
+// suffix names the i-th chain of a kind within a unit: "", ".2", ".3", …
+func suffix(i int) string {
+	if i == 0 {
+		return ""
+	}
+	return fmt.Sprintf(".%d", i+1)
 }
 
 // cascade spreads new connections over eps by their weights, exactly: the

@@ -78,7 +78,6 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 			f.Kind = datapath.LoadBalancer
 			f.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
 		}, "loadBalancerSourceRanges"},
-		{"Local", func(f *datapath.Frontend) { f.Kind = datapath.NodePort; f.LocalOnly = true }, "traffic policy Local"},
 		{"affinity", func(f *datapath.Frontend) { f.Affinity = time.Hour }, "session affinity"},
 	} {
 		f := ok
@@ -134,5 +133,70 @@ element no-endpoint-services 0a6000011100000000350000 : goto reject-chain
 `
 	if got := u.String(); got != want {
 		t.Errorf("unit without endpoints:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// Traffic policy Local: the external chain short-circuits pods and the
+// node to the cluster-wide endpoints (masquerading the node's own
+// traffic) and sends the rest to the local ones, keeping the client's
+// address; the internal policy Local gives the cluster IP a second
+// load-balancing chain. Without local endpoints the frontend is dropped
+// in the filter chains, its short-circuit kept.
+func TestBuildUnitLocal(t *testing.T) {
+	o := &Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	svc := datapath.ServicePortName{Namespace: "ns", Name: "a"}
+	local := []datapath.Endpoint{ep("10.244.0.2:8080", 1)}
+	all := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.1.3:8080", 1)}
+	np := datapath.Frontend{Service: svc, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080, Endpoints: local, LocalOnly: true, Cluster: all}
+	u, err := buildUnit(famIPv4, o, []datapath.Frontend{
+		{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Endpoints: all},
+		np,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `chain svc-ns/a {
+	ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000
+	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
+	meta l4proto tcp dnat to 10.244.1.3:8080
+}
+chain svc-ns/a.2 {
+	meta l4proto tcp dnat to 10.244.0.2:8080
+}
+chain ext-ns/a {
+	ip saddr 10.244.0.0/16 goto svc-ns/a
+	fib saddr type local meta mark set meta mark | 0x00004000
+	fib saddr type local goto svc-ns/a
+	goto svc-ns/a.2
+}
+element service-ips 0a6000010600000000500000 : goto svc-ns/a
+element service-nodeports 0600000075800000 : goto ext-ns/a
+hairpin 10.244.0.2
+hairpin 10.244.1.3
+`
+	if got := u.String(); got != want {
+		t.Errorf("unit:\n%s\nwant:\n%s", got, want)
+	}
+	np.Endpoints, np.Drop = nil, true
+	u, err = buildUnit(famIPv4, o, []datapath.Frontend{np})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `chain svc-ns/a {
+	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
+	meta l4proto tcp dnat to 10.244.1.3:8080
+}
+chain ext-ns/a {
+	ip saddr 10.244.0.0/16 goto svc-ns/a
+	fib saddr type local meta mark set meta mark | 0x00004000
+	fib saddr type local goto svc-ns/a
+}
+element no-endpoint-nodeports 0600000075800000 : drop
+element service-nodeports 0600000075800000 : goto ext-ns/a
+hairpin 10.244.0.2
+hairpin 10.244.1.3
+`
+	if got := u.String(); got != want {
+		t.Errorf("unit without local endpoints:\n%s\nwant:\n%s", got, want)
 	}
 }
