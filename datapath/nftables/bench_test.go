@@ -30,7 +30,7 @@ func benchPlan(n int) *datapath.Plan {
 	return p
 }
 
-var benchSizes = []int{1000, 5000}
+var benchSizes = []int{1000, 5000, 10000}
 
 // BenchmarkColdStart: the whole plan into an empty namespace, one
 // transaction (the table is removed between iterations, untimed).
