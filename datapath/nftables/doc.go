@@ -2,7 +2,7 @@
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
 // one transaction per Apply. It is not yet selectable as a mode: it
 // refuses, by name and before writing anything, the frontends it does not
-// program yet (ErrUnsupported: session affinity, loadBalancerSourceRanges).
+// program yet (ErrUnsupported: session affinity).
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,
@@ -30,7 +30,10 @@
 //	             ct status dnat ip saddr . ip daddr @hairpin mark;
 //	             unmarked return; clear the mark; masquerade fully-random
 //
-// Four maps and one set, whatever the number of Services; a Service adds
+//	filter-prerouting/output: load balancers with source ranges,
+//	             @firewall-ips and the interval set @firewall-allow
+//
+// Four maps and three sets, whatever the number of Services; a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and

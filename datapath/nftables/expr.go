@@ -345,3 +345,28 @@ func ruleLocalSourceMark(bit uint32) rule {
 func ruleLocalSourceGoto(chain string) rule {
 	return rule{text: "fib saddr type local goto " + chain, exprs: append(fibLocalSource(), verdict(expr.VerdictGoto, chain))}
 }
+
+// ruleFirewall: "ct state new ip daddr . meta l4proto . th dport
+// @firewall-ips ip daddr . meta l4proto . th dport . ip saddr !=
+// @firewall-allow drop": a load balancer with source ranges is reached
+// only from them. It runs before DNAT (prerouting and output at dstnat -
+// 10), while the destination is still the load balancer's address.
+func ruleFirewall(f *fam, ips, allow string) rule {
+	ex := ctNew()
+	regs := concatRegs(f.addrLen, 1, 2)
+	ex = append(ex,
+		loadAddr(f, true, regs[0]),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+		&expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		&expr.Lookup{SourceRegister: reg1, SetName: ips})
+	regs = concatRegs(f.addrLen, 1, 2, f.addrLen)
+	ex = append(ex,
+		loadAddr(f, true, regs[0]),
+		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+		&expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+		loadAddr(f, false, regs[3]),
+		&expr.Lookup{SourceRegister: reg1, SetName: allow, Invert: true},
+		verdict(expr.VerdictDrop, ""))
+	key := addrWord(f, true) + " . meta l4proto . th dport"
+	return rule{text: "ct state new " + key + " @" + ips + " " + key + " . " + addrWord(f, false) + " != @" + allow + " drop", exprs: ex}
+}

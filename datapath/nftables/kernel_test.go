@@ -136,10 +136,12 @@ func goldenPlan() *datapath.Plan {
 	all := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.1.3:8080", 1)}
 	locNP := nodePort(loc, datapath.TCP, datapath.IPv4, 30040, all[0])
 	locNP.LocalOnly, locNP.Cluster = true, all
+	fw := external(web, datapath.LoadBalancer, "198.51.100.11", 80, eps...)
+	fw.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("10.1.2.3/32"), netip.MustParsePrefix("fd00:77::/64")}
 	locLB := external(loc, datapath.LoadBalancer, "198.51.100.40", 80)
 	locLB.LocalOnly, locLB.Cluster, locLB.Drop = true, all, true
 	return newPlan(1,
-		clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), locNP, locLB,
+		clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), locNP, locLB, fw,
 		clusterIP(web, datapath.TCP, "10.96.0.10", 80, eps...),
 		nodePort(web, datapath.TCP, datapath.IPv4, 30080, eps...),
 		external(web, datapath.ExternalIP, "192.0.2.10", 80, eps...),
@@ -542,8 +544,8 @@ func TestPartialSync(t *testing.T) {
 // randomPlan draws a plan over a small world so that updates collide:
 // 8 service ports, endpoints from a pool of 12 addresses with weights 1..3
 // (an address often loses its last Service: the hairpin set shrinks),
-// each frontend kind, traffic policy Local, no endpoints (reject or drop)
-// and absent Services.
+// each frontend kind, traffic policy Local, source ranges, no endpoints
+// (reject or drop) and absent Services.
 func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapath.ServicePortName]bool) *datapath.Plan {
 	p := &datapath.Plan{Generation: gen}
 	if keep != nil {
@@ -590,6 +592,15 @@ func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapa
 		}
 		if r.IntN(3) == 0 {
 			p.Frontends = append(p.Frontends, ext(external(s, datapath.ExternalIP, fmt.Sprintf("192.0.2.%d", i+1), 80, eps...)))
+		}
+		if r.IntN(3) == 0 {
+			lb := ext(external(s, datapath.LoadBalancer, fmt.Sprintf("198.51.100.%d", i+1), 80, eps...))
+			for _, pr := range []string{"192.168.77.0/24", "10.0.0.0/8", "10.1.2.3/32"} {
+				if r.IntN(2) == 0 {
+					lb.SourceRanges = append(lb.SourceRanges, netip.MustParsePrefix(pr))
+				}
+			}
+			p.Frontends = append(p.Frontends, lb)
 		}
 	}
 	p.Sort()
@@ -754,5 +765,31 @@ func TestLocalPolicy(t *testing.T) {
 	var ne interface{ Timeout() bool }
 	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("outside client to a Local LoadBalancer IP without local endpoints: %v, want no answer (drop)", err)
+	}
+}
+
+// loadBalancerSourceRanges with real packets: a client inside a range
+// reaches the load balancer's address, one outside is dropped (no
+// answer); a pod inside another range reaches it, and the firewall looks
+// at the load balancer's address only, not at the Service's others.
+func TestSourceRanges(t *testing.T) {
+	w := newWorld(t)
+	fw := svcName("default", "fw", "")
+	open := external(fw, datapath.LoadBalancer, "198.51.100.50", 80, w.eps(0, 1)...)
+	open.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+	closed := external(fw, datapath.LoadBalancer, "198.51.100.51", 80, w.eps(0, 1)...)
+	closed.SourceRanges = []netip.Prefix{netip.MustParsePrefix("10.244.0.0/24"), netip.MustParsePrefix("fd00:1::/64")}
+	if err := w.p.Apply(context.Background(), newPlan(1, clusterIP(fw, datapath.TCP, "10.96.0.50", 80, w.eps(0, 1)...), open, closed)); err != nil {
+		t.Fatal(err)
+	}
+	pod3, gw := w.pods[2], w.node.Gateway
+	reach(t, 5, w.client, "198.51.100.50:80", false, gw)
+	reach(t, 5, pod3.NS, "198.51.100.51:80", false, gw)
+	reach(t, 5, w.client, "10.96.0.50:80", false, gw)
+	// The wait is the test's choice, not a speed it asserts.
+	_, err := w.client.TCP(netip.MustParseAddrPort("198.51.100.51:80"), 500*time.Millisecond)
+	var ne interface{ Timeout() bool }
+	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
+		t.Fatalf("outside client to a load balancer it is not allowed to reach: %v, want no answer (drop)", err)
 	}
 }

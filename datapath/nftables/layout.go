@@ -13,16 +13,19 @@ import (
 // Cleanup removes exactly these tables.
 const TableName = "edgeproxy"
 
-// Fixed objects of each table. The maps and the set are the only sets:
+// Fixed objects of each table. These maps and sets are the only sets:
 // their number does not grow with the number of Services (the issue's
 // measurements: the number of sets, not nftables, is the cost).
 const (
-	mapServiceIPs  = "service-ips"           // daddr . proto . dport : goto svc-/ext- chain
-	mapNodePorts   = "service-nodeports"     // proto . dport : goto ext- chain (local daddr)
-	mapNoEndpoints = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
-	mapNoEPPorts   = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
-	setHairpin     = "hairpin"               // ep . ep: an endpoint reaching itself
+	mapServiceIPs    = "service-ips"           // daddr . proto . dport : goto svc-/ext- chain
+	mapNodePorts     = "service-nodeports"     // proto . dport : goto ext- chain (local daddr)
+	mapNoEndpoints   = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
+	mapNoEPPorts     = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
+	setHairpin       = "hairpin"               // ep . ep: an endpoint reaching itself
+	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
+	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
 
+	chainFilterPre     = "filter-prerouting"
 	chainFilterInput   = "filter-input"
 	chainFilterForward = "filter-forward"
 	chainFilterOutput  = "filter-output"
@@ -86,18 +89,21 @@ func chainName(prefix string, s datapath.ServicePortName) string {
 
 // setSpec is one of the fixed maps or sets.
 type setSpec struct {
-	name  string
-	key   []nftables.SetDatatype
-	isMap bool
+	name     string
+	key      []nftables.SetDatatype
+	isMap    bool
+	interval bool
 }
 
 func (f *fam) sets() []setSpec {
 	return []setSpec{
-		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true},
-		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true},
-		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true},
-		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true},
-		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false},
+		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false, false},
+		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false},
+		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true},
 	}
 }
 
@@ -134,6 +140,9 @@ func (f *fam) fixedChains(o *Options, setID func(string) uint32) []chainSpec {
 			ruleClearMark(bit),
 			ruleMasquerade(),
 		}},
+		{name: chainFilterPre, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookPrerouting, prio: prioFilter, rules: []rule{
+			ruleFirewall(f, setFirewallIPs, setFirewallAllow),
+		}},
 		{name: chainFilterInput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookInput, prio: prioFilter, rules: []rule{
 			ruleJump(true, chainNodePortCheck),
 			ruleJump(true, chainSvcCheck),
@@ -143,6 +152,7 @@ func (f *fam) fixedChains(o *Options, setID func(string) uint32) []chainSpec {
 		}},
 		{name: chainFilterOutput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookOutput, prio: prioFilter, rules: []rule{
 			ruleJump(true, chainSvcCheck),
+			ruleFirewall(f, setFirewallIPs, setFirewallAllow),
 		}},
 		{name: chainNatPre, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
 		{name: chainNatOutput, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},

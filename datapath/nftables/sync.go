@@ -38,7 +38,7 @@ type objects struct {
 func newObjects(f *fam) *objects {
 	o := &objects{t: &nftables.Table{Family: f.tf, Name: TableName}, sets: map[string]*nftables.Set{}}
 	for _, s := range f.sets() {
-		set := &nftables.Set{Table: o.t, Name: s.name, IsMap: s.isMap, Concatenation: len(s.key) > 1}
+		set := &nftables.Set{Table: o.t, Name: s.name, IsMap: s.isMap, Concatenation: len(s.key) > 1, Interval: s.interval}
 		set.KeyType = nftables.MustConcatSetType(s.key...)
 		if s.isMap {
 			set.DataType = nftables.TypeVerdict
@@ -86,6 +86,9 @@ func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
 	bySet := map[string][]nftables.SetElement{}
 	for k, t := range es {
 		e := nftables.SetElement{Key: []byte(k.key)}
+		if k.end != "" {
+			e.KeyEnd = []byte(k.end)
+		}
 		if o.sets[k.set].IsMap {
 			e.VerdictData = &expr.Verdict{Kind: t.kind, Chain: t.chain}
 		}
@@ -160,7 +163,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		pd.units[s] = u.summary()
 	}
 	for a := range pd.hairpin {
-		all[elemKey{setHairpin, keyHairpin(a)}] = target{}
+		all[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
 	}
 	b.elems(ob, false, all)
 	for _, c := range fixed {
@@ -252,9 +255,9 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		case d == 0:
 			delete(pd.hairpin, a)
 		case was == 0 && now > 0:
-			add[elemKey{setHairpin, keyHairpin(a)}] = target{}
+			add[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
 		case was > 0 && now <= 0:
-			del[elemKey{setHairpin, keyHairpin(a)}] = target{}
+			del[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
 		}
 	}
 	// Order matters: a chain can be deleted only once nothing points at

@@ -20,16 +20,14 @@ var ErrUnsupported = errors.New("nftables: not supported yet")
 
 // unsupported says why f cannot be programmed faithfully yet, or "".
 // Everything else of the plan is programmed as kube-proxy's nftables
-// mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends,
-// traffic policies Cluster and Local.
+// mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends
+// (with source ranges), traffic policies Cluster and Local.
 func unsupported(f *datapath.Frontend) string {
 	switch {
 	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort && f.Kind != datapath.ExternalIP && f.Kind != datapath.LoadBalancer:
 		return "frontend kind " + string(f.Kind)
 	case f.Affinity > 0:
 		return "session affinity"
-	case len(f.SourceRanges) > 0:
-		return "loadBalancerSourceRanges"
 	case f.Protocol.Number() == 0:
 		return "protocol " + string(f.Protocol)
 	}
@@ -59,10 +57,49 @@ func check(frontends []datapath.Frontend) error {
 }
 
 // elemKey is one element of one of the fixed maps or sets: the set's name
-// and the element's key bytes.
+// and the element's key bytes (and, in an interval set, the key's end).
 type elemKey struct {
 	set string
 	key string
+	end string
+}
+
+// disjoint returns the prefixes of family fam in ps, masked, without
+// those inside another (two prefixes overlap only so): an interval set
+// refuses overlapping elements.
+func disjoint(ps []netip.Prefix, fam datapath.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if datapath.FamilyOf(p.Addr()) == fam {
+			out = append(out, p.Masked())
+		}
+	}
+	// Broader first, so that a prefix is kept only when none kept
+	// before contains it.
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Bits() - b.Bits(); c != 0 {
+			return c
+		}
+		return a.Addr().Compare(b.Addr())
+	})
+	kept := out[:0]
+	for _, p := range out {
+		if !slices.ContainsFunc(kept, func(k netip.Prefix) bool { return k.Contains(p.Addr()) }) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
+}
+
+// prefixRange returns the first and last address of p.
+func prefixRange(p netip.Prefix) (netip.Addr, netip.Addr) {
+	p = p.Masked()
+	last := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(last)*8; i++ {
+		last[i/8] |= 0x80 >> (i % 8)
+	}
+	l, _ := netip.AddrFromSlice(last)
+	return p.Addr(), l
 }
 
 // target is what a map element points at.
@@ -175,11 +212,21 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	}
 	for i := range fs {
 		fr := &fs[i]
-		key := elemKey{mapServiceIPs, keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
-		noEP := elemKey{mapNoEndpoints, key.key}
+		key := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
+		noEP := elemKey{set: mapNoEndpoints, key: key.key}
 		if fr.Kind == datapath.NodePort {
-			key = elemKey{mapNodePorts, keyProtoPort(fr.Protocol, fr.Port)}
-			noEP = elemKey{mapNoEPPorts, key.key}
+			key = elemKey{set: mapNodePorts, key: keyProtoPort(fr.Protocol, fr.Port)}
+			noEP = elemKey{set: mapNoEPPorts, key: key.key}
+		}
+		if fr.Kind == datapath.LoadBalancer && len(fr.SourceRanges) > 0 {
+			// Only the listed sources may reach it (their family's; none
+			// of this family: nobody), before DNAT, whether or not it has
+			// endpoints, as kube-proxy.
+			u.elems[elemKey{set: setFirewallIPs, key: key.key}] = target{}
+			for _, r := range disjoint(fr.SourceRanges, f.family) {
+				first, last := prefixRange(r)
+				u.elems[elemKey{set: setFirewallAllow, key: key.key + string(first.AsSlice()), end: key.key + string(last.AsSlice())}] = target{}
+			}
 		}
 		if len(fr.Endpoints) == 0 {
 			// Refused, or dropped (Drop: the service has endpoints, none
@@ -333,7 +380,14 @@ func (u *unit) String() string {
 		return strings.Compare(a.key, b.key)
 	})
 	for _, k := range keys {
-		fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
+		switch {
+		case k.end != "":
+			fmt.Fprintf(&b, "element %s %x-%x\n", k.set, k.key, k.end)
+		case k.set == setHairpin || k.set == setFirewallIPs: // sets, not maps
+			fmt.Fprintf(&b, "element %s %x\n", k.set, k.key)
+		default:
+			fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
+		}
 	}
 	for _, a := range u.hairpin {
 		fmt.Fprintf(&b, "hairpin %s\n", a)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -74,10 +75,7 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 		mod  func(f *datapath.Frontend)
 		want string
 	}{
-		{"source ranges", func(f *datapath.Frontend) {
-			f.Kind = datapath.LoadBalancer
-			f.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
-		}, "loadBalancerSourceRanges"},
+		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
 		{"affinity", func(f *datapath.Frontend) { f.Affinity = time.Hour }, "session affinity"},
 	} {
 		f := ok
@@ -198,5 +196,20 @@ hairpin 10.244.1.3
 `
 	if got := u.String(); got != want {
 		t.Errorf("unit without local endpoints:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// Source ranges become disjoint intervals of one family: an interval set
+// refuses overlapping elements.
+func TestDisjoint(t *testing.T) {
+	p := netip.MustParsePrefix
+	got := disjoint([]netip.Prefix{p("10.1.2.3/32"), p("10.0.0.0/8"), p("192.168.77.9/24"), p("fd00::/64"), p("10.0.0.0/8"), p("192.168.0.0/16")}, datapath.IPv4)
+	want := []netip.Prefix{p("10.0.0.0/8"), p("192.168.0.0/16")}
+	if !slices.Equal(got, want) {
+		t.Errorf("disjoint = %v, want %v", got, want)
+	}
+	first, last := prefixRange(p("192.168.77.9/24"))
+	if first != netip.MustParseAddr("192.168.77.0") || last != netip.MustParseAddr("192.168.77.255") {
+		t.Errorf("prefixRange = %s-%s", first, last)
 	}
 }
