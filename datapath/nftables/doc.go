@@ -17,6 +17,7 @@
 //	services     ip daddr . meta l4proto . th dport vmap @service-ips
 //	             fib daddr type local ip daddr != 127.0.0.0/8
 //	                 meta l4proto . th dport vmap @service-nodeports
+//	             (nodePortAddresses: ip daddr @nodeport-ips instead of fib)
 //	svc-NS/NAME/PORT   [ip daddr VIP ip saddr != clusterCIDR mark]
 //	                   numgen cascade of "dnat to" (exact weights)
 //	             (ExternalIP and LoadBalancer IPs: → ext-… in @service-ips)
@@ -33,7 +34,7 @@
 //	filter-prerouting/output: load balancers with source ranges,
 //	             @firewall-ips and the interval set @firewall-allow
 //
-// Four maps and three sets, whatever the number of Services; a Service adds
+// Four maps and four sets, whatever the number of Services; a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and

@@ -102,7 +102,7 @@ func netipMask(p netip.Prefix) []byte {
 
 // dispatch: "ip daddr . meta l4proto . th dport vmap @set" (byAddr) or
 // "meta l4proto . th dport vmap @set".
-func dispatchExprs(f *fam, byAddr bool, set string, setID uint32) []expr.Any {
+func dispatchExprs(f *fam, byAddr bool, set string) []expr.Any {
 	var out []expr.Any
 	var regs []uint32
 	if byAddr {
@@ -115,7 +115,7 @@ func dispatchExprs(f *fam, byAddr bool, set string, setID uint32) []expr.Any {
 	return append(out,
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[0]},
 		&expr.Payload{DestRegister: regs[1], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-		&expr.Lookup{SourceRegister: reg1, DestRegister: regVer, IsDestRegSet: true, SetName: set, SetID: setID},
+		&expr.Lookup{SourceRegister: reg1, DestRegister: regVer, IsDestRegSet: true, SetName: set},
 	)
 }
 
@@ -195,21 +195,28 @@ func ruleJump(onlyNew bool, chain string) rule {
 }
 
 // ruleDispatch: "ip daddr . meta l4proto . th dport vmap @set".
-func ruleDispatch(f *fam, byAddr bool, set string, setID uint32) rule {
-	return rule{text: dispatchText(f, byAddr, set), exprs: dispatchExprs(f, byAddr, set, setID)}
+func ruleDispatch(f *fam, byAddr bool, set string) rule {
+	return rule{text: dispatchText(f, byAddr, set), exprs: dispatchExprs(f, byAddr, set)}
 }
 
 // ruleNodePortDispatch: "fib daddr type local ip daddr != 127.0.0.0/8
 // meta l4proto . th dport vmap @set": node ports answer on the node's
 // own addresses, never on loopback (kube-proxy's nftables mode has no
-// localhost node ports either).
-func ruleNodePortDispatch(f *fam, set string, setID uint32) rule {
-	ex := fibLocal()
-	text := "fib daddr type local "
-	m, t := matchPrefix(f, true, true, f.loopback)
-	ex = append(ex, m...)
-	text += t + " "
-	ex = append(ex, dispatchExprs(f, false, set, setID)...)
+// localhost node ports either). Restricted (nodePortAddresses): "ip
+// daddr @nodeport-ips meta l4proto . th dport vmap @set".
+func ruleNodePortDispatch(f *fam, restricted bool, set string) rule {
+	var ex []expr.Any
+	var text string
+	if restricted {
+		ex = []expr.Any{loadAddr(f, true, reg1), &expr.Lookup{SourceRegister: reg1, SetName: setNodePortIPs}}
+		text = addrWord(f, true) + " @" + setNodePortIPs + " "
+	} else {
+		ex = fibLocal()
+		m, t := matchPrefix(f, true, true, f.loopback)
+		ex = append(ex, m...)
+		text = "fib daddr type local " + t + " "
+	}
+	ex = append(ex, dispatchExprs(f, false, set)...)
 	return rule{text: text + dispatchText(f, false, set), exprs: ex}
 }
 
@@ -221,11 +228,11 @@ func ruleReject(f *fam) rule {
 // ruleHairpinMark: "ct status dnat ip saddr . ip daddr @set meta mark set
 // meta mark | 0x00004000": an endpoint that reached itself through a
 // service must be masqueraded, or it would answer itself directly.
-func ruleHairpinMark(f *fam, set string, setID uint32, bit uint32) rule {
+func ruleHairpinMark(f *fam, set string, bit uint32) rule {
 	ex := ctDNAT()
 	regs := concatRegs(f.addrLen, f.addrLen)
 	ex = append(ex, loadAddr(f, false, regs[0]), loadAddr(f, true, regs[1]),
-		&expr.Lookup{SourceRegister: reg1, SetName: set, SetID: setID})
+		&expr.Lookup{SourceRegister: reg1, SetName: set})
 	m, mt := setMark(bit)
 	ex = append(ex, m...)
 	return rule{text: "ct status dnat " + addrWord(f, false) + " . " + addrWord(f, true) + " @" + set + " " + mt, exprs: ex}

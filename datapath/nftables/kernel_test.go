@@ -209,7 +209,7 @@ func TestGoldenRuleset(t *testing.T) {
 	}
 
 	for _, tb := range p.tables {
-		chains := tb.f.fixedChains(&p.opts, func(string) uint32 { return 0 })
+		chains := tb.f.fixedChains(&p.opts, tb.npIPs != nil)
 		for _, fs := range group(goldenPlan(), tb.f.family, true) {
 			u, err := buildUnit(tb.f, &p.opts, fs)
 			if err != nil {
@@ -791,5 +791,61 @@ func TestSourceRanges(t *testing.T) {
 	var ne interface{ Timeout() bool }
 	if err == nil || !errors.As(err, &ne) || !ne.Timeout() {
 		t.Fatalf("outside client to a load balancer it is not allowed to reach: %v, want no answer (drop)", err)
+	}
+}
+
+// nodePortAddresses: node ports answer only on the node's addresses in
+// the prefixes (the set @nodeport-ips instead of fib), and "primary"
+// follows the plan's NodeIPs: unknown, every local address; known, only
+// it (the fixed rule changes: the table is rewritten).
+func TestNodePortAddresses(t *testing.T) {
+	kernel(t)
+	for _, primary := range []bool{false, true} {
+		t.Run(fmt.Sprintf("primary=%v", primary), func(t *testing.T) {
+			w := newWorld(t)
+			o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortPrimary: primary}
+			if !primary {
+				o.NodePortAddresses = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24")}
+			}
+			p := newProxier(t, w.node.NS, o)
+			apply := func(pl *datapath.Plan) {
+				t.Helper()
+				// LocalAddrs asks the namespace of the calling thread.
+				if err := w.node.Do(func() error { return p.Apply(context.Background(), pl) }); err != nil {
+					t.Fatal(err)
+				}
+			}
+			pod3 := w.pods[2]
+			onLink, onBridge := w.node.LinkIP.String()+":30080", w.node.Gateway.String()+":30080"
+			pl := w.plan(1, 0, 1)
+			if primary {
+				// The Node's address is not known yet: every local
+				// address answers (masqueraded: a node port).
+				apply(pl)
+				reach(t, 5, pod3.NS, onBridge, false, w.node.Gateway)
+				pl = w.plan(2, 0, 1)
+				pl.NodeIPs = []netip.Addr{w.node.LinkIP}
+			}
+			apply(pl)
+			if primary && !p.LastStats().Rebuilt {
+				t.Fatalf("restricting node ports: %+v, want the table rewritten", p.LastStats())
+			}
+			reach(t, 5, w.client, onLink, false, w.node.Gateway)
+			if _, err := pod3.TCP(netip.MustParseAddrPort(onBridge), wait); err == nil {
+				t.Fatalf("node port answered on %s, outside nodePortAddresses", onBridge)
+			}
+			got := list(t, w.node.NS, "table", "ip", TableName)
+			// The restricted rules' texts are nft's lines, as TestGoldenRuleset
+			// holds for the others.
+			for _, want := range []string{
+				"\t\t" + ruleNodePortDispatch(famIPv4, true, mapNodePorts).text + "\n",
+				"\t\t" + ruleNodePortDispatch(famIPv4, true, mapNoEPPorts).text + "\n",
+				"elements = { " + w.node.LinkIP.String() + " }",
+			} {
+				if !strings.Contains(got, want) {
+					t.Errorf("table lacks %q:\n%s", want, got)
+				}
+			}
+		})
 	}
 }

@@ -22,6 +22,7 @@ const (
 	mapNoEndpoints   = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
 	mapNoEPPorts     = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
 	setHairpin       = "hairpin"               // ep . ep: an endpoint reaching itself
+	setNodePortIPs   = "nodeport-ips"          // daddr: node-port addresses (nodePortAddresses)
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
 
@@ -102,6 +103,7 @@ func (f *fam) sets() []setSpec {
 		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
 		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
 		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false, false},
+		{setNodePortIPs, []nftables.SetDatatype{f.addrType}, false, false},
 		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false},
 		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true},
 	}
@@ -124,18 +126,21 @@ type chainSpec struct {
 
 // fixedChains are the chains every table has, regular ones first (base
 // chains jump to them, so they must exist before).
-func (f *fam) fixedChains(o *Options, setID func(string) uint32) []chainSpec {
+//
+// restricted: node ports answer on the addresses in @nodeport-ips
+// (nodePortAddresses) instead of every local address.
+func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 	bit := uint32(1) << o.MasqueradeBit
 	return []chainSpec{
 		{name: chainReject, rules: []rule{ruleReject(f)}},
-		{name: chainSvcCheck, rules: []rule{ruleDispatch(f, true, mapNoEndpoints, setID(mapNoEndpoints))}},
-		{name: chainNodePortCheck, rules: []rule{ruleNodePortDispatch(f, mapNoEPPorts, setID(mapNoEPPorts))}},
+		{name: chainSvcCheck, rules: []rule{ruleDispatch(f, true, mapNoEndpoints)}},
+		{name: chainNodePortCheck, rules: []rule{ruleNodePortDispatch(f, restricted, mapNoEPPorts)}},
 		{name: chainServices, rules: []rule{
-			ruleDispatch(f, true, mapServiceIPs, setID(mapServiceIPs)),
-			ruleNodePortDispatch(f, mapNodePorts, setID(mapNodePorts)),
+			ruleDispatch(f, true, mapServiceIPs),
+			ruleNodePortDispatch(f, restricted, mapNodePorts),
 		}},
 		{name: chainMasquerading, rules: []rule{
-			ruleHairpinMark(f, setHairpin, setID(setHairpin), bit),
+			ruleHairpinMark(f, setHairpin, bit),
 			ruleUnmarkedReturn(bit),
 			ruleClearMark(bit),
 			ruleMasquerade(),

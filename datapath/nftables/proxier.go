@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net"
 	"net/netip"
 	"sync"
 
@@ -26,6 +27,17 @@ type Options struct {
 	MasqueradeAll bool
 	// IPv6 also programs the ip6 table; off, IPv6 frontends are ignored.
 	IPv6 bool
+	// NodePortAddresses restricts node ports to the node's own addresses
+	// inside these prefixes, looked up at every apply; a family with no
+	// prefix here (and no primary address, see NodePortPrimary) answers
+	// on every local address (fib daddr type local).
+	NodePortAddresses []netip.Prefix
+	// NodePortPrimary adds the plan's NodeIPs: kube-proxy's "primary".
+	NodePortPrimary bool
+	// LocalAddrs lists the node's addresses for NodePortAddresses; nil
+	// asks the kernel (net.InterfaceAddrs, in the network namespace of
+	// the thread that calls Apply).
+	LocalAddrs func() ([]netip.Addr, error)
 	// NetNS is a file descriptor of the network namespace to program
 	// (tests); 0 means the process's own.
 	NetNS  int
@@ -71,7 +83,7 @@ var _ datapath.Backend = (*Proxier)(nil)
 type Stats struct {
 	Rebuilt  bool // the tables were written from scratch
 	Units    int  // service ports compared (in the family with most)
-	Messages int  // netlink messages in the batch
+	Messages int  // operations in the transaction (one per chain, rule, set's element list)
 }
 
 // table is the state of one family's table as last written: kept in
@@ -82,6 +94,9 @@ type table struct {
 	needFull bool // the last apply failed
 	units    map[datapath.ServicePortName]*unit
 	hairpin  map[netip.Addr]int // references to each endpoint from units
+	// Node ports: restricted to npIPs (@nodeport-ips), or on every local
+	// address (fib) when npIPs is nil.
+	npIPs []netip.Addr
 }
 
 // New returns a Proxier. It writes nothing until the first Apply, which
@@ -93,6 +108,9 @@ func New(o Options) (*Proxier, error) {
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.LocalAddrs == nil {
+		o.LocalAddrs = interfaceAddrs
 	}
 	opts := []nftables.ConnOption{nftables.AsLasting()}
 	if o.NetNS != 0 {
@@ -108,7 +126,7 @@ func New(o Options) (*Proxier, error) {
 	case o.Conntrack != nil:
 		p.ct = o.Conntrack
 	default:
-		ct, err := conntrack.New(conntrack.Options{Logger: o.Logger})
+		ct, err := conntrack.New(conntrack.Options{Logger: o.Logger, NodePortAddresses: o.NodePortAddresses, LocalAddrs: o.LocalAddrs})
 		if err != nil {
 			_ = c.CloseLasting()
 			return nil, fmt.Errorf("nftables: %w", err)
@@ -157,15 +175,20 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	var pend []*pending
 	st := Stats{}
 	for _, t := range p.tables {
-		rebuild := !t.written || t.needFull
+		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
+		if err != nil {
+			return fmt.Errorf("nftables: node-port addresses: %w", err)
+		}
+		// Whether node ports are restricted is in the fixed rules: a
+		// change of it rewrites the table.
+		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil)
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
-		var err error
 		if rebuild {
 			st.Rebuilt = true
-			pd, err = t.rebuild(b, &p.opts, groups)
+			pd, err = t.rebuild(b, &p.opts, groups, ips)
 		} else {
-			pd, err = t.update(b, &p.opts, groups, plan)
+			pd, err = t.update(b, &p.opts, groups, plan, ips)
 		}
 		if err != nil {
 			return err // nothing was queued on the connection yet
@@ -215,9 +238,11 @@ type pending struct {
 	units   map[datapath.ServicePortName]*unit
 	hairpin map[netip.Addr]int // the new counts (replace) or the deltas
 	n       int                // service ports compared
+	npIPs   []netip.Addr
 }
 
 func (pd *pending) commit(t *table) {
+	t.npIPs = pd.npIPs
 	if pd.replace {
 		t.units, t.hairpin = pd.units, pd.hairpin
 		t.written, t.needFull = true, false
@@ -237,4 +262,21 @@ func (pd *pending) commit(t *table) {
 			delete(t.hairpin, a)
 		}
 	}
+}
+
+// interfaceAddrs lists the addresses of every interface.
+func interfaceAddrs() ([]netip.Addr, error) {
+	as, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
 }

@@ -113,8 +113,8 @@ func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
 // unit of groups: "add table; delete table; add table" in one
 // transaction, so the delete never fails and no packet sees the table
 // missing.
-func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend) (*pending, error) {
-	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), hairpin: map[netip.Addr]int{}}
+func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (*pending, error) {
+	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), hairpin: map[netip.Addr]int{}, npIPs: npIPs}
 	for s, fs := range groups {
 		u, err := buildUnit(t.f, o, fs)
 		if err != nil {
@@ -136,10 +136,8 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		set := ob.sets[s.name]
 		b.add(func() { _ = b.c.AddSet(set, nil) })
 	}
-	// Rules look sets up by name; the IDs assigned when the sets are
-	// queued (b.run) name them within this transaction too.
-	id := func(name string) uint32 { return 0 }
-	fixed := t.f.fixedChains(o, id)
+	// Rules look sets up by name, those of this transaction too.
+	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
 		if c.hook == nil {
 			b.addChain(ob, c)
@@ -165,6 +163,9 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 	for a := range pd.hairpin {
 		all[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
 	}
+	for _, a := range npIPs {
+		all[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+	}
 	b.elems(ob, false, all)
 	for _, c := range fixed {
 		if c.hook != nil {
@@ -182,8 +183,8 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // chain before the service chain it jumps to), new chains created, the
 // rules of new and rewritten chains added, and new elements added last:
 // nothing ever points at a missing chain.
-func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan) (*pending, error) {
-	pd := &pending{units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}}
+func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
+	pd := &pending{units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}, npIPs: npIPs}
 	scope := map[datapath.ServicePortName]bool{}
 	if plan.Full {
 		for s := range t.units {
@@ -258,6 +259,16 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			add[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
 		case was > 0 && now <= 0:
 			del[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+		}
+	}
+	for _, a := range npIPs {
+		if !slices.Contains(t.npIPs, a) {
+			add[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+		}
+	}
+	for _, a := range t.npIPs {
+		if !slices.Contains(npIPs, a) {
+			del[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
 		}
 	}
 	// Order matters: a chain can be deleted only once nothing points at

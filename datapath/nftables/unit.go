@@ -383,7 +383,7 @@ func (u *unit) String() string {
 		switch {
 		case k.end != "":
 			fmt.Fprintf(&b, "element %s %x-%x\n", k.set, k.key, k.end)
-		case k.set == setHairpin || k.set == setFirewallIPs: // sets, not maps
+		case k.set == setHairpin || k.set == setFirewallIPs || k.set == setNodePortIPs: // sets, not maps
 			fmt.Fprintf(&b, "element %s %x\n", k.set, k.key)
 		default:
 			fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
