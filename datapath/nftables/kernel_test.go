@@ -342,6 +342,7 @@ func (w *world) plan(gen uint64, webPods ...int) *datapath.Plan {
 		nodePort(w.web6, datapath.TCP, datapath.IPv6, 30080, w.eps6(0, 1)...),
 		clusterIP(w.dns, datapath.UDP, "10.96.0.10", 53, w.eps(0, 1)...),
 		clusterIP(w.empty, datapath.TCP, "10.96.0.20", 80),
+		clusterIP(w.empty, datapath.TCP, "fd00:96::20", 80),
 		nodePort(w.empty, datapath.TCP, datapath.IPv4, 30090),
 		clusterIP(w.self, datapath.TCP, "10.96.0.30", 80, w.eps(0)...),
 	)
@@ -432,6 +433,7 @@ func TestPackets(t *testing.T) {
 	})
 	t.Run("no endpoints", func(t *testing.T) {
 		refused(t, pod3.NS, "10.96.0.20:80")
+		refused(t, pod3.NS, "[fd00:96::20]:80")
 		refused(t, w.client, w.node.LinkIP.String()+":30090")
 	})
 	t.Run("hairpin", func(t *testing.T) {
