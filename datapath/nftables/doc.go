@@ -2,7 +2,7 @@
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
 // one transaction per Apply. It is not yet selectable as a mode: it
 // refuses, by name and before writing anything, the frontends it does not
-// program yet (ErrUnsupported: session affinity).
+// program (ErrUnsupported: an unknown frontend kind or protocol).
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,
@@ -34,7 +34,10 @@
 //	filter-prerouting/output: load balancers with source ranges,
 //	             @firewall-ips and the interval set @firewall-allow
 //
-// Four maps and four sets, whatever the number of Services; a Service adds
+//	svc- with session affinity: the dynamic map @affinity (client .
+//	             frontend : endpoint) looked up first, updated by the cascade
+//
+// Five maps and four sets, whatever the number of Services; a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"net/netip"
+	"time"
 
 	"github.com/google/nftables"
 	"golang.org/x/sys/unix"
@@ -22,6 +23,7 @@ const (
 	mapNoEndpoints   = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
 	mapNoEPPorts     = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
 	setHairpin       = "hairpin"               // ep . ep: an endpoint reaching itself
+	mapAffinity      = "affinity"              // saddr . daddr . proto . dport : ep . port (dynamic, timeouts)
 	setNodePortIPs   = "nodeport-ips"          // daddr: node-port addresses (nodePortAddresses)
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
@@ -94,18 +96,34 @@ type setSpec struct {
 	key      []nftables.SetDatatype
 	isMap    bool
 	interval bool
+	data     []nftables.SetDatatype // a map's data when not a verdict
+	dynamic  bool                   // filled by the packet path, with timeouts
+}
+
+// affinitySize bounds the affinity map (client and frontend pairs on
+// this node). When it is full, new clients get no affinity: the cascade
+// falls through to its last rule, which has no update.
+const affinitySize = 1 << 20
+
+// sets are the fixed sets every table has; allSets adds the affinity
+// map, created only once a Service has session affinity (as kube-proxy
+// creates affinity sets only then; and Debian 12's nft cannot load the
+// JSON of a map whose data is a concatenation, its own listings too).
+func (f *fam) allSets() []setSpec {
+	return append(f.sets(), setSpec{mapAffinity, []nftables.SetDatatype{f.addrType, f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false,
+		[]nftables.SetDatatype{f.addrType, nftables.TypeInetService}, true})
 }
 
 func (f *fam) sets() []setSpec {
 	return []setSpec{
-		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
-		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
-		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
-		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
-		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false, false},
-		{setNodePortIPs, []nftables.SetDatatype{f.addrType}, false, false},
-		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false},
-		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true},
+		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
+		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
+		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
+		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
+		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false, false, nil, false},
+		{setNodePortIPs, []nftables.SetDatatype{f.addrType}, false, false, nil, false},
+		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false, nil, false},
+		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true, nil, false},
 	}
 }
 
@@ -118,10 +136,12 @@ type chainSpec struct {
 	rules  []rule
 	digest [16]byte // of the rules' texts (Service chains; see seal)
 
-	// While buildUnit collects a load-balancing chain: its endpoints and
-	// the cluster IPs' masquerade rules that go before them.
-	eps   []datapath.Endpoint
-	marks []rule
+	// While buildUnit collects a load-balancing chain: its endpoints, the
+	// cluster IPs' masquerade rules that go before them, and the session
+	// affinity timeout of the frontends that use it.
+	eps      []datapath.Endpoint
+	marks    []rule
+	affinity time.Duration
 }
 
 // fixedChains are the chains every table has, regular ones first (base

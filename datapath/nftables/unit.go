@@ -8,26 +8,27 @@ import (
 	"net/netip"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/google/nftables/expr"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
-// ErrUnsupported is wrapped by Apply's error for a plan that needs what
-// this datapath does not program yet; nothing is written then.
+// ErrUnsupported is wrapped by Apply's error for a plan with a frontend
+// this datapath cannot program (an unknown kind or protocol); nothing is
+// written then.
 var ErrUnsupported = errors.New("nftables: not supported yet")
 
 // unsupported says why f cannot be programmed faithfully yet, or "".
 // Everything else of the plan is programmed as kube-proxy's nftables
 // mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends
-// (with source ranges), traffic policies Cluster and Local.
+// (with source ranges), traffic policies Cluster and Local, session
+// affinity.
 func unsupported(f *datapath.Frontend) string {
 	switch {
 	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort && f.Kind != datapath.ExternalIP && f.Kind != datapath.LoadBalancer:
 		return "frontend kind " + string(f.Kind)
-	case f.Affinity > 0:
-		return "session affinity"
 	case f.Protocol.Number() == 0:
 		return "protocol " + string(f.Protocol)
 	}
@@ -121,6 +122,17 @@ type unit struct {
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
 	hairpin []netip.Addr
+	aff     []affFrontend // frontends with session affinity
+}
+
+// affFrontend is a frontend with session affinity, as the entries of the
+// affinity map name it (a node port by protocol and port only), and the
+// endpoints its entries may hold.
+type affFrontend struct {
+	addr  netip.Addr // invalid for a node port
+	proto uint8
+	port  uint16
+	eps   []netip.AddrPort
 }
 
 type elemEntry struct {
@@ -128,9 +140,13 @@ type elemEntry struct {
 	t target
 }
 
+func (a affFrontend) equal(b affFrontend) bool {
+	return a.addr == b.addr && a.proto == b.proto && a.port == b.port && slices.Equal(a.eps, b.eps)
+}
+
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), hairpin: u.hairpin}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), hairpin: u.hairpin, aff: u.aff}
 	for i, c := range u.chains {
 		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
 	}
@@ -199,6 +215,12 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		lbs = append(lbs, c)
 		return c
 	}
+	// withAffinity returns lb(eps) with the frontend's session affinity.
+	withAffinity := func(eps []datapath.Endpoint, fr *datapath.Frontend) *chainSpec {
+		c := lb(eps)
+		c.affinity = max(c.affinity, fr.Affinity)
+		return c
+	}
 	// ext returns the name of the external chain holding rules.
 	ext := func(rules []rule) string {
 		for _, c := range exts {
@@ -242,8 +264,18 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				continue
 			}
 		}
+		if fr.Affinity > 0 {
+			a := affFrontend{proto: fr.Protocol.Number(), port: fr.Port}
+			if fr.Kind != datapath.NodePort {
+				a.addr = fr.Addr
+			}
+			for _, e := range append(slices.Clip(fr.Endpoints), fr.Cluster...) {
+				a.eps = append(a.eps, e.Addr)
+			}
+			u.aff = append(u.aff, a)
+		}
 		if !fr.Kind.External() {
-			c := lb(fr.Endpoints)
+			c := withAffinity(fr.Endpoints, fr)
 			u.elems[key] = target{kind: expr.VerdictGoto, chain: c.name}
 			if o.MasqueradeAll || haveCIDR {
 				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, cidr, bit))
@@ -254,7 +286,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		if !fr.LocalOnly {
 			// Cluster policy: masquerade, as the endpoint may be on
 			// another node.
-			rules = []rule{ruleMark(bit), ruleGoto(lb(fr.Endpoints).name)}
+			rules = []rule{ruleMark(bit), ruleGoto(withAffinity(fr.Endpoints, fr).name)}
 		} else {
 			// Local: the client's address is kept. Pods and the node
 			// itself are short-circuited to the cluster-wide endpoints
@@ -265,13 +297,13 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 			if len(cluster) == 0 {
 				cluster = fr.Endpoints
 			}
-			cl := lb(cluster).name
+			cl := withAffinity(cluster, fr).name
 			if haveCIDR {
 				rules = append(rules, ruleFromGoto(f, cidr, cl))
 			}
 			rules = append(rules, ruleLocalSourceMark(bit), ruleLocalSourceGoto(cl))
 			if len(fr.Endpoints) > 0 {
-				rules = append(rules, ruleGoto(lb(fr.Endpoints).name))
+				rules = append(rules, ruleGoto(withAffinity(fr.Endpoints, fr).name))
 			}
 		}
 		u.elems[key] = target{kind: expr.VerdictGoto, chain: ext(rules)}
@@ -279,7 +311,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	proto := fs[0].Protocol
 	seen := map[netip.Addr]bool{}
 	for _, c := range lbs {
-		c.rules = append(c.marks, cascade(f, proto, c.eps)...)
+		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity)...)
 		c.marks, c.eps = nil, nil
 		u.chains = append(u.chains, *c)
 	}
@@ -318,7 +350,12 @@ func suffix(i int) string {
 // the packets that reach it, so endpoint i gets w_i / Σw of them. Weights
 // are divided by their greatest common divisor first, so equal weights
 // give "numgen random mod n 0" rules and no byte-order conversion.
-func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint) []rule {
+//
+// With session affinity (a timeout), a client goes back to the endpoint
+// remembered for it and this frontend in the affinity map; each rule of
+// the cascade remembers the endpoint it picks, and a last rule without
+// the update catches a client the full map could not take.
+func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration) []rule {
 	g := uint32(0)
 	for _, e := range eps {
 		g = gcd(g, max(e.Weight, 1))
@@ -327,15 +364,21 @@ func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint) []rule {
 	for _, e := range eps {
 		rest += max(e.Weight, 1) / g
 	}
-	out := make([]rule, 0, len(eps))
+	out := make([]rule, 0, len(eps)+2)
+	if affinity > 0 {
+		out = append(out, ruleAffinityLookup(f, proto))
+	}
 	for i, e := range eps {
 		w := max(e.Weight, 1) / g
 		if i == len(eps)-1 {
-			out = append(out, ruleDNAT(f, proto, e.Addr, 0, 0))
+			out = append(out, ruleDNATAffinity(f, proto, e.Addr, 0, 0, affinity))
 			break
 		}
-		out = append(out, ruleDNAT(f, proto, e.Addr, rest, w))
+		out = append(out, ruleDNATAffinity(f, proto, e.Addr, rest, w, affinity))
 		rest -= w
+	}
+	if affinity > 0 {
+		out = append(out, ruleDNAT(f, proto, eps[len(eps)-1].Addr, 0, 0))
 	}
 	return out
 }

@@ -27,7 +27,7 @@ func TestCascadeShares(t *testing.T) {
 			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
 			sum += float64(w)
 		}
-		rules := cascade(famIPv4, datapath.TCP, eps)
+		rules := cascade(famIPv4, datapath.TCP, eps, 0)
 		if len(rules) != len(eps) {
 			t.Fatalf("%v: %d rules for %d endpoints", ws, len(rules), len(eps))
 		}
@@ -62,8 +62,8 @@ func mustScan(t *testing.T, s, format string, args ...any) {
 	}
 }
 
-// What the datapath cannot program yet is refused by name before anything
-// is written; the rest of the plan's shapes pass.
+// What the datapath cannot program is refused by name before anything is
+// written; the rest of the plan's shapes pass.
 func TestCheckRefusesUnsupported(t *testing.T) {
 	svc := datapath.ServicePortName{Namespace: "ns", Name: "a"}
 	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80}
@@ -76,7 +76,6 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 		want string
 	}{
 		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
-		{"affinity", func(f *datapath.Frontend) { f.Affinity = time.Hour }, "session affinity"},
 	} {
 		f := ok
 		tc.mod(&f)
@@ -211,5 +210,16 @@ func TestDisjoint(t *testing.T) {
 	first, last := prefixRange(p("192.168.77.9/24"))
 	if first != netip.MustParseAddr("192.168.77.0") || last != netip.MustParseAddr("192.168.77.255") {
 		t.Errorf("prefixRange = %s-%s", first, last)
+	}
+}
+
+func TestNftTime(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		3 * time.Hour: "3h", 90 * time.Second: "1m30s", 1500 * time.Millisecond: "1s500ms",
+		49 * time.Hour: "2d1h", 0: "0s",
+	} {
+		if got := nftTime(d); got != want {
+			t.Errorf("nftTime(%v) = %q, want %q", d, got, want)
+		}
 	}
 }
