@@ -447,7 +447,7 @@ func TestPackets(t *testing.T) {
 // A partial sync sends only the changed Service, traffic follows it at
 // once, and the table it leaves is the one a rebuild from the same plan
 // writes. A failed apply is followed by a rebuild. Cleanup removes the
-// tables.
+// tables, and HoldsRules sees them before and not after.
 func TestPartialSync(t *testing.T) {
 	w := newWorld(t)
 	ctx := context.Background()
@@ -532,8 +532,14 @@ func TestPartialSync(t *testing.T) {
 		t.Fatalf("after the rebuild answered by %v, want only %s", seen, w.pods[0].PodName)
 	}
 
+	if holds, err := w.p.HoldsRules(ctx); err != nil || !holds {
+		t.Fatalf("HoldsRules with the tables written: %v, %v", holds, err)
+	}
 	if err := w.p.Cleanup(ctx); err != nil {
 		t.Fatal(err)
+	}
+	if holds, err := w.p.HoldsRules(ctx); err != nil || holds {
+		t.Fatalf("HoldsRules after cleanup: %v, %v", holds, err)
 	}
 	if out := list(t, w.node.NS, "tables"); strings.Contains(out, TableName) {
 		t.Fatalf("after cleanup: %s", out)
