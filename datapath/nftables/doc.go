@@ -2,7 +2,8 @@
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
 // one transaction per Apply. It is not yet selectable as a mode: it
 // refuses, by name and before writing anything, the frontends it does not
-// program (ErrUnsupported: an unknown frontend kind or protocol).
+// program (ErrUnsupported: an unknown frontend kind or protocol, session
+// affinity over IPv6).
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,

@@ -76,6 +76,9 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 		want string
 	}{
 		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
+		{"IPv6 affinity", func(f *datapath.Frontend) {
+			f.Addr, f.Family, f.Affinity = netip.MustParseAddr("fd00::1"), datapath.IPv6, time.Hour
+		}, "session affinity over IPv6"},
 	} {
 		f := ok
 		tc.mod(&f)
