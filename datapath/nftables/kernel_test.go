@@ -978,3 +978,61 @@ func TestAffinity(t *testing.T) {
 		t.Fatalf("the affinity map still names the removed endpoint:\n%s", out)
 	}
 }
+
+// Tampered sees our table deleted or a chain added to it by hand, not
+// another table's commit; the next Apply rewrites the table and traffic
+// flows again.
+func TestTampered(t *testing.T) {
+	w := newWorld(t)
+	ctx := context.Background()
+	plan := w.plan(1, 0, 1)
+	if err := w.p.Apply(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	tampered := func() bool {
+		t.Helper()
+		got, err := w.p.Tampered(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return got
+	}
+	if tampered() || tampered() {
+		t.Fatal("tampered right after our own apply")
+	}
+	if _, err := w.node.Run("nft", "add", "table", "ip", "someone-else"); err != nil {
+		t.Fatal(err)
+	}
+	if tampered() {
+		t.Fatal("another table's commit counted as tampering")
+	}
+	pod3 := w.pods[2]
+	for i, hand := range [][]string{
+		{"add", "chain", "ip", TableName, "intruder"},
+		{"delete", "table", "ip", TableName},
+	} {
+		if _, err := w.node.Run("nft", hand...); err != nil {
+			t.Fatal(err)
+		}
+		if !tampered() {
+			t.Fatalf("nft %v not seen", hand)
+		}
+		next := w.plan(uint64(i+2), 0, 1)
+		next.Full = true
+		if err := w.p.Apply(ctx, next); err != nil {
+			t.Fatal(err)
+		}
+		if st := w.p.LastStats(); !st.Rebuilt {
+			t.Fatalf("after nft %v: %+v, want the table rewritten", hand, st)
+		}
+		if tampered() {
+			t.Fatalf("after the rewrite, still tampered")
+		}
+		if strings.Contains(list(t, w.node.NS, "table", "ip", TableName), "intruder") {
+			t.Fatal("the hand-made chain survived the rewrite")
+		}
+		if seen := reach(t, 20, pod3.NS, "10.96.0.10:80", false, pod3.IP); len(seen) != 2 {
+			t.Fatalf("after the rewrite answered by %v, want both endpoints", seen)
+		}
+	}
+}

@@ -75,6 +75,10 @@ type Proxier struct {
 	mu     sync.Mutex
 	tables []*table
 	stats  Stats
+	// The ruleset generation at which Tampered last found our tables as
+	// written (verified false: never, or not since).
+	verified    bool
+	verifiedGen uint32
 }
 
 var _ datapath.Backend = (*Proxier)(nil)
