@@ -460,3 +460,13 @@ func nftTime(d time.Duration) string {
 	}
 	return b.String()
 }
+
+// ruleInvalidDrop: "ct state invalid drop".
+func ruleInvalidDrop() rule {
+	return rule{text: "ct state invalid drop", exprs: []expr.Any{
+		&expr.Ct{Register: reg1, Key: expr.CtKeySTATE},
+		&expr.Bitwise{SourceRegister: reg1, DestRegister: reg1, Len: 4, Mask: hostU32(expr.CtStateBitINVALID), Xor: hostU32(0)},
+		&expr.Cmp{Op: expr.CmpOpNeq, Register: reg1, Data: hostU32(0)},
+		verdict(expr.VerdictDrop, ""),
+	}}
+}

@@ -151,6 +151,13 @@ type chainSpec struct {
 // (nodePortAddresses) instead of every local address.
 func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 	bit := uint32(1) << o.MasqueradeBit
+	// Packets conntrack finds out of window (INVALID) are dropped rather
+	// than forwarded un-NATed to a pod that would reset the connection,
+	// as kube-proxy does, unless the node's conntrack is liberal.
+	forward := []rule{ruleJump(true, chainSvcCheck)}
+	if !o.TCPBeLiberal {
+		forward = append([]rule{ruleInvalidDrop()}, forward...)
+	}
 	return []chainSpec{
 		{name: chainReject, rules: []rule{ruleReject(f)}},
 		{name: chainSvcCheck, rules: []rule{ruleDispatch(f, true, mapNoEndpoints)}},
@@ -172,9 +179,7 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 			ruleJump(true, chainNodePortCheck),
 			ruleJump(true, chainSvcCheck),
 		}},
-		{name: chainFilterForward, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookForward, prio: prioFilter, rules: []rule{
-			ruleJump(true, chainSvcCheck),
-		}},
+		{name: chainFilterForward, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookForward, prio: prioFilter, rules: forward},
 		{name: chainFilterOutput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookOutput, prio: prioFilter, rules: []rule{
 			ruleJump(true, chainSvcCheck),
 			ruleFirewall(f, setFirewallIPs, setFirewallAllow),

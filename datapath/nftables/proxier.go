@@ -25,6 +25,10 @@ type Options struct {
 	ClusterCIDRs []netip.Prefix
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool
+	// TCPBeLiberal: nf_conntrack_tcp_be_liberal is set, so out-of-window
+	// packets are not INVALID; the "ct state invalid drop" rule is left
+	// out (as in the iptables mode).
+	TCPBeLiberal bool
 	// IPv6 also programs the ip6 table; off, IPv6 frontends are ignored.
 	IPv6 bool
 	// NodePortAddresses restricts node ports to the node's own addresses

@@ -226,3 +226,20 @@ func TestNftTime(t *testing.T) {
 		}
 	}
 }
+
+// Out-of-window packets are dropped in forward unless conntrack is liberal.
+func TestInvalidDrop(t *testing.T) {
+	for _, liberal := range []bool{false, true} {
+		var forward []string
+		for _, c := range famIPv4.fixedChains(&Options{MasqueradeBit: 14, TCPBeLiberal: liberal}, false) {
+			if c.name == chainFilterForward {
+				for _, r := range c.rules {
+					forward = append(forward, r.text)
+				}
+			}
+		}
+		if has := slices.Contains(forward, "ct state invalid drop"); has == liberal {
+			t.Errorf("TCPBeLiberal %v: filter-forward %q", liberal, forward)
+		}
+	}
+}
