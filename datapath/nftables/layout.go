@@ -42,9 +42,12 @@ const (
 	chainMasquerading  = "masquerading"
 )
 
-// Priorities as kube-proxy's nftables mode: the filter chains run just
-// before DNAT (dstnat - 10), so that a Service without endpoints is
-// refused by its own address; the nat chains at dstnat and srcnat.
+// Priorities as kube-proxy's nftables mode: the filter chains at dstnat
+// - 10; in prerouting and output that is before DNAT (the firewall sees
+// the load balancer's address), and input and forward come after
+// prerouting's DNAT anyway, so the no-endpoint maps see only traffic that
+// was not translated (a Service without endpoints, by its own address).
+// The nat chains at dstnat and srcnat.
 const (
 	prioFilter  = nftables.ChainPriority(-110)
 	prioDstNAT  = nftables.ChainPriority(-100)
