@@ -25,14 +25,14 @@
 //	ext-NS/NAME/PORT   mark; goto svc-…   (NodePort, ExternalIP, LB IP)
 //	                   Local: pods and the node short-circuit to the
 //	                   cluster-wide svc- chain, the rest to the local one
-//	filter-input/forward/output (filter, dstnat-10), ct state new:
+//	filter-input/forward/output (filter, after DNAT), ct state new:
 //	             … vmap @no-endpoint-services / @no-endpoint-nodeports
 //	             → goto reject-chain (reject) | drop
 //	nat-postrouting (srcnat) → masquerading:
 //	             ct status dnat ip saddr . ip daddr @hairpin mark;
 //	             unmarked return; clear the mark; masquerade fully-random
 //
-//	filter-prerouting/output: load balancers with source ranges,
+//	filter-prerouting/output-pre-dnat (dstnat-10): load balancers with source ranges,
 //	             @firewall-ips and the interval set @firewall-allow
 //
 //	svc- with session affinity: the dynamic map @affinity (client .

@@ -760,7 +760,8 @@ func TestUDPStaleConntrack(t *testing.T) {
 // Traffic policy Local with real packets: an outside client reaches only
 // the local endpoint and keeps its address; pods and the node itself are
 // short-circuited to every endpoint (the node masqueraded); a frontend
-// without local endpoints drops outside clients but still serves pods.
+// without local endpoints drops outside clients but still serves pods and
+// the node (its no-endpoint check looks after DNAT, as kube-proxy's).
 func TestLocalPolicy(t *testing.T) {
 	w := newWorld(t)
 	loc := svcName("default", "local", "")
@@ -785,6 +786,9 @@ func TestLocalPolicy(t *testing.T) {
 	}
 	if seen := reach(t, 40, pod3.NS, "198.51.100.40:80", false, pod3.IP); len(seen) != 2 {
 		t.Fatalf("pod to the LoadBalancer IP answered by %v, want both endpoints", seen)
+	}
+	if seen := reach(t, 40, w.node.NS, "198.51.100.40:80", false, w.node.Gateway); len(seen) != 2 {
+		t.Fatalf("node to the LoadBalancer IP answered by %v, want both endpoints (short-circuit, masqueraded)", seen)
 	}
 	// Dropped, not refused: no answer at all. The wait is the test's
 	// choice, not a speed it asserts.

@@ -28,7 +28,8 @@ const (
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
 
-	chainFilterPre     = "filter-prerouting"
+	chainFilterPre     = "filter-prerouting-pre-dnat"
+	chainFilterOutPre  = "filter-output-pre-dnat"
 	chainFilterInput   = "filter-input"
 	chainFilterForward = "filter-forward"
 	chainFilterOutput  = "filter-output"
@@ -42,14 +43,16 @@ const (
 	chainMasquerading  = "masquerading"
 )
 
-// Priorities as kube-proxy's nftables mode: the filter chains at dstnat
-// - 10; in prerouting and output that is before DNAT (the firewall sees
-// the load balancer's address), and input and forward come after
-// prerouting's DNAT anyway, so the no-endpoint maps see only traffic that
-// was not translated (a Service without endpoints, by its own address).
-// The nat chains at dstnat and srcnat.
+// Priorities as kube-proxy's nftables mode: the firewall chains at
+// dstnat - 10 in prerouting and output, before DNAT (they look at the load
+// balancer's address); the no-endpoint checks in input, forward and output
+// at filter, after DNAT, so that they see only traffic that was not
+// translated (a Service without endpoints, by its own address) and the
+// short-circuited traffic of a Local Service passes; the nat chains at
+// dstnat and srcnat.
 const (
-	prioFilter  = nftables.ChainPriority(-110)
+	prioPreDNAT = nftables.ChainPriority(-110)
+	prioFilter  = nftables.ChainPriority(0)
 	prioDstNAT  = nftables.ChainPriority(-100)
 	prioSrcNAT  = nftables.ChainPriority(100)
 	svcPrefix   = "svc-"
@@ -175,7 +178,10 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 			ruleClearMark(bit),
 			ruleMasquerade(),
 		}},
-		{name: chainFilterPre, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookPrerouting, prio: prioFilter, rules: []rule{
+		{name: chainFilterPre, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookPrerouting, prio: prioPreDNAT, rules: []rule{
+			ruleFirewall(f, setFirewallIPs, setFirewallAllow),
+		}},
+		{name: chainFilterOutPre, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookOutput, prio: prioPreDNAT, rules: []rule{
 			ruleFirewall(f, setFirewallIPs, setFirewallAllow),
 		}},
 		{name: chainFilterInput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookInput, prio: prioFilter, rules: []rule{
@@ -185,7 +191,6 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 		{name: chainFilterForward, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookForward, prio: prioFilter, rules: forward},
 		{name: chainFilterOutput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookOutput, prio: prioFilter, rules: []rule{
 			ruleJump(true, chainSvcCheck),
-			ruleFirewall(f, setFirewallIPs, setFirewallAllow),
 		}},
 		{name: chainNatPre, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
 		{name: chainNatOutput, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
