@@ -6,11 +6,17 @@ require (
 	github.com/coreos/go-iptables v0.8.0
 	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/fsnotify/fsnotify v1.10.1
+	// datapath/nftables: pinned past v0.3.0 for its batch fixes: an error while
+	// queueing (marshal, validation) is returned by Flush and nothing of the
+	// batch is sent (PR #328, no partial transaction), and the send and
+	// receive buffers are sized to the batch (no ENOBUFS on large syncs).
+	// It raises mdlayher/netlink to the pseudo-version it requires.
+	github.com/google/nftables v0.3.1-0.20251119083706-1db35da82052
 	github.com/knadh/koanf/parsers/yaml v1.1.1
 	github.com/knadh/koanf/providers/confmap v1.0.1
 	github.com/knadh/koanf/providers/file v1.2.1
 	github.com/knadh/koanf/v2 v2.4.1
-	github.com/mdlayher/netlink v1.7.2
+	github.com/mdlayher/netlink v1.8.1-0.20251028132421-dcc6cab9a6eb
 	github.com/moby/ipvs v1.1.0
 	github.com/prometheus/client_golang v1.25.0
 	github.com/tetratelabs/wazero v1.12.0
@@ -42,7 +48,6 @@ require (
 	github.com/google/go-cmp v0.7.0 // indirect
 	github.com/google/uuid v1.6.0 // indirect
 	github.com/josharian/intern v1.0.0 // indirect
-	github.com/josharian/native v1.1.0 // indirect
 	github.com/json-iterator/go v1.1.12 // indirect
 	github.com/knadh/koanf/maps v0.1.2 // indirect
 	github.com/kylelemons/godebug v1.1.0 // indirect

@@ -6,7 +6,8 @@
 #
 #   demo     make build and make demo: file (the static-binary check),
 #            iptables (both backends) and iproute2
-#   kernel   the kernel tiers: ipset, conntrack, kmod, procps, gcc for -race
+#   kernel   the kernel tiers: ipset, conntrack, nftables (datapath/nftables
+#            lists its rules with nft), kmod, procps, gcc for -race
 #   vm       the IPVS VM: qemu, Debian's kernel and busybox; ipvsadm and socat
 #            inside it (the guest runs the host's root: they are installed
 #            here, nothing is cached for them)
@@ -23,7 +24,7 @@ set -eu
 group() {
 	case $1 in
 	demo) echo "file make ca-certificates iptables iproute2" ;;
-	kernel) echo "ipset conntrack kmod procps gcc libc6-dev" ;;
+	kernel) echo "ipset conntrack nftables kmod procps gcc libc6-dev" ;;
 	vm) echo "qemu-system-x86 linux-image-amd64 busybox-static ipvsadm socat" ;;
 	modules) echo "rustc cargo libstd-rust-dev-wasm32 clang lld wasi-libc libclang-rt-14-dev-wasm32" ;;
 	package) echo "systemd lintian rpm zsh fish" ;;

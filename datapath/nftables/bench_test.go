@@ -1,0 +1,133 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"net/netip"
+	"runtime"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+)
+
+// benchPlan is n ClusterIP Services (TCP) × 10 endpoints, the shape of
+// issue 27's measurements.
+func benchPlan(n int) *datapath.Plan {
+	p := &datapath.Plan{Generation: 1, Full: true}
+	for i := range n {
+		s := datapath.ServicePortName{Namespace: "bench", Name: fmt.Sprintf("svc-%05d", i)}
+		vip := netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)})
+		var eps []datapath.Endpoint
+		for j := range 10 {
+			k := i*10 + j
+			eps = append(eps, datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom4([4]byte{10, 128 + byte(k>>16), byte(k >> 8), byte(k)}), 8080), Weight: 1})
+		}
+		p.Frontends = append(p.Frontends, datapath.Frontend{Service: s, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: vip, Family: datapath.IPv4, Port: 80, Endpoints: eps})
+	}
+	p.Sort()
+	return p
+}
+
+var benchSizes = []int{1000, 5000, 10000}
+
+// BenchmarkColdStart: the whole plan into an empty namespace, one
+// transaction (the table is removed between iterations, untimed).
+func BenchmarkColdStart(b *testing.B) {
+	gate.Root(b)
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := netns.New(b, "nftbench")
+			plan := benchPlan(n)
+			ctx := context.Background()
+			msgs := 0
+			for b.Loop() {
+				b.StopTimer()
+				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Cleanup(ctx); err != nil {
+					b.Fatal(err)
+				}
+				p.tables[0] = newTable(famIPv4)
+				b.StartTimer()
+				if err := p.Apply(ctx, plan); err != nil {
+					b.Fatal(err)
+				}
+				b.StopTimer()
+				msgs = p.LastStats().Messages
+				_ = p.Close()
+				b.StartTimer()
+			}
+			b.ReportMetric(float64(msgs), "ops/sync")
+		})
+	}
+}
+
+// BenchmarkUpdateOne: one Service's endpoints change (one of ten is
+// replaced) in a table holding n Services: a partial sync. heldB/service
+// is the heap the Proxier keeps per Service between syncs; p50-ms and
+// p99-ms are the Apply's latencies.
+func BenchmarkUpdateOne(b *testing.B) {
+	gate.Root(b)
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := netns.New(b, "nftbench")
+			plan := benchPlan(n)
+			before := heap()
+			p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			ctx := context.Background()
+			if err := p.Apply(ctx, plan); err != nil {
+				b.Fatal(err)
+			}
+			held := heap() - before
+			i := n / 2
+			f := &plan.Frontends[i]
+			orig := f.Endpoints
+			moved := append([]datapath.Endpoint(nil), orig...)
+			moved[3].Addr = netip.AddrPortFrom(netip.MustParseAddr("10.200.0.1"), 8080)
+			plan.Full, plan.Changed = false, map[datapath.ServicePortName]bool{f.Service: true}
+			k := 0
+			var took []time.Duration
+			for b.Loop() {
+				if k%2 == 0 {
+					f.Endpoints = moved
+				} else {
+					f.Endpoints = orig
+				}
+				k++
+				start := time.Now()
+				if err := p.Apply(ctx, plan); err != nil {
+					b.Fatal(err)
+				}
+				took = append(took, time.Since(start))
+			}
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
+			st := p.LastStats()
+			if st.Rebuilt || st.Units != 1 {
+				b.Fatalf("not a partial sync: %+v", st)
+			}
+			b.ReportMetric(float64(st.Messages), "ops/sync")
+			b.ReportMetric(float64(held)/float64(n), "heldB/service")
+			runtime.KeepAlive(p)
+		})
+	}
+}
+
+// heap is the live heap after a collection.
+func heap() int64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return int64(m.HeapAlloc)
+}

@@ -1,0 +1,311 @@
+package nftables
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"sync"
+
+	"github.com/google/nftables"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
+)
+
+// Options configure a Proxier.
+type Options struct {
+	// MasqueradeBit is the packet-mark bit (0..31) that asks for SNAT, as
+	// in the iptables mode (default config: 14).
+	MasqueradeBit int
+	// ClusterCIDRs are the pod ranges, at most one per family: traffic to
+	// a cluster IP from outside them is masqueraded. A family without one
+	// masquerades none (kube-proxy's ClusterCIDR mode without a range).
+	ClusterCIDRs []netip.Prefix
+	// MasqueradeAll masquerades all traffic to cluster IPs.
+	MasqueradeAll bool
+	// TCPBeLiberal: nf_conntrack_tcp_be_liberal is set, so out-of-window
+	// packets are not INVALID; the "ct state invalid drop" rule is left
+	// out (as in the iptables mode).
+	TCPBeLiberal bool
+	// IPv6 also programs the ip6 table; off, IPv6 frontends are ignored.
+	IPv6 bool
+	// NodePortAddresses restricts node ports to the node's own addresses
+	// inside these prefixes, looked up at every apply; a family with no
+	// prefix here (and no primary address, see NodePortPrimary) answers
+	// on every local address (fib daddr type local).
+	NodePortAddresses []netip.Prefix
+	// NodePortPrimary adds the plan's NodeIPs: kube-proxy's "primary".
+	NodePortPrimary bool
+	// LocalAddrs lists the node's addresses for NodePortAddresses; nil
+	// asks the kernel (net.InterfaceAddrs, in the network namespace of
+	// the thread that calls Apply).
+	LocalAddrs func() ([]netip.Addr, error)
+	// NetNS is a file descriptor of the network namespace to program
+	// (tests); 0 means the process's own.
+	NetNS  int
+	Logger *slog.Logger
+	// Conntrack cleans stale UDP entries after each successful apply
+	// (*conntrack.Cleaner; it works in the network namespace of the
+	// thread that calls Apply). Nil creates a conntrack.Cleaner; set
+	// NoConntrack to have none.
+	Conntrack   ConntrackCleaner
+	NoConntrack bool
+}
+
+// ConntrackCleaner removes stale UDP conntrack entries after an apply.
+// *conntrack.Cleaner implements it.
+type ConntrackCleaner interface {
+	Reconcile(ctx context.Context, frontends []datapath.Frontend, force bool) (int, error)
+}
+
+func (o *Options) clusterCIDR(f datapath.Family) (netip.Prefix, bool) {
+	for _, p := range o.ClusterCIDRs {
+		if datapath.FamilyOf(p.Addr()) == f {
+			return p.Masked(), true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// Proxier implements datapath.Backend with nf_tables over netlink.
+type Proxier struct {
+	opts Options
+	log  *slog.Logger
+	conn *nftables.Conn
+	ct   ConntrackCleaner
+
+	mu     sync.Mutex
+	tables []*table
+	stats  Stats
+	// The ruleset generation at which Tampered last found our tables as
+	// written (verified false: never, or not since).
+	verified    bool
+	verifiedGen uint32
+}
+
+var _ datapath.Backend = (*Proxier)(nil)
+
+// Stats describe the last successful Apply.
+type Stats struct {
+	Rebuilt  bool // the tables were written from scratch
+	Units    int  // service ports compared (in the family with most)
+	Messages int  // operations in the transaction (one per chain, rule, set's element list)
+}
+
+// table is the state of one family's table as last written: kept in
+// memory, never read back from the kernel.
+type table struct {
+	f        *fam
+	written  bool // a rebuild succeeded since start
+	needFull bool // the last apply failed
+	units    map[datapath.ServicePortName]*unit
+	hairpin  map[netip.Addr]int // references to each endpoint from units
+	// Node ports: restricted to npIPs (@nodeport-ips), or on every local
+	// address (fib) when npIPs is nil.
+	npIPs []netip.Addr
+	// affinity: the affinity map exists (while some Service has session
+	// affinity: affUnits counts them); affDirty: its entries need a sweep
+	// (a Service with affinity changed, or a sweep failed).
+	affinity, affDirty bool
+	affUnits           int
+}
+
+// New returns a Proxier. It writes nothing until the first Apply, which
+// replaces whatever table of our name exists with the whole plan in one
+// transaction.
+func New(o Options) (*Proxier, error) {
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		return nil, fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	if o.LocalAddrs == nil {
+		o.LocalAddrs = interfaceAddrs
+	}
+	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if o.NetNS != 0 {
+		opts = append(opts, nftables.WithNetNSFd(o.NetNS))
+	}
+	c, err := nftables.New(opts...)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: netlink: %w", err)
+	}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c}
+	switch {
+	case o.NoConntrack:
+	case o.Conntrack != nil:
+		p.ct = o.Conntrack
+	default:
+		ct, err := conntrack.New(conntrack.Options{Logger: o.Logger, NodePortAddresses: o.NodePortAddresses, LocalAddrs: o.LocalAddrs})
+		if err != nil {
+			_ = c.CloseLasting()
+			return nil, fmt.Errorf("nftables: %w", err)
+		}
+		p.ct = ct
+	}
+	p.tables = append(p.tables, newTable(famIPv4))
+	if o.IPv6 {
+		p.tables = append(p.tables, newTable(famIPv6))
+	}
+	return p, nil
+}
+
+func newTable(f *fam) *table {
+	return &table{f: f, units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}}
+}
+
+// Name is "nftables".
+func (p *Proxier) Name() string { return "nftables" }
+
+// Close releases the netlink socket.
+func (p *Proxier) Close() error { return p.conn.CloseLasting() }
+
+// LastStats returns what the last successful Apply did.
+func (p *Proxier) LastStats() Stats {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.stats
+}
+
+// Apply makes the tables match plan in one nf_tables transaction, so no
+// packet sees half of it. The first apply, and the one after a failure,
+// writes the tables from scratch; after that only the service ports in
+// plan.Changed (all of them when plan.Full) are compared with what was
+// written, and only their differences are sent.
+func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	if err := check(plan.Frontends); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	b := &batch{c: p.conn}
+	var pend []*pending
+	st := Stats{}
+	for _, t := range p.tables {
+		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
+		if err != nil {
+			return fmt.Errorf("nftables: node-port addresses: %w", err)
+		}
+		// Whether node ports are restricted is in the fixed rules: a
+		// change of it rewrites the table.
+		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil)
+		groups := group(plan, t.f.family, rebuild || plan.Full)
+		var pd *pending
+		if rebuild {
+			st.Rebuilt = true
+			pd, err = t.rebuild(b, &p.opts, groups, ips)
+		} else {
+			pd, err = t.update(b, &p.opts, groups, plan, ips)
+		}
+		if err != nil {
+			return err // nothing was queued on the connection yet
+		}
+		st.Units = max(st.Units, pd.n)
+		pend = append(pend, pd)
+	}
+	st.Messages = b.run()
+	if err := p.conn.Flush(); err != nil {
+		for _, t := range p.tables {
+			t.needFull = true
+		}
+		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
+	}
+	for i, t := range p.tables {
+		pend[i].commit(t)
+		if t.affDirty {
+			// Entries that name an endpoint the frontend no longer has
+			// would send its clients there: they go in a second
+			// transaction, after the rules stopped making them. A
+			// failure is retried after the next apply.
+			if err := p.sweepAffinity(t); err != nil {
+				p.log.Warn("session affinity: removing entries of removed endpoints failed; retried next sync", "family", t.f.name, "err", err)
+			} else {
+				t.affDirty = false
+			}
+		}
+	}
+	p.stats = st
+	// A failed conntrack cleanup does not fail the apply: the rules are
+	// right, the cleaner counts the failure, and the next sync tries
+	// again (as in the iptables mode).
+	if p.ct != nil {
+		if _, err := p.ct.Reconcile(ctx, plan.Frontends, plan.Full); err != nil {
+			p.log.Warn("conntrack cleanup after the apply failed; retried next sync", "err", err)
+		}
+	}
+	return nil
+}
+
+// group collects the frontends of family fam by service port: all of
+// them, or only the changed ones.
+func group(plan *datapath.Plan, f datapath.Family, all bool) map[datapath.ServicePortName][]datapath.Frontend {
+	out := map[datapath.ServicePortName][]datapath.Frontend{}
+	for i := range plan.Frontends {
+		fr := &plan.Frontends[i]
+		if fr.Family != f || (!all && !plan.Changed[fr.Service]) {
+			continue
+		}
+		out[fr.Service] = append(out[fr.Service], *fr)
+	}
+	return out
+}
+
+// pending is what a table will hold once the batch is committed.
+type pending struct {
+	replace bool // units and hairpin replace the table's
+	units   map[datapath.ServicePortName]*unit
+	hairpin map[netip.Addr]int // the new counts (replace) or the deltas
+	n       int                // service ports compared
+	npIPs   []netip.Addr
+	// affinity: the affinity map exists after the batch; sweep: a
+	// Service with affinity changed, its stale entries must go.
+	affinity, sweep bool
+	affUnits        int // the table's count after the batch
+}
+
+func (pd *pending) commit(t *table) {
+	t.npIPs, t.affinity, t.affUnits = pd.npIPs, pd.affinity, pd.affUnits
+	t.affDirty = t.affDirty || pd.sweep
+	if pd.replace {
+		t.units, t.hairpin = pd.units, pd.hairpin
+		t.written, t.needFull = true, false
+		return
+	}
+	for s, u := range pd.units {
+		if u == nil {
+			delete(t.units, s)
+		} else {
+			t.units[s] = u
+		}
+	}
+	for a, d := range pd.hairpin {
+		if n := t.hairpin[a] + d; n > 0 {
+			t.hairpin[a] = n
+		} else {
+			delete(t.hairpin, a)
+		}
+	}
+}
+
+// interfaceAddrs lists the addresses of every interface.
+func interfaceAddrs() ([]netip.Addr, error) {
+	as, err := net.InterfaceAddrs()
+	if err != nil {
+		return nil, err
+	}
+	var out []netip.Addr
+	for _, a := range as {
+		if n, ok := a.(*net.IPNet); ok {
+			if ip, ok := netip.AddrFromSlice(n.IP); ok {
+				out = append(out, ip.Unmap())
+			}
+		}
+	}
+	return out, nil
+}

@@ -1,0 +1,332 @@
+package nftables
+
+import (
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/expr"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// batch collects the operations of one transaction before any of them
+// reaches the connection, so that a render refused half-way leaves the
+// connection's queue empty (google/nftables has no way to drop queued
+// messages but sending them).
+type batch struct {
+	c   *nftables.Conn
+	ops []func()
+}
+
+func (b *batch) add(op func()) { b.ops = append(b.ops, op) }
+
+// run queues every operation on the connection and returns how many.
+func (b *batch) run() int {
+	for _, op := range b.ops {
+		op()
+	}
+	return len(b.ops)
+}
+
+// objects are the nftables values of one table, for building messages.
+type objects struct {
+	t    *nftables.Table
+	sets map[string]*nftables.Set
+}
+
+func newObjects(f *fam) *objects {
+	o := &objects{t: &nftables.Table{Family: f.tf, Name: TableName}, sets: map[string]*nftables.Set{}}
+	for _, s := range f.allSets() {
+		set := &nftables.Set{Table: o.t, Name: s.name, IsMap: s.isMap, Concatenation: len(s.key) > 1, Interval: s.interval}
+		set.KeyType = nftables.MustConcatSetType(s.key...)
+		switch {
+		case s.data != nil:
+			set.DataType = nftables.MustConcatSetType(s.data...)
+		case s.isMap:
+			set.DataType = nftables.TypeVerdict
+		}
+		if s.dynamic {
+			set.Dynamic, set.HasTimeout, set.Size = true, true, affinitySize
+		}
+		o.sets[s.name] = set
+	}
+	return o
+}
+
+func (o *objects) chain(c chainSpec) *nftables.Chain {
+	ch := &nftables.Chain{Name: c.name, Table: o.t}
+	if c.hook != nil {
+		prio := c.prio
+		ch.Hooknum, ch.Priority, ch.Type = c.hook, &prio, c.typ
+		pol := nftables.ChainPolicyAccept
+		ch.Policy = &pol
+	}
+	return ch
+}
+
+func (b *batch) addChain(o *objects, c chainSpec) {
+	ch := o.chain(c)
+	b.add(func() { b.c.AddChain(ch) })
+}
+
+func (b *batch) addRules(o *objects, c chainSpec) {
+	ch := o.chain(c)
+	for _, r := range c.rules {
+		b.add(func() { b.c.AddRule(&nftables.Rule{Table: o.t, Chain: ch, Exprs: r.exprs}) })
+	}
+}
+
+func (b *batch) flushChain(o *objects, c chainSpec) {
+	ch := o.chain(c)
+	b.add(func() { b.c.FlushChain(ch) })
+}
+
+func (b *batch) delChain(o *objects, c chainSpec) {
+	ch := o.chain(c)
+	b.add(func() { b.c.DelChain(ch) })
+}
+
+// elems adds (del false) or deletes elements, one message list per set.
+func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
+	bySet := map[string][]nftables.SetElement{}
+	for k, t := range es {
+		e := nftables.SetElement{Key: []byte(k.key)}
+		if k.end != "" {
+			e.KeyEnd = []byte(k.end)
+		}
+		if o.sets[k.set].IsMap {
+			e.VerdictData = &expr.Verdict{Kind: t.kind, Chain: t.chain}
+		}
+		bySet[k.set] = append(bySet[k.set], e)
+	}
+	names := make([]string, 0, len(bySet))
+	for n := range bySet {
+		names = append(names, n)
+	}
+	slices.Sort(names)
+	for _, n := range names {
+		set, vals := o.sets[n], bySet[n]
+		if del {
+			b.add(func() { _ = b.c.SetDeleteElements(set, vals) })
+		} else {
+			b.add(func() { _ = b.c.SetAddElements(set, vals) })
+		}
+	}
+}
+
+// rebuild replaces the table with one holding the fixed objects and every
+// unit of groups: "add table; delete table; add table" in one
+// transaction, so the delete never fails and no packet sees the table
+// missing.
+func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (*pending, error) {
+	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), hairpin: map[netip.Addr]int{}, npIPs: npIPs}
+	for s, fs := range groups {
+		u, err := buildUnit(t.f, o, fs)
+		if err != nil {
+			return nil, err
+		}
+		pd.units[s] = u
+		for _, a := range u.hairpin {
+			pd.hairpin[a]++
+		}
+	}
+	pd.n = len(groups)
+	for _, u := range pd.units {
+		if len(u.aff) > 0 {
+			pd.affUnits++
+		}
+	}
+	pd.affinity = pd.affUnits > 0
+	ob := newObjects(t.f)
+	b.add(func() {
+		b.c.AddTable(ob.t)
+		b.c.DelTable(ob.t)
+		b.c.AddTable(ob.t)
+	})
+	for _, s := range t.f.sets() {
+		set := ob.sets[s.name]
+		b.add(func() { _ = b.c.AddSet(set, nil) })
+	}
+	if pd.affinity {
+		set := ob.sets[mapAffinity]
+		b.add(func() { _ = b.c.AddSet(set, nil) })
+	}
+	// Rules look sets up by name, those of this transaction too.
+	fixed := t.f.fixedChains(o, npIPs != nil)
+	for _, c := range fixed {
+		if c.hook == nil {
+			b.addChain(ob, c)
+		}
+	}
+	names := make([]datapath.ServicePortName, 0, len(pd.units))
+	for s := range pd.units {
+		names = append(names, s)
+	}
+	slices.SortFunc(names, datapath.ServicePortName.Compare)
+	all := map[elemKey]target{}
+	for _, s := range names {
+		u := pd.units[s]
+		for _, c := range u.chains {
+			b.addChain(ob, c)
+			b.addRules(ob, c)
+		}
+		for k, v := range u.elems {
+			all[k] = v
+		}
+		pd.units[s] = u.summary()
+	}
+	for a := range pd.hairpin {
+		all[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+	}
+	for _, a := range npIPs {
+		all[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+	}
+	b.elems(ob, false, all)
+	for _, c := range fixed {
+		if c.hook != nil {
+			b.addChain(ob, c)
+		}
+		b.addRules(ob, c)
+	}
+	return pd, nil
+}
+
+// update sends the differences of the service ports in scope (plan.Changed,
+// or every one with plan.Full) between what was written and groups.
+// Within the transaction: elements that go or change are deleted first,
+// chains to rewrite flushed, then chains that go deleted (an external
+// chain before the service chain it jumps to), new chains created, the
+// rules of new and rewritten chains added, and new elements added last:
+// nothing ever points at a missing chain.
+func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
+	pd := &pending{units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}, npIPs: npIPs, affUnits: t.affUnits}
+	scope := map[datapath.ServicePortName]bool{}
+	if plan.Full {
+		for s := range t.units {
+			scope[s] = true
+		}
+		for s := range groups {
+			scope[s] = true
+		}
+	} else {
+		for s := range plan.Changed {
+			scope[s] = true
+		}
+	}
+	pd.n = len(scope)
+	ob := newObjects(t.f)
+	del, add := map[elemKey]target{}, map[elemKey]target{}
+	var delChains, addChains, rewrite []chainSpec
+	for s := range scope {
+		old := t.units[s]
+		if old == nil {
+			old = &unit{}
+		}
+		nu, err := buildUnit(t.f, o, groups[s])
+		if err != nil {
+			return nil, err
+		}
+		oldElems := old.elemMap()
+		if len(old.aff) > 0 {
+			pd.affUnits--
+		}
+		if len(nu.aff) > 0 {
+			pd.affUnits++
+		}
+		pd.sweep = pd.sweep || len(old.aff) > 0 && !slices.EqualFunc(old.aff, nu.aff, affFrontend.equal)
+		if len(nu.chains) == 0 && len(nu.elems) == 0 {
+			if len(old.chains) > 0 || len(oldElems) > 0 {
+				pd.units[s] = nil
+			}
+		} else {
+			pd.units[s] = nu.summary()
+		}
+		for k, v := range oldElems {
+			if nv, ok := nu.elems[k]; !ok || nv != v {
+				del[k] = v
+			}
+		}
+		for k, v := range nu.elems {
+			if ov, ok := oldElems[k]; !ok || ov != v {
+				add[k] = v
+			}
+		}
+		for i := len(old.chains) - 1; i >= 0; i-- {
+			if !slices.ContainsFunc(nu.chains, func(c chainSpec) bool { return c.name == old.chains[i].name }) {
+				delChains = append(delChains, old.chains[i])
+			}
+		}
+		for _, c := range nu.chains {
+			j := slices.IndexFunc(old.chains, func(oc chainSpec) bool { return oc.name == c.name })
+			switch {
+			case j < 0:
+				addChains = append(addChains, c)
+			case old.chains[j].digest != c.digest:
+				rewrite = append(rewrite, c)
+			}
+		}
+		for _, a := range old.hairpin {
+			pd.hairpin[a]--
+		}
+		for _, a := range nu.hairpin {
+			pd.hairpin[a]++
+		}
+	}
+	for a, d := range pd.hairpin {
+		was := t.hairpin[a]
+		switch now := was + d; {
+		case d == 0:
+			delete(pd.hairpin, a)
+		case was == 0 && now > 0:
+			add[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+		case was > 0 && now <= 0:
+			del[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+		}
+	}
+	for _, a := range npIPs {
+		if !slices.Contains(t.npIPs, a) {
+			add[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+		}
+	}
+	for _, a := range t.npIPs {
+		if !slices.Contains(npIPs, a) {
+			del[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+		}
+	}
+	// The affinity map exists while a Service has affinity: created before
+	// the rules that use it, deleted after the last of them.
+	pd.affinity = pd.affUnits > 0
+	if pd.affinity && !t.affinity {
+		set := ob.sets[mapAffinity]
+		b.add(func() { _ = b.c.AddSet(set, nil) })
+	}
+	if !pd.affinity {
+		pd.sweep = false
+	}
+	// Order matters: a chain can be deleted only once nothing points at
+	// it, neither an element nor a rule of a chain being rewritten; a
+	// rule can jump only to a chain that exists.
+	b.elems(ob, true, del)
+	for _, c := range rewrite {
+		b.flushChain(ob, c)
+	}
+	for _, c := range delChains {
+		b.delChain(ob, c)
+	}
+	for _, c := range addChains {
+		b.addChain(ob, c)
+	}
+	for _, c := range addChains {
+		b.addRules(ob, c)
+	}
+	for _, c := range rewrite {
+		b.addRules(ob, c)
+	}
+	b.elems(ob, false, add)
+	if t.affinity && !pd.affinity {
+		set := ob.sets[mapAffinity]
+		b.add(func() { b.c.DelSet(set) })
+	}
+	return pd, nil
+}

@@ -1,0 +1,445 @@
+package nftables
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/google/nftables/expr"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// ErrUnsupported is wrapped by Apply's error for a plan with a frontend
+// this datapath cannot program (an unknown kind or protocol, session
+// affinity over IPv6); nothing is written then.
+var ErrUnsupported = errors.New("nftables: not supported yet")
+
+// unsupported says why f cannot be programmed faithfully yet, or "".
+// Everything else of the plan is programmed as kube-proxy's nftables
+// mode does: ClusterIP, NodePort, ExternalIP and LoadBalancer frontends
+// (with source ranges), traffic policies Cluster and Local, session
+// affinity.
+func unsupported(f *datapath.Frontend) string {
+	switch {
+	case f.Affinity > 0 && f.Family == datapath.IPv6:
+		// Its update statement (a 40-byte key, an 18-byte value) works in
+		// the kernel, but Debian 12's nft aborts reading it back
+		// (netlink_gen_expr: "dreg < ctx->reg_low"): operators could
+		// not load what they list.
+		return "session affinity over IPv6"
+	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort && f.Kind != datapath.ExternalIP && f.Kind != datapath.LoadBalancer:
+		return "frontend kind " + string(f.Kind)
+	case f.Protocol.Number() == 0:
+		return "protocol " + string(f.Protocol)
+	}
+	return ""
+}
+
+// check returns an error wrapping ErrUnsupported that names every
+// unsupported feature the plan's frontends use, with one service each.
+func check(frontends []datapath.Frontend) error {
+	first := map[string]datapath.ServicePortName{}
+	for i := range frontends {
+		if why := unsupported(&frontends[i]); why != "" {
+			if _, ok := first[why]; !ok {
+				first[why] = frontends[i].Service
+			}
+		}
+	}
+	if len(first) == 0 {
+		return nil
+	}
+	var parts []string
+	for why, s := range first {
+		parts = append(parts, fmt.Sprintf("%s (%s)", why, s))
+	}
+	slices.Sort(parts)
+	return fmt.Errorf("%w: %s", ErrUnsupported, strings.Join(parts, ", "))
+}
+
+// elemKey is one element of one of the fixed maps or sets: the set's name
+// and the element's key bytes (and, in an interval set, the key's end).
+type elemKey struct {
+	set string
+	key string
+	end string
+}
+
+// disjoint returns the prefixes of family fam in ps, masked, without
+// those inside another (two prefixes overlap only so): an interval set
+// refuses overlapping elements.
+func disjoint(ps []netip.Prefix, fam datapath.Family) []netip.Prefix {
+	var out []netip.Prefix
+	for _, p := range ps {
+		if datapath.FamilyOf(p.Addr()) == fam {
+			out = append(out, p.Masked())
+		}
+	}
+	// Broader first, so that a prefix is kept only when none kept
+	// before contains it.
+	slices.SortFunc(out, func(a, b netip.Prefix) int {
+		if c := a.Bits() - b.Bits(); c != 0 {
+			return c
+		}
+		return a.Addr().Compare(b.Addr())
+	})
+	kept := out[:0]
+	for _, p := range out {
+		if !slices.ContainsFunc(kept, func(k netip.Prefix) bool { return k.Contains(p.Addr()) }) {
+			kept = append(kept, p)
+		}
+	}
+	return kept
+}
+
+// prefixRange returns the first and last address of p.
+func prefixRange(p netip.Prefix) (netip.Addr, netip.Addr) {
+	p = p.Masked()
+	last := p.Addr().AsSlice()
+	for i := p.Bits(); i < len(last)*8; i++ {
+		last[i/8] |= 0x80 >> (i % 8)
+	}
+	l, _ := netip.AddrFromSlice(last)
+	return p.Addr(), l
+}
+
+// target is what a map element points at.
+type target struct {
+	kind  expr.VerdictKind
+	chain string
+}
+
+// unit is what one service port puts into the table of one family: its
+// chains (ordered so that a chain comes before those that jump to it),
+// its elements in the fixed maps, and the endpoint addresses it adds to
+// the hairpin set (counted across units: two Services may share one).
+//
+// A unit as built holds its rules and an element map; what the Proxier
+// keeps between syncs is its summary: chain names and digests, the
+// elements as a short list, no rule (a few hundred bytes a Service).
+type unit struct {
+	chains  []chainSpec
+	elems   map[elemKey]target // built units
+	list    []elemEntry        // summaries
+	hairpin []netip.Addr
+	aff     []affFrontend // frontends with session affinity
+}
+
+// affFrontend is a frontend with session affinity, as the entries of the
+// affinity map name it (a node port by protocol and port only), and the
+// endpoints its entries may hold.
+type affFrontend struct {
+	addr  netip.Addr // invalid for a node port
+	proto uint8
+	port  uint16
+	eps   []netip.AddrPort
+}
+
+type elemEntry struct {
+	k elemKey
+	t target
+}
+
+func (a affFrontend) equal(b affFrontend) bool {
+	return a.addr == b.addr && a.proto == b.proto && a.port == b.port && slices.Equal(a.eps, b.eps)
+}
+
+// summary is u without its rules, as kept between syncs.
+func (u *unit) summary() *unit {
+	s := &unit{chains: make([]chainSpec, len(u.chains)), hairpin: u.hairpin, aff: u.aff}
+	for i, c := range u.chains {
+		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
+	}
+	for k, t := range u.elems {
+		s.list = append(s.list, elemEntry{k, t})
+	}
+	return s
+}
+
+// elemMap returns the unit's elements as a map, whether built or summed up.
+func (u *unit) elemMap() map[elemKey]target {
+	if u.elems != nil || u.list == nil {
+		return u.elems
+	}
+	m := make(map[elemKey]target, len(u.list))
+	for _, e := range u.list {
+		m[e.k] = e.t
+	}
+	return m
+}
+
+// keyAddrProtoPort is the key of "daddr . inet_proto . inet_service":
+// each field padded to 32 bits, as nf_tables stores concatenations.
+func keyAddrProtoPort(a netip.Addr, p datapath.Protocol, port uint16) string {
+	b := a.AsSlice()
+	b = append(b, p.Number(), 0, 0, 0)
+	b = binary.BigEndian.AppendUint16(b, port)
+	return string(append(b, 0, 0))
+}
+
+func keyProtoPort(p datapath.Protocol, port uint16) string {
+	b := []byte{p.Number(), 0, 0, 0}
+	b = binary.BigEndian.AppendUint16(b, port)
+	return string(append(b, 0, 0))
+}
+
+func keyHairpin(a netip.Addr) string { return string(append(a.AsSlice(), a.AsSlice()...)) }
+
+// buildUnit lays out one service port's frontends of one family (all of
+// them supported, see check). Each distinct list of endpoints gets one
+// load-balancing chain: "svc-NS/NAME/PORT" for the first, then ".2", ".3"
+// (the internal traffic policy Local gives the cluster IP local endpoints,
+// the external one other frontends theirs; a port name cannot hold a dot,
+// so the names never collide). External frontends go through an "ext-"
+// chain, one per distinct behaviour, named the same way.
+func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
+	u := &unit{elems: map[elemKey]target{}}
+	if len(fs) == 0 {
+		return u, nil
+	}
+	base := chainName(svcPrefix, fs[0].Service)
+	if len(chainName(extPrefix, fs[0].Service))+4 > maxChainLen {
+		return nil, fmt.Errorf("nftables: chain name of %s is longer than %d bytes", fs[0].Service, maxChainLen-4)
+	}
+	bit := uint32(1) << o.MasqueradeBit
+	cidr, haveCIDR := o.clusterCIDR(f.family)
+	var lbs, exts []*chainSpec
+	// lb returns the load-balancing chain of eps.
+	lb := func(eps []datapath.Endpoint) *chainSpec {
+		for _, c := range lbs {
+			if slices.Equal(c.eps, eps) {
+				return c
+			}
+		}
+		c := &chainSpec{name: base + suffix(len(lbs)), eps: eps}
+		lbs = append(lbs, c)
+		return c
+	}
+	// withAffinity returns lb(eps) with the frontend's session affinity.
+	withAffinity := func(eps []datapath.Endpoint, fr *datapath.Frontend) *chainSpec {
+		c := lb(eps)
+		c.affinity = max(c.affinity, fr.Affinity)
+		return c
+	}
+	// ext returns the name of the external chain holding rules.
+	ext := func(rules []rule) string {
+		for _, c := range exts {
+			if slices.EqualFunc(c.rules, rules, func(a, b rule) bool { return a.text == b.text }) {
+				return c.name
+			}
+		}
+		c := &chainSpec{name: chainName(extPrefix, fs[0].Service) + suffix(len(exts)), rules: rules}
+		exts = append(exts, c)
+		return c.name
+	}
+	for i := range fs {
+		fr := &fs[i]
+		key := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
+		noEP := elemKey{set: mapNoEndpoints, key: key.key}
+		if fr.Kind == datapath.NodePort {
+			key = elemKey{set: mapNodePorts, key: keyProtoPort(fr.Protocol, fr.Port)}
+			noEP = elemKey{set: mapNoEPPorts, key: key.key}
+		}
+		if fr.Kind == datapath.LoadBalancer && len(fr.SourceRanges) > 0 {
+			// Only the listed sources may reach it (their family's; none
+			// of this family: nobody), before DNAT, whether or not it has
+			// endpoints, as kube-proxy.
+			u.elems[elemKey{set: setFirewallIPs, key: key.key}] = target{}
+			for _, r := range disjoint(fr.SourceRanges, f.family) {
+				first, last := prefixRange(r)
+				u.elems[elemKey{set: setFirewallAllow, key: key.key + string(first.AsSlice()), end: key.key + string(last.AsSlice())}] = target{}
+			}
+		}
+		if len(fr.Endpoints) == 0 {
+			// Refused, or dropped (Drop: the service has endpoints, none
+			// this frontend may use) in the filter chains. A Local frontend
+			// may still short-circuit pods and the node to Cluster: their
+			// packets are DNATed before the filter chains look.
+			t := target{kind: expr.VerdictGoto, chain: chainReject}
+			if fr.Drop {
+				t = target{kind: expr.VerdictDrop}
+			}
+			u.elems[noEP] = t
+			if !fr.LocalOnly || len(fr.Cluster) == 0 || !fr.Kind.External() {
+				continue
+			}
+		}
+		if fr.Affinity > 0 {
+			a := affFrontend{proto: fr.Protocol.Number(), port: fr.Port}
+			if fr.Kind != datapath.NodePort {
+				a.addr = fr.Addr
+			}
+			for _, e := range append(slices.Clip(fr.Endpoints), fr.Cluster...) {
+				a.eps = append(a.eps, e.Addr)
+			}
+			u.aff = append(u.aff, a)
+		}
+		if !fr.Kind.External() {
+			c := withAffinity(fr.Endpoints, fr)
+			u.elems[key] = target{kind: expr.VerdictGoto, chain: c.name}
+			if o.MasqueradeAll || haveCIDR {
+				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, cidr, bit))
+			}
+			continue
+		}
+		var rules []rule
+		if !fr.LocalOnly {
+			// Cluster policy: masquerade, as the endpoint may be on
+			// another node.
+			rules = []rule{ruleMark(bit), ruleGoto(withAffinity(fr.Endpoints, fr).name)}
+		} else {
+			// Local: the client's address is kept. Pods and the node
+			// itself are short-circuited to the cluster-wide endpoints
+			// (kube-proxy's rule: the policy never breaks in-cluster
+			// reachability); the node's own traffic is masqueraded, its
+			// source being a local address.
+			cluster := fr.Cluster
+			if len(cluster) == 0 {
+				cluster = fr.Endpoints
+			}
+			cl := withAffinity(cluster, fr).name
+			if haveCIDR {
+				rules = append(rules, ruleFromGoto(f, cidr, cl))
+			}
+			rules = append(rules, ruleLocalSourceMark(bit), ruleLocalSourceGoto(cl))
+			if len(fr.Endpoints) > 0 {
+				rules = append(rules, ruleGoto(withAffinity(fr.Endpoints, fr).name))
+			}
+		}
+		u.elems[key] = target{kind: expr.VerdictGoto, chain: ext(rules)}
+	}
+	proto := fs[0].Protocol
+	seen := map[netip.Addr]bool{}
+	for _, c := range lbs {
+		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity)...)
+		c.marks, c.eps = nil, nil
+		u.chains = append(u.chains, *c)
+	}
+	for _, fr := range fs {
+		// Never append to the plan's slices: a Backend does not modify
+		// the plan it is given.
+		for _, eps := range [][]datapath.Endpoint{fr.Endpoints, fr.Cluster} {
+			for _, e := range eps {
+				if !seen[e.Addr.Addr()] {
+					seen[e.Addr.Addr()] = true
+					u.hairpin = append(u.hairpin, e.Addr.Addr())
+				}
+			}
+		}
+	}
+	for _, c := range exts {
+		u.chains = append(u.chains, *c)
+	}
+	for i := range u.chains {
+		u.chains[i].seal()
+	}
+	slices.SortFunc(u.hairpin, netip.Addr.Compare)
+	return u, nil
+}
+
+// suffix names the i-th chain of a kind within a unit: "", ".2", ".3", …
+func suffix(i int) string {
+	if i == 0 {
+		return ""
+	}
+	return fmt.Sprintf(".%d", i+1)
+}
+
+// cascade spreads new connections over eps by their weights, exactly: the
+// rule of endpoint i matches with probability w_i / (w_i + … + w_n) among
+// the packets that reach it, so endpoint i gets w_i / Σw of them. Weights
+// are divided by their greatest common divisor first, so equal weights
+// give "numgen random mod n 0" rules and no byte-order conversion.
+//
+// With session affinity (a timeout), a client goes back to the endpoint
+// remembered for it and this frontend in the affinity map; each rule of
+// the cascade remembers the endpoint it picks, and a last rule without
+// the update catches a client the full map could not take.
+func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration) []rule {
+	g := uint32(0)
+	for _, e := range eps {
+		g = gcd(g, max(e.Weight, 1))
+	}
+	rest := uint32(0)
+	for _, e := range eps {
+		rest += max(e.Weight, 1) / g
+	}
+	out := make([]rule, 0, len(eps)+2)
+	if affinity > 0 {
+		out = append(out, ruleAffinityLookup(f, proto))
+	}
+	for i, e := range eps {
+		w := max(e.Weight, 1) / g
+		if i == len(eps)-1 {
+			out = append(out, ruleDNATAffinity(f, proto, e.Addr, 0, 0, affinity))
+			break
+		}
+		out = append(out, ruleDNATAffinity(f, proto, e.Addr, rest, w, affinity))
+		rest -= w
+	}
+	if affinity > 0 {
+		out = append(out, ruleDNAT(f, proto, eps[len(eps)-1].Addr, 0, 0))
+	}
+	return out
+}
+
+func gcd(a, b uint32) uint32 {
+	for b != 0 {
+		a, b = b, a%b
+	}
+	return a
+}
+
+// seal sets the chain's digest: a hash of its rules' texts, which is what
+// partial syncs compare (the texts are the rules' identities).
+func (c *chainSpec) seal() {
+	h := sha256.New()
+	for _, r := range c.rules {
+		h.Write([]byte(r.text))
+		h.Write([]byte{'\n'})
+	}
+	copy(c.digest[:], h.Sum(nil))
+}
+
+// String renders the unit as nft would list its chains and elements (in
+// a stable order), for logs and tests.
+func (u *unit) String() string {
+	var b strings.Builder
+	for _, c := range u.chains {
+		fmt.Fprintf(&b, "chain %s {\n", c.name)
+		for _, r := range c.rules {
+			fmt.Fprintf(&b, "\t%s\n", r.text)
+		}
+		b.WriteString("}\n")
+	}
+	keys := make([]elemKey, 0, len(u.elems))
+	for k := range u.elems {
+		keys = append(keys, k)
+	}
+	slices.SortFunc(keys, func(a, b elemKey) int {
+		if c := strings.Compare(a.set, b.set); c != 0 {
+			return c
+		}
+		return strings.Compare(a.key, b.key)
+	})
+	for _, k := range keys {
+		switch {
+		case k.end != "":
+			fmt.Fprintf(&b, "element %s %x-%x\n", k.set, k.key, k.end)
+		case k.set == setHairpin || k.set == setFirewallIPs || k.set == setNodePortIPs: // sets, not maps
+			fmt.Fprintf(&b, "element %s %x\n", k.set, k.key)
+		default:
+			fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
+		}
+	}
+	for _, a := range u.hairpin {
+		fmt.Fprintf(&b, "hairpin %s\n", a)
+	}
+	return b.String()
+}

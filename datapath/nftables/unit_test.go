@@ -1,0 +1,245 @@
+package nftables
+
+import (
+	"errors"
+	"fmt"
+	"net/netip"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+func ep(s string, w uint32) datapath.Endpoint {
+	return datapath.Endpoint{Addr: netip.MustParseAddrPort(s), Weight: w}
+}
+
+// The cascade gives endpoint i the share w_i / Σw exactly: the product of
+// the probabilities of passing the rules before it and of matching its
+// own, from the moduli and thresholds the rules carry.
+func TestCascadeShares(t *testing.T) {
+	for _, ws := range [][]uint32{{1}, {1, 1}, {5, 5, 5}, {100, 300, 50}, {1, 2, 3, 4}, {10000, 1}, {7, 7, 14}} {
+		var eps []datapath.Endpoint
+		sum := 0.0
+		for i, w := range ws {
+			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
+			sum += float64(w)
+		}
+		rules := cascade(famIPv4, datapath.TCP, eps, 0)
+		if len(rules) != len(eps) {
+			t.Fatalf("%v: %d rules for %d endpoints", ws, len(rules), len(eps))
+		}
+		pass := 1.0
+		for i, r := range rules {
+			var mod, w uint32
+			switch {
+			case i == len(rules)-1:
+				if strings.Contains(r.text, "numgen") {
+					t.Fatalf("%v: last rule %q is conditional", ws, r.text)
+				}
+				mod, w = 1, 1
+			case strings.Contains(r.text, " < "):
+				mustScan(t, r.text, "numgen random mod %d < %d ", &mod, &w)
+			default:
+				mustScan(t, r.text, "numgen random mod %d 0 ", &mod)
+				w = 1
+			}
+			share := pass * float64(w) / float64(mod)
+			if want := float64(ws[i]) / sum; share < want-1e-9 || share > want+1e-9 {
+				t.Errorf("%v: endpoint %d gets %.6f, want %.6f (%q)", ws, i, share, want, r.text)
+			}
+			pass *= 1 - float64(w)/float64(mod)
+		}
+	}
+}
+
+func mustScan(t *testing.T, s, format string, args ...any) {
+	t.Helper()
+	if _, err := fmt.Sscanf(s, format, args...); err != nil {
+		t.Fatalf("%q does not read as %q: %v", s, format, err)
+	}
+}
+
+// What the datapath cannot program is refused by name before anything is
+// written; the rest of the plan's shapes pass.
+func TestCheckRefusesUnsupported(t *testing.T) {
+	svc := datapath.ServicePortName{Namespace: "ns", Name: "a"}
+	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80}
+	if err := check([]datapath.Frontend{ok}); err != nil {
+		t.Fatalf("ClusterIP refused: %v", err)
+	}
+	for _, tc := range []struct {
+		name string
+		mod  func(f *datapath.Frontend)
+		want string
+	}{
+		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
+		{"IPv6 affinity", func(f *datapath.Frontend) {
+			f.Addr, f.Family, f.Affinity = netip.MustParseAddr("fd00::1"), datapath.IPv6, time.Hour
+		}, "session affinity over IPv6"},
+	} {
+		f := ok
+		tc.mod(&f)
+		err := check([]datapath.Frontend{ok, f})
+		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "ns/a") {
+			t.Errorf("%s: error %v, want ErrUnsupported naming %q and the service", tc.name, err, tc.want)
+		}
+	}
+}
+
+// A unit's chain names follow the service port, its map keys are each
+// field padded to 32 bits (address . protocol . port); frontends without
+// endpoints go to the no-endpoint maps (reject, or drop when Drop is set)
+// and make no chain.
+func TestBuildUnit(t *testing.T) {
+	o := &Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	svc := datapath.ServicePortName{Namespace: "ns", Name: "a", Port: "http"}
+	eps := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.0.3:8080", 1)}
+	u, err := buildUnit(famIPv4, o, []datapath.Frontend{
+		{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Endpoints: eps},
+		{Service: svc, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080, Endpoints: eps},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `chain svc-ns/a/http {
+	ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000
+	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
+	meta l4proto tcp dnat to 10.244.0.3:8080
+}
+chain ext-ns/a/http {
+	meta mark set meta mark | 0x00004000
+	goto svc-ns/a/http
+}
+element service-ips 0a6000010600000000500000 : goto svc-ns/a/http
+element service-nodeports 0600000075800000 : goto ext-ns/a/http
+hairpin 10.244.0.2
+hairpin 10.244.0.3
+`
+	if got := u.String(); got != want {
+		t.Errorf("unit:\n%s\nwant:\n%s", got, want)
+	}
+	u, err = buildUnit(famIPv4, o, []datapath.Frontend{
+		{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.UDP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 53},
+		{Service: svc, Kind: datapath.NodePort, Protocol: datapath.UDP, Family: datapath.IPv4, Port: 30053, Drop: true},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `element no-endpoint-nodeports 1100000075650000 : drop
+element no-endpoint-services 0a6000011100000000350000 : goto reject-chain
+`
+	if got := u.String(); got != want {
+		t.Errorf("unit without endpoints:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// Traffic policy Local: the external chain short-circuits pods and the
+// node to the cluster-wide endpoints (masquerading the node's own
+// traffic) and sends the rest to the local ones, keeping the client's
+// address; the internal policy Local gives the cluster IP a second
+// load-balancing chain. Without local endpoints the frontend is dropped
+// in the filter chains, its short-circuit kept.
+func TestBuildUnitLocal(t *testing.T) {
+	o := &Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
+	svc := datapath.ServicePortName{Namespace: "ns", Name: "a"}
+	local := []datapath.Endpoint{ep("10.244.0.2:8080", 1)}
+	all := []datapath.Endpoint{ep("10.244.0.2:8080", 1), ep("10.244.1.3:8080", 1)}
+	np := datapath.Frontend{Service: svc, Kind: datapath.NodePort, Protocol: datapath.TCP, Family: datapath.IPv4, Port: 30080, Endpoints: local, LocalOnly: true, Cluster: all}
+	u, err := buildUnit(famIPv4, o, []datapath.Frontend{
+		{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Endpoints: all},
+		np,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := `chain svc-ns/a {
+	ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000
+	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
+	meta l4proto tcp dnat to 10.244.1.3:8080
+}
+chain svc-ns/a.2 {
+	meta l4proto tcp dnat to 10.244.0.2:8080
+}
+chain ext-ns/a {
+	ip saddr 10.244.0.0/16 goto svc-ns/a
+	fib saddr type local meta mark set meta mark | 0x00004000
+	fib saddr type local goto svc-ns/a
+	goto svc-ns/a.2
+}
+element service-ips 0a6000010600000000500000 : goto svc-ns/a
+element service-nodeports 0600000075800000 : goto ext-ns/a
+hairpin 10.244.0.2
+hairpin 10.244.1.3
+`
+	if got := u.String(); got != want {
+		t.Errorf("unit:\n%s\nwant:\n%s", got, want)
+	}
+	np.Endpoints, np.Drop = nil, true
+	u, err = buildUnit(famIPv4, o, []datapath.Frontend{np})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want = `chain svc-ns/a {
+	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
+	meta l4proto tcp dnat to 10.244.1.3:8080
+}
+chain ext-ns/a {
+	ip saddr 10.244.0.0/16 goto svc-ns/a
+	fib saddr type local meta mark set meta mark | 0x00004000
+	fib saddr type local goto svc-ns/a
+}
+element no-endpoint-nodeports 0600000075800000 : drop
+element service-nodeports 0600000075800000 : goto ext-ns/a
+hairpin 10.244.0.2
+hairpin 10.244.1.3
+`
+	if got := u.String(); got != want {
+		t.Errorf("unit without local endpoints:\n%s\nwant:\n%s", got, want)
+	}
+}
+
+// Source ranges become disjoint intervals of one family: an interval set
+// refuses overlapping elements.
+func TestDisjoint(t *testing.T) {
+	p := netip.MustParsePrefix
+	got := disjoint([]netip.Prefix{p("10.1.2.3/32"), p("10.0.0.0/8"), p("192.168.77.9/24"), p("fd00::/64"), p("10.0.0.0/8"), p("192.168.0.0/16")}, datapath.IPv4)
+	want := []netip.Prefix{p("10.0.0.0/8"), p("192.168.0.0/16")}
+	if !slices.Equal(got, want) {
+		t.Errorf("disjoint = %v, want %v", got, want)
+	}
+	first, last := prefixRange(p("192.168.77.9/24"))
+	if first != netip.MustParseAddr("192.168.77.0") || last != netip.MustParseAddr("192.168.77.255") {
+		t.Errorf("prefixRange = %s-%s", first, last)
+	}
+}
+
+func TestNftTime(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		3 * time.Hour: "3h", 90 * time.Second: "1m30s", 1500 * time.Millisecond: "1s500ms",
+		49 * time.Hour: "2d1h", 0: "0s",
+	} {
+		if got := nftTime(d); got != want {
+			t.Errorf("nftTime(%v) = %q, want %q", d, got, want)
+		}
+	}
+}
+
+// Out-of-window packets are dropped in forward unless conntrack is liberal.
+func TestInvalidDrop(t *testing.T) {
+	for _, liberal := range []bool{false, true} {
+		var forward []string
+		for _, c := range famIPv4.fixedChains(&Options{MasqueradeBit: 14, TCPBeLiberal: liberal}, false) {
+			if c.name == chainFilterForward {
+				for _, r := range c.rules {
+					forward = append(forward, r.text)
+				}
+			}
+		}
+		if has := slices.Contains(forward, "ct state invalid drop"); has == liberal {
+			t.Errorf("TCPBeLiberal %v: filter-forward %q", liberal, forward)
+		}
+	}
+}
