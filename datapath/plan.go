@@ -114,6 +114,12 @@ type Frontend struct {
 	// SourceRanges restricts who may reach a LoadBalancer frontend; empty
 	// means anyone.
 	SourceRanges []netip.Prefix
+	// SourceRangesHoldNode is set when a source range holds the node's
+	// primary address of the family: the load balancer's own address is
+	// then let through as a source too, as kube-proxy does, because a
+	// VIP-like balancer whose address is local to the node loops the
+	// node's requests back with that address as their source.
+	SourceRangesHoldNode bool `json:",omitempty"`
 	// Scheduler is the IPVS scheduler (empty: the configured default), with
 	// optional scheduler flags. The iptables datapath ignores both.
 	Scheduler      string
@@ -182,6 +188,9 @@ func (f *Frontend) String() string {
 			rs[i] = r.String()
 		}
 		fmt.Fprintf(&b, " from=%s", strings.Join(rs, ","))
+		if f.SourceRangesHoldNode {
+			b.WriteString("+self")
+		}
 	}
 	if f.Scheduler != "" {
 		fmt.Fprintf(&b, " sched=%s", f.Scheduler)

@@ -283,12 +283,13 @@ type portWork struct {
 }
 
 type famWork struct {
-	fam   model.Family
-	vips  []netip.Addr
-	eps   []model.PortEndpoint
-	sel   selection.Result
-	union []model.PortEndpoint
-	w     Weighing
+	fam    model.Family
+	nodeIP netip.Addr // the node's primary address of fam, if any
+	vips   []netip.Addr
+	eps    []model.PortEndpoint
+	sel    selection.Result
+	union  []model.PortEndpoint
+	w      Weighing
 }
 
 // selectPort runs built-in selection for each family the service serves.
@@ -307,7 +308,13 @@ func selectPort(port *state.Port, node *model.Node) *portWork {
 			// The short-circuit set is weighed with the rest.
 			union = unionOf(sel.Internal, sel.External, sel.Cluster)
 		}
-		pw.fams = append(pw.fams, famWork{fam: fam, vips: vips, eps: eps, sel: sel, union: union, w: Weighing{Weights: model.EqualWeights(len(union))}})
+		fw := famWork{fam: fam, vips: vips, eps: eps, sel: sel, union: union, w: Weighing{Weights: model.EqualWeights(len(union))}}
+		if node != nil {
+			if ips := ofFamily(primaryIPs(node.Addresses), fam); len(ips) > 0 {
+				fw.nodeIP = ips[0]
+			}
+		}
+		pw.fams = append(pw.fams, fw)
 	}
 	return pw
 }
@@ -471,6 +478,7 @@ func (p *Planner) frontends(port *state.Port, fw *famWork, weight map[netip.Addr
 		f := ext
 		f.Kind, f.Addr, f.Port = datapath.LoadBalancer, a, port.Port.Port
 		f.SourceRanges = prefixesOfFamily(svc.SourceRanges, fw.fam)
+		f.SourceRangesHoldNode = fw.nodeIP.IsValid() && slices.ContainsFunc(f.SourceRanges, func(r netip.Prefix) bool { return r.Contains(fw.nodeIP) })
 		out = append(out, f)
 	}
 	// Two VIPs of a Service can coincide (e.g. an ExternalIP equal to a

@@ -18,6 +18,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/agent/state"
+	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -381,5 +382,36 @@ func TestPlanCarriesPodCIDRs(t *testing.T) {
 	st.SetNode(&model.Node{Name: "n1", PodCIDRs: cidrs[1:]})
 	if got := p.Build(context.Background(), st.Snapshot()).Plan.PodCIDRs; !slices.Equal(got, cidrs[1:]) {
 		t.Errorf("after the Node changed: %v, want %v", got, cidrs[1:])
+	}
+}
+
+// A load balancer whose source ranges hold the node's primary address of
+// the family lets its own address through (kube-proxy's allowFromNode,
+// with its node IP); the flag follows the Node's address when it moves.
+func TestSourceRangesHoldNode(t *testing.T) {
+	st := state.New(nil)
+	st.SetNode(&model.Node{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.168.1.10"), netip.MustParseAddr("192.168.9.9")}})
+	svc := &model.Service{Namespace: "ns", Name: "lb", ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.1")},
+		LoadBalancerIPs: []netip.Addr{netip.MustParseAddr("172.30.0.1")},
+		SourceRanges:    []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")},
+		Ports:           []model.ServicePort{{Protocol: "TCP", Port: 443}}}
+	st.SetService("ns/lb", svc)
+	p := planner.New(planner.Options{}, nil)
+	lb := func() string {
+		for _, f := range p.Build(context.Background(), st.Snapshot()).Plan.Frontends {
+			if f.Kind == datapath.LoadBalancer {
+				return f.String()
+			}
+		}
+		return "no load balancer frontend"
+	}
+	if got := lb(); !strings.Contains(got, "from=192.168.1.0/24+self") {
+		t.Errorf("node 192.168.1.10 inside the ranges: %q, want the balancer's own address let through", got)
+	}
+	// Only the primary address counts: the second one is inside, the
+	// first is not.
+	st.SetNode(&model.Node{Name: "n1", Addresses: []netip.Addr{netip.MustParseAddr("192.168.2.10"), netip.MustParseAddr("192.168.1.11")}})
+	if got := lb(); strings.Contains(got, "+self") || !strings.Contains(got, "from=192.168.1.0/24") {
+		t.Errorf("primary address 192.168.2.10 outside the ranges: %q, want only the ranges", got)
 	}
 }

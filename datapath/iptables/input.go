@@ -62,7 +62,7 @@ func sumInput(cs uint64, fs []*datapath.Frontend) inputSum {
 			u64(uint64(s.Port()))
 		}
 		u64(uint64(f.Affinity))
-		u64(uint64(len(f.SourceRanges)))
+		u64(uint64(len(f.SourceRanges))<<1 | b2u(f.SourceRangesHoldNode))
 		for _, p := range f.SourceRanges {
 			h.Write(p.Addr().AsSlice())
 			u64(uint64(p.Bits()))

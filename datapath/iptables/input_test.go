@@ -59,8 +59,8 @@ func TestCompareRendersOnlyMovedInput(t *testing.T) {
 // sumInput hashes every field of a frontend: a field it left out would let
 // a compare keep rules rendered from an old value.
 func TestSumInputCoversFrontend(t *testing.T) {
-	if n := reflect.TypeFor[datapath.Frontend]().NumField(); n != 15 {
-		t.Fatalf("datapath.Frontend has %d fields, sumInput hashes 15: hash the new ones and update this count", n)
+	if n := reflect.TypeFor[datapath.Frontend]().NumField(); n != 16 {
+		t.Fatalf("datapath.Frontend has %d fields, sumInput hashes 16: hash the new ones and update this count", n)
 	}
 	base := datapath.Frontend{Service: SPN("a/b:c"), Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"),
 		Family: datapath.IPv4, Port: 80, Endpoints: []datapath.Endpoint{{Addr: netip.MustParseAddrPort("10.244.0.1:80"), Weight: 1}}}
@@ -75,12 +75,16 @@ func TestSumInputCoversFrontend(t *testing.T) {
 		"Endpoint Local": func(f *datapath.Frontend) {
 			f.Endpoints = []datapath.Endpoint{{Addr: f.Endpoints[0].Addr, Weight: 1, Local: true}}
 		},
-		"Drop":           func(f *datapath.Frontend) { f.Drop = true },
-		"LocalOnly":      func(f *datapath.Frontend) { f.LocalOnly = true },
-		"Cluster":        func(f *datapath.Frontend) { f.Cluster = f.Endpoints },
-		"Serving":        func(f *datapath.Frontend) { f.Serving = []netip.AddrPort{f.Endpoints[0].Addr} },
-		"Affinity":       func(f *datapath.Frontend) { f.Affinity = 1 },
-		"SourceRanges":   func(f *datapath.Frontend) { f.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")} },
+		"Drop":         func(f *datapath.Frontend) { f.Drop = true },
+		"LocalOnly":    func(f *datapath.Frontend) { f.LocalOnly = true },
+		"Cluster":      func(f *datapath.Frontend) { f.Cluster = f.Endpoints },
+		"Serving":      func(f *datapath.Frontend) { f.Serving = []netip.AddrPort{f.Endpoints[0].Addr} },
+		"Affinity":     func(f *datapath.Frontend) { f.Affinity = 1 },
+		"SourceRanges": func(f *datapath.Frontend) { f.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")} },
+		"SourceRangesHoldNode": func(f *datapath.Frontend) {
+			f.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")}
+			f.SourceRangesHoldNode = true
+		},
 		"Scheduler":      func(f *datapath.Frontend) { f.Scheduler = "sh" },
 		"SchedulerFlags": func(f *datapath.Frontend) { f.SchedulerFlags = []string{"flag-1"} },
 	}

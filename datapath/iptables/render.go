@@ -504,6 +504,11 @@ func (ub *unitBuilder) firewallRules(f *datapath.Frontend) {
 			rules = append(rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(r.Masked())}, Target: xtables.Return})
 		}
 	}
+	if f.SourceRangesHoldNode {
+		// The node's own requests, looped back by a balancer whose
+		// address is local, come from that address.
+		rules = append(rules, xtables.Rule{Matches: []xtables.Match{xtables.Src(netip.PrefixFrom(f.Addr, f.Addr.BitLen()))}, Target: xtables.Return})
+	}
 	rules = append(rules, xtables.Rule{Comment: comment(f, "source not in loadBalancerSourceRanges"), Target: xtables.Drop})
 	ub.u.chains = append(ub.u.chains, chain{xtables.Filter, fw, rules})
 	ub.addTop(xtables.Filter, chainFirewall,

@@ -455,3 +455,28 @@ func TestPacketFlowAffinity(t *testing.T) {
 		t.Errorf("service chain %v: want a recent check (%s) per endpoint first", svc, secs)
 	}
 }
+
+// TestPacketFlowsSourceRangesHoldNode: when a load balancer's source
+// ranges hold the node's address (the planner sets SourceRangesHoldNode),
+// a packet whose source is the load balancer's own address gets through,
+// as kube-proxy lets a VIP-like balancer loop the node's requests back;
+// otherwise that source is outside the ranges like any other.
+func TestPacketFlowsSourceRangesHoldNode(t *testing.T) {
+	cfg := Config{Family: datapath.IPv4, MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{podCIDR4}}
+	lb := func(name, addr, ranges string, holdsNode bool) datapath.Frontend {
+		return datapath.Frontend{Service: datapath.ServicePortName{Namespace: "edge", Name: name}, Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
+			Addr: netip.MustParseAddr(addr), Family: datapath.IPv4, Port: 443, SourceRanges: []netip.Prefix{netip.MustParsePrefix(ranges)},
+			SourceRangesHoldNode: holdsNode, Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1, true)}}
+	}
+	k := syncedFake(t, cfg, []datapath.Frontend{
+		lb("holds-node", "172.30.0.110", "192.168.1.0/24", true),
+		lb("elsewhere", "172.30.0.111", "198.51.100.0/24", false),
+	})
+	runFlows(t, k, []netip.Addr{nodeIP4}, []flow{
+		{name: "from the balancer's own address, ranges hold the node", src: "172.30.0.110", dst: "172.30.0.110", port: 443, want: "10.244.0.2:8443 masq"},
+		{name: "from the node, inside the ranges", src: nodeIP4.String(), dst: "172.30.0.110", port: 443, want: "10.244.0.2:8443 masq"},
+		{name: "from outside the ranges", src: outside4, dst: "172.30.0.110", port: 443, want: "DROP"},
+		{name: "from the balancer's own address, ranges elsewhere", src: "172.30.0.111", dst: "172.30.0.111", port: 443, want: "DROP"},
+		{name: "from an allowed source, ranges elsewhere", src: "198.51.100.7", dst: "172.30.0.111", port: 443, want: "10.244.0.2:8443 masq"},
+	})
+}
