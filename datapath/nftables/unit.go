@@ -251,7 +251,13 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 			// of this family: nobody), before DNAT, whether or not it has
 			// endpoints, as kube-proxy.
 			u.elems[elemKey{set: setFirewallIPs, key: key.key}] = target{}
-			for _, r := range disjoint(fr.SourceRanges, f.family) {
+			ranges := fr.SourceRanges
+			if fr.SourceRangesHoldNode {
+				// The node's requests, looped back by a balancer whose
+				// address is local, come from that address.
+				ranges = append(slices.Clip(ranges), netip.PrefixFrom(fr.Addr, fr.Addr.BitLen()))
+			}
+			for _, r := range disjoint(ranges, f.family) {
 				first, last := prefixRange(r)
 				u.elems[elemKey{set: setFirewallAllow, key: key.key + string(first.AsSlice()), end: key.key + string(last.AsSlice())}] = target{}
 			}

@@ -243,3 +243,32 @@ func TestInvalidDrop(t *testing.T) {
 		}
 	}
 }
+
+// A source range that holds the node's address lets the balancer's own
+// address in as a source too (kube-proxy's allowFromNode).
+func TestBuildUnitSourceRangesHoldNode(t *testing.T) {
+	o := &Options{MasqueradeBit: 14}
+	svc := datapath.ServicePortName{Namespace: "ns", Name: "lb", Port: "https"}
+	allowed := func(holdsNode bool) []string {
+		u, err := buildUnit(famIPv4, o, []datapath.Frontend{{Service: svc, Kind: datapath.LoadBalancer, Protocol: datapath.TCP,
+			Addr: netip.MustParseAddr("172.30.0.1"), Family: datapath.IPv4, Port: 443, Endpoints: []datapath.Endpoint{ep("10.244.0.2:8443", 1)},
+			SourceRanges: []netip.Prefix{netip.MustParsePrefix("192.168.1.0/24")}, SourceRangesHoldNode: holdsNode}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		var out []string
+		for _, l := range strings.Split(u.String(), "\n") {
+			if strings.HasPrefix(l, "element "+setFirewallAllow+" ") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+	if got := allowed(false); len(got) != 1 {
+		t.Errorf("ranges without the node: %q, want one allowed range", got)
+	}
+	// Key: daddr . proto . dport, then the source: 172.30.0.1 (ac1e0001).
+	if got := allowed(true); len(got) != 2 || !strings.Contains(strings.Join(got, " "), "01bb0000ac1e0001-ac1e00010600000001bb0000ac1e0001") {
+		t.Errorf("ranges holding the node: %q, want the range and the source 172.30.0.1 alone", got)
+	}
+}
