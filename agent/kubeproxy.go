@@ -8,6 +8,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
 )
 
@@ -41,7 +42,7 @@ func newKubeProxyTakeover(reg prometheus.Registerer) *kubeProxyTakeover {
 	k := &kubeProxyTakeover{
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgeproxy_kube_proxy_removed_total",
-			Help: "kube-proxy's kernel objects removed after the first sync, by kind: chain (iptables chains and nftables chains) and jump (rules of built-in chains jumping to them).",
+			Help: "kube-proxy's kernel objects removed after the first sync, by kind: chain (iptables chains and nftables chains), jump (rules of built-in chains jumping to them), virtual_server (its IPVS virtual servers), link (kube-ipvs0) and ipset.",
 		}, []string{"kind"}),
 		found: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgeproxy_kube_proxy_chains",
@@ -83,6 +84,11 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 	}
 	cfg := a.Config()
 	o := kubeproxy.Options{Wait: cfg.IPTables.LockWait, Logger: a.log}
+	// IPVS mode adopted kube-proxy's virtual servers of the keys it
+	// programs: those stay.
+	if p, ok := a.backend.(interface{ Programs(ipvs.Key) bool }); ok {
+		o.Keep = p.Programs
+	}
 	k := a.kubeProxy
 	st := &KubeProxyStatus{Kept: cfg.KeepKubeProxy}
 	found, err := kubeproxy.Find(ctx, o)
@@ -99,10 +105,17 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 			"found", found.String())
 		k.found.Set(float64(found.Chains()))
 	default:
+		// Syncs wait while kube-proxy's objects go: no sync adopts a
+		// virtual server between o.Keep's answer and its removal.
+		a.mu.Lock()
 		removed, err := kubeproxy.Remove(ctx, o)
+		a.mu.Unlock()
 		st.Removed, st.RemovedAt = removed, time.Now()
 		k.removed.WithLabelValues("chain").Add(float64(removed.Chains()))
 		k.removed.WithLabelValues("jump").Add(float64(removed.Jumps()))
+		k.removed.WithLabelValues("virtual_server").Add(float64(removed.Servers()))
+		k.removed.WithLabelValues("link").Add(float64(removed.Links()))
+		k.removed.WithLabelValues("ipset").Add(float64(removed.Sets()))
 		if len(removed) > 0 {
 			// Until now kube-proxy's rules still answered some new
 			// connections (nftables: its table's hooks may come first),
@@ -124,7 +137,8 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 			st.Error = err.Error()
 		} else {
 			a.log.Info("took over from kube-proxy: removed its rules after the first sync",
-				"chains", removed.Chains(), "jumps", removed.Jumps(), "removed", removed.String())
+				"chains", removed.Chains(), "jumps", removed.Jumps(), "virtualServers", removed.Servers(),
+				"links", removed.Links(), "ipsets", removed.Sets(), "removed", removed.String())
 		}
 	}
 	k.mu.Lock()
