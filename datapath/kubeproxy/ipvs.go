@@ -113,11 +113,31 @@ func KubeServers(vss []ipvs.VirtualServer, linkAddrs, nodeAddrs map[netip.Addr]b
 		if keep != nil && keep(k) {
 			continue
 		}
-		if linkAddrs[k.Addr] || (nodeAddrs[k.Addr] && np.has(k)) {
+		if claimed(k, linkAddrs, nodeAddrs, np) {
 			out = append(out, v)
 		}
 	}
 	return out
+}
+
+func claimed(k ipvs.Key, linkAddrs, nodeAddrs map[netip.Addr]bool, np NodePorts) bool {
+	return linkAddrs[k.Addr] || (nodeAddrs[k.Addr] && np.has(k))
+}
+
+// Claims reads kube-ipvs0, the node's addresses and kube-proxy's NodePort
+// sets once, in the calling thread's network namespace, and returns
+// whether a virtual server is kube-proxy's by KubeServers' rules: what
+// `edgeproxy cleanup` leaves on the way back to kube-proxy, when kube-proxy
+// runs again (and programs the same keys) before the cleanup. Without
+// kube-ipvs0 nothing is kube-proxy's.
+func Claims() (func(ipvs.Key) bool, error) {
+	linkAddrs, link, err := kubeLinkAddrs()
+	if err != nil || link == nil {
+		return func(ipvs.Key) bool { return false }, err
+	}
+	nodeAddrs, err1 := nodeAddresses()
+	np, _, err2 := readKubeSets()
+	return func(k ipvs.Key) bool { return claimed(k, linkAddrs, nodeAddrs, np) }, errors.Join(err1, err2)
 }
 
 // ipvsLeftovers finds (and removes) what kube-proxy's IPVS mode left: its
