@@ -46,7 +46,7 @@ func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger)
 // run, and programs the same keys (kubeproxy.Claims).
 func cleanupIPVS(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	o := ipvsOptions(cfg, log, prometheus.NewRegistry())
-	leave, err := kubeproxy.Claims()
+	leave, err := kubeproxy.Claims(cfg.IPVS.Interface)
 	if err != nil {
 		log.Warn("reading kube-proxy's IPVS objects; those not read are removed as edgeproxy's", "err", err)
 	}

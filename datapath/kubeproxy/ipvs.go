@@ -129,9 +129,10 @@ func claimed(k ipvs.Key, linkAddrs, nodeAddrs map[netip.Addr]bool, np NodePorts)
 // whether a virtual server is kube-proxy's by KubeServers' rules: what
 // `edgeproxy cleanup` leaves on the way back to kube-proxy, when kube-proxy
 // runs again (and programs the same keys) before the cleanup. Without
-// kube-ipvs0 nothing is kube-proxy's.
-func Claims() (func(ipvs.Key) bool, error) {
-	linkAddrs, link, err := kubeLinkAddrs()
+// kube-ipvs0 (or when own, edgeproxy's dummy link, is named kube-ipvs0)
+// nothing is kube-proxy's.
+func Claims(own string) (func(ipvs.Key) bool, error) {
+	linkAddrs, link, err := kubeLinkAddrs(own)
 	if err != nil || link == nil {
 		return func(ipvs.Key) bool { return false }, err
 	}
@@ -145,13 +146,13 @@ func Claims() (func(ipvs.Key) bool, error) {
 // network namespace. The iptables chains that refer to the sets must be
 // gone first. A node whose kernel has no IPVS loaded (/proc/net/ip_vs)
 // never ran it: nothing is opened, and no module is loaded by asking.
-func ipvsLeftovers(remove bool, keep func(ipvs.Key) bool) (Report, error) {
+func ipvsLeftovers(remove bool, keep func(ipvs.Key) bool, own string) (Report, error) {
 	if _, err := os.Stat("/proc/net/ip_vs"); err != nil {
 		return nil, nil
 	}
 	var rep Report
 	var errs []error
-	linkAddrs, link, err := kubeLinkAddrs()
+	linkAddrs, link, err := kubeLinkAddrs(own)
 	if err != nil {
 		errs = append(errs, err)
 	}
@@ -221,10 +222,14 @@ func ipvsLeftovers(remove bool, keep func(ipvs.Key) bool) (Report, error) {
 	return rep, errors.Join(errs...)
 }
 
-// kubeLinkAddrs returns kube-ipvs0 (nil when there is none, or it is not
-// a dummy) and the addresses bound to it.
-func kubeLinkAddrs() (map[netip.Addr]bool, netlink.Link, error) {
+// kubeLinkAddrs returns kube-ipvs0 (nil when there is none, it is not a
+// dummy, or it is edgeproxy's own: own, ipvs.interface, names it) and the
+// addresses bound to it.
+func kubeLinkAddrs(own string) (map[netip.Addr]bool, netlink.Link, error) {
 	out := map[netip.Addr]bool{}
+	if own == KubeIPVSLink {
+		return out, nil, nil
+	}
 	l, err := netlink.LinkByName(KubeIPVSLink)
 	if err != nil {
 		var nf netlink.LinkNotFoundError

@@ -183,6 +183,9 @@ type Options struct {
 	// Keep names the IPVS virtual servers edgeproxy programs (IPVS mode
 	// adopts kube-proxy's of the same key): never removed. Nil: none.
 	Keep func(ipvs.Key) bool
+	// Link is edgeproxy's own IPVS dummy link (ipvs.interface): a link
+	// of that name is never kube-proxy's, even when it is kube-ipvs0.
+	Link string
 }
 
 // Find reports what kube-proxy left, without changing anything.
@@ -213,8 +216,15 @@ func walk(ctx context.Context, o Options, remove bool) (Report, error) {
 				}
 				continue // not installed: it holds nothing
 			}
+			// One listing of every table per tool: under an emulated
+			// CPU each run of iptables-save costs a second.
+			saved, err := t.SaveTable(ctx, "")
+			if err != nil {
+				errs = append(errs, fmt.Errorf("kubeproxy: iptables-%s IPv%d: %w", t.Variant, t.Family, err))
+				continue
+			}
 			for _, table := range Tables {
-				f, err := iptablesTable(ctx, t, table, remove)
+				f, err := iptablesTable(ctx, t, table, saved, remove)
 				if err != nil {
 					errs = append(errs, err)
 				}
@@ -229,7 +239,7 @@ func walk(ctx context.Context, o Options, remove bool) (Report, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
-	found, err = ipvsLeftovers(remove, o.Keep)
+	found, err = ipvsLeftovers(remove, o.Keep, o.Link)
 	rep = append(rep, found...)
 	if err != nil {
 		errs = append(errs, err)
@@ -237,16 +247,11 @@ func walk(ctx context.Context, o Options, remove bool) (Report, error) {
 	return rep, errors.Join(errs...)
 }
 
-func iptablesTable(ctx context.Context, t *xtables.Tool, table string, remove bool) (Found, error) {
+// iptablesTable finds (and removes) kube-proxy's objects in one table of
+// saved, the tool's iptables-save listing of every table (a table that
+// does not exist is not in it, and holds nothing).
+func iptablesTable(ctx context.Context, t *xtables.Tool, table, saved string, remove bool) (Found, error) {
 	f := Found{Where: fmt.Sprintf("iptables-%s IPv%d %s", t.Variant, t.Family, table)}
-	saved, err := t.SaveTable(ctx, table)
-	if err != nil {
-		// A table that does not exist (module not loaded) holds nothing.
-		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "Table does not exist") {
-			return f, nil
-		}
-		return f, fmt.Errorf("kubeproxy: %s: %w", f.Where, err)
-	}
 	input, p := Plan(table, saved)
 	f.Chains, f.Jumps, f.Kept = len(p.Chains), p.Jumps, p.Kept
 	if !remove || input == nil {
