@@ -2,12 +2,14 @@ package agent
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
 )
 
@@ -41,7 +43,7 @@ func newKubeProxyTakeover(reg prometheus.Registerer) *kubeProxyTakeover {
 	k := &kubeProxyTakeover{
 		removed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "edgeproxy_kube_proxy_removed_total",
-			Help: "kube-proxy's kernel objects removed after the first sync, by kind: chain (iptables chains and nftables chains) and jump (rules of built-in chains jumping to them).",
+			Help: "kube-proxy's kernel objects removed after the first sync, by kind: chain (iptables chains and nftables chains), jump (rules of built-in chains jumping to them), virtual_server (its IPVS virtual servers), link (kube-ipvs0) and ipset.",
 		}, []string{"kind"}),
 		found: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "edgeproxy_kube_proxy_chains",
@@ -82,28 +84,47 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 	case <-a.synced:
 	}
 	cfg := a.Config()
-	o := kubeproxy.Options{Wait: cfg.IPTables.LockWait, Logger: a.log}
+	o := kubeproxy.Options{Wait: cfg.IPTables.LockWait, Logger: a.log, Link: cfg.IPVS.Interface}
+	// IPVS mode adopted kube-proxy's virtual servers of the keys it
+	// programs: those stay.
+	if p, ok := a.backend.(interface{ Programs(ipvs.Key) bool }); ok {
+		o.Keep = p.Programs
+	}
 	k := a.kubeProxy
 	st := &KubeProxyStatus{Kept: cfg.KeepKubeProxy}
-	found, err := kubeproxy.Find(ctx, o)
-	st.Found = found
-	if err != nil {
-		a.log.Warn("looking for kube-proxy's rules", "err", err)
-		st.Error = err.Error()
-	}
-	switch {
-	case len(found) == 0:
-		a.log.Debug("no kube-proxy rules on this node")
-	case cfg.KeepKubeProxy:
-		a.log.Warn("kube-proxy's rules are still in the kernel and are kept (keepKubeProxy): they answer what edgeproxy does not program; remove them with `kube-proxy --cleanup` or by restarting without keepKubeProxy",
-			"found", found.String())
-		k.found.Set(float64(found.Chains()))
-	default:
+	if cfg.KeepKubeProxy {
+		found, err := kubeproxy.Find(ctx, o)
+		st.Found = found
+		if err != nil {
+			a.log.Warn("looking for kube-proxy's rules", "err", err)
+			st.Error = err.Error()
+		}
+		if len(found) > 0 {
+			a.log.Warn("kube-proxy's rules are still in the kernel and are kept (keepKubeProxy): they answer what edgeproxy does not program; remove them with `kube-proxy --cleanup` or by restarting without keepKubeProxy",
+				"found", found.String())
+			k.found.Set(float64(found.Chains()))
+		}
+	} else {
+		// Remove reports what it found and removed: no separate look
+		// (each costs a run of iptables-save per backend and family).
+		// Syncs wait while kube-proxy's objects go: no sync adopts a
+		// virtual server between o.Keep's answer and its removal.
+		a.mu.Lock()
 		removed, err := kubeproxy.Remove(ctx, o)
-		st.Removed, st.RemovedAt = removed, time.Now()
-		k.removed.WithLabelValues("chain").Add(float64(removed.Chains()))
-		k.removed.WithLabelValues("jump").Add(float64(removed.Jumps()))
+		a.mu.Unlock()
+		st.Found = removed
+		if err != nil {
+			// What is left is found too.
+			left, _ := kubeproxy.Find(ctx, o)
+			st.Found = append(slices.Clip(removed), left...)
+		}
 		if len(removed) > 0 {
+			st.Removed, st.RemovedAt = removed, time.Now()
+			k.removed.WithLabelValues("chain").Add(float64(removed.Chains()))
+			k.removed.WithLabelValues("jump").Add(float64(removed.Jumps()))
+			k.removed.WithLabelValues("virtual_server").Add(float64(removed.Servers()))
+			k.removed.WithLabelValues("link").Add(float64(removed.Links()))
+			k.removed.WithLabelValues("ipset").Add(float64(removed.Sets()))
 			// Until now kube-proxy's rules still answered some new
 			// connections (nftables: its table's hooks may come first),
 			// with endpoints of when it stopped; the UDP conntrack
@@ -119,12 +140,16 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 			a.runner.Run()
 			a.waitFullSyncAfter(ctx, last, time.Minute)
 		}
-		if err != nil {
+		switch {
+		case err != nil:
 			a.log.Warn("removing kube-proxy's rules", "removed", removed.String(), "err", err)
 			st.Error = err.Error()
-		} else {
+		case len(removed) == 0:
+			a.log.Debug("no kube-proxy rules on this node")
+		default:
 			a.log.Info("took over from kube-proxy: removed its rules after the first sync",
-				"chains", removed.Chains(), "jumps", removed.Jumps(), "removed", removed.String())
+				"chains", removed.Chains(), "jumps", removed.Jumps(), "virtualServers", removed.Servers(),
+				"links", removed.Links(), "ipsets", removed.Sets(), "removed", removed.String())
 		}
 	}
 	k.mu.Lock()

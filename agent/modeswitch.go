@@ -10,6 +10,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
+	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
 )
 
 // cleanupOtherMode removes what the other kernel mode left on this node, so
@@ -40,8 +41,17 @@ func cleanupOtherMode(ctx context.Context, cfg *config.Config, log *slog.Logger)
 
 // cleanupIPVS removes IPVS mode's virtual servers, dummy-link addresses,
 // sets and rules. It fails with ipvs.ErrNoIPVS when the kernel has no IPVS.
+// The virtual servers a kube-proxy in IPVS mode claims (on kube-ipvs0's
+// addresses, its NodePorts) stay: on the way back kube-proxy may already
+// run, and programs the same keys (kubeproxy.Claims).
 func cleanupIPVS(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
-	p, err := ipvs.New(ipvsOptions(cfg, log, prometheus.NewRegistry()))
+	o := ipvsOptions(cfg, log, prometheus.NewRegistry())
+	leave, err := kubeproxy.Claims(cfg.IPVS.Interface)
+	if err != nil {
+		log.Warn("reading kube-proxy's IPVS objects; those not read are removed as edgeproxy's", "err", err)
+	}
+	o.Leave = leave
+	p, err := ipvs.New(o)
 	if err != nil {
 		return err
 	}

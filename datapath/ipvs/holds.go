@@ -20,3 +20,13 @@ func (p *Proxier) HoldsRules(ctx context.Context) (bool, error) {
 	}
 	return false, nil
 }
+
+// Programs reports whether the virtual server k is one this datapath
+// programs (added, or adopted when it found it with the same key, as it
+// does kube-proxy's on a takeover).
+func (p *Proxier) Programs(k Key) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	_, ok := p.applied[k]
+	return ok
+}

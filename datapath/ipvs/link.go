@@ -124,9 +124,14 @@ func (d dummy) remove() error {
 	return nil
 }
 
+// kubeIPVSLink is kube-proxy's IPVS dummy link: its addresses are service
+// addresses, not the node's, as kube-proxy counts them. It is there from a
+// kube-proxy that edgeproxy replaces until the takeover removes it.
+const kubeIPVSLink = "kube-ipvs0"
+
 // nodeAddresses returns the IPv4 (and, with ipv6, IPv6) global unicast
-// addresses on every link but the dummy: where NodePorts listen when none
-// are configured.
+// addresses on every link but the dummy and kube-proxy's kube-ipvs0: where
+// NodePorts listen when none are configured.
 func nodeAddresses(skip string, ipv6 bool) ([]netip.Addr, error) {
 	fam := netlink.FAMILY_V4
 	if ipv6 {
@@ -138,7 +143,7 @@ func nodeAddresses(skip string, ipv6 bool) ([]netip.Addr, error) {
 	}
 	var out []netip.Addr
 	for _, l := range links {
-		if l.Attrs().Name == skip {
+		if l.Attrs().Name == skip || l.Attrs().Name == kubeIPVSLink {
 			continue
 		}
 		as, err := netlink.AddrList(l, fam)

@@ -40,6 +40,10 @@ type Options struct {
 	Scheduler      string   // default scheduler; "rr"
 	SchedulerFlags []string // for the default scheduler, e.g. "sh-fallback"
 	StrictARP      bool     // arp_ignore=1, arp_announce=2
+	// Leave names virtual servers Cleanup leaves although they are on
+	// the dummy link's or the node's addresses: kube-proxy's, when it
+	// runs again before `edgeproxy cleanup` and programs the same keys.
+	Leave func(Key) bool
 	// GracePeriod bounds how long a removed TCP real server stays at
 	// weight 0 while it still has connections; 30s. UDP and SCTP real
 	// servers are deleted at once.
@@ -873,7 +877,8 @@ func ruleCount(text string) int {
 
 // Cleanup removes every virtual server this datapath may have made (those
 // on the dummy link's addresses, on node addresses, or programmed by this
-// process), the dummy link, the iptables rules and the ipsets.
+// process) but those Options.Leave names, the dummy link, the iptables
+// rules and the ipsets.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -893,6 +898,9 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	}
 	for _, v := range vss {
 		_, applied := p.applied[v.Key()]
+		if p.opts.Leave != nil && p.opts.Leave(v.Key()) {
+			continue
+		}
 		if bound[v.Addr] || node[v.Addr] || applied {
 			if err := p.k.DeleteVirtualServer(v); err != nil {
 				errs = append(errs, err)

@@ -270,31 +270,85 @@ func (t iptables) ensure(ctx context.Context, text string) error {
 	return nil
 }
 
-// remove deletes the jumps and our chains; missing ones are fine.
+// remove deletes the jumps and our chains; missing ones are fine. It is
+// one iptables-save and one iptables-restore --noflush (each table one
+// transaction), not a run of iptables per rule and chain: under an
+// emulated CPU those cost a second or so each.
 func (t iptables) remove(ctx context.Context) error {
-	for _, j := range jumps() {
-		for range 10 { // a jump inserted twice is removed twice; bounded
-			args := append([]string{"-t", j.Table, "-D", j.Chain}, j.Rule.Args()...)
-			if _, err := t.run(ctx, args...); err != nil {
-				break
+	if t.x == nil {
+		return nil // no tool, nothing of ours to remove
+	}
+	saved, err := t.x.SaveTable(ctx, "")
+	if err != nil {
+		return fmt.Errorf("ipvs: %w", err)
+	}
+	var b strings.Builder
+	for _, table := range []string{xtables.NAT, xtables.Filter, xtables.Mangle} {
+		b.WriteString(removal(table, saved))
+	}
+	if b.Len() == 0 {
+		return nil
+	}
+	if err := t.x.RestoreNoFlush(ctx, []byte(b.String())); err != nil {
+		return fmt.Errorf("ipvs: %w", err)
+	}
+	return nil
+}
+
+// removal is the iptables-restore --noflush input that removes our chains
+// from table, read from saved (iptables-save's listing): every rule of
+// another chain that jumps to one of them is deleted as listed, then the
+// chains are flushed and deleted. "" when the table holds none.
+func removal(table, saved string) string {
+	ours := map[string]bool{}
+	for _, c := range slices.Concat(natChains, filterChains, mangleChains) {
+		ours[c] = true
+	}
+	var present []string
+	var dels strings.Builder
+	in := false
+	for _, l := range strings.Split(saved, "\n") {
+		switch {
+		case strings.HasPrefix(l, "*"):
+			in = l[1:] == table
+		case !in:
+		case strings.HasPrefix(l, ":"):
+			if name, _, _ := strings.Cut(l[1:], " "); ours[name] {
+				present = append(present, name)
+			}
+		case strings.HasPrefix(l, "-A "):
+			chain, spec, _ := strings.Cut(l[3:], " ")
+			if !ours[chain] && ours[jumpTarget(spec)] {
+				dels.WriteString("-D " + chain + " " + spec + "\n")
 			}
 		}
 	}
-	var firstErr error
-	// Flush every chain first: a chain still referred to cannot go.
-	for _, pass := range []string{"-F", "-X"} {
-		for table, chains := range map[string][]string{"nat": natChains, "filter": filterChains, "mangle": mangleChains} {
-			for _, ch := range chains {
-				if _, err := t.run(ctx, "-t", table, "-n", "-L", ch); err != nil {
-					continue // not there
-				}
-				if _, err := t.run(ctx, "-t", table, pass, ch); err != nil && firstErr == nil {
-					firstErr = err
-				}
-			}
+	if len(present) == 0 && dels.Len() == 0 {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("*" + table + "\n")
+	b.WriteString(dels.String())
+	for _, c := range present {
+		b.WriteString(":" + c + " - [0:0]\n")
+	}
+	for _, c := range present {
+		b.WriteString("-X " + c + "\n")
+	}
+	b.WriteString("COMMIT\n")
+	return b.String()
+}
+
+// jumpTarget is the chain a listed rule jumps or goes to, "" for other
+// targets.
+func jumpTarget(spec string) string {
+	f := strings.Fields(spec)
+	for i := len(f) - 2; i >= 0; i-- {
+		if f[i] == "-j" || f[i] == "-g" {
+			return f[i+1]
 		}
 	}
-	return firstErr
+	return ""
 }
 
 // countRules returns how many rules the tables hold in our chains and the

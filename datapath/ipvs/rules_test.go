@@ -15,7 +15,8 @@ import (
 // tables (an xtables.Fake, which parses every rule into the typed model
 // as iptables-restore would refuse what it cannot parse); a second
 // ensure changes nothing; countRules finds what Tampered expects; a
-// flushed chain and a deleted jump are repaired; remove leaves nothing.
+// flushed chain and a deleted jump are repaired; remove leaves nothing of
+// ours (a jump inserted twice included) and what is not ours.
 func TestRulesOnFake(t *testing.T) {
 	ctx := context.Background()
 	cidr := []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16"), netip.MustParsePrefix("fd00:10:244::/56")}
@@ -57,11 +58,28 @@ func TestRulesOnFake(t *testing.T) {
 			if err := ipt.ensure(ctx, text); err != nil || k.Dump() != want {
 				t.Errorf("ensure (%v) did not repair the edits:\n%s", err, k.Dump())
 			}
+			// A jump inserted twice goes twice; a rule not ours stays.
+			foreign := []string{"-t", "nat", "-I", "PREROUTING", "1", "-s", "192.0.2.0/24", "-j", "ACCEPT"}
+			if c.Family == datapath.IPv6 {
+				foreign[6] = "2001:db8::/32"
+			}
+			for _, args := range [][]string{append([]string{"-t", j.Table, "-I", j.Chain, "1"}, j.Rule.Args()...), foreign} {
+				if _, err := k.Run(ctx, args...); err != nil {
+					t.Fatal(err)
+				}
+			}
+			only := xtables.NewFake()
+			if _, err := only.Run(ctx, foreign...); err != nil {
+				t.Fatal(err)
+			}
 			if err := ipt.remove(ctx); err != nil {
 				t.Fatal(err)
 			}
-			if d := k.Dump(); d != "" {
-				t.Errorf("after remove:\n%s", d)
+			if d := k.Dump(); d != only.Dump() {
+				t.Errorf("after remove:\n%s\nwant:\n%s", d, only.Dump())
+			}
+			if err := ipt.remove(ctx); err != nil || k.Dump() != only.Dump() {
+				t.Errorf("a second remove: %v\n%s", err, k.Dump())
 			}
 			if !strings.Contains(want, "-A INPUT -m conntrack --ctstate NEW -m comment --comment \"edgeproxy-ipvs host filter\" -j EP-IPVS-HOST-FILTER\n") {
 				t.Errorf("no host filter jump in:\n%s", want)

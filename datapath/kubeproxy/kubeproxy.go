@@ -1,19 +1,23 @@
 // Package kubeproxy finds and removes what kube-proxy left in the kernel
 // when edgeproxy replaces it on a live node: its iptables chains and the
 // jumps to them (under iptables-legacy and iptables-nft, both families,
-// from its iptables and IPVS modes) and its nftables tables ("ip
-// kube-proxy", "ip6 kube-proxy").
+// from its iptables and IPVS modes), its nftables tables ("ip
+// kube-proxy", "ip6 kube-proxy"), and what its IPVS mode adds: its IPVS
+// virtual servers (KubeServers says which), the kube-ipvs0 dummy link and
+// its ipsets (KUBE-*, KUBE-6-*).
 //
 // Which chains are kube-proxy's is learnt from kube-proxy v1.36's own
 // cleanup (pkg/proxy/iptables CleanupLeftovers and isServiceChainName,
-// pkg/proxy/ipvs iptablesChains, pkg/proxy/nftables CleanupLeftovers).
+// pkg/proxy/ipvs iptablesChains, ipsetInfo and CleanupLeftovers,
+// pkg/proxy/nftables CleanupLeftovers).
 // The chains kubelet owns (KUBE-FIREWALL, KUBE-KUBELET-CANARY,
 // KUBE-IPTABLES-HINT, KUBE-MARK-DROP) are never touched.
 //
 // The agent calls Remove once, after its own first successful sync, so
 // that its rules are in place before kube-proxy's go: no new connection
-// meets a node without Service rules. The nftables tables are found and
-// deleted over netlink: no nft program is needed.
+// meets a node without Service rules. The nftables tables, IPVS objects
+// and ipsets are found and deleted over netlink: no nft, ipvsadm or ipset
+// program is needed.
 package kubeproxy
 
 import (
@@ -28,6 +32,7 @@ import (
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
@@ -68,13 +73,20 @@ func Owned(table, chain string) bool {
 }
 
 // Found is what kube-proxy left in one place: an iptables table of one
-// backend and family, or one nftables table.
+// backend and family, one nftables table, IPVS ("IPVS": its virtual
+// servers), its dummy link ("link kube-ipvs0") or its ipsets ("ipset").
 type Found struct {
-	Where  string `json:"where"`  // "iptables-nft IPv4 nat", "nftables ip kube-proxy"
-	Chains int    `json:"chains"` // kube-proxy's chains (nftables: the table's chains, sets and maps)
-	Jumps  int    `json:"jumps"`  // rules in other chains that jump to them
+	Where  string `json:"where"`            // "iptables-nft IPv4 nat", "nftables ip kube-proxy", "IPVS", "link kube-ipvs0", "ipset"
+	Chains int    `json:"chains,omitempty"` // kube-proxy's chains (nftables: the table's chains, sets and maps)
+	Jumps  int    `json:"jumps,omitempty"`  // rules in other chains that jump to them
+	// Servers are IPVS virtual servers, Addresses those bound to
+	// kube-ipvs0 (the link goes with them), Sets ipsets.
+	Servers   int `json:"servers,omitempty"`
+	Addresses int `json:"addresses,omitempty"`
+	Sets      int `json:"sets,omitempty"`
 	// Kept are chains left because a chain that is not kube-proxy's
-	// jumps to them (directly or through another kept one).
+	// jumps to them (directly or through another kept one); sets left
+	// because a rule that is not kube-proxy's refers to them.
 	Kept []string `json:"kept,omitempty"`
 }
 
@@ -99,6 +111,39 @@ func (r Report) Jumps() int {
 	return n
 }
 
+// Servers is the number of IPVS virtual servers in r.
+func (r Report) Servers() int {
+	n := 0
+	for _, f := range r {
+		n += f.Servers
+	}
+	return n
+}
+
+// Links is the number of dummy links (kube-ipvs0) in r.
+func (r Report) Links() int {
+	n := 0
+	for _, f := range r {
+		if strings.HasPrefix(f.Where, "link ") {
+			n++
+		}
+	}
+	return n
+}
+
+// Sets is the number of ipsets in r.
+func (r Report) Sets() int {
+	n := 0
+	for _, f := range r {
+		n += f.Sets
+	}
+	return n
+}
+
+// Objects is the number of kube-proxy's objects in r: chains, IPVS
+// virtual servers, links and ipsets.
+func (r Report) Objects() int { return r.Chains() + r.Servers() + r.Links() + r.Sets() }
+
 // String is r on one line, for logs.
 func (r Report) String() string {
 	if len(r) == 0 {
@@ -106,8 +151,21 @@ func (r Report) String() string {
 	}
 	parts := make([]string, len(r))
 	for i, f := range r {
-		if strings.HasPrefix(f.Where, "nftables") {
+		switch {
+		case strings.HasPrefix(f.Where, "nftables"):
 			parts[i] = fmt.Sprintf("%s: %d chains, sets and maps", f.Where, f.Chains)
+			continue
+		case f.Where == "IPVS":
+			parts[i] = fmt.Sprintf("IPVS: %d virtual servers", f.Servers)
+			continue
+		case strings.HasPrefix(f.Where, "link "):
+			parts[i] = fmt.Sprintf("%s: %d addresses", f.Where, f.Addresses)
+			continue
+		case f.Where == "ipset":
+			parts[i] = fmt.Sprintf("ipset: %d sets", f.Sets)
+			if len(f.Kept) > 0 {
+				parts[i] += fmt.Sprintf(" (kept %s, in use)", strings.Join(f.Kept, " "))
+			}
 			continue
 		}
 		parts[i] = fmt.Sprintf("%s: %d chains, %d jumps", f.Where, f.Chains, f.Jumps)
@@ -122,6 +180,12 @@ func (r Report) String() string {
 type Options struct {
 	Wait   time.Duration // for the xtables lock; xtables.DefaultWait when 0
 	Logger *slog.Logger
+	// Keep names the IPVS virtual servers edgeproxy programs (IPVS mode
+	// adopts kube-proxy's of the same key): never removed. Nil: none.
+	Keep func(ipvs.Key) bool
+	// Link is edgeproxy's own IPVS dummy link (ipvs.interface): a link
+	// of that name is never kube-proxy's, even when it is kube-ipvs0.
+	Link string
 }
 
 // Find reports what kube-proxy left, without changing anything.
@@ -130,8 +194,10 @@ func Find(ctx context.Context, o Options) (Report, error) { return walk(ctx, o, 
 // Remove removes what kube-proxy left and reports what it removed. Per
 // iptables table it is one iptables-restore: the jumps to kube-proxy's
 // chains are deleted, then the chains emptied and deleted, committed
-// together. Each nftables table is deleted whole. An error in one place
-// does not stop the others.
+// together. Each nftables table is deleted whole. Then kube-proxy's IPVS
+// virtual servers (not o.Keep's), kube-ipvs0, and its ipsets, which only
+// the removed chains referred to. An error in one place does not stop
+// the others.
 func Remove(ctx context.Context, o Options) (Report, error) { return walk(ctx, o, true) }
 
 func walk(ctx context.Context, o Options, remove bool) (Report, error) {
@@ -150,8 +216,15 @@ func walk(ctx context.Context, o Options, remove bool) (Report, error) {
 				}
 				continue // not installed: it holds nothing
 			}
+			// One listing of every table per tool: under an emulated
+			// CPU each run of iptables-save costs a second.
+			saved, err := t.SaveTable(ctx, "")
+			if err != nil {
+				errs = append(errs, fmt.Errorf("kubeproxy: iptables-%s IPv%d: %w", t.Variant, t.Family, err))
+				continue
+			}
 			for _, table := range Tables {
-				f, err := iptablesTable(ctx, t, table, remove)
+				f, err := iptablesTable(ctx, t, table, saved, remove)
 				if err != nil {
 					errs = append(errs, err)
 				}
@@ -166,19 +239,19 @@ func walk(ctx context.Context, o Options, remove bool) (Report, error) {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	found, err = ipvsLeftovers(remove, o.Keep, o.Link)
+	rep = append(rep, found...)
+	if err != nil {
+		errs = append(errs, err)
+	}
 	return rep, errors.Join(errs...)
 }
 
-func iptablesTable(ctx context.Context, t *xtables.Tool, table string, remove bool) (Found, error) {
+// iptablesTable finds (and removes) kube-proxy's objects in one table of
+// saved, the tool's iptables-save listing of every table (a table that
+// does not exist is not in it, and holds nothing).
+func iptablesTable(ctx context.Context, t *xtables.Tool, table, saved string, remove bool) (Found, error) {
 	f := Found{Where: fmt.Sprintf("iptables-%s IPv%d %s", t.Variant, t.Family, table)}
-	saved, err := t.SaveTable(ctx, table)
-	if err != nil {
-		// A table that does not exist (module not loaded) holds nothing.
-		if strings.Contains(err.Error(), "does not exist") || strings.Contains(err.Error(), "Table does not exist") {
-			return f, nil
-		}
-		return f, fmt.Errorf("kubeproxy: %s: %w", f.Where, err)
-	}
 	input, p := Plan(table, saved)
 	f.Chains, f.Jumps, f.Kept = len(p.Chains), p.Jumps, p.Kept
 	if !remove || input == nil {

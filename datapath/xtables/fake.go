@@ -106,6 +106,18 @@ func restoreLine(chains map[Chain][]Rule, table *string, l string) error {
 			return err
 		}
 		return insert(chains, c, r, op == "-I")
+	case "-D":
+		r, err := ParseRule(rest)
+		if err != nil {
+			return err
+		}
+		rules := chains[c]
+		i := slices.IndexFunc(rules, func(o Rule) bool { return o.Text() == r.Text() })
+		if i < 0 {
+			return fmt.Errorf("%q: Bad rule (does a matching rule exist in that chain?)", l)
+		}
+		chains[c] = slices.Delete(rules, i, i+1)
+		return nil
 	case "-X":
 		if err := deletable(chains, c); err != nil {
 			return err

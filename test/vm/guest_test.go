@@ -11,11 +11,14 @@ import (
 
 // guestPackages are the packages whose kernel tests need the VM (IPVS,
 // dummy links, SCTP). They all run in one boot. Of datapath/iptables only
-// the SCTP test: its other kernel tests run on the host.
+// the SCTP test, of datapath/kubeproxy only the IPVS one: their other
+// kernel tests run on the host.
 var guestPackages = []vm.GoTest{
 	{Package: "./datapath/ipvs"},
 	{Package: "./datapath/ipset"},
 	{Package: "./datapath/iptables", Args: []string{"-test.run=SCTP"}},
+	// What kube-proxy's IPVS mode leaves, found and removed.
+	{Package: "./datapath/kubeproxy", Args: []string{"-test.run=IPVS"}},
 }
 
 // TestGuestPackages runs the guest-only tests of guestPackages in one VM.

@@ -49,6 +49,16 @@ func (g GoTest) name() string {
 // that would skip fails in CI. timeout bounds the whole run.
 func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	t.Helper()
+	RunGoTestsIn(t, t.TempDir(), timeout, tests...)
+}
+
+// RunGoTestsIn is RunGoTests with the directory shared writable with the
+// guest chosen by the caller (an absolute path without spaces or quotes,
+// such as t.TempDir()): the host and the guest tests can exchange files
+// there while the VM runs. The test binaries and their output go there
+// too.
+func RunGoTestsIn(t *testing.T, dir string, timeout time.Duration, tests ...GoTest) {
+	t.Helper()
 	if err := Check(); err != nil {
 		gate.Skip(t, err.Error())
 	}
@@ -59,7 +69,6 @@ func RunGoTests(t *testing.T, timeout time.Duration, tests ...GoTest) {
 	if err := touchSources(root, tests); err != nil {
 		t.Fatal(err)
 	}
-	dir := t.TempDir()
 	var script strings.Builder
 	script.WriteString("ulimit -c 0\n")
 	for _, g := range tests {
