@@ -109,8 +109,11 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 		}
 		return netip.Addr{}, fmt.Errorf("service %s has no %s address in %v", svc.Name, c.Family, addrs)
 	}
-	port := svc.Spec.Ports[0]
-	nodePort := uint16(port.NodePort)
+	if c.Port >= len(svc.Spec.Ports) {
+		return netip.AddrPort{}, fmt.Errorf("service %s has no port %d", svc.Name, c.Port)
+	}
+	port := svc.Spec.Ports[c.Port]
+	nodePort, servicePort := uint16(port.NodePort), uint16(port.Port)
 	switch c.Frontend {
 	case FClusterIP:
 		a, err := pick(svc.Spec.ClusterIPs)
@@ -170,7 +173,7 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	answers, noAnswer := 0, 0
 	for i := 0; i < w.probes && ctx.Err() == nil; i++ {
-		r, resent, err := w.send(from, c.Shape.Proto == udp, dst, w.timeout)
+		r, resent, err := w.send(from, c.proto() == udp, dst, w.timeout)
 		if resent {
 			fails[synResent] = true
 		}

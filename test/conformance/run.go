@@ -332,7 +332,7 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 			continue
 		}
 		dst, _ := w.target(c) // an error is the cell's outcome
-		k := dst.String() + "/" + string(c.Shape.Proto)
+		k := dst.String() + "/" + string(c.proto())
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}

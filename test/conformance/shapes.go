@@ -58,6 +58,38 @@ type Shape struct {
 	// HostPort: instead of the Service's port, the node's own daemon's
 	// (hostDaemonPort, on 0.0.0.0) through the ClusterIP and the LB IP.
 	HostPort bool
+	// Ports, when set, are the Service's ports (Proto is then unused):
+	// each frontend is probed on each, and the cell's frontend part names
+	// the port ("clusterip:dns-tcp"). Unset: one port, servicePort to
+	// targetPort, protocol Proto, and frontends without a port name.
+	Ports []Port
+}
+
+// Port is one port of a Service with several.
+type Port struct {
+	Name  string // the Service port's name
+	Proto corev1.Protocol
+	Port  int32
+	// Target is a container port's name (podPorts): each pod resolves it
+	// to its own number. Empty: targetPort.
+	Target string
+}
+
+// ports are the shape's Service ports.
+func (s *Shape) ports() []Port {
+	if len(s.Ports) > 0 {
+		return s.Ports
+	}
+	return []Port{{Name: "p", Proto: s.Proto, Port: servicePort}}
+}
+
+// podPorts are the pods' named container ports (the Pod objects declare
+// them, the pods' echo servers listen on them). "alt" resolves to a
+// different number in each pod: a proxy that takes one endpoint's port
+// for all of them reaches a port nobody listens on.
+var podPorts = map[string][]corev1.ContainerPort{
+	"l1": {{Name: "alt", ContainerPort: 8081, Protocol: tcp}, {Name: "dns", ContainerPort: 5353, Protocol: udp}, {Name: "dns-tcp", ContainerPort: 5353, Protocol: tcp}},
+	"r1": {{Name: "alt", ContainerPort: 8082, Protocol: tcp}, {Name: "dns", ContainerPort: 5353, Protocol: udp}, {Name: "dns-tcp", ContainerPort: 5353, Protocol: tcp}},
 }
 
 // Pods of the world: node-a (this node, zone-a) holds l1, l2, tl and the
@@ -118,12 +150,19 @@ var Shapes = []Shape{
 	{Name: "np-npa", Type: np, Proto: tcp, Families: "dual", Profile: ProfileNPA, Pods: []string{"l1", "r1"}},
 	{Name: "np-primary", Type: np, Proto: tcp, Families: "dual", Profile: ProfilePrimary, Pods: []string{"l1", "r1"}},
 	{Name: "hostport", Type: lb, Proto: tcp, Families: "dual", HostPort: true, Pods: []string{"l1", "r1"}},
+	// Several ports, one a named target port that each pod resolves to
+	// its own number (l1 8081, r1 8082).
+	{Name: "np-multiport", Type: np, Families: "dual", Pods: []string{"l1", "r1"},
+		Ports: []Port{{Name: "http", Proto: tcp, Port: 80}, {Name: "alt", Proto: tcp, Port: 81, Target: "alt"}}},
+	// A DNS Service: 53/UDP and 53/TCP, named target ports.
+	{Name: "dns", Type: cip, Families: "dual", Pods: []string{"l1", "r1"},
+		Ports: []Port{{Name: "dns", Proto: udp, Port: 53, Target: "dns"}, {Name: "dns-tcp", Proto: tcp, Port: 53, Target: "dns-tcp"}}},
 }
 
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 717, "nft": 717, "ipvs": 717}
+var CellCount = map[string]int{"legacy": 783, "nft": 783, "ipvs": 783}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -204,6 +243,17 @@ var Anchors = map[string]string{
 	// the ports no Service has (the daemon itself answers, newNet checks).
 	"hostport/hostport-clusterip/pod/v4/ipvs": "refused",
 	"hostport/hostport-lb/ext/v4/ipvs":        "refused",
+	// Every port of a multi-port Service, each pod at its own number of
+	// a named target port, TCP and UDP on the same port.
+	"np-multiport/clusterip:http/pod/v4/*": "l1,r1 from cpod",
+	"np-multiport/clusterip:alt/pod/v4/*":  "l1,r1 from cpod",
+	"np-multiport/clusterip:alt/pod/v6/*":  "l1,r1 from cpod",
+	"np-multiport/np:alt/ext/v4/*":         "l1,r1 from node/br,node/remote-link",
+	"np-multiport/np:http/ext/v6/*":        "l1,r1 from node/br,node/remote-link",
+	"dns/clusterip:dns/pod/v4/*":           "l1,r1 from cpod",
+	"dns/clusterip:dns/pod/v6/*":           "l1,r1 from cpod",
+	"dns/clusterip:dns-tcp/pod/v4/*":       "l1,r1 from cpod",
+	"dns/clusterip:dns-tcp/pod/v6/*":       "l1,r1 from cpod",
 }
 
 // Position is where a client stands.
@@ -251,12 +301,27 @@ type Cell struct {
 	Position string
 	Family   string
 	Backend  string
+	Port     int // index in Shape.ports()
 }
 
-// Key names the cell: shape/frontend/position/family/backend. DIFFERENCES.md
-// and KNOWN_BUGS.md match it with path.Match patterns.
+// Key names the cell: shape/frontend/position/family/backend, the frontend
+// with ":<port name>" when the shape lists its Ports. DIFFERENCES.md and
+// KNOWN_BUGS.md match it with path.Match patterns.
 func (c Cell) Key() string {
-	return strings.Join([]string{c.Shape.Name, c.Frontend, c.Position, c.Family, c.Backend}, "/")
+	fe := c.Frontend
+	if len(c.Shape.Ports) > 0 && portFrontend(fe) {
+		fe += ":" + c.Shape.Ports[c.Port].Name
+	}
+	return strings.Join([]string{c.Shape.Name, fe, c.Position, c.Family, c.Backend}, "/")
+}
+
+// proto is the protocol of the cell's port.
+func (c Cell) proto() corev1.Protocol { return c.Shape.ports()[c.Port].Proto }
+
+// portFrontend reports whether a frontend reaches one of the Service's
+// ports (not the health check's or the node daemon's).
+func portFrontend(fe string) bool {
+	return fe != FHealth && fe != FHostPortCIP && fe != FHostPortLB
 }
 
 // hasFamily reports whether the shape's Service has addresses of family.
@@ -320,10 +385,16 @@ func Cells(profile, backend string) []Cell {
 			continue
 		}
 		for _, fe := range s.frontends() {
-			for _, pos := range Positions {
-				for _, fam := range Families {
-					if applies(s, fe, pos.Name, fam) {
-						out = append(out, Cell{Shape: s, Frontend: fe, Position: pos.Name, Family: fam, Backend: backend})
+			ports := len(s.ports())
+			if !portFrontend(fe) {
+				ports = 1
+			}
+			for port := range ports {
+				for _, pos := range Positions {
+					for _, fam := range Families {
+						if applies(s, fe, pos.Name, fam) {
+							out = append(out, Cell{Shape: s, Frontend: fe, Position: pos.Name, Family: fam, Backend: backend, Port: port})
+						}
 					}
 				}
 			}

@@ -183,6 +183,16 @@ func newNet(t testing.TB) *World {
 		if err := p.Serve(targetPort); err != nil {
 			t.Fatal(err)
 		}
+		// Named ports: Serve answers both protocols, once per number.
+		served := map[int32]bool{targetPort: true}
+		for _, cp := range podPorts[name] {
+			if !served[cp.ContainerPort] {
+				served[cp.ContainerPort] = true
+				if err := p.Serve(uint16(cp.ContainerPort)); err != nil {
+					t.Fatal(err)
+				}
+			}
+		}
 	}
 	// The node's own daemon, on every address, for the host-port cells.
 	daemon := &netns.Pod{NS: w.Node.NS, PodName: hostDaemon}
@@ -303,7 +313,7 @@ func (w *World) populate(ctx context.Context) error {
 				labels["s-"+s.Name] = "y"
 			}
 		}
-		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{ip[0].String(), ip[1].String()}, labels, nil); err != nil {
+		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{ip[0].String(), ip[1].String()}, labels, podPorts[name]); err != nil {
 			return err
 		}
 		if terminal[name] {
@@ -334,9 +344,15 @@ func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, e
 		Spec: corev1.ServiceSpec{
 			Type:           s.Type,
 			Selector:       map[string]string{"s-" + s.Name: "y"},
-			Ports:          []corev1.ServicePort{{Name: "p", Port: servicePort, TargetPort: intstr.FromInt32(targetPort), Protocol: s.Proto}},
 			IPFamilyPolicy: &policy,
 		},
+	}
+	for _, p := range s.ports() {
+		target := intstr.FromInt32(targetPort)
+		if p.Target != "" {
+			target = intstr.FromString(p.Target)
+		}
+		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.Name, Port: p.Port, TargetPort: target, Protocol: p.Proto})
 	}
 	switch s.Families {
 	case "v4":
