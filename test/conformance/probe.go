@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -98,7 +100,7 @@ func (w *World) client(position string) *netns.NS {
 
 // target is the address:port a cell sends to.
 func (w *World) target(c Cell) (netip.AddrPort, error) {
-	svc := w.Services[c.Shape.Name]
+	svc := w.service(c.Shape.Name)
 	v6 := c.Family == "v6"
 	pick := func(addrs []string) (netip.Addr, error) {
 		for _, s := range addrs {
@@ -375,8 +377,8 @@ func sorted(m map[string]bool) []string {
 	return out
 }
 
-// staleFlow is an established UDP flow of a stale-conntrack cell.
-type staleFlow struct {
+// changeFlow is an established UDP flow of a change cell.
+type changeFlow struct {
 	cell    Cell
 	dst     netip.AddrPort
 	port    uint16 // the client's source port, kept across the change
@@ -384,91 +386,144 @@ type staleFlow struct {
 	outcome string
 }
 
-// Stale runs the stale-conntrack cells of one proxy run: each cell opens a
-// UDP flow from a fixed source port to the Service (answered by sa); sa
-// is replaced by sb; once a new flow reaches sb, the old flow sends again.
-// Upstream clears the old flow's conntrack entry, so it reaches sb too.
-// The world is put back (sa) before it returns.
-func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
+// firstChangePort is the first client source port of the change cells'
+// flows (one each, in a run's order; below the ephemeral ports).
+const firstChangePort = 40000
+
+// Changes runs the change cells of one proxy run (Shape.Change), one
+// goroutine per shape: the shapes are different Services. It returns
+// once every shape's world is put back.
+func (w *World) Changes(ctx context.Context, cells []Cell) map[string]Outcome {
+	var order []*Shape
+	byShape := map[*Shape][]Cell{}
+	for _, c := range cells {
+		if byShape[c.Shape] == nil {
+			order = append(order, c.Shape)
+		}
+		byShape[c.Shape] = append(byShape[c.Shape], c)
+	}
 	out := map[string]Outcome{}
-	var flows []*staleFlow
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	port := uint16(firstChangePort)
+	for _, s := range order {
+		wg.Add(1)
+		go func(first uint16) {
+			defer wg.Done()
+			res := w.change(ctx, s, byShape[s], first)
+			mu.Lock()
+			maps.Copy(out, res)
+			mu.Unlock()
+		}(port)
+		port += uint16(len(byShape[s]))
+	}
+	wg.Wait()
+	return out
+}
+
+// change runs one change shape's cells: each opens a UDP flow from a
+// fixed source port to its frontend and notes who answered; the Service
+// is changed (applyChange); once new flows show the change (bounded),
+// each old flow sends again, from the same port, until it shows the
+// change too or staleClearWait passes: what it reaches then is the
+// proxy's conntrack cleanup (upstream's pkg/proxy/conntrack/cleanup.go
+// removes UDP entries of a Service port that has serving endpoints and
+// whose reply does not come from one of them). The Service is put back
+// before it returns.
+func (w *World) change(ctx context.Context, s *Shape, cells []Cell, firstPort uint16) map[string]Outcome {
+	out := map[string]Outcome{}
+	var flows []*changeFlow
 	for i, c := range cells {
 		dst, err := w.target(c)
 		if err != nil {
 			out[c.Key()] = Outcome{Text: "harness: " + err.Error()}
 			continue
 		}
-		f := &staleFlow{cell: c, dst: dst, port: uint16(40000 + i)}
-		r, err := w.client(c.Position).UDP(dst, f.port, w.timeout)
-		if err != nil {
-			f.before = classify(err)
-		} else {
-			f.before = r.Name
-		}
+		f := &changeFlow{cell: c, dst: dst, port: firstPort + uint16(i)}
+		f.before = w.udpOnce(w.client(c.Position), dst, f.port)
 		flows = append(flows, f)
 	}
-	shape := cells[0].Shape.Name
-	if err := w.relabel(ctx, shape, "sa", "sb"); err != nil {
+	if err := w.applyChange(ctx, s, true); err != nil {
 		for _, f := range flows {
 			out[f.cell.Key()] = Outcome{Text: "harness: " + err.Error()}
 		}
 		return out
 	}
+	var wg sync.WaitGroup
 	for _, f := range flows {
-		from := w.client(f.cell.Position)
-		// Wait (bounded) until the proxy has the new endpoint: a new
-		// flow, from another source port, reaches sb.
-		deadline := time.Now().Add(30 * time.Second)
-		seen := ""
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			r, err := from.UDP(f.dst, 0, w.timeout)
-			if err == nil && r.Name == "sb" {
-				seen = "sb"
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if seen == "" {
-			f.outcome = "before " + f.before + ", new flows never reach sb"
-			continue
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.outcome = w.afterChange(ctx, f)
+		}()
 	}
-	// A proxy clears conntrack after it writes the rules, and on a loaded
-	// machine that can take a while: the old flow is asked (bounded) until
-	// it reaches sb. A proxy that never clears keeps answering sa, so the
-	// outcome is the same however long the wait; only a slow clear stops
-	// looking like a missing one.
+	wg.Wait()
 	for _, f := range flows {
-		if f.outcome == "" {
-			f.outcome = "before " + f.before + ", old flow after replace: " + w.oldFlow(ctx, f)
-		}
 		out[f.cell.Key()] = Outcome{Text: f.outcome}
 	}
-	if err := w.relabel(ctx, shape, "sb", "sa"); err != nil {
-		w.t.Errorf("put stale-conntrack service back: %v", err)
+	if err := w.applyChange(ctx, s, false); err != nil {
+		w.t.Errorf("put %s back: %v", s.Name, err)
 	}
 	return out
 }
 
-// oldFlow sends on a stale-conntrack cell's original flow until it reaches
-// sb or staleClearWait passes, and says where its last packet went.
-func (w *World) oldFlow(ctx context.Context, f *staleFlow) string {
-	deadline := time.Now().Add(staleClearWait)
-	for {
-		r, err := w.client(f.cell.Position).UDP(f.dst, f.port, w.timeout)
-		after := ""
-		if err != nil {
-			after = classify(err)
-		} else {
-			after = r.Name
+// changeWant is, per change, the endpoint a new flow reaches once the
+// proxy has the change (the old one reaches it too once its entry is
+// cleared); "" is none: anything but sa, where it went before.
+var changeWant = map[string]struct{ newFlow, cleared string }{
+	ChangeReplace: {"sb", "sb"},
+	ChangeAdd:     {"sa", "sa"},
+	ChangeRemove:  {"", ""},
+	ChangeDelete:  {"", ""},
+	ChangePort:    {"sa", ""}, // new flows to the new port
+}
+
+// afterChange waits (bounded) until a new flow, from another source port,
+// shows the change, then asks the old flow (see change) and says what it
+// reached: "before <endpoint>, old flow after <change>: <outcome>".
+func (w *World) afterChange(ctx context.Context, f *changeFlow) string {
+	kind := f.cell.Shape.Change
+	want := changeWant[kind]
+	shows := func(o, want string) bool { return o == want || want == "" && o != "sa" }
+	newDst, err := w.target(f.cell) // after ChangePort: the new port
+	if err != nil {
+		return "harness: " + err.Error()
+	}
+	from := w.client(f.cell.Position)
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		o := w.udpOnce(from, newDst, 0)
+		if shows(o, want.newFlow) {
+			break
 		}
-		if after == "sb" || !time.Now().Before(deadline) || ctx.Err() != nil {
-			return after
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			return fmt.Sprintf("before %s, new flows after %s: %s", f.before, kind, o)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A proxy clears conntrack after it writes the rules, and on a loaded
+	// machine that can take a while: the old flow is asked (bounded) until
+	// it shows the change. A proxy that never clears keeps answering from
+	// the old endpoint, so the outcome is the same however long the wait;
+	// only a slow clear stops looking like a missing one.
+	for deadline := time.Now().Add(staleClearWait); ; {
+		o := w.udpOnce(from, f.dst, f.port)
+		if shows(o, want.cleared) || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return fmt.Sprintf("before %s, old flow after %s: %s", f.before, kind, o)
 		}
 		time.Sleep(250 * time.Millisecond)
 	}
 }
 
-// staleClearWait bounds how long a stale-conntrack cell waits for a proxy
-// to clear the old flow's entry after new flows reach the new endpoint.
+// udpOnce sends one datagram from port (0: any) and names who answered,
+// or the failure.
+func (w *World) udpOnce(from *netns.NS, dst netip.AddrPort, port uint16) string {
+	r, err := from.UDP(dst, port, w.timeout)
+	if err != nil {
+		return classify(err)
+	}
+	return r.Name
+}
+
+// staleClearWait bounds how long a change cell waits for a proxy to
+// clear the old flow's entry after new flows show the change.
 const staleClearWait = 10 * time.Second

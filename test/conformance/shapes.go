@@ -54,7 +54,10 @@ type Shape struct {
 	SourceRange bool   // loadBalancerSourceRanges: only the external client
 	Traffic     string // spec.trafficDistribution
 	Profile     string
-	Stale       bool // the UDP stale-conntrack check instead of plain probes
+	// Change makes the shape a UDP conntrack check instead of plain
+	// probes: established flows, the Service changed (Change*), the same
+	// flows again (World.change).
+	Change string
 	// HostPort: instead of the Service's port, the node's own daemon's
 	// (hostDaemonPort, on 0.0.0.0) through the ClusterIP and the LB IP.
 	HostPort bool
@@ -92,10 +95,23 @@ var podPorts = map[string][]corev1.ContainerPort{
 	"r1": {{Name: "alt", ContainerPort: 8082, Protocol: tcp}, {Name: "dns", ContainerPort: 5353, Protocol: udp}, {Name: "dns-tcp", ContainerPort: 5353, Protocol: tcp}},
 }
 
+// Changes a change shape makes to its Service between the two probes of
+// its flows, each put back afterwards.
+const (
+	ChangeReplace = "replace" // its only endpoint sa is replaced by sb
+	ChangeAdd     = "add"     // no endpoints, then sa
+	ChangeRemove  = "remove"  // sa, then no endpoints
+	ChangeDelete  = "delete"  // the Service is deleted
+	ChangePort    = "port"    // its port changes to changedPort (the NodePort stays)
+)
+
+// changedPort is a ChangePort Service's port after the change.
+const changedPort = 81
+
 // Pods of the world: node-a (this node, zone-a) holds l1, l2, tl and the
 // client pod cpod; node-b (zone-b) holds r1, r2, tr; node-c (zone-a) holds
 // z1. node-b and node-c pods live in one namespace behind a route. tl and tr
-// are terminating. sa and sb are the stale-conntrack pods (local).
+// are terminating. sa and sb are the change shapes' pods (local).
 var (
 	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb"}
 	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "z1": "node-c"}
@@ -146,7 +162,7 @@ var Shapes = []Shape{
 	{Name: "lb-source-ranges", Type: lb, Proto: tcp, Families: "dual", SourceRange: true, Pods: []string{"l1", "r1"}},
 	{Name: "extip", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, Pods: []string{"l1", "r1"}},
 	{Name: "extip-etp-local", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, ETP: "Local", Pods: []string{"l1", "r1"}},
-	{Name: "udp-stale", Type: np, Proto: udp, Families: "dual", Stale: true, Pods: []string{"sa"}},
+	{Name: "udp-stale", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeReplace, Pods: []string{"sa"}},
 	{Name: "np-npa", Type: np, Proto: tcp, Families: "dual", Profile: ProfileNPA, Pods: []string{"l1", "r1"}},
 	{Name: "np-primary", Type: np, Proto: tcp, Families: "dual", Profile: ProfilePrimary, Pods: []string{"l1", "r1"}},
 	{Name: "hostport", Type: lb, Proto: tcp, Families: "dual", HostPort: true, Pods: []string{"l1", "r1"}},
@@ -157,12 +173,18 @@ var Shapes = []Shape{
 	// A DNS Service: 53/UDP and 53/TCP, named target ports.
 	{Name: "dns", Type: cip, Families: "dual", Pods: []string{"l1", "r1"},
 		Ports: []Port{{Name: "dns", Proto: udp, Port: 53, Target: "dns"}, {Name: "dns-tcp", Proto: tcp, Port: 53, Target: "dns-tcp"}}},
+	// UDP conntrack in every direction (udp-stale above: the endpoint
+	// replaced), through the ClusterIP, a NodePort, an LB IP, an externalIP.
+	{Name: "udp-add", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeAdd},
+	{Name: "udp-remove", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeRemove, Pods: []string{"sa"}},
+	{Name: "udp-delete", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeDelete, Pods: []string{"sa"}},
+	{Name: "udp-port", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangePort, Pods: []string{"sa"}},
 }
 
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 783, "nft": 783, "ipvs": 783}
+var CellCount = map[string]int{"legacy": 823, "nft": 823, "ipvs": 823}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -254,6 +276,20 @@ var Anchors = map[string]string{
 	"dns/clusterip:dns/pod/v6/*":           "l1,r1 from cpod",
 	"dns/clusterip:dns-tcp/pod/v4/*":       "l1,r1 from cpod",
 	"dns/clusterip:dns-tcp/pod/v6/*":       "l1,r1 from cpod",
+	// UDP conntrack: the flow must have been set up (or refused) before
+	// the change; kube-proxy clears an entry only for a Service port that
+	// still has serving endpoints and a reply that comes from none of
+	// them (pkg/proxy/conntrack/cleanup.go).
+	"udp-stale/lb/ext/v4/*":         "before sa, old flow after replace: sb",
+	"udp-stale/extip/ext/v6/*":      "before sa, old flow after replace: sb",
+	"udp-add/clusterip/pod/v4/*":    "before refused, old flow after add: sa",
+	"udp-add/np/ext/v6/*":           "before refused, old flow after add: sa",
+	"udp-remove/clusterip/pod/v4/*": "before sa, old flow after remove: sa",
+	"udp-remove/lb/ext/v4/*":        "before sa, old flow after remove: sa",
+	"udp-delete/clusterip/pod/v6/*": "before sa, old flow after delete: sa",
+	"udp-delete/extip/ext/v4/*":     "before sa, old flow after delete: sa",
+	"udp-port/clusterip/pod/v4/*":   "before sa, old flow after port: sa",
+	"udp-port/np/ext/v4/*":          "before sa, old flow after port: sa",
 }
 
 // Position is where a client stands.
@@ -368,10 +404,14 @@ func applies(s *Shape, frontend, position, family string) bool {
 	case FHealth:
 		return s.hasFamily(family) && (position == "ext" || position == "node")
 	}
-	if s.Stale {
-		// One established flow per family: from a pod to the ClusterIP
-		// and from outside to the NodePort.
-		return (frontend == FClusterIP && position == "pod") || (frontend == FNodePort && position == "ext")
+	if s.Change != "" {
+		// One established flow per frontend and family: from a pod to
+		// the ClusterIP, from outside to the others (and, by the rule
+		// above, from the node to 127.0.0.1:NodePort).
+		if frontend == FClusterIP {
+			return position == "pod"
+		}
+		return (frontend == FNodePort || frontend == FLB || frontend == FExtIP) && position == "ext"
 	}
 	return true
 }
