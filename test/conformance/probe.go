@@ -172,6 +172,9 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	if c.Frontend == FHealth {
 		return Outcome{Text: w.health(from, dst)}
 	}
+	if c.Shape.AffinityTimeout > 0 {
+		return Outcome{Text: w.expiry(ctx, from, dst, c)}
+	}
 	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	answers, noAnswer := 0, 0
 	for i := 0; i < w.probes && ctx.Err() == nil; i++ {
@@ -527,3 +530,53 @@ func (w *World) udpOnce(from *netns.NS, dst netip.AddrPort, port uint16) string 
 // staleClearWait bounds how long a change cell waits for a proxy to
 // clear the old flow's entry after new flows show the change.
 const staleClearWait = 10 * time.Second
+
+// The affinity timeout check (Shape.AffinityTimeout): affinityTimeout is
+// the Service's timeoutSeconds; each round is affinityBurst probes in
+// quick succession (milliseconds apart, far within the timeout), rounds
+// are the timeout plus expiryPause apart (a sleep: never shorter), at
+// most expiryRounds. With three endpoints and the affinity gone, each
+// round after the first lands elsewhere with odds 2/3: all 11 on the
+// first round's endpoint has odds 3^-11 (6e-6).
+const (
+	affinityTimeout = 2
+	affinityBurst   = 3
+	expiryPause     = 2 * time.Second
+	expiryRounds    = 12
+	expiryMoves     = "sticky, moves after the timeout"
+	expiryStays     = "sticky, stays past the timeout"
+)
+
+// expiry runs rounds of probes until a round lands on another endpoint
+// than the first (expiryMoves) or expiryRounds have run (expiryStays); a
+// round that is not on one endpoint, or a failed probe, ends it.
+func (w *World) expiry(ctx context.Context, from *netns.NS, dst netip.AddrPort, c Cell) string {
+	first := ""
+	for round := range expiryRounds {
+		if round > 0 {
+			time.Sleep(time.Duration(c.Shape.AffinityTimeout)*time.Second + expiryPause)
+		}
+		if ctx.Err() != nil {
+			return classify(ctx.Err())
+		}
+		got := ""
+		for range affinityBurst {
+			r, resent, err := w.send(from, c.proto() == udp, dst, w.timeout)
+			switch {
+			case err != nil:
+				return fmt.Sprintf("round %d: %s", round+1, classify(err))
+			case resent:
+				return fmt.Sprintf("round %d: %s", round+1, synResent)
+			case got != "" && r.Name != got:
+				return "not sticky within the timeout"
+			}
+			got = r.Name
+		}
+		if first == "" {
+			first = got
+		} else if got != first {
+			return expiryMoves
+		}
+	}
+	return expiryStays
+}

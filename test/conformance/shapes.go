@@ -48,12 +48,15 @@ type Shape struct {
 	ETP, ITP string // "Local" or "" (Cluster)
 	Pods     []string
 	// Terminating pods are selected but being deleted (serving, not ready).
-	Affinity    bool   // sessionAffinity ClientIP
-	ExternalIPs bool   // spec.externalIPs
-	IPModeProxy bool   // LoadBalancer ingress ipMode Proxy (must not be programmed)
-	SourceRange bool   // loadBalancerSourceRanges: only the external client
-	Traffic     string // spec.trafficDistribution
-	Profile     string
+	Affinity bool // sessionAffinity ClientIP
+	// AffinityTimeout (seconds, with Affinity): the expiry check instead
+	// of plain probes (World.expiry), from the pod to the ClusterIP.
+	AffinityTimeout int32
+	ExternalIPs     bool   // spec.externalIPs
+	IPModeProxy     bool   // LoadBalancer ingress ipMode Proxy (must not be programmed)
+	SourceRange     bool   // loadBalancerSourceRanges: only the external client
+	Traffic         string // spec.trafficDistribution
+	Profile         string
 	// Change makes the shape a UDP conntrack check instead of plain
 	// probes: established flows, the Service changed (Change*), the same
 	// flows again (World.change).
@@ -111,11 +114,13 @@ const changedPort = 81
 // Pods of the world: node-a (this node, zone-a) holds l1, l2, tl and the
 // client pod cpod; node-b (zone-b) holds r1, r2, tr; node-c (zone-a) holds
 // z1. node-b and node-c pods live in one namespace behind a route. tl and tr
-// are terminating. sa and sb are the change shapes' pods (local).
+// are terminating (and serving). sa and sb are the change shapes' pods
+// (local). nr is not ready; tn is terminating and not serving (local).
 var (
-	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb"}
+	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb", "nr", "tn"}
 	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "z1": "node-c"}
-	terminal   = map[string]bool{"tl": true, "tr": true}
+	terminal   = map[string]bool{"tl": true, "tr": true, "tn": true}
+	notReady   = map[string]bool{"nr": true, "tn": true}
 )
 
 const (
@@ -179,12 +184,23 @@ var Shapes = []Shape{
 	{Name: "udp-remove", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeRemove, Pods: []string{"sa"}},
 	{Name: "udp-delete", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeDelete, Pods: []string{"sa"}},
 	{Name: "udp-port", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangePort, Pods: []string{"sa"}},
+	// Endpoint conditions: ready and terminating mixed, terminating and
+	// not serving, not ready; a health check whose only local endpoint
+	// is terminating.
+	{Name: "cip-ready-terminating", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"l1", "tl", "r1", "tr"}},
+	{Name: "np-etp-local-ready-terminating", Type: np, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"l1", "tl", "r1"}},
+	{Name: "cip-terminating-not-serving", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"tn"}},
+	{Name: "cip-not-ready", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"l1", "nr"}},
+	{Name: "lb-etp-local-terminating", Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"tl", "r1"}},
+	// ClientIP affinity through NodePorts and LB IPs, and its timeout.
+	{Name: "lb-affinity", Type: lb, Proto: tcp, Families: "dual", Affinity: true, Pods: []string{"l1", "l2", "r1"}},
+	{Name: "cip-affinity-timeout", Type: cip, Proto: tcp, Families: "dual", Affinity: true, AffinityTimeout: affinityTimeout, Pods: []string{"l1", "l2", "r1"}},
 }
 
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 823, "nft": 823, "ipvs": 823}
+var CellCount = map[string]int{"legacy": 944, "nft": 944, "ipvs": 944}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -290,6 +306,24 @@ var Anchors = map[string]string{
 	"udp-delete/extip/ext/v4/*":     "before sa, old flow after delete: sa",
 	"udp-port/clusterip/pod/v4/*":   "before sa, old flow after port: sa",
 	"udp-port/np/ext/v4/*":          "before sa, old flow after port: sa",
+	// Terminating endpoints only when no ready one (serving ones only);
+	// not-ready ones never. The health check counts ready local ones.
+	"cip-ready-terminating/clusterip/pod/v4/*":       "l1,r1 from cpod",
+	"cip-ready-terminating/clusterip/pod/v6/*":       "l1,r1 from cpod",
+	"np-etp-local-ready-terminating/np/ext/v4/*":     "l1 from ext",
+	"cip-terminating-not-serving/clusterip/pod/v4/*": "refused",
+	"cip-not-ready/clusterip/pod/v4/*":               "l1 from cpod",
+	"cip-not-ready/clusterip/pod/v6/*":               "l1 from cpod",
+	"lb-etp-local-terminating/lb/ext/v4/*":           "tl from ext",
+	"lb-etp-local-terminating/hc/ext/v4/*":           "http 503 local=0",
+	"lb-affinity/lb/ext/v4/*":                        "one-sticky from " + nodeLink,
+	"lb-affinity/np/pod/v6/*":                        "one-sticky from " + nodeLink,
+	"lb-affinity/clusterip/pod/v4/*":                 "one-sticky from cpod",
+	"cip-affinity-timeout/clusterip/pod/v4/legacy":   expiryMoves,
+	"cip-affinity-timeout/clusterip/pod/v6/nft":      expiryMoves,
+	// IPVS keeps the persistence template while a connection it made is
+	// in its table (TCP TIME_WAIT: 2 minutes), longer than the rounds.
+	"cip-affinity-timeout/clusterip/pod/v4/ipvs": expiryStays,
 }
 
 // Position is where a client stands.
@@ -403,6 +437,9 @@ func applies(s *Shape, frontend, position, family string) bool {
 		return position == "pod" || position == "node"
 	case FHealth:
 		return s.hasFamily(family) && (position == "ext" || position == "node")
+	}
+	if s.AffinityTimeout > 0 {
+		return frontend == FClusterIP && position == "pod"
 	}
 	if s.Change != "" {
 		// One established flow per frontend and family: from a pod to

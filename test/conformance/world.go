@@ -320,6 +320,11 @@ func (w *World) populate(ctx context.Context) error {
 		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{ip[0].String(), ip[1].String()}, labels, podPorts[name]); err != nil {
 			return err
 		}
+		if notReady[name] {
+			if err := c.SetPodReady(ctx, namespace, name, false); err != nil {
+				return err
+			}
+		}
 		if terminal[name] {
 			// No kubelet: the Pod stays terminating (serving, not ready).
 			grace := int64(3600)
@@ -378,6 +383,10 @@ func (w *World) createService(ctx context.Context, s *Shape, prev *corev1.Servic
 	}
 	if s.Affinity {
 		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
+	}
+	if s.AffinityTimeout > 0 {
+		timeout := s.AffinityTimeout
+		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
 	}
 	if s.Traffic != "" {
 		svc.Spec.TrafficDistribution = &s.Traffic
