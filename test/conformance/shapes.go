@@ -296,16 +296,25 @@ var Anchors = map[string]string{
 	// the change; kube-proxy clears an entry only for a Service port that
 	// still has serving endpoints and a reply that comes from none of
 	// them (pkg/proxy/conntrack/cleanup.go).
-	"udp-stale/lb/ext/v4/*":         "before sa, old flow after replace: sb",
-	"udp-stale/extip/ext/v6/*":      "before sa, old flow after replace: sb",
-	"udp-add/clusterip/pod/v4/*":    "before refused, old flow after add: sa",
-	"udp-add/np/ext/v6/*":           "before refused, old flow after add: sa",
-	"udp-remove/clusterip/pod/v4/*": "before sa, old flow after remove: sa",
-	"udp-remove/lb/ext/v4/*":        "before sa, old flow after remove: sa",
-	"udp-delete/clusterip/pod/v6/*": "before sa, old flow after delete: sa",
-	"udp-delete/extip/ext/v4/*":     "before sa, old flow after delete: sa",
-	"udp-port/clusterip/pod/v4/*":   "before sa, old flow after port: sa",
-	"udp-port/np/ext/v4/*":          "before sa, old flow after port: sa",
+	"udp-stale/lb/ext/v4/*":              "before sa, old flow after replace: sb",
+	"udp-stale/extip/ext/v6/*":           "before sa, old flow after replace: sb",
+	"udp-add/clusterip/pod/v4/*":         "before refused, old flow after add: sa",
+	"udp-add/np/ext/v6/*":                "before refused, old flow after add: sa",
+	"udp-remove/clusterip/pod/v4/legacy": "before sa, old flow after remove: sa",
+	"udp-remove/lb/ext/v4/nft":           "before sa, old flow after remove: sa",
+	"udp-delete/clusterip/pod/v6/legacy": "before sa, old flow after delete: sa",
+	"udp-delete/extip/ext/v4/nft":        "before sa, old flow after delete: sa",
+	"udp-port/clusterip/pod/v4/legacy":   "before sa, old flow after port: sa",
+	"udp-port/lb/ext/v6/nft":             "before sa, old flow after port: sa",
+	// IPVS: the connection of a real server that is gone is dropped
+	// (expire_nodest_conn); the VIP without a virtual server for the
+	// port refuses, a deleted Service's is no longer the node's.
+	"udp-remove/clusterip/pod/v4/ipvs": "before sa, old flow after remove: refused",
+	"udp-remove/lb/ext/v4/ipvs":        "before sa, old flow after remove: refused",
+	"udp-delete/clusterip/pod/v6/ipvs": "before sa, old flow after delete: timeout",
+	"udp-delete/np/ext/v4/ipvs":        "before sa, old flow after delete: refused",
+	"udp-port/clusterip/pod/v4/ipvs":   "before sa, old flow after port: refused",
+	"udp-port/np/ext/v4/*":             "before sa, old flow after port: sa",
 	// Terminating endpoints only when no ready one (serving ones only);
 	// not-ready ones never. The health check counts ready local ones.
 	"cip-ready-terminating/clusterip/pod/v4/*":       "l1,r1 from cpod",
