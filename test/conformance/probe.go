@@ -444,17 +444,25 @@ func (w *World) change(ctx context.Context, s *Shape, cells []Cell, firstPort ui
 			out[c.Key()] = Outcome{Text: "harness: " + err.Error()}
 			continue
 		}
-		f := &changeFlow{cell: c, dst: dst, port: firstPort + uint16(i)}
-		f.before = w.udpOnce(w.client(c.Position), dst, f.port)
-		flows = append(flows, f)
+		flows = append(flows, &changeFlow{cell: c, dst: dst, port: firstPort + uint16(i)})
 	}
+	// All at once: the flows' conntrack entries must not expire (see
+	// keepAlive) before the change.
+	var wg sync.WaitGroup
+	for _, f := range flows {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.before = w.udpOnce(w.client(f.cell.Position), f.dst, f.port)
+		}()
+	}
+	wg.Wait()
 	if err := w.applyChange(ctx, s, true); err != nil {
 		for _, f := range flows {
 			out[f.cell.Key()] = Outcome{Text: "harness: " + err.Error()}
 		}
 		return out
 	}
-	var wg sync.WaitGroup
 	for _, f := range flows {
 		wg.Add(1)
 		go func() {
@@ -495,7 +503,12 @@ func (w *World) afterChange(ctx context.Context, f *changeFlow) string {
 		return "harness: " + err.Error()
 	}
 	from := w.client(f.cell.Position)
+	var lastOld time.Time
 	for deadline := time.Now().Add(newFlowWait); ; {
+		if time.Since(lastOld) >= keepAlive {
+			w.udpOnce(from, f.dst, f.port) // what it reaches is asked below
+			lastOld = time.Now()
+		}
 		o := w.udpOnce(from, newDst, 0)
 		if shows(o, want.newFlow) {
 			break
@@ -509,12 +522,19 @@ func (w *World) afterChange(ctx context.Context, f *changeFlow) string {
 	// machine that can take a while: the old flow is asked (bounded) until
 	// it shows the change. A proxy that never clears keeps answering from
 	// the old endpoint, so the outcome is the same however long the wait;
-	// only a slow clear stops looking like a missing one.
+	// only a slow clear stops looking like a missing one. Where the change
+	// is that the flow no longer reaches sa, the same failure twice in a
+	// row ends it: in IPVS mode the first packet of a flow whose real
+	// server is gone is dropped (expire_nodest_conn, while its conntrack
+	// entry lives), the next one is refused or scheduled again.
+	prev := ""
 	for deadline := time.Now().Add(staleClearWait); ; {
 		o := w.udpOnce(from, f.dst, f.port)
-		if shows(o, want.cleared) || !time.Now().Before(deadline) || ctx.Err() != nil {
+		done := o == want.cleared || want.cleared == "" && o != "sa" && o == prev
+		if done || !time.Now().Before(deadline) || ctx.Err() != nil {
 			return fmt.Sprintf("before %s, old flow after %s: %s", f.before, kind, o)
 		}
+		prev = o
 		time.Sleep(250 * time.Millisecond)
 	}
 }
@@ -542,6 +562,17 @@ func (w *World) udpOnce(from *netns.NS, dst netip.AddrPort, port uint16) string 
 // a cell whose new flows never show it (127.0.0.1 NodePorts in IPVS
 // mode, which neither proxy serves) pays the whole bound.
 const newFlowWait = 90 * time.Second
+
+// keepAlive is how often the old flow of a change cell sends while new
+// flows wait for the change. The kernel forgets a UDP flow that saw one
+// reply 30 s after its last packet (nf_conntrack_udp_timeout): a proxy
+// slow to show the change (kube-proxy IPVS in the VM) would otherwise
+// have its old flows judged as new ones. In IPVS mode the packet of a
+// flow whose real server is gone that still has its conntrack entry is
+// dropped once (expire_nodest_conn), the next is scheduled again: in one
+// VM run kube-proxy's old NodePort flow after a delete timed out in IPv4
+// and was refused in IPv6 by that timing alone.
+const keepAlive = 5 * time.Second
 
 // staleClearWait bounds how long a change cell waits for a proxy to
 // clear the old flow's entry after new flows show the change.

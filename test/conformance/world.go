@@ -326,7 +326,8 @@ func (w *World) populate(ctx context.Context) error {
 			}
 		}
 		if terminal[name] {
-			// No kubelet: the Pod stays terminating (serving, not ready).
+			// No kubelet: the Pod stays terminating, not ready, and serving
+			// as long as its Ready condition is true (not tn).
 			grace := int64(3600)
 			if err := w.Client.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 				return fmt.Errorf("terminate pod %s: %w", name, err)
