@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/netip"
@@ -14,6 +15,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -98,7 +100,7 @@ func (w *World) client(position string) *netns.NS {
 
 // target is the address:port a cell sends to.
 func (w *World) target(c Cell) (netip.AddrPort, error) {
-	svc := w.Services[c.Shape.Name]
+	svc := w.service(c.Shape.Name)
 	v6 := c.Family == "v6"
 	pick := func(addrs []string) (netip.Addr, error) {
 		for _, s := range addrs {
@@ -109,8 +111,11 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 		}
 		return netip.Addr{}, fmt.Errorf("service %s has no %s address in %v", svc.Name, c.Family, addrs)
 	}
-	port := svc.Spec.Ports[0]
-	nodePort := uint16(port.NodePort)
+	if c.Port >= len(svc.Spec.Ports) {
+		return netip.AddrPort{}, fmt.Errorf("service %s has no port %d", svc.Name, c.Port)
+	}
+	port := svc.Spec.Ports[c.Port]
+	nodePort, servicePort := uint16(port.NodePort), uint16(port.Port)
 	switch c.Frontend {
 	case FClusterIP:
 		a, err := pick(svc.Spec.ClusterIPs)
@@ -167,10 +172,13 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	if c.Frontend == FHealth {
 		return Outcome{Text: w.health(from, dst)}
 	}
+	if c.Shape.AffinityTimeout > 0 {
+		return Outcome{Text: w.expiry(ctx, from, dst, c)}
+	}
 	eps, srcs, fails := map[string]bool{}, map[string]bool{}, map[string]bool{}
 	answers, noAnswer := 0, 0
 	for i := 0; i < w.probes && ctx.Err() == nil; i++ {
-		r, resent, err := w.send(from, c.Shape.Proto == udp, dst, w.timeout)
+		r, resent, err := w.send(from, c.proto() == udp, dst, w.timeout)
 		if resent {
 			fails[synResent] = true
 		}
@@ -205,9 +213,9 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 // ends (TIME_WAIT 2 min), also across the proxies of one run, and with
 // net.ipv4.vs.conntrack=1 drops the first SYN that reuses its tuple: the
 // client's kernel, which chooses ports by destination, reuses them when the
-// server closed first. The range is below the ephemeral ports (32768+),
-// the NodePorts (30000+) and the stale-conntrack flows (40000+), and above
-// the ports the proxies listen on (10249, 10256).
+// server closed first. The range is below the ephemeral ports (32768+)
+// and the NodePorts (30000+), and above the change cells' flows
+// (firstChangePort) and the ports the proxies listen on (10249, 10256).
 const (
 	firstSrcPort = 12000
 	lastSrcPort  = 29999
@@ -372,8 +380,8 @@ func sorted(m map[string]bool) []string {
 	return out
 }
 
-// staleFlow is an established UDP flow of a stale-conntrack cell.
-type staleFlow struct {
+// changeFlow is an established UDP flow of a change cell.
+type changeFlow struct {
 	cell    Cell
 	dst     netip.AddrPort
 	port    uint16 // the client's source port, kept across the change
@@ -381,91 +389,241 @@ type staleFlow struct {
 	outcome string
 }
 
-// Stale runs the stale-conntrack cells of one proxy run: each cell opens a
-// UDP flow from a fixed source port to the Service (answered by sa); sa
-// is replaced by sb; once a new flow reaches sb, the old flow sends again.
-// Upstream clears the old flow's conntrack entry, so it reaches sb too.
-// The world is put back (sa) before it returns.
-func (w *World) Stale(ctx context.Context, cells []Cell) map[string]Outcome {
+// firstChangePort is the first client source port of the change cells'
+// flows (one each, in a run's order): below the probes' own ports
+// (firstSrcPort) and the ephemeral ports, so that no other socket of the
+// client's namespace holds it.
+const firstChangePort = 11000
+
+// Changes runs the change cells of one proxy run (Shape.Change), one
+// goroutine per shape: the shapes are different Services. It returns
+// once every shape's world is put back.
+func (w *World) Changes(ctx context.Context, cells []Cell) map[string]Outcome {
+	var order []*Shape
+	byShape := map[*Shape][]Cell{}
+	for _, c := range cells {
+		if byShape[c.Shape] == nil {
+			order = append(order, c.Shape)
+		}
+		byShape[c.Shape] = append(byShape[c.Shape], c)
+	}
 	out := map[string]Outcome{}
-	var flows []*staleFlow
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	port := uint16(firstChangePort)
+	for _, s := range order {
+		wg.Add(1)
+		go func(first uint16) {
+			defer wg.Done()
+			res := w.change(ctx, s, byShape[s], first)
+			mu.Lock()
+			maps.Copy(out, res)
+			mu.Unlock()
+		}(port)
+		port += uint16(len(byShape[s]))
+	}
+	wg.Wait()
+	return out
+}
+
+// change runs one change shape's cells: each opens a UDP flow from a
+// fixed source port to its frontend and notes who answered; the Service
+// is changed (applyChange); once new flows show the change (bounded),
+// each old flow sends again, from the same port, until it shows the
+// change too or staleClearWait passes: what it reaches then is the
+// proxy's conntrack cleanup (upstream's pkg/proxy/conntrack/cleanup.go
+// removes UDP entries of a Service port that has serving endpoints and
+// whose reply does not come from one of them). The Service is put back
+// before it returns.
+func (w *World) change(ctx context.Context, s *Shape, cells []Cell, firstPort uint16) map[string]Outcome {
+	out := map[string]Outcome{}
+	var flows []*changeFlow
 	for i, c := range cells {
 		dst, err := w.target(c)
 		if err != nil {
 			out[c.Key()] = Outcome{Text: "harness: " + err.Error()}
 			continue
 		}
-		f := &staleFlow{cell: c, dst: dst, port: uint16(40000 + i)}
-		r, err := w.client(c.Position).UDP(dst, f.port, w.timeout)
-		if err != nil {
-			f.before = classify(err)
-		} else {
-			f.before = r.Name
-		}
-		flows = append(flows, f)
+		flows = append(flows, &changeFlow{cell: c, dst: dst, port: firstPort + uint16(i)})
 	}
-	shape := cells[0].Shape.Name
-	if err := w.relabel(ctx, shape, "sa", "sb"); err != nil {
+	// All at once: the flows' conntrack entries must not expire (see
+	// keepAlive) before the change.
+	var wg sync.WaitGroup
+	for _, f := range flows {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.before = w.udpOnce(w.client(f.cell.Position), f.dst, f.port)
+		}()
+	}
+	wg.Wait()
+	if err := w.applyChange(ctx, s, true); err != nil {
 		for _, f := range flows {
 			out[f.cell.Key()] = Outcome{Text: "harness: " + err.Error()}
 		}
 		return out
 	}
 	for _, f := range flows {
-		from := w.client(f.cell.Position)
-		// Wait (bounded) until the proxy has the new endpoint: a new
-		// flow, from another source port, reaches sb.
-		deadline := time.Now().Add(30 * time.Second)
-		seen := ""
-		for time.Now().Before(deadline) && ctx.Err() == nil {
-			r, err := from.UDP(f.dst, 0, w.timeout)
-			if err == nil && r.Name == "sb" {
-				seen = "sb"
-				break
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-		if seen == "" {
-			f.outcome = "before " + f.before + ", new flows never reach sb"
-			continue
-		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			f.outcome = w.afterChange(ctx, f)
+		}()
 	}
-	// A proxy clears conntrack after it writes the rules, and on a loaded
-	// machine that can take a while: the old flow is asked (bounded) until
-	// it reaches sb. A proxy that never clears keeps answering sa, so the
-	// outcome is the same however long the wait; only a slow clear stops
-	// looking like a missing one.
+	wg.Wait()
 	for _, f := range flows {
-		if f.outcome == "" {
-			f.outcome = "before " + f.before + ", old flow after replace: " + w.oldFlow(ctx, f)
-		}
 		out[f.cell.Key()] = Outcome{Text: f.outcome}
 	}
-	if err := w.relabel(ctx, shape, "sb", "sa"); err != nil {
-		w.t.Errorf("put stale-conntrack service back: %v", err)
+	if err := w.applyChange(ctx, s, false); err != nil {
+		w.t.Errorf("put %s back: %v", s.Name, err)
 	}
 	return out
 }
 
-// oldFlow sends on a stale-conntrack cell's original flow until it reaches
-// sb or staleClearWait passes, and says where its last packet went.
-func (w *World) oldFlow(ctx context.Context, f *staleFlow) string {
-	deadline := time.Now().Add(staleClearWait)
-	for {
-		r, err := w.client(f.cell.Position).UDP(f.dst, f.port, w.timeout)
-		after := ""
-		if err != nil {
-			after = classify(err)
-		} else {
-			after = r.Name
+// changeWant is, per change, the endpoint a new flow reaches once the
+// proxy has the change (the old one reaches it too once its entry is
+// cleared); "" is none: anything but sa, where it went before.
+var changeWant = map[string]struct{ newFlow, cleared string }{
+	ChangeReplace: {"sb", "sb"},
+	ChangeAdd:     {"sa", "sa"},
+	ChangeRemove:  {"", ""},
+	ChangeDelete:  {"", ""},
+	ChangePort:    {"sa", ""}, // new flows to the new port
+}
+
+// afterChange waits (bounded) until a new flow, from another source port,
+// shows the change, then asks the old flow (see change) and says what it
+// reached: "before <endpoint>, old flow after <change>: <outcome>".
+func (w *World) afterChange(ctx context.Context, f *changeFlow) string {
+	kind := f.cell.Shape.Change
+	want := changeWant[kind]
+	shows := func(o, want string) bool { return o == want || want == "" && o != "sa" }
+	newDst, err := w.target(f.cell) // after ChangePort: the new port
+	if err != nil {
+		return "harness: " + err.Error()
+	}
+	from := w.client(f.cell.Position)
+	var lastOld time.Time
+	for deadline := time.Now().Add(newFlowWait); ; {
+		if time.Since(lastOld) >= keepAlive {
+			w.udpOnce(from, f.dst, f.port) // what it reaches is asked below
+			lastOld = time.Now()
 		}
-		if after == "sb" || !time.Now().Before(deadline) || ctx.Err() != nil {
-			return after
+		o := w.udpOnce(from, newDst, 0)
+		if shows(o, want.newFlow) {
+			break
 		}
+		if !time.Now().Before(deadline) || ctx.Err() != nil {
+			return fmt.Sprintf("before %s, new flows after %s: %s", f.before, kind, o)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	// A proxy clears conntrack after it writes the rules, and on a loaded
+	// machine that can take a while: the old flow is asked (bounded) until
+	// it shows the change. A proxy that never clears keeps answering from
+	// the old endpoint, so the outcome is the same however long the wait;
+	// only a slow clear stops looking like a missing one. Where the change
+	// is that the flow no longer reaches sa, the same failure twice in a
+	// row ends it: in IPVS mode the first packet of a flow whose real
+	// server is gone is dropped (expire_nodest_conn, while its conntrack
+	// entry lives), the next one is refused or scheduled again.
+	prev := ""
+	for deadline := time.Now().Add(staleClearWait); ; {
+		o := w.udpOnce(from, f.dst, f.port)
+		done := o == want.cleared || want.cleared == "" && o != "sa" && o == prev
+		if done || !time.Now().Before(deadline) || ctx.Err() != nil {
+			return fmt.Sprintf("before %s, old flow after %s: %s", f.before, kind, o)
+		}
+		prev = o
 		time.Sleep(250 * time.Millisecond)
 	}
 }
 
-// staleClearWait bounds how long a stale-conntrack cell waits for a proxy
-// to clear the old flow's entry after new flows reach the new endpoint.
+// udpOnce sends one datagram from port (0: a probe port of its own, see
+// send) and names who answered, or the failure.
+func (w *World) udpOnce(from *netns.NS, dst netip.AddrPort, port uint16) string {
+	var r netns.Reply
+	var err error
+	if port == 0 {
+		r, _, err = w.send(from, true, dst, w.timeout)
+	} else {
+		r, err = from.UDP(dst, port, w.timeout)
+	}
+	if err != nil {
+		return classify(err)
+	}
+	return r.Name
+}
+
+// newFlowWait bounds how long a change cell waits for a new flow to show
+// the change. In the VM (TCG), kube-proxy IPVS's new flows still reached
+// a deleted Service's endpoint 30 s after the delete in one run, in 6 of
+// its 8 cells (its IPv4 syncs, with about 80 Services, are slow there);
+// a cell whose new flows never show it (127.0.0.1 NodePorts in IPVS
+// mode, which neither proxy serves) pays the whole bound.
+const newFlowWait = 90 * time.Second
+
+// keepAlive is how often the old flow of a change cell sends while new
+// flows wait for the change. The kernel forgets a UDP flow that saw one
+// reply 30 s after its last packet (nf_conntrack_udp_timeout): a proxy
+// slow to show the change (kube-proxy IPVS in the VM) would otherwise
+// have its old flows judged as new ones. In IPVS mode the packet of a
+// flow whose real server is gone that still has its conntrack entry is
+// dropped once (expire_nodest_conn), the next is scheduled again: in one
+// VM run kube-proxy's old NodePort flow after a delete timed out in IPv4
+// and was refused in IPv6 by that timing alone.
+const keepAlive = 5 * time.Second
+
+// staleClearWait bounds how long a change cell waits for a proxy to
+// clear the old flow's entry after new flows show the change.
 const staleClearWait = 10 * time.Second
+
+// The affinity timeout check (Shape.AffinityTimeout): affinityTimeout is
+// the Service's timeoutSeconds; each round is affinityBurst probes in
+// quick succession (milliseconds apart, far within the timeout), rounds
+// are the timeout plus expiryPause apart (a sleep: never shorter), at
+// most expiryRounds. With three endpoints and the affinity gone, each
+// round after the first lands elsewhere with odds 2/3: all 11 on the
+// first round's endpoint has odds 3^-11 (6e-6).
+const (
+	affinityTimeout = 2
+	affinityBurst   = 3
+	expiryPause     = 2 * time.Second
+	expiryRounds    = 12
+	expiryMoves     = "sticky, moves after the timeout"
+	expiryStays     = "sticky, stays past the timeout"
+)
+
+// expiry runs rounds of probes until a round lands on another endpoint
+// than the first (expiryMoves) or expiryRounds have run (expiryStays); a
+// round that is not on one endpoint, or a failed probe, ends it.
+func (w *World) expiry(ctx context.Context, from *netns.NS, dst netip.AddrPort, c Cell) string {
+	first := ""
+	for round := range expiryRounds {
+		if round > 0 {
+			time.Sleep(time.Duration(c.Shape.AffinityTimeout)*time.Second + expiryPause)
+		}
+		if ctx.Err() != nil {
+			return classify(ctx.Err())
+		}
+		got := ""
+		for range affinityBurst {
+			r, resent, err := w.send(from, c.proto() == udp, dst, w.timeout)
+			switch {
+			case err != nil:
+				return fmt.Sprintf("round %d: %s", round+1, classify(err))
+			case resent:
+				return fmt.Sprintf("round %d: %s", round+1, synResent)
+			case got != "" && r.Name != got:
+				return "not sticky within the timeout"
+			}
+			got = r.Name
+		}
+		if first == "" {
+			first = got
+		} else if got != first {
+			return expiryMoves
+		}
+	}
+	return expiryStays
+}

@@ -27,7 +27,7 @@ type Binaries struct {
 
 // parallel is how many cells are probed at once. Cells of one run cannot
 // interfere: each probe is its own flow, and no cell changes the world
-// (the stale-conntrack cells, which do, run after the others). Cells that
+// (the change cells, which do, run after the others). Cells that
 // send to the same address do run one after the other: IPVS's round robin
 // is one sequence per virtual server, and two clients in lockstep on it
 // would each see one endpoint only.
@@ -307,7 +307,7 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	defer p.Stop()
 	out := map[string]Outcome{}
 	var mu sync.Mutex
-	var stale []Cell
+	var changes []Cell
 	work := make(chan []Cell)
 	var wg sync.WaitGroup
 	for range parallel {
@@ -327,12 +327,12 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	var order []string
 	groups := map[string][]Cell{}
 	for _, c := range cells {
-		if c.Shape.Stale {
-			stale = append(stale, c)
+		if c.Shape.Change != "" {
+			changes = append(changes, c)
 			continue
 		}
 		dst, _ := w.target(c) // an error is the cell's outcome
-		k := dst.String() + "/" + string(c.Shape.Proto)
+		k := dst.String() + "/" + string(c.proto())
 		if _, ok := groups[k]; !ok {
 			order = append(order, k)
 		}
@@ -343,8 +343,8 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	}
 	close(work)
 	wg.Wait()
-	if len(stale) > 0 {
-		for k, o := range w.Stale(ctx, stale) {
+	if len(changes) > 0 {
+		for k, o := range w.Changes(ctx, changes) {
 			out[k] = o
 		}
 	}

@@ -48,26 +48,79 @@ type Shape struct {
 	ETP, ITP string // "Local" or "" (Cluster)
 	Pods     []string
 	// Terminating pods are selected but being deleted (serving, not ready).
-	Affinity    bool   // sessionAffinity ClientIP
-	ExternalIPs bool   // spec.externalIPs
-	IPModeProxy bool   // LoadBalancer ingress ipMode Proxy (must not be programmed)
-	SourceRange bool   // loadBalancerSourceRanges: only the external client
-	Traffic     string // spec.trafficDistribution
-	Profile     string
-	Stale       bool // the UDP stale-conntrack check instead of plain probes
+	Affinity bool // sessionAffinity ClientIP
+	// AffinityTimeout (seconds, with Affinity): the expiry check instead
+	// of plain probes (World.expiry), from the pod to the ClusterIP.
+	AffinityTimeout int32
+	ExternalIPs     bool   // spec.externalIPs
+	IPModeProxy     bool   // LoadBalancer ingress ipMode Proxy (must not be programmed)
+	SourceRange     bool   // loadBalancerSourceRanges: only the external client
+	Traffic         string // spec.trafficDistribution
+	Profile         string
+	// Change makes the shape a UDP conntrack check instead of plain
+	// probes: established flows, the Service changed (Change*), the same
+	// flows again (World.change).
+	Change string
 	// HostPort: instead of the Service's port, the node's own daemon's
 	// (hostDaemonPort, on 0.0.0.0) through the ClusterIP and the LB IP.
 	HostPort bool
+	// Ports, when set, are the Service's ports (Proto is then unused):
+	// each frontend is probed on each, and the cell's frontend part names
+	// the port ("clusterip:dns-tcp"). Unset: one port, servicePort to
+	// targetPort, protocol Proto, and frontends without a port name.
+	Ports []Port
 }
+
+// Port is one port of a Service with several.
+type Port struct {
+	Name  string // the Service port's name
+	Proto corev1.Protocol
+	Port  int32
+	// Target is a container port's name (podPorts): each pod resolves it
+	// to its own number. Empty: targetPort.
+	Target string
+}
+
+// ports are the shape's Service ports.
+func (s *Shape) ports() []Port {
+	if len(s.Ports) > 0 {
+		return s.Ports
+	}
+	return []Port{{Name: "p", Proto: s.Proto, Port: servicePort}}
+}
+
+// podPorts are the pods' named container ports (the Pod objects declare
+// them, the pods' echo servers listen on them). "alt" resolves to a
+// different number in each pod: a proxy that takes one endpoint's port
+// for all of them reaches a port nobody listens on.
+var podPorts = map[string][]corev1.ContainerPort{
+	"l1": {{Name: "alt", ContainerPort: 8081, Protocol: tcp}, {Name: "dns", ContainerPort: 5353, Protocol: udp}, {Name: "dns-tcp", ContainerPort: 5353, Protocol: tcp}},
+	"r1": {{Name: "alt", ContainerPort: 8082, Protocol: tcp}, {Name: "dns", ContainerPort: 5353, Protocol: udp}, {Name: "dns-tcp", ContainerPort: 5353, Protocol: tcp}},
+}
+
+// Changes a change shape makes to its Service between the two probes of
+// its flows, each put back afterwards.
+const (
+	ChangeReplace = "replace" // its only endpoint sa is replaced by sb
+	ChangeAdd     = "add"     // no endpoints, then sa
+	ChangeRemove  = "remove"  // sa, then no endpoints
+	ChangeDelete  = "delete"  // the Service is deleted
+	ChangePort    = "port"    // its port changes to changedPort (the NodePort stays)
+)
+
+// changedPort is a ChangePort Service's port after the change.
+const changedPort = 81
 
 // Pods of the world: node-a (this node, zone-a) holds l1, l2, tl and the
 // client pod cpod; node-b (zone-b) holds r1, r2, tr; node-c (zone-a) holds
 // z1. node-b and node-c pods live in one namespace behind a route. tl and tr
-// are terminating. sa and sb are the stale-conntrack pods (local).
+// are terminating (and serving). sa and sb are the change shapes' pods
+// (local). nr is not ready; tn is terminating and not serving (local).
 var (
-	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb"}
+	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb", "nr", "tn"}
 	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "z1": "node-c"}
-	terminal   = map[string]bool{"tl": true, "tr": true}
+	terminal   = map[string]bool{"tl": true, "tr": true, "tn": true}
+	notReady   = map[string]bool{"nr": true, "tn": true}
 )
 
 const (
@@ -114,16 +167,40 @@ var Shapes = []Shape{
 	{Name: "lb-source-ranges", Type: lb, Proto: tcp, Families: "dual", SourceRange: true, Pods: []string{"l1", "r1"}},
 	{Name: "extip", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, Pods: []string{"l1", "r1"}},
 	{Name: "extip-etp-local", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, ETP: "Local", Pods: []string{"l1", "r1"}},
-	{Name: "udp-stale", Type: np, Proto: udp, Families: "dual", Stale: true, Pods: []string{"sa"}},
+	{Name: "udp-stale", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeReplace, Pods: []string{"sa"}},
 	{Name: "np-npa", Type: np, Proto: tcp, Families: "dual", Profile: ProfileNPA, Pods: []string{"l1", "r1"}},
 	{Name: "np-primary", Type: np, Proto: tcp, Families: "dual", Profile: ProfilePrimary, Pods: []string{"l1", "r1"}},
 	{Name: "hostport", Type: lb, Proto: tcp, Families: "dual", HostPort: true, Pods: []string{"l1", "r1"}},
+	// Several ports, one a named target port that each pod resolves to
+	// its own number (l1 8081, r1 8082).
+	{Name: "np-multiport", Type: np, Families: "dual", Pods: []string{"l1", "r1"},
+		Ports: []Port{{Name: "http", Proto: tcp, Port: 80}, {Name: "alt", Proto: tcp, Port: 81, Target: "alt"}}},
+	// A DNS Service: 53/UDP and 53/TCP, named target ports.
+	{Name: "dns", Type: cip, Families: "dual", Pods: []string{"l1", "r1"},
+		Ports: []Port{{Name: "dns", Proto: udp, Port: 53, Target: "dns"}, {Name: "dns-tcp", Proto: tcp, Port: 53, Target: "dns-tcp"}}},
+	// UDP conntrack in every direction (udp-stale above: the endpoint
+	// replaced), through the ClusterIP, a NodePort, an LB IP, an externalIP.
+	{Name: "udp-add", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeAdd},
+	{Name: "udp-remove", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeRemove, Pods: []string{"sa"}},
+	{Name: "udp-delete", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeDelete, Pods: []string{"sa"}},
+	{Name: "udp-port", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangePort, Pods: []string{"sa"}},
+	// Endpoint conditions: ready and terminating mixed, terminating and
+	// not serving, not ready; a health check whose only local endpoint
+	// is terminating.
+	{Name: "cip-ready-terminating", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"l1", "tl", "r1", "tr"}},
+	{Name: "np-etp-local-ready-terminating", Type: np, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"l1", "tl", "r1"}},
+	{Name: "cip-terminating-not-serving", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"tn"}},
+	{Name: "cip-not-ready", Type: cip, Proto: tcp, Families: "dual", Pods: []string{"l1", "nr"}},
+	{Name: "lb-etp-local-terminating", Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"tl", "r1"}},
+	// ClientIP affinity through NodePorts and LB IPs, and its timeout.
+	{Name: "lb-affinity", Type: lb, Proto: tcp, Families: "dual", Affinity: true, Pods: []string{"l1", "l2", "r1"}},
+	{Name: "cip-affinity-timeout", Type: cip, Proto: tcp, Families: "dual", Affinity: true, AffinityTimeout: affinityTimeout, Pods: []string{"l1", "l2", "r1"}},
 }
 
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 717, "nft": 717, "ipvs": 717}
+var CellCount = map[string]int{"legacy": 944, "nft": 944, "ipvs": 939}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -204,6 +281,58 @@ var Anchors = map[string]string{
 	// the ports no Service has (the daemon itself answers, newNet checks).
 	"hostport/hostport-clusterip/pod/v4/ipvs": "refused",
 	"hostport/hostport-lb/ext/v4/ipvs":        "refused",
+	// Every port of a multi-port Service, each pod at its own number of
+	// a named target port, TCP and UDP on the same port.
+	"np-multiport/clusterip:http/pod/v4/*": "l1,r1 from cpod",
+	"np-multiport/clusterip:alt/pod/v4/*":  "l1,r1 from cpod",
+	"np-multiport/clusterip:alt/pod/v6/*":  "l1,r1 from cpod",
+	"np-multiport/np:alt/ext/v4/*":         "l1,r1 from node/br,node/remote-link",
+	"np-multiport/np:http/ext/v6/*":        "l1,r1 from node/br,node/remote-link",
+	"dns/clusterip:dns/pod/v4/*":           "l1,r1 from cpod",
+	"dns/clusterip:dns/pod/v6/*":           "l1,r1 from cpod",
+	"dns/clusterip:dns-tcp/pod/v4/*":       "l1,r1 from cpod",
+	"dns/clusterip:dns-tcp/pod/v6/*":       "l1,r1 from cpod",
+	// UDP conntrack: the flow must have been set up (or refused) before
+	// the change; kube-proxy clears an entry only for a Service port that
+	// still has serving endpoints and a reply that comes from none of
+	// them (pkg/proxy/conntrack/cleanup.go).
+	"udp-stale/lb/ext/v4/*":              "before sa, old flow after replace: sb",
+	"udp-stale/extip/ext/v6/*":           "before sa, old flow after replace: sb",
+	"udp-add/clusterip/pod/v4/*":         "before refused, old flow after add: sa",
+	"udp-add/np/ext/v6/*":                "before refused, old flow after add: sa",
+	"udp-remove/clusterip/pod/v4/legacy": "before sa, old flow after remove: sa",
+	"udp-remove/lb/ext/v4/nft":           "before sa, old flow after remove: sa",
+	"udp-delete/clusterip/pod/v6/legacy": "before sa, old flow after delete: sa",
+	"udp-delete/extip/ext/v4/nft":        "before sa, old flow after delete: sa",
+	"udp-port/clusterip/pod/v4/legacy":   "before sa, old flow after port: sa",
+	"udp-port/lb/ext/v6/nft":             "before sa, old flow after port: sa",
+	// IPVS: the connection of a real server that is gone is dropped
+	// (expire_nodest_conn); the VIP without a virtual server for the
+	// port refuses, a deleted Service's is no longer the node's.
+	"udp-remove/clusterip/pod/v4/ipvs": "before sa, old flow after remove: refused",
+	"udp-remove/lb/ext/v4/ipvs":        "before sa, old flow after remove: refused",
+	"udp-delete/clusterip/pod/v6/ipvs": "before sa, old flow after delete: timeout",
+	"udp-delete/np/ext/v4/ipvs":        "before sa, old flow after delete: refused",
+	"udp-port/clusterip/pod/v4/ipvs":   "before sa, old flow after port: refused",
+	"udp-port/np/ext/v4/*":             "before sa, old flow after port: sa",
+	// Terminating endpoints only when no ready one (serving ones only);
+	// not-ready ones never. The health check counts ready local ones.
+	"cip-ready-terminating/clusterip/pod/v4/*":       "l1,r1 from cpod",
+	"cip-ready-terminating/clusterip/pod/v6/*":       "l1,r1 from cpod",
+	"np-etp-local-ready-terminating/np/ext/v4/*":     "l1 from ext",
+	"cip-terminating-not-serving/clusterip/pod/v4/*": "refused",
+	"cip-not-ready/clusterip/pod/v4/*":               "l1 from cpod",
+	"cip-not-ready/clusterip/pod/v6/*":               "l1 from cpod",
+	"lb-etp-local-terminating/lb/ext/v4/*":           "tl from ext",
+	"lb-etp-local-terminating/hc/ext/v4/*":           "http 503 local=0",
+	"lb-affinity/lb/ext/v4/*":                        "one-sticky from " + nodeLink,
+	"lb-affinity/np/pod/v6/*":                        "one-sticky from " + nodeLink,
+	"lb-affinity/clusterip/pod/v4/*":                 "one-sticky from cpod",
+	"cip-affinity-timeout/clusterip/pod/v4/legacy":   expiryMoves,
+	"cip-affinity-timeout/clusterip/pod/v6/nft":      expiryMoves,
+	// IPVS keeps the persistence template while a connection it made is
+	// in its table (TCP TIME_WAIT: 2 minutes), longer than the rounds.
+	"cip-affinity-timeout/clusterip/pod/v4/ipvs": expiryStays,
 }
 
 // Position is where a client stands.
@@ -251,12 +380,27 @@ type Cell struct {
 	Position string
 	Family   string
 	Backend  string
+	Port     int // index in Shape.ports()
 }
 
-// Key names the cell: shape/frontend/position/family/backend. DIFFERENCES.md
-// and KNOWN_BUGS.md match it with path.Match patterns.
+// Key names the cell: shape/frontend/position/family/backend, the frontend
+// with ":<port name>" when the shape lists its Ports. DIFFERENCES.md and
+// KNOWN_BUGS.md match it with path.Match patterns.
 func (c Cell) Key() string {
-	return strings.Join([]string{c.Shape.Name, c.Frontend, c.Position, c.Family, c.Backend}, "/")
+	fe := c.Frontend
+	if len(c.Shape.Ports) > 0 && portFrontend(fe) {
+		fe += ":" + c.Shape.Ports[c.Port].Name
+	}
+	return strings.Join([]string{c.Shape.Name, fe, c.Position, c.Family, c.Backend}, "/")
+}
+
+// proto is the protocol of the cell's port.
+func (c Cell) proto() corev1.Protocol { return c.Shape.ports()[c.Port].Proto }
+
+// portFrontend reports whether a frontend reaches one of the Service's
+// ports (not the health check's or the node daemon's).
+func portFrontend(fe string) bool {
+	return fe != FHealth && fe != FHostPortCIP && fe != FHostPortLB
 }
 
 // hasFamily reports whether the shape's Service has addresses of family.
@@ -303,10 +447,17 @@ func applies(s *Shape, frontend, position, family string) bool {
 	case FHealth:
 		return s.hasFamily(family) && (position == "ext" || position == "node")
 	}
-	if s.Stale {
-		// One established flow per family: from a pod to the ClusterIP
-		// and from outside to the NodePort.
-		return (frontend == FClusterIP && position == "pod") || (frontend == FNodePort && position == "ext")
+	if s.AffinityTimeout > 0 {
+		return frontend == FClusterIP && position == "pod"
+	}
+	if s.Change != "" {
+		// One established flow per frontend and family: from a pod to
+		// the ClusterIP, from outside to the others (and, by the rule
+		// above, from the node to 127.0.0.1:NodePort).
+		if frontend == FClusterIP {
+			return position == "pod"
+		}
+		return (frontend == FNodePort || frontend == FLB || frontend == FExtIP) && position == "ext"
 	}
 	return true
 }
@@ -320,10 +471,22 @@ func Cells(profile, backend string) []Cell {
 			continue
 		}
 		for _, fe := range s.frontends() {
-			for _, pos := range Positions {
-				for _, fam := range Families {
-					if applies(s, fe, pos.Name, fam) {
-						out = append(out, Cell{Shape: s, Frontend: fe, Position: pos.Name, Family: fam, Backend: backend})
+			ports := len(s.ports())
+			if !portFrontend(fe) {
+				ports = 1
+			}
+			for port := range ports {
+				for _, pos := range Positions {
+					for _, fam := range Families {
+						// IPVS mode serves no 127.0.0.1 NodePort (the
+						// np-lo cells show it): a change cell there waits
+						// out newFlowWait for nothing.
+						if s.Change != "" && fe == FNodePortLo && backend == BackendIPVS {
+							continue
+						}
+						if applies(s, fe, pos.Name, fam) {
+							out = append(out, Cell{Shape: s, Frontend: fe, Position: pos.Name, Family: fam, Backend: backend, Port: port})
+						}
 					}
 				}
 			}

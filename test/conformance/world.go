@@ -8,6 +8,7 @@ import (
 	"net/netip"
 	"path/filepath"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -81,8 +82,11 @@ type World struct {
 	Kubeconfig string
 	Dir        string
 	// Services by shape name, as the API server returned them (with
-	// ClusterIPs, NodePorts, healthCheckNodePort).
+	// ClusterIPs, NodePorts, healthCheckNodePort). While the change cells
+	// run (each shape in a goroutine) it is read with service and written
+	// with setService only.
 	Services map[string]*corev1.Service
+	svcMu    sync.RWMutex
 	// names maps every address of the world to a name, for outcomes.
 	names map[netip.Addr]string
 	// probes and timeout bound each cell (maxProbes, probeTimeout).
@@ -182,6 +186,16 @@ func newNet(t testing.TB) *World {
 		}
 		if err := p.Serve(targetPort); err != nil {
 			t.Fatal(err)
+		}
+		// Named ports: Serve answers both protocols, once per number.
+		served := map[int32]bool{targetPort: true}
+		for _, cp := range podPorts[name] {
+			if !served[cp.ContainerPort] {
+				served[cp.ContainerPort] = true
+				if err := p.Serve(uint16(cp.ContainerPort)); err != nil {
+					t.Fatal(err)
+				}
+			}
 		}
 	}
 	// The node's own daemon, on every address, for the host-port cells.
@@ -303,11 +317,17 @@ func (w *World) populate(ctx context.Context) error {
 				labels["s-"+s.Name] = "y"
 			}
 		}
-		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{ip[0].String(), ip[1].String()}, labels, nil); err != nil {
+		if _, err := c.CreateReadyPodIPs(ctx, namespace, name, node, []string{ip[0].String(), ip[1].String()}, labels, podPorts[name]); err != nil {
 			return err
 		}
+		if notReady[name] {
+			if err := c.SetPodReady(ctx, namespace, name, false); err != nil {
+				return err
+			}
+		}
 		if terminal[name] {
-			// No kubelet: the Pod stays terminating (serving, not ready).
+			// No kubelet: the Pod stays terminating, not ready, and serving
+			// as long as its Ready condition is true (not tn).
 			grace := int64(3600)
 			if err := w.Client.CoreV1().Pods(namespace).Delete(ctx, name, metav1.DeleteOptions{GracePeriodSeconds: &grace}); err != nil {
 				return fmt.Errorf("terminate pod %s: %w", name, err)
@@ -316,17 +336,19 @@ func (w *World) populate(ctx context.Context) error {
 	}
 	for i := range Shapes {
 		s := &Shapes[i]
-		svc, err := w.createService(ctx, s)
+		svc, err := w.createService(ctx, s, nil)
 		if err != nil {
 			return err
 		}
-		w.Services[s.Name] = svc
+		w.setService(s.Name, svc)
 	}
 	w.nameServices()
 	return w.waitSlices(ctx)
 }
 
-func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, error) {
+// createService creates the shape's Service; with prev (the one a change
+// cell deleted), at prev's addresses and NodePorts.
+func (w *World) createService(ctx context.Context, s *Shape, prev *corev1.Service) (*corev1.Service, error) {
 	client := w.Client.CoreV1().Services(namespace)
 	policy := map[string]corev1.IPFamilyPolicy{"dual": corev1.IPFamilyPolicyPreferDualStack, "v4": corev1.IPFamilyPolicySingleStack, "v6": corev1.IPFamilyPolicySingleStack}[s.Families]
 	svc := &corev1.Service{
@@ -334,9 +356,15 @@ func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, e
 		Spec: corev1.ServiceSpec{
 			Type:           s.Type,
 			Selector:       map[string]string{"s-" + s.Name: "y"},
-			Ports:          []corev1.ServicePort{{Name: "p", Port: servicePort, TargetPort: intstr.FromInt32(targetPort), Protocol: s.Proto}},
 			IPFamilyPolicy: &policy,
 		},
+	}
+	for _, p := range s.ports() {
+		target := intstr.FromInt32(targetPort)
+		if p.Target != "" {
+			target = intstr.FromString(p.Target)
+		}
+		svc.Spec.Ports = append(svc.Spec.Ports, corev1.ServicePort{Name: p.Name, Port: p.Port, TargetPort: target, Protocol: p.Proto})
 	}
 	switch s.Families {
 	case "v4":
@@ -357,6 +385,10 @@ func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, e
 	if s.Affinity {
 		svc.Spec.SessionAffinity = corev1.ServiceAffinityClientIP
 	}
+	if s.AffinityTimeout > 0 {
+		timeout := s.AffinityTimeout
+		svc.Spec.SessionAffinityConfig = &corev1.SessionAffinityConfig{ClientIP: &corev1.ClientIPConfig{TimeoutSeconds: &timeout}}
+	}
 	if s.Traffic != "" {
 		svc.Spec.TrafficDistribution = &s.Traffic
 	}
@@ -367,6 +399,12 @@ func (w *World) createService(ctx context.Context, s *Shape) (*corev1.Service, e
 	}
 	if s.SourceRange {
 		svc.Spec.LoadBalancerSourceRanges = []string{netip.PrefixFrom(client4, 32).String(), netip.PrefixFrom(client6, 128).String()}
+	}
+	if prev != nil {
+		svc.Spec.ClusterIP, svc.Spec.ClusterIPs, svc.Spec.IPFamilies = prev.Spec.ClusterIP, prev.Spec.ClusterIPs, prev.Spec.IPFamilies
+		for i := range svc.Spec.Ports {
+			svc.Spec.Ports[i].NodePort = prev.Spec.Ports[i].NodePort
+		}
 	}
 	created, err := client.Create(ctx, svc, metav1.CreateOptions{})
 	if err != nil {
@@ -447,7 +485,7 @@ func (w *World) waitHints(ctx context.Context, name string) error {
 // addresses of pods (both families).
 func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) error {
 	want := map[string]bool{}
-	svc := w.Services[name]
+	svc := w.service(name)
 	addrs := podAddrs()
 	for _, p := range pods {
 		for _, f := range svc.Spec.IPFamilies {
@@ -487,22 +525,97 @@ func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) e
 	return nil
 }
 
-// relabel moves the stale-conntrack Service from pod from to pod to.
-func (w *World) relabel(ctx context.Context, shape, from, to string) error {
-	pods := w.Client.CoreV1().Pods(namespace)
-	key := "s-" + shape
-	for _, p := range []struct {
-		name  string
-		patch string
-	}{
-		{to, fmt.Sprintf(`{"metadata":{"labels":{%q:"y"}}}`, key)},
-		{from, fmt.Sprintf(`{"metadata":{"labels":{%q:null}}}`, key)},
-	} {
-		if _, err := pods.Patch(ctx, p.name, types.StrategicMergePatchType, []byte(p.patch), metav1.PatchOptions{}); err != nil {
-			return fmt.Errorf("relabel pod %s: %w", p.name, err)
+// service is the Service of shape name.
+func (w *World) service(name string) *corev1.Service {
+	w.svcMu.RLock()
+	defer w.svcMu.RUnlock()
+	return w.Services[name]
+}
+
+func (w *World) setService(name string, svc *corev1.Service) {
+	w.svcMu.Lock()
+	defer w.svcMu.Unlock()
+	w.Services[name] = svc
+}
+
+// applyChange makes a change shape's change (forward) or puts it back,
+// and waits until the Service's slices show it. A deleted Service comes
+// back at its addresses and NodePorts; until then the cells send to them.
+func (w *World) applyChange(ctx context.Context, s *Shape, forward bool) error {
+	switch s.Change {
+	case ChangeReplace:
+		from, to := "sa", "sb"
+		if !forward {
+			from, to = to, from
 		}
+		if err := w.setLabel(ctx, s.Name, to, true); err != nil {
+			return err
+		}
+		if err := w.setLabel(ctx, s.Name, from, false); err != nil {
+			return err
+		}
+		return w.waitEndpoints(ctx, s.Name, []string{to})
+	case ChangeAdd, ChangeRemove:
+		on := forward == (s.Change == ChangeAdd)
+		if err := w.setLabel(ctx, s.Name, "sa", on); err != nil {
+			return err
+		}
+		if on {
+			return w.waitEndpoints(ctx, s.Name, []string{"sa"})
+		}
+		return w.waitEndpoints(ctx, s.Name, nil)
+	case ChangeDelete:
+		if forward {
+			if err := w.Client.CoreV1().Services(namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+				return fmt.Errorf("delete service %s: %w", s.Name, err)
+			}
+			return nil
+		}
+		// The addresses and NodePorts are free again once the delete is
+		// done; a create that comes first is retried (bounded).
+		var last error
+		err := cluster.WaitFor(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+			svc, err := w.createService(ctx, s, w.service(s.Name))
+			if err != nil {
+				last = err
+				return false, nil
+			}
+			w.setService(s.Name, svc)
+			return true, nil
+		})
+		if err != nil {
+			return fmt.Errorf("recreate service %s: %v: %w", s.Name, last, err)
+		}
+		return w.waitEndpoints(ctx, s.Name, s.Pods)
+	case ChangePort:
+		port := int32(changedPort)
+		if !forward {
+			port = servicePort
+		}
+		svc := w.service(s.Name).DeepCopy()
+		svc.Spec.Ports[0].Port = port
+		updated, err := w.Client.CoreV1().Services(namespace).Update(ctx, svc, metav1.UpdateOptions{})
+		if err != nil {
+			return fmt.Errorf("service %s: port %d: %w", s.Name, port, err)
+		}
+		w.setService(s.Name, updated)
+		return nil
 	}
-	return w.waitEndpoints(ctx, shape, []string{to})
+	return fmt.Errorf("shape %s: unknown change %q", s.Name, s.Change)
+}
+
+// setLabel puts pod in (on) or out of the selector of the Service of
+// shape.
+func (w *World) setLabel(ctx context.Context, shape, pod string, on bool) error {
+	value := `"y"`
+	if !on {
+		value = "null"
+	}
+	patch := fmt.Sprintf(`{"metadata":{"labels":{%q:%s}}}`, "s-"+shape, value)
+	if _, err := w.Client.CoreV1().Pods(namespace).Patch(ctx, pod, types.StrategicMergePatchType, []byte(patch), metav1.PatchOptions{}); err != nil {
+		return fmt.Errorf("label pod %s for %s: %w", pod, shape, err)
+	}
+	return nil
 }
 
 // nameServices names the Services' addresses, which an endpoint sees as
