@@ -65,6 +65,10 @@ type API struct {
 // cluster needs no asking).
 const heartbeatCheck = 3 * time.Second
 
+// brokenSettle is how long the heartbeat waits after a connection failed
+// before it asks, so that the HTTP/2 client has dropped the connection.
+const brokenSettle = time.Second
+
 // NewAPI prepares informers; nothing is started until Run. link, when not
 // nil, is the one whose DialContext the client's connections were dialed
 // with.
@@ -180,6 +184,20 @@ func (a *API) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-broken:
+			// The Link hears of a failed connection inside the HTTP/2
+			// client's read of it, just before the client does. A request
+			// sent at once can be written on the failed connection; the
+			// client then closes it with an error of its own ("force
+			// closed"), which ends every watch on it with an error, and
+			// client-go relists after a watch error where it resumes
+			// after a failed read (RATIONALE.md, "Why a short outage costs
+			// a resumed watch, not a relist"). The client drops the
+			// connection microseconds later; a second is ample.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(brokenSettle):
+			}
 		case <-a.doubt:
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
