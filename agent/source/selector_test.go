@@ -6,6 +6,7 @@ import (
 
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/apimachinery/pkg/labels"
+	clientfeatures "k8s.io/client-go/features"
 )
 
 // The Services labelled for this proxy are selected by its name; a name no
@@ -65,5 +66,21 @@ func TestRefusedFieldSelector(t *testing.T) {
 	}
 	if a.refusedField(refused) {
 		t.Error("reported twice")
+	}
+}
+
+// Once an API source is made, client-go's reflectors read with a LIST
+// (gzipped by the API server), not a watch with initial events; every
+// other client-go feature keeps its setting.
+func TestPreferList(t *testing.T) {
+	before := clientfeatures.FeatureGates().Enabled(clientfeatures.InformerResourceVersion)
+	preferList()
+	preferList() // once: no second replacement
+	g := clientfeatures.FeatureGates()
+	if g.Enabled(clientfeatures.WatchListClient) {
+		t.Error("WatchListClient still on")
+	}
+	if g.Enabled(clientfeatures.InformerResourceVersion) != before {
+		t.Error("another feature changed")
 	}
 }
