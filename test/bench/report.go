@@ -147,6 +147,9 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 	rep.linkSection(p)
 	rep.s0Section(p)
 	for _, backend := range rep.Plan.Backends {
+		if !slices.ContainsFunc(rep.Results, func(r Result) bool { return r.Backend == backend && r.Scenario == "" }) {
+			continue // L only, or S0 only
+		}
 		p("## Backend: iptables-%s", backend)
 		p("")
 		rep.s1Table(p, backend, KubeProxy)
