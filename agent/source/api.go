@@ -4,13 +4,18 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
 	v1 "k8s.io/api/core/v1"
 	discovery "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
@@ -21,15 +26,23 @@ import (
 
 // API watches Services, EndpointSlices and this Node on a kube-apiserver.
 type API struct {
-	conv    *Converter
-	sink    Sink
-	report  *reporter
-	log     *slog.Logger
-	factory informers.SharedInformerFactory
-	nodes   informers.SharedInformerFactory
-	synced  []cache.InformerSynced
-	svcInf  cache.SharedIndexInformer
-	epsInf  cache.SharedIndexInformer
+	conv   *Converter
+	sink   Sink
+	report *reporter
+	log    *slog.Logger
+	// factories: the Services not labelled for any proxy, the Services
+	// labelled for this one (when it has a name), the EndpointSlices and
+	// this Node; each with its own server-side selectors.
+	factories []informers.SharedInformerFactory
+	synced    []cache.InformerSynced
+	svcInfs   []cache.SharedIndexInformer // one or two; a Service is in one, but for a moment while relabelled
+	epsInf    cache.SharedIndexInformer
+	svcMu     sync.Mutex // held while a Service's stores are read and the result handed on
+	// clusterIPField: the Service lists and watches carry the field
+	// selector spec.clusterIP!=None. Cleared for good when the API server
+	// refuses it (older than 1.27); the converter skips headless Services
+	// either way.
+	clusterIPField atomic.Bool
 	// contact is when the last event, list or heartbeat came, in
 	// nanoseconds after born (0: never). An offset from a time.Now() keeps
 	// Go's monotonic clock: a wall clock stepped back or forward does not
@@ -52,27 +65,58 @@ type API struct {
 // cluster needs no asking).
 const heartbeatCheck = 3 * time.Second
 
+// brokenSettle is how long the heartbeat waits after a connection failed
+// before it asks, so that the HTTP/2 client has dropped the connection.
+const brokenSettle = time.Second
+
 // NewAPI prepares informers; nothing is started until Run. link, when not
 // nil, is the one whose DialContext the client's connections were dialed
 // with.
 func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Converter, sink Sink, log *slog.Logger, m *Metrics) (*API, error) {
 	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now(),
 		link: link, reach: make(chan struct{}, 1), doubt: make(chan struct{}, 1)}
-	// No periodic informer resync: the sync runner owns timing.
-	a.factory = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform))
-	a.nodes = informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform),
-		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
-			o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-		}))
-
-	svc := a.factory.Core().V1().Services().Informer()
-	eps := a.factory.Discovery().V1().EndpointSlices().Informer()
-	node := a.nodes.Core().V1().Nodes().Informer()
-	a.svcInf, a.epsInf = svc, eps
-	for _, h := range []struct {
+	a.clusterIPField.Store(true)
+	preferList()
+	// No periodic informer resync: the sync runner owns timing. The
+	// selectors are kube-proxy's (cmd/kube-proxy/app/server.go), so that
+	// what no proxy here would use does not cross the link: Services
+	// without the service-proxy-name label and not headless, slices not
+	// labelled headless. A Service labelled with this proxy's name is
+	// ours too (Converter.ProxyName): a label selector cannot say "absent
+	// or equal", so those come on a second watch, empty on most clusters.
+	// The converter still checks every object, whatever the server sent.
+	factory := func(tweak func(*metav1.ListOptions)) informers.SharedInformerFactory {
+		f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform),
+			informers.WithTweakListOptions(tweak))
+		a.factories = append(a.factories, f)
+		return f
+	}
+	services := func(label string) func(*metav1.ListOptions) {
+		return func(o *metav1.ListOptions) {
+			o.LabelSelector = label
+			if a.clusterIPField.Load() {
+				o.FieldSelector = notHeadless
+			}
+		}
+	}
+	svcInfs := []cache.SharedIndexInformer{factory(services("!" + LabelServiceProxyName)).Core().V1().Services().Informer()}
+	if sel, ok := namedServices(conv.ProxyName); ok {
+		svcInfs = append(svcInfs, factory(services(sel)).Core().V1().Services().Informer())
+	}
+	eps := factory(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }).Discovery().V1().EndpointSlices().Informer()
+	node := factory(func(o *metav1.ListOptions) {
+		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
+	}).Core().V1().Nodes().Informer()
+	a.svcInfs, a.epsInf = svcInfs, eps
+	type watched struct {
 		inf cache.SharedIndexInformer
 		fn  func(key string, obj any)
-	}{{svc, a.onService}, {eps, a.onSlice}, {node, a.onNode}} {
+	}
+	ws := []watched{{eps, a.onSlice}, {node, a.onNode}}
+	for _, inf := range svcInfs {
+		ws = append(ws, watched{inf, a.serviceChanged})
+	}
+	for _, h := range ws {
 		fn := h.fn
 		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
 			AddFunc:    func(obj any) { a.touch(); fn(keyOf(obj), obj) },
@@ -95,7 +139,11 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 		// without their endpoints) until the next.
 		a.synced = append(a.synced, reg.HasSynced)
 		if err := h.inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
-			log.Warn("watch failed; retrying", "err", err)
+			if a.refusedField(err) {
+				log.Warn("the API server refuses the field selector "+notHeadless+"; listing headless Services too, and skipping them here", "err", err)
+			} else {
+				log.Warn("watch failed; retrying", "err", err)
+			}
 			select {
 			case a.doubt <- struct{}{}:
 			default:
@@ -109,11 +157,13 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 
 // Run starts the informers and returns when ctx is done.
 func (a *API) Run(ctx context.Context) error {
-	a.factory.Start(ctx.Done())
-	a.nodes.Start(ctx.Done())
+	for _, f := range a.factories {
+		f.Start(ctx.Done())
+	}
 	a.heartbeat(ctx)
-	a.factory.Shutdown()
-	a.nodes.Shutdown()
+	for _, f := range a.factories {
+		f.Shutdown()
+	}
 	return nil
 }
 
@@ -135,6 +185,20 @@ func (a *API) heartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		case <-broken:
+			// The Link hears of a failed connection inside the HTTP/2
+			// client's read of it, just before the client does. A request
+			// sent at once can be written on the failed connection; the
+			// client then closes it with an error of its own ("force
+			// closed"), which ends every watch on it with an error, and
+			// client-go relists after a watch error where it resumes
+			// after a failed read (RATIONALE.md, "Why a short outage costs
+			// a resumed watch, not a relist"). The client drops the
+			// connection microseconds later; a second is ample.
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(brokenSettle):
+			}
 		case <-a.doubt:
 		}
 		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
@@ -222,8 +286,10 @@ func synced(fns []cache.InformerSynced) bool {
 // on-disk snapshot, everything else the state holds is gone from the API.
 func (a *API) Keys() (services, slices map[string]bool) {
 	services, slices = make(map[string]bool), make(map[string]bool)
-	for _, k := range a.svcInf.GetStore().ListKeys() {
-		services[k] = true
+	for _, inf := range a.svcInfs {
+		for _, k := range inf.GetStore().ListKeys() {
+			services[k] = true
+		}
 	}
 	for _, k := range a.epsInf.GetStore().ListKeys() {
 		slices[k] = true
@@ -257,6 +323,24 @@ func (a *API) touch() {
 // Problems returns the Services and EndpointSlices standing skipped, whole
 // or in part.
 func (a *API) Problems() []Problem { return a.report.problems() }
+
+// serviceChanged hands on what the Service informers hold for key now,
+// whichever of them told: a Service relabelled from no proxy name to ours
+// (or back) leaves one informer's store and enters the other's, and the
+// two tell in either order. Each store is updated before its handlers
+// hear of it, so the last call for key reads the final state; svcMu keeps
+// an earlier reading from being handed on after a later one.
+func (a *API) serviceChanged(key string, _ any) {
+	a.svcMu.Lock()
+	defer a.svcMu.Unlock()
+	for _, inf := range a.svcInfs {
+		if obj, ok, _ := inf.GetStore().GetByKey(key); ok {
+			a.onService(key, obj)
+			return
+		}
+	}
+	a.onService(key, nil)
+}
 
 func (a *API) onService(key string, obj any) {
 	c, _ := obj.(*Converted)
@@ -297,6 +381,34 @@ func (a *API) onNode(_ string, obj any) {
 		return
 	}
 	a.sink.SetNode(a.conv.Node(n))
+}
+
+// notHeadless is kube-proxy's field selector for Services.
+var notHeadless = fields.OneTermNotEqualSelector("spec.clusterIP", v1.ClusterIPNone).String()
+
+// namedServices is the label selector of the Services labelled for the
+// proxy named name; false when no Service can carry that label (no name,
+// or not a valid label value).
+func namedServices(name string) (string, bool) {
+	if name == "" {
+		return "", false
+	}
+	r, err := labels.NewRequirement(LabelServiceProxyName, selection.Equals, []string{name})
+	if err != nil {
+		return "", false
+	}
+	return labels.NewSelector().Add(*r).String(), true
+}
+
+// refusedField reports whether err is the API server refusing the Service
+// field selector (servers before 1.27 cannot select on spec.clusterIP),
+// and if so drops it from the next lists and watches.
+func (a *API) refusedField(err error) bool {
+	if !a.clusterIPField.Load() || !apierrors.IsBadRequest(err) || !strings.Contains(err.Error(), "spec.clusterIP") {
+		return false
+	}
+	a.clusterIPField.Store(false)
+	return true
 }
 
 func keyOf(obj any) string {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -33,14 +34,22 @@ type Link struct {
 }
 
 // Keepalive of the API connections: the kernel probes after linkIdle of
-// silence, every linkInterval, and gives up after linkProbes unanswered
-// probes (20 s of silence in all), or when sent data has gone
-// unacknowledged for linkUserTimeout.
+// silence, every linkInterval, and gives up once linkUserTimeout has
+// passed without an answer and a probe went out (15 s of silence), or when
+// sent data has gone unacknowledged for linkUserTimeout.
+//
+// linkUserTimeout is below client-go's HTTP/2 ping timeout (15 s, after
+// 30 s without a frame) on purpose: a connection the kernel gives up fails
+// its reads with ETIMEDOUT, and a watch ended by a timeout is resumed by
+// client-go's reflector from the resourceVersion it has; a connection the
+// ping gives up ends its watches with "http2: client connection lost", an
+// error, and the reflector then lists everything again (see RATIONALE.md,
+// "Why a short outage costs a resumed watch, not a relist").
 const (
 	linkIdle        = 10 * time.Second
 	linkInterval    = 5 * time.Second
 	linkProbes      = 2
-	linkUserTimeout = linkIdle + linkProbes*linkInterval
+	linkUserTimeout = 10 * time.Second
 )
 
 // NewLink returns a Link whose DialContext the API client uses.
@@ -56,10 +65,14 @@ func newLink(idle, interval time.Duration) *Link {
 	return l
 }
 
-// DialContext dials a connection to the API server (rest.Config.Dial).
+// DialContext dials a connection to the API server (rest.Config.Dial). A
+// dial that fails while ctx is live is an *Unreachable.
 func (l *Link) DialContext(ctx context.Context, network, address string) (net.Conn, error) {
 	c, err := l.dialer.DialContext(ctx, network, address)
 	if err != nil {
+		if ctx.Err() == nil {
+			err = &Unreachable{Err: err}
+		}
 		return nil, err
 	}
 	lc := &linkConn{Conn: c, link: l}
@@ -67,6 +80,31 @@ func (l *Link) DialContext(ctx context.Context, network, address string) (net.Co
 	l.conns[lc] = struct{}{}
 	l.mu.Unlock()
 	return lc, nil
+}
+
+// Unreachable is a failed dial to the API server: no answer in time, no
+// route, a refusal. It reads as a refused connection to errors.As
+// (syscall.ECONNREFUSED), since that is what client-go's reflector asks
+// when a watch request fails: a refused watch is retried, with backoff,
+// from the resourceVersion the reflector has, and any other failure makes
+// it list everything again. An API server the link cannot reach for a
+// while is the case the reflector keeps its resourceVersion for; when the
+// server answers again and no longer has that version (410 Gone), the
+// reflector lists then.
+type Unreachable struct{ Err error }
+
+func (u *Unreachable) Error() string { return "the API server is unreachable: " + u.Err.Error() }
+
+func (u *Unreachable) Unwrap() error { return u.Err }
+
+// As makes an Unreachable a syscall.ECONNREFUSED to errors.As (which
+// client-go's utilnet.IsConnectionRefused uses).
+func (u *Unreachable) As(target any) bool {
+	if e, ok := target.(*syscall.Errno); ok {
+		*e = syscall.ECONNREFUSED
+		return true
+	}
+	return false
 }
 
 // Broken receives (coalesced) when a connection failed or was closed.

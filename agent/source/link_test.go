@@ -2,10 +2,13 @@ package source
 
 import (
 	"context"
+	"errors"
 	"net"
 	"runtime"
 	"testing"
 	"time"
+
+	utilnet "k8s.io/apimachinery/pkg/util/net"
 )
 
 // serve accepts connections on loopback and hands each to fn.
@@ -97,5 +100,38 @@ func TestLinkReportsBrokenConnections(t *testing.T) {
 	c.Close()
 	if !broke(l) {
 		t.Fatal("a connection the client closed was not reported")
+	}
+}
+
+// A dial that fails while its context is live is Unreachable, which
+// client-go's reflector reads as a refused connection (and so retries its
+// watch from the resourceVersion it has instead of listing again): an
+// address that does not answer in time, and a port that refuses. A dial
+// whose context ended is not.
+func TestLinkDialUnreachable(t *testing.T) {
+	l := NewLink()
+	l.dialer.Timeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	closed := ln.Addr().String()
+	ln.Close()
+	// 192.0.2.1 (TEST-NET-1) answers nothing: the dial times out, or finds
+	// no route at once; either way it is unreachable.
+	for _, addr := range []string{closed, "192.0.2.1:443"} {
+		_, err := l.DialContext(context.Background(), "tcp", addr)
+		var u *Unreachable
+		if !errors.As(err, &u) {
+			t.Fatalf("dial %s: %v, want an *Unreachable", addr, err)
+		}
+		if !utilnet.IsConnectionRefused(err) {
+			t.Errorf("dial %s: %v is not a refused connection to client-go", addr, err)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := l.DialContext(ctx, "tcp", "192.0.2.1:443"); err == nil || utilnet.IsConnectionRefused(err) {
+		t.Errorf("dial with a cancelled context: %v, want the context's error", err)
 	}
 }

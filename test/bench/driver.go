@@ -234,3 +234,95 @@ func (d *Driver) Clear(ctx context.Context) error {
 	d.slices, d.Services = d.slices[:0], 0
 	return nil
 }
+
+// Labels the EndpointSlice controller gives a headless Service's slices,
+// and the label that gives a Service (and, copied, its slices) to another
+// proxy.
+const (
+	labelHeadless  = corev1.IsHeadlessService
+	labelProxyName = "service.kubernetes.io/service-proxy-name"
+)
+
+// WriteIgnored adds, next to the driver's Services, n headless Services
+// and m Services for another proxy (service-proxy-name=other), each with
+// one EndpointSlice of d.Endpoints endpoints labelled as the EndpointSlice
+// controller labels them (the headless label; the Service's labels
+// copied). No proxy here programs them: kube-proxy's selectors keep them
+// off the link. Their endpoints are in 10.200.0.0/16, outside Expected.
+func (d *Driver) WriteIgnored(ctx context.Context, n, m int) error {
+	return parallel(ctx, n+m, 16, func(ctx context.Context, k int) error {
+		name, labels, clusterIP := fmt.Sprintf("headless-%05d", k), map[string]string{}, corev1.ClusterIPNone
+		sliceLabels := map[string]string{labelHeadless: ""}
+		if k >= n {
+			name, clusterIP = fmt.Sprintf("other-%05d", k-n), ""
+			labels = map[string]string{labelProxyName: "other"}
+			sliceLabels = map[string]string{labelProxyName: "other"}
+		}
+		svc := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: d.Namespace, Labels: labels},
+			Spec: corev1.ServiceSpec{ClusterIP: clusterIP, Ports: []corev1.ServicePort{{
+				Name: "http", Protocol: corev1.ProtocolTCP, Port: servicePort,
+				TargetPort: intstr.FromInt32(endpointPort)}}},
+		}
+		if _, err := d.client.CoreV1().Services(d.Namespace).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("bench: service %s: %w", name, err)
+		}
+		addrs := make([]netip.Addr, d.Endpoints)
+		for j := range addrs {
+			addrs[j] = addr4(ip4(netip.MustParseAddr("10.200.0.0")) + uint32(k)*16 + uint32(j))
+		}
+		s := d.slice(0, addrs, time.Now())
+		s.Name = name + "-bench"
+		s.Labels[discoveryv1.LabelServiceName] = name
+		for k, v := range sliceLabels {
+			s.Labels[k] = v
+		}
+		if _, err := d.client.DiscoveryV1().EndpointSlices(d.Namespace).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			return fmt.Errorf("bench: endpointslice of %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// ClearIgnored deletes what WriteIgnored(n, m) wrote.
+func (d *Driver) ClearIgnored(ctx context.Context, n, m int) error {
+	return parallel(ctx, n+m, 16, func(ctx context.Context, k int) error {
+		name := fmt.Sprintf("headless-%05d", k)
+		if k >= n {
+			name = fmt.Sprintf("other-%05d", k-n)
+		}
+		if err := d.client.DiscoveryV1().EndpointSlices(d.Namespace).Delete(ctx, name+"-bench", metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("bench: delete endpointslice of %s: %w", name, err)
+		}
+		if err := d.client.CoreV1().Services(d.Namespace).Delete(ctx, name, metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("bench: delete service %s: %w", name, err)
+		}
+		return nil
+	})
+}
+
+// Shrink deletes the Services (and their EndpointSlices) beyond the first
+// n, the last ones written.
+func (d *Driver) Shrink(ctx context.Context, n int) error {
+	have := len(d.slices)
+	if n >= have {
+		return nil
+	}
+	err := parallel(ctx, have-n, 16, func(ctx context.Context, k int) error {
+		i := n + k
+		if err := d.client.DiscoveryV1().EndpointSlices(d.Namespace).Delete(ctx, serviceName(i)+"-bench", metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("bench: delete endpointslice of %s: %w", serviceName(i), err)
+		}
+		if err := d.client.CoreV1().Services(d.Namespace).Delete(ctx, serviceName(i), metav1.DeleteOptions{}); err != nil {
+			return fmt.Errorf("bench: delete service %s: %w", serviceName(i), err)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	d.mu.Lock()
+	d.slices, d.Services = d.slices[:n], n
+	d.mu.Unlock()
+	return nil
+}

@@ -14,14 +14,15 @@ import (
 
 // Report is a whole run: what ran where, and every result.
 type Report struct {
-	Date       time.Time `json:"date"`
-	Machine    Machine   `json:"machine"`
-	Plan       Plan      `json:"plan"`
-	Binaries   []Binary  `json:"binaries"`
-	Results    []Result  `json:"results"`
-	Took       float64   `json:"tookSeconds"`
-	Command    string    `json:"command"`
-	Resolution string    `json:"-"`
+	Date       time.Time    `json:"date"`
+	Machine    Machine      `json:"machine"`
+	Plan       Plan         `json:"plan"`
+	Binaries   []Binary     `json:"binaries"`
+	Results    []Result     `json:"results"`
+	Link       []LinkResult `json:"link,omitempty"`
+	Took       float64      `json:"tookSeconds"`
+	Command    string       `json:"command"`
+	Resolution string       `json:"-"`
 }
 
 // Machine describes where the numbers come from.
@@ -143,8 +144,12 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 	p("")
 	p("How it is measured: a real kube-apiserver with etcd; Services without selectors and one EndpointSlice each, written by the driver with `%s` stamped; one proxy at a time in an emptied node network namespace; \"visible\" means the kernel's nat table holds the DNAT destination (read with IPT_SO_GET_ENTRIES for x_tables; for nf_tables, from the rules, sets and map elements it announces on its event group for every committed transaction: xtables-compat DNAT targets, native `dnat` expressions and the data of `dnat … map` elements). The floor is one `iptables-restore` of the rule set that proxy wrote, into an empty namespace (S1; shown also with `--noflush`, which a proxy that shares the tables must use), and one single-chain `iptables-restore --noflush` on top of it (S2); for kube-proxy-nftables, `nft -f` of its tables and of one added chain. CPU includes children (iptables-restore, nft). Watch resolution is the median cost of one read of the x_tables table. Details: test/bench/README.md.", triggerAnnotation)
 	p("")
+	rep.linkSection(p)
 	rep.s0Section(p)
 	for _, backend := range rep.Plan.Backends {
+		if !slices.ContainsFunc(rep.Results, func(r Result) bool { return r.Backend == backend && r.Scenario == "" }) {
+			continue // L only, or S0 only
+		}
 		p("## Backend: iptables-%s", backend)
 		p("")
 		rep.s1Table(p, backend, KubeProxy)

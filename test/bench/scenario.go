@@ -36,6 +36,10 @@ type Plan struct {
 	S0Services  int           // default 100
 	S0Endpoints int           // per service, default 3
 	S0Window    time.Duration // 5 minutes in the full run
+	// Link, when set, runs L (the link's bytes) first; LinkOnly runs
+	// nothing else.
+	Link     *LinkPlan `json:",omitempty"`
+	LinkOnly bool      `json:",omitempty"`
 }
 
 // Result is one proxy on one backend at one size.
@@ -103,6 +107,8 @@ type Runner struct {
 	Plan  Plan
 	Dir   string
 	Log   *slog.Logger
+	// LinkResults are L's results (Plan.Link), set by Run.
+	LinkResults []LinkResult
 }
 
 // Run runs every size, backend and proxy in turn, one proxy at a time.
@@ -116,6 +122,13 @@ func (r *Runner) Run(ctx context.Context) ([]Result, error) {
 		churnSize = slices.Max(r.Plan.Sizes)
 	}
 	var out []Result
+	if r.Plan.Link != nil {
+		l, err := r.link(ctx)
+		r.LinkResults = l
+		if err != nil || r.Plan.LinkOnly {
+			return out, err
+		}
+	}
 	if r.Plan.S0Window > 0 {
 		s0, err := r.edge(ctx)
 		out = append(out, s0...)

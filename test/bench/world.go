@@ -22,13 +22,22 @@ type World struct {
 	Node    *Netns
 	HostIP  netip.Addr // the API server listens here
 	NodeIP  netip.Addr // the node's InternalIP, inside Node
-	Dir     string
+	// HostIf is the host side of the node's one veth: its kernel counters
+	// are the node's link (LinkCount).
+	HostIf string
+	Dir    string
 	// Kubeconfig reaches the API server from inside Node.
 	Kubeconfig string
 }
 
 // NewWorld starts the control plane and the node namespace under dir.
 func NewWorld(ctx context.Context, dir string) (_ *World, err error) {
+	return NewWorldWith(ctx, dir, cluster.Options{})
+}
+
+// NewWorldWith is NewWorld with more cluster options (Audit); the address,
+// service range and directory are the world's.
+func NewWorldWith(ctx context.Context, dir string, opts cluster.Options) (_ *World, err error) {
 	w := &World{Dir: dir,
 		HostIP: netip.MustParseAddr("192.168.253.1"),
 		NodeIP: netip.MustParseAddr("192.168.253.2")}
@@ -40,14 +49,12 @@ func NewWorld(ctx context.Context, dir string) (_ *World, err error) {
 	if w.Node, err = NewNetns("node"); err != nil {
 		return nil, err
 	}
-	if err := w.Node.LinkHost(fmt.Sprintf("epb%d", os.Getpid()%100000), w.HostIP, w.NodeIP); err != nil {
+	w.HostIf = fmt.Sprintf("epb%d", os.Getpid()%100000)
+	if err := w.Node.LinkHost(w.HostIf, w.HostIP, w.NodeIP); err != nil {
 		return nil, err
 	}
-	w.Cluster, err = cluster.Start(ctx, cluster.Options{
-		BindAddress: w.HostIP.String(),
-		ServiceCIDR: "10.96.0.0/16",
-		Dir:         filepath.Join(dir, "cluster"),
-	})
+	opts.BindAddress, opts.ServiceCIDR, opts.Dir = w.HostIP.String(), "10.96.0.0/16", filepath.Join(dir, "cluster")
+	w.Cluster, err = cluster.Start(ctx, opts)
 	if err != nil {
 		return nil, err
 	}

@@ -59,6 +59,10 @@ type Options struct {
 	// StartTimeout bounds the wait for each process to be ready; default 2m
 	// (a busy two-core machine needs tens of seconds).
 	StartTimeout time.Duration
+	// Audit makes kube-apiserver write an audit log of every read's
+	// metadata (Dir/audit.log; read with AuditEvents): what a client
+	// asked for, to tell a full list from a resumed watch.
+	Audit bool
 }
 
 func (o *Options) setDefaults() {
@@ -196,6 +200,13 @@ func Start(ctx context.Context, opts Options) (_ *Cluster, err error) {
 		return nil, err
 	}
 	c.apiserverArgs = apiserverArgs(opts, etcdURL, dial, c.port, c.pki, c.Dir)
+	if opts.Audit {
+		args, err := writeAuditPolicy(c.Dir)
+		if err != nil {
+			return nil, err
+		}
+		c.apiserverArgs = append(c.apiserverArgs, args...)
+	}
 	if err := c.startAPIServer(ctx); err != nil {
 		return nil, err
 	}

@@ -161,7 +161,12 @@ func TestPlanPoliciesTopologyTerminating(t *testing.T) {
 }
 
 // Services meant for another proxy, headless and ExternalName Services
-// produce nothing; a Service labelled with our own proxy name does.
+// produce nothing; a Service labelled with our own proxy name does. The
+// headless and other-proxy Services and the headless slices are selected
+// out by the API server, as kube-proxy's are: they never reach the agent
+// (only the ExternalName Service, which kube-proxy's selectors let
+// through too, is received and skipped). A Service relabelled between no
+// proxy name, ours and another proxy's follows each step.
 func TestPlanIgnoresServicesNotForUs(t *testing.T) {
 	c := cluster.Shared(t)
 	ns := c.Namespace(t)
@@ -181,11 +186,27 @@ func TestPlanIgnoresServicesNotForUs(t *testing.T) {
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: "external"},
 		Spec:       corev1.ServiceSpec{Type: corev1.ServiceTypeExternalName, ExternalName: "example.invalid"},
 	})
-	create(t, client, service(ns, "plain", "10.96.3.12", p80))
 	pod(t, c, ns, "headless-1", "ignore-a", "10.244.6.1", "headless")
+	// The headless Service's slice exists before the last Service and
+	// the last slice change are written: once the agent has those, it
+	// has been sent everything before them on both watches.
+	a.Eventually(converge, "the headless slice", func() error {
+		l, err := client.DiscoveryV1().EndpointSlices(ns).List(ctxFor(t), metav1.ListOptions{LabelSelector: "kubernetes.io/service-name=headless"})
+		if err != nil {
+			return err
+		}
+		for _, s := range l.Items {
+			if _, ok := s.Labels[corev1.IsHeadlessService]; ok && len(s.Endpoints) > 0 {
+				return nil
+			}
+		}
+		return fmt.Errorf("no headless slice with an endpoint yet: %d slices", len(l.Items))
+	})
+	create(t, client, service(ns, "plain", "10.96.3.12", p80))
+	pod(t, c, ns, "plain-1", "ignore-a", "10.244.6.2", "plain")
 	a.WaitPlanLines(converge, []string{
 		fmt.Sprintf("TCP  10.96.3.11:80 ClusterIP %s/ours -> (none)", ns),
-		fmt.Sprintf("TCP  10.96.3.12:80 ClusterIP %s/plain -> (none)", ns),
+		fmt.Sprintf("TCP  10.96.3.12:80 ClusterIP %s/plain -> 10.244.6.2:80 w=1", ns),
 	})
 	p, err := a.Plan()
 	if err != nil {
@@ -196,6 +217,44 @@ func TestPlanIgnoresServicesNotForUs(t *testing.T) {
 			t.Errorf("service %s is in the plan:\n%s", name, p.Text)
 		}
 	}
+	for kind, want := range map[string]float64{"Service": 1, "EndpointSlice": 0} {
+		got, err := a.Metric(fmt.Sprintf(`edgeproxy_source_objects_skipped_total{kind=%q,reason="ignored"}`, kind))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if max(got, 0) != want {
+			t.Errorf("%s objects received and ignored: %g, want %g (only the ExternalName Service crosses the selectors)", kind, got, want)
+		}
+	}
+
+	relabel := func(label string, port int32) {
+		t.Helper()
+		s, err := client.CoreV1().Services(ns).Get(ctxFor(t), "plain", metav1.GetOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		s.Labels = nil
+		if label != "" {
+			s.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": label}
+		}
+		s.Spec.Ports[0].Port = port
+		if _, err := client.CoreV1().Services(ns).Update(ctxFor(t), s, metav1.UpdateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Unlabelled → ours: it leaves one watch and enters the other.
+	relabel("edgeproxy", 81)
+	a.WaitPlanLines(converge, []string{fmt.Sprintf("TCP  10.96.3.12:81 ClusterIP %s/plain -> 10.244.6.2:80 w=1", ns)}, "10.96.3.12:80 ")
+	// Ours → another proxy's: gone.
+	relabel("cilium", 82)
+	a.WaitPlanLines(converge, nil, ns+"/plain")
+	// Another proxy's → unlabelled: back.
+	relabel("", 83)
+	a.WaitPlanLines(converge, []string{fmt.Sprintf("TCP  10.96.3.12:83 ClusterIP %s/plain -> 10.244.6.2:80 w=1", ns)})
+	// Unlabelled → ours → unlabelled again, the last port wins.
+	relabel("edgeproxy", 84)
+	relabel("", 85)
+	a.WaitPlanLines(converge, []string{fmt.Sprintf("TCP  10.96.3.12:85 ClusterIP %s/plain -> 10.244.6.2:80 w=1", ns)}, "10.96.3.12:84 ")
 }
 
 // Objects the proxy cannot use are skipped, logged once and counted, and

@@ -3,9 +3,14 @@ package e2e_test
 import (
 	"context"
 	"fmt"
+	"net/netip"
 	"path/filepath"
 	"testing"
 	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
@@ -74,9 +79,9 @@ func TestAPILinkGoesSilent(t *testing.T) {
 			}
 		}
 	}
-	// The kernel gives the connection up after 20 s of silence, and the
-	// /readyz asked then times out after 5 s: 25 s, 45 s with room for a
-	// loaded machine. Without keepalive only client-go's HTTP/2 health
+	// The kernel gives the connection up after 15 s of silence, and the
+	// /readyz asked a second later times out after 5 s: 21 s, 45 s with
+	// room for a loaded machine. Without keepalive only client-go's HTTP/2 health
 	// check would notice (a PING after 30 s without a frame, given up 15 s
 	// later), and the readyz after it would end past 50 s.
 	drop("-I")
@@ -101,3 +106,159 @@ func TestAPILinkGoesSilent(t *testing.T) {
 	})
 	t.Logf("reachable %v after the link came back", time.Since(back).Round(100*time.Millisecond))
 }
+
+// A short outage costs a resumed watch, not a relist: the link goes
+// silent (a drop rule, not a closed port) long enough for the agent's
+// connections to fail and its watch requests to find the API server
+// unreachable; meanwhile a Service is added, one changes endpoint and one
+// is deleted. When the link is back, the agent asks for no list and no
+// watch with initial events (the API server's audit log), only watches
+// from the resourceVersions it had, and the rules hold all three changes,
+// as after a relist. See RATIONALE.md, "Why a short outage costs a
+// resumed watch, not a relist".
+func TestAPIOutageResumesWatches(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
+	bin := agentBinary(t)
+
+	node := netns.NewNode(t, "node")
+	hostIP, nodeIP := node.LinkHost()
+	cl := cluster.New(t, cluster.Options{BindAddress: hostIP.String(), Audit: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	if _, err := cl.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
+		t.Fatal(err)
+	}
+	ns := cl.Namespace(t)
+	client := cl.Client()
+	svc := func(name, ip string) {
+		t.Helper()
+		s := &corev1.Service{
+			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
+			Spec: corev1.ServiceSpec{ClusterIP: ip, Selector: map[string]string{"app": name},
+				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
+		}
+		if _, err := client.CoreV1().Services(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	pod := func(name, app, ip string) {
+		t.Helper()
+		if _, err := cl.CreateReadyPod(ctx, ns, name, nodeName, ip, map[string]string{"app": app}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	ip := netip.MustParseAddr
+	keep, changed, moved, gone, added := ip("10.244.7.1"), ip("10.244.7.2"), ip("10.244.7.22"), ip("10.244.7.3"), ip("10.244.7.4")
+	svc("keep", "10.96.7.10")
+	svc("change", "10.96.7.11")
+	svc("gone", "10.96.7.12")
+	pod("keep-1", "keep", keep.String())
+	pod("change-1", "change", changed.String())
+	pod("gone-1", "gone", gone.String())
+
+	dir, cfg := apiAgentConfig(t, cl, hostIP, "")
+	started := time.Now()
+	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+	rules := func(present, absent []netip.Addr) func() error {
+		return func() error {
+			have, err := natDestinations(node, podPort, append(present, absent...)...)
+			if err != nil {
+				return err
+			}
+			for _, a := range present {
+				if !have[a] {
+					return fmt.Errorf("%s is not a DNAT destination", a)
+				}
+			}
+			for _, a := range absent {
+				if have[a] {
+					return fmt.Errorf("%s is still a DNAT destination", a)
+				}
+			}
+			return nil
+		}
+	}
+	waitFor(t, 60*time.Second, "the rules before the outage", rules([]netip.Addr{keep, changed, gone}, nil))
+	// The first read of each is a LIST, which the API server gzips, not
+	// a watch with initial events, which it does not (RATIONALE.md, "Why
+	// a full read is a LIST").
+	reads := func(since time.Time) map[string]int {
+		t.Helper()
+		evs, err := cl.AuditEvents("edgeproxy", since)
+		if err != nil {
+			t.Fatal(err)
+		}
+		n := map[string]int{}
+		for _, e := range evs {
+			switch e.Resource() {
+			case "services", "endpointslices", "nodes":
+				if r := e.Read(); r != "" {
+					n[r]++
+					if r != "watch" {
+						n[r+" "+e.RequestURI]++
+					}
+				}
+			}
+		}
+		return n
+	}
+	if n := reads(started); n["list"] < 3 || n["watch-list"] != 0 {
+		t.Errorf("reads at the start: %v, want a list of each (3 or 4) and no watch-list", n)
+	}
+
+	drop := func(op string) {
+		t.Helper()
+		for _, rule := range [][]string{{"INPUT", "-s", hostIP.String()}, {"OUTPUT", "-d", hostIP.String()}} {
+			args := append([]string{op, rule[0]}, append(rule[1:], "-j", "DROP")...)
+			if out, err := node.Run("iptables", args...); err != nil {
+				t.Fatalf("iptables %v: %v: %s", args, err, out)
+			}
+		}
+	}
+	outage := time.Now()
+	drop("-I")
+	undrop := true
+	defer func() {
+		if undrop {
+			drop("-D")
+		}
+	}()
+	// The agent says so once its connections failed (the kernel gives
+	// them up after 15 s of silence); its watches then ask again and find
+	// the API server unreachable.
+	waitFor(t, 45*time.Second, "the agent says the API server is unreachable", func() error {
+		st, err := readAPIStatus(node)
+		if err == nil && st.APIReachable {
+			err = fmt.Errorf("still reachable")
+		}
+		return err
+	})
+	svc("added", "10.96.7.13")
+	pod("added-1", "added", added.String())
+	pod("change-2", "change", moved.String())
+	if err := client.CoreV1().Pods(ns).Delete(ctx, "change-1", metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Services(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	// Longer than client-go's HTTP/2 health check (a ping after 30 s
+	// without a frame, given up 15 s later), whose error would end the
+	// watches with a relist.
+	time.Sleep(time.Until(outage.Add(50 * time.Second)))
+	drop("-D")
+	undrop = false
+	back := time.Now()
+	waitFor(t, 90*time.Second, "the changes made during the outage in the rules",
+		rules([]netip.Addr{keep, moved, added}, []netip.Addr{changed, gone}))
+	t.Logf("outage %v; rules right %v after the link came back", back.Sub(outage).Round(time.Second), time.Since(back).Round(100*time.Millisecond))
+
+	after := reads(outage)
+	if after["list"] != 0 || after["watch-list"] != 0 || after["watch"] == 0 {
+		t.Errorf("reads after the outage: %v, want watches only", after)
+	}
+	t.Logf("reads of the agent since the outage began: %v", after)
+}
+
+func ptrTo[T any](v T) *T { return &v }

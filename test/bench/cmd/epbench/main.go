@@ -52,6 +52,12 @@ func run() error {
 	edge := flag.String("edgeproxy", "bin/edgeproxy", "edgeproxy binary")
 	kp := flag.String("kube-proxy", "", "kube-proxy binary (default: the one test/cluster/build.sh built)")
 	module := flag.String("module", "bin/modules/topology.wasm", "Wasm module of the edgeproxy+wasm chain")
+	link := flag.Bool("link", true, "run L first: the bytes on the node's link at a cold start and through an outage, kube-proxy and edgeproxy")
+	linkOnly := flag.Bool("link-only", false, "run L only")
+	linkServices := flag.Int("link-services", 1000, "L: services (plus a tenth as many headless and a tenth for another proxy)")
+	linkOutage := flag.Duration("link-outage", time.Minute, "L: the blackhole")
+	linkAdded := flag.Int("link-added", 0, "L: services added during the outage (default: 1% of -link-services)")
+	linkProxies := flag.String("link-proxies", "kube-proxy,edgeproxy", "L: proxies to run, in order")
 	flag.Parse()
 
 	if os.Geteuid() != 0 {
@@ -99,6 +105,14 @@ func run() error {
 		plan.ChurnRates = append(plan.ChurnRates, n)
 	}
 	plan.Backends = strings.Split(*backends, ",")
+	if *link || *linkOnly {
+		lp := &bench.LinkPlan{Services: *linkServices, Endpoints: *endpoints, Headless: *linkServices / 10, OtherProxy: *linkServices / 10,
+			Outage: *linkOutage, Added: or(*linkAdded, max(1, *linkServices/100)), Backend: "legacy"}
+		for _, p := range strings.Split(*linkProxies, ",") {
+			lp.Proxies = append(lp.Proxies, bench.ProxyKind(p))
+		}
+		plan.Link, plan.LinkOnly = lp, *linkOnly
+	}
 	for _, p := range strings.Split(*proxies, ",") {
 		plan.Proxies = append(plan.Proxies, bench.ProxyKind(p))
 	}
@@ -111,7 +125,11 @@ func run() error {
 		}
 		bins.KubeProxy = p
 	}
-	for _, b := range []string{bins.EdgeProxy, bins.KubeProxy, bins.Module} {
+	need := []string{bins.EdgeProxy, bins.KubeProxy}
+	if !*linkOnly && strings.Contains(*proxies, string(bench.EdgeProxyWasm)) {
+		need = append(need, bins.Module)
+	}
+	for _, b := range need {
 		if _, err := os.Stat(b); err != nil {
 			return fmt.Errorf("%w (make build modules cluster-bins)", err)
 		}
@@ -128,14 +146,14 @@ func run() error {
 		return err
 	}
 	start := time.Now()
-	w, err := bench.NewWorld(ctx, dir)
+	w, err := bench.NewWorldWith(ctx, dir, cluster.Options{Audit: plan.Link != nil})
 	if err != nil {
 		return err
 	}
 	defer w.Close()
 	r := &bench.Runner{World: w, Bins: bins, Plan: plan, Dir: dir, Log: log}
 	results, runErr := r.Run(ctx)
-	rep := &bench.Report{Date: start, Machine: machine(), Plan: plan, Results: results,
+	rep := &bench.Report{Date: start, Machine: machine(), Plan: plan, Results: results, Link: r.LinkResults,
 		Took: time.Since(start).Seconds(), Command: "epbench " + strings.Join(os.Args[1:], " "),
 		Binaries: []bench.Binary{binary("edgeproxy", bins.EdgeProxy, "version"), binary("kube-proxy", bins.KubeProxy, "--version")}}
 	if err := rep.WriteFiles(dir); err != nil {
