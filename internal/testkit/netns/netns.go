@@ -603,22 +603,36 @@ func (p *Pod) AddrPort6(port uint16) netip.AddrPort { return netip.AddrPortFrom(
 // LinkHost wires the node to the namespace the test runs in (the "host")
 // with a veth pair, so that a process in the node, such as the agent, can
 // reach a server the test runs, such as kube-apiserver. Each pair gets its
-// own 192.168.250.x/30; the link goes when the test ends.
+// own 192.168.250.x/30, named by it; the link goes when the test ends.
+// Test binaries of several packages run at once: a slot another one
+// holds (its link's name exists) is passed over for the next.
 func (n *Node) LinkHost() (host, node netip.Addr) {
 	t := n.t
 	t.Helper()
-	k := (os.Getpid() + int(seq.Add(1))) % 63
-	host = netip.AddrFrom4([4]byte{192, 168, 250, byte(4*k + 1)})
-	node = netip.AddrFrom4([4]byte{192, 168, 250, byte(4*k + 2)})
 	hostNL, err := netlink.NewHandle()
 	if err != nil {
 		t.Fatalf("netns: netlink handle: %v", err)
 	}
 	defer hostNL.Close()
-	name := fmt.Sprintf("ephost%d", 4*k)
-	veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "host0", PeerNamespace: netlink.NsFd(n.h)}
-	if err := hostNL.LinkAdd(veth); err != nil {
-		t.Fatalf("netns: add host veth: %v", err)
+	first := (os.Getpid() + int(seq.Add(1))) % 63
+	var name string
+	for i := range 63 {
+		k := (first + i) % 63
+		name = fmt.Sprintf("ephost%d", 4*k)
+		veth := &netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: name}, PeerName: "host0", PeerNamespace: netlink.NsFd(n.h)}
+		err = hostNL.LinkAdd(veth)
+		if errors.Is(err, unix.EEXIST) {
+			continue
+		}
+		if err != nil {
+			t.Fatalf("netns: add host veth: %v", err)
+		}
+		host = netip.AddrFrom4([4]byte{192, 168, 250, byte(4*k + 1)})
+		node = netip.AddrFrom4([4]byte{192, 168, 250, byte(4*k + 2)})
+		break
+	}
+	if !host.IsValid() {
+		t.Fatalf("netns: add host veth: all 63 slots taken: %v", err)
 	}
 	t.Cleanup(func() {
 		h, err := netlink.NewHandle()
