@@ -13,7 +13,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -99,32 +98,17 @@ func wedgeableRestore(t *testing.T) (binDir, wedge string) {
 // the first try), watchdog pings flow while the sync loop turns, stop while
 // it is wedged in iptables-restore, and resume once it is unwedged.
 func TestIPTablesNotifyWatchdog(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "ip6tables-restore", "sh")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "ip6tables-restore", "sh")
 	sock, got := listenNotify(t)
 	binDir, wedge := wedgeableRestore(t)
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	web := filepath.Join(manifests, "web.yaml")
-	writeFile(t, web, webManifest(a.IP, nodeName))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 100ms, period: 300ms}
-`, nodeName, manifests, filepath.Join(dir, "state")))
-	logPath := filepath.Join(dir, "agent.log")
+	serve(t, a, b)
+	m := newManifestsAgent(t)
+	web := m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	m.writeConfig(t, "clusterCIDR: 10.244.0.0/16\nsync: {minPeriod: 100ms, period: 300ms}\n")
+	logPath := m.log
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -139,7 +123,7 @@ sync: {minPeriod: 100ms, period: 300ms}
 	})
 	agentLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
 
-	cmd := exec.Command(bin, "run", "--config", cfg)
+	cmd := exec.Command(bin, "run", "--config", m.cfg)
 	cmd.Stdout, cmd.Stderr = logf, logf
 	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=1000000")
 	if err := node.Start(t, cmd); err != nil {
