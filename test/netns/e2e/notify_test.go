@@ -3,75 +3,17 @@ package e2e_test
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/test/agenttest"
 )
-
-// datagrams records what a process sends to a unixgram NOTIFY_SOCKET.
-type datagrams struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (d *datagrams) all() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]string(nil), d.msgs...)
-}
-
-// lines counts the datagrams from index from on with a line equal to line.
-func (d *datagrams) lines(from int, line string) int {
-	n := 0
-	for _, m := range d.all()[from:] {
-		for _, l := range strings.Split(m, "\n") {
-			if l == line {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-func listenNotify(t *testing.T) (string, *datagrams) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &datagrams{}
-	done := make(chan struct{})
-	go func() { // ends when conn is closed at cleanup
-		defer close(done)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			d.mu.Lock()
-			d.msgs = append(d.msgs, string(buf[:n]))
-			d.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		conn.Close()
-		<-done
-		if t.Failed() {
-			t.Logf("notify datagrams:\n%s", strings.Join(d.all(), "\n--\n"))
-		}
-	})
-	return path, d
-}
 
 // wedgeableRestore puts iptables-restore and ip6tables-restore wrappers in
 // a directory for the front of the agent's PATH: they run the real tools,
@@ -99,7 +41,7 @@ func wedgeableRestore(t *testing.T) (binDir, wedge string) {
 // it is wedged in iptables-restore, and resume once it is unwedged.
 func TestIPTablesNotifyWatchdog(t *testing.T) {
 	bin := rootAgent(t, "iptables", "iptables-restore", "ip6tables-restore", "sh")
-	sock, got := listenNotify(t)
+	got := agenttest.ListenNotify(t)
 	binDir, wedge := wedgeableRestore(t)
 
 	node := netns.NewNode(t, "node")
@@ -125,14 +67,14 @@ func TestIPTablesNotifyWatchdog(t *testing.T) {
 
 	cmd := exec.Command(bin, "run", "--config", m.cfg)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=1000000")
+	cmd.Env = append(append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH")), got.Env()...)
 	if err := node.Start(t, cmd); err != nil {
 		t.Fatal(err)
 	}
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
 	waitFor(t, 60*time.Second, "READY=1", func() error {
-		if got.lines(0, "READY=1") == 0 {
+		if got.Count(0, "READY=1") == 0 {
 			return errors.New("not yet")
 		}
 		return nil
@@ -141,9 +83,9 @@ func TestIPTablesNotifyWatchdog(t *testing.T) {
 	if r, err := b.TCP(vip, 2*time.Second); err != nil || r.Name != "a" {
 		t.Fatalf("first connection after READY=1: %+v %v", r, err)
 	}
-	mark := len(got.all())
+	mark := len(got.All())
 	waitFor(t, 15*time.Second, "watchdog pings while syncing", func() error {
-		if n := got.lines(mark, "WATCHDOG=1"); n < 4 {
+		if n := got.Count(mark, "WATCHDOG=1"); n < 4 {
 			return fmt.Errorf("%d pings", n)
 		}
 		return nil
@@ -166,9 +108,9 @@ func TestIPTablesNotifyWatchdog(t *testing.T) {
 		}
 		return nil
 	})
-	stopped := len(got.all())
+	stopped := len(got.All())
 	time.Sleep(2500 * time.Millisecond) // five ping intervals
-	if n := got.lines(stopped, "WATCHDOG=1"); n != 0 {
+	if n := got.Count(stopped, "WATCHDOG=1"); n != 0 {
 		t.Fatalf("%d watchdog pings while the sync loop was wedged", n)
 	}
 
@@ -183,7 +125,7 @@ func TestIPTablesNotifyWatchdog(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "pings resume", func() error {
-		if n := got.lines(stopped, "WATCHDOG=1"); n < 3 {
+		if n := got.Count(stopped, "WATCHDOG=1"); n < 3 {
 			return fmt.Errorf("%d pings", n)
 		}
 		return nil
@@ -198,7 +140,7 @@ func TestIPTablesNotifyWatchdog(t *testing.T) {
 		}
 		return err
 	})
-	if n := got.lines(0, "READY=1"); n != 1 {
+	if n := got.Count(0, "READY=1"); n != 1 {
 		t.Errorf("READY=1 sent %d times, want once", n)
 	}
 }
