@@ -55,15 +55,29 @@ spec: {clusterIP: 10.96.0.5, ports: [{port: 80}]}
 
 func startAgent(t *testing.T, backend datapath.Backend, manifests string) *Agent {
 	t.Helper()
+	return startAgentWith(t, planConfig(t, manifests), Options{Backend: backend})
+}
+
+// planConfig is the config of the agents these tests start: plan mode on
+// node n1 reading manifests, no servers, a sync at most every 10ms (and a
+// full one hourly).
+func planConfig(t *testing.T, manifests string) config.Config {
 	cfg := config.Default()
 	cfg.NodeName, cfg.Manifests, cfg.Mode = "n1", manifests, "plan"
 	cfg.StateDir = t.TempDir()
 	cfg.Server = config.Server{}
 	cfg.Sync = config.Sync{MinPeriod: 10 * time.Millisecond, Period: time.Hour, HealthTimeout: 300 * time.Millisecond}
-	a, err := New(Options{
-		Config: &cfg, Backend: backend, Registry: prometheus.NewRegistry(),
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
-	})
+	return cfg
+}
+
+// startAgentWith starts an agent on cfg with opts (its registry and a
+// silent logger filled in) that runs until t ends; Run must then return
+// nil.
+func startAgentWith(t *testing.T, cfg config.Config, opts Options) *Agent {
+	t.Helper()
+	opts.Config, opts.Registry = &cfg, prometheus.NewRegistry()
+	opts.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	a, err := New(opts)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -23,15 +23,7 @@ func TestSnapshotWriteFailureIsCountedAndLoggedOnce(t *testing.T) {
 	if err := os.WriteFile(stateDir, nil, 0o600); err != nil { // a file: every write fails
 		t.Fatal(err)
 	}
-	cfg := config.Default()
-	cfg.NodeName, cfg.Manifests, cfg.Mode, cfg.StateDir = "n1", t.TempDir(), "plan", stateDir
-	cfg.Server = config.Server{}
-	var log bytes.Buffer
-	a, err := New(Options{Config: &cfg, Backend: &flaky{}, Registry: prometheus.NewRegistry(),
-		Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, log := snapshotAgent(t, stateDir)
 	s := &snapshot.Snapshot{Written: time.Now()}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -65,6 +57,22 @@ func TestSnapshotWriteFailureIsCountedAndLoggedOnce(t *testing.T) {
 	}
 }
 
+// snapshotAgent is an agent (not running) whose state is in stateDir and
+// whose log is returned.
+func snapshotAgent(t *testing.T, stateDir string) (*Agent, *bytes.Buffer) {
+	t.Helper()
+	cfg := config.Default()
+	cfg.NodeName, cfg.Manifests, cfg.Mode, cfg.StateDir = "n1", t.TempDir(), "plan", stateDir
+	cfg.Server = config.Server{}
+	log := &bytes.Buffer{}
+	a, err := New(Options{Config: &cfg, Backend: &flaky{}, Registry: prometheus.NewRegistry(),
+		Logger: slog.New(slog.NewTextHandler(log, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return a, log
+}
+
 // Issue 29 §7: a stateDir that is a symlink loop is named as one in the
 // log of a failed snapshot write (MkdirAll said "file exists").
 func TestSnapshotWriteNamesASymlinkLoop(t *testing.T) {
@@ -72,15 +80,7 @@ func TestSnapshotWriteNamesASymlinkLoop(t *testing.T) {
 	if err := os.Symlink(stateDir, stateDir); err != nil {
 		t.Fatal(err)
 	}
-	cfg := config.Default()
-	cfg.NodeName, cfg.Manifests, cfg.Mode, cfg.StateDir = "n1", t.TempDir(), "plan", stateDir
-	cfg.Server = config.Server{}
-	var log bytes.Buffer
-	a, err := New(Options{Config: &cfg, Backend: &flaky{}, Registry: prometheus.NewRegistry(),
-		Logger: slog.New(slog.NewTextHandler(&log, nil))})
-	if err != nil {
-		t.Fatal(err)
-	}
+	a, log := snapshotAgent(t, stateDir)
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.writeSnapshot(&snapshot.Snapshot{Written: time.Now()}) {

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"log/slog"
 	"net"
 	"net/http/httptest"
@@ -16,8 +15,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
@@ -253,32 +250,11 @@ func freePort(t *testing.T) uint16 {
 
 func startProbingAgent(t *testing.T, backend datapath.Backend, manifests string, dial prober.DialFunc) *Agent {
 	t.Helper()
-	cfg := config.Default()
-	cfg.NodeName, cfg.Manifests, cfg.Mode = "n1", manifests, "plan"
-	cfg.StateDir = t.TempDir()
-	cfg.Server = config.Server{}
-	cfg.Sync = config.Sync{MinPeriod: 10 * time.Millisecond, Period: time.Hour, HealthTimeout: 300 * time.Millisecond}
+	cfg := planConfig(t, manifests)
 	cfg.Health.Mode = config.HealthAlways
 	cfg.Health.PerEndpointMetrics = true
 	cfg.Health.Interval, cfg.Health.Timeout, cfg.Health.FailureThreshold = 20*time.Millisecond, 20*time.Millisecond, 2
-	a, err := New(Options{
-		Config: &cfg, Backend: backend, Registry: prometheus.NewRegistry(),
-		Logger:    slog.New(slog.NewTextHandler(io.Discard, nil)),
-		ProbeDial: dial,
-	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	return a
+	return startAgentWith(t, cfg, Options{Backend: backend, ProbeDial: dial})
 }
 
 // Issue 29 §7: a bad offline-probe value is checked when the Service is

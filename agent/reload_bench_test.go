@@ -82,18 +82,6 @@ func BenchmarkChangeLatencyDuringReload(b *testing.B) {
 	b.Cleanup(func() { cancel(); <-done })
 	<-a.Synced()
 
-	shows := func(port uint16) bool {
-		res := a.Last()
-		if res == nil || res.Plan == nil {
-			return false
-		}
-		for _, f := range res.Plan.Frontends {
-			if f.Port == port {
-				return true
-			}
-		}
-		return false
-	}
 	port := 1000
 	// change makes one Service change and returns how long the plan took
 	// to show it.
@@ -102,7 +90,7 @@ func BenchmarkChangeLatencyDuringReload(b *testing.B) {
 		start := time.Now()
 		writeService(port)
 		deadline := start.Add(30 * time.Second)
-		for !shows(uint16(port)) {
+		for !planShows(a, uint16(port)) {
 			if time.Now().After(deadline) {
 				b.Fatalf("port %d not in the plan after 30s", port)
 			}

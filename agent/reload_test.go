@@ -8,7 +8,6 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -16,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/edgeproxy/edgeproxy/agent/config"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/logbuf"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 )
 
@@ -30,21 +30,7 @@ func TestPolicyReloadFailureIsAnError(t *testing.T) {
 	if err := os.WriteFile(path, []byte(base), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	lo := config.LoadOptions{File: path, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
-	cfg, err := config.Load(lo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	a, err := New(Options{Config: cfg, Load: lo, Registry: reg, Logger: lo.Logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	<-a.Synced()
+	a, reg := startFromFile(t, path, io.Discard)
 
 	bad := base + "log: {level: debug}\npolicy:\n  modules: [{name: m, path: " + filepath.Join(dir, "missing.wasm") + "}]\n  chains: [{name: c, modules: [{module: m}]}]\n"
 	if err := os.WriteFile(path, []byte(bad), 0o644); err != nil {
@@ -109,36 +95,11 @@ func TestModuleReadNeverHoldsSyncs(t *testing.T) {
 	if err := os.WriteFile(path, []byte(base), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	logs := &syncBuffer{}
-	lo := config.LoadOptions{File: path, Logger: slog.New(slog.NewTextHandler(logs, nil))}
-	cfg, err := config.Load(lo)
-	if err != nil {
-		t.Fatal(err)
-	}
-	reg := prometheus.NewRegistry()
-	a, err := New(Options{Config: cfg, Load: lo, Registry: reg, Logger: lo.Logger})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- a.Run(ctx) }()
-	t.Cleanup(func() { cancel(); <-done })
-	<-a.Synced()
+	logs := &logbuf.Buffer{}
+	a, reg := startFromFile(t, path, logs)
 
 	planned := func(port uint16) func() bool {
-		return func() bool {
-			res := a.Last()
-			if res == nil || res.Plan == nil {
-				return false
-			}
-			for _, f := range res.Plan.Frontends {
-				if f.Port == port {
-					return true
-				}
-			}
-			return false
-		}
+		return func() bool { return planShows(a, port) }
 	}
 	reloads := func(result string) func() float64 {
 		return func() float64 { return gathered(reg, "edgeproxy_config_reload_total", "result", result) }
@@ -173,6 +134,44 @@ func TestModuleReadNeverHoldsSyncs(t *testing.T) {
 	eventually(t, "a Service change after the /dev/zero module planned", planned(82))
 }
 
+// startFromFile starts an agent on the config file at path, which it
+// watches (an edit reloads it), logging to w. The agent runs until t
+// ends; startFromFile returns once its first sync is done, with the
+// agent's registry.
+func startFromFile(t *testing.T, path string, w io.Writer) (*Agent, *prometheus.Registry) {
+	t.Helper()
+	lo := config.LoadOptions{File: path, Logger: slog.New(slog.NewTextHandler(w, nil))}
+	cfg, err := config.Load(lo)
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg := prometheus.NewRegistry()
+	a, err := New(Options{Config: cfg, Load: lo, Registry: reg, Logger: lo.Logger})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- a.Run(ctx) }()
+	t.Cleanup(func() { cancel(); <-done })
+	<-a.Synced()
+	return a, reg
+}
+
+// planShows reports whether a's last plan has a frontend on port.
+func planShows(a *Agent, port uint16) bool {
+	res := a.Last()
+	if res == nil || res.Plan == nil {
+		return false
+	}
+	for _, f := range res.Plan.Frontends {
+		if f.Port == port {
+			return true
+		}
+	}
+	return false
+}
+
 // patiently waits up to five minutes for cond: for work whose time a
 // loaded machine stretches (a module load), where the test asks only
 // that it ends.
@@ -203,22 +202,4 @@ func gathered(reg *prometheus.Registry, name, label, value string) float64 {
 		}
 	}
 	return 0
-}
-
-// syncBuffer is a log sink the agent's goroutines can share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

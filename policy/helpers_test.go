@@ -5,11 +5,11 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/edgeproxy/edgeproxy/internal/testkit/logbuf"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/policy"
 )
@@ -31,27 +31,9 @@ func TestMain(m *testing.M) {
 	os.Exit(code)
 }
 
-// logBuffer collects log lines for assertions.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
-func newHost(t testing.TB, engine string, mod func(*policy.Options)) (*policy.Host, *logBuffer) {
+func newHost(t testing.TB, engine string, mod func(*policy.Options)) (*policy.Host, *logbuf.Buffer) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	opts := policy.Options{
 		Engine: engine, CacheDir: cacheDir,
 		Log: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug})),

@@ -15,6 +15,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/edgeproxy/edgeproxy/internal/testkit/logbuf"
 )
 
 const baseYAML = `
@@ -87,7 +89,7 @@ type harness struct {
 	path    string
 	reg     *prometheus.Registry
 	w       *Watcher
-	logs    *syncBuffer
+	logs    *logbuf.Buffer
 	mu      sync.Mutex
 	changes [][2]*Config
 }
@@ -102,28 +104,11 @@ func (h *harness) reloads(result string) float64 {
 	return metric(h.t, h.reg, "edgeproxy_config_reload_total", "result", result)
 }
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
 // startWatcher loads the file at path and runs a Watcher on it until the
 // test ends.
 func startWatcher(t *testing.T, path string, env []string) *harness {
 	t.Helper()
-	h := &harness{t: t, path: path, reg: prometheus.NewRegistry(), logs: &syncBuffer{}}
+	h := &harness{t: t, path: path, reg: prometheus.NewRegistry(), logs: &logbuf.Buffer{}}
 	opts := LoadOptions{File: path, Env: env, Hostname: fixedHost("host-a"), Logger: slog.New(slog.NewTextHandler(io.Discard, nil))}
 	initial := mustLoad(t, opts)
 	w, err := NewWatcher(initial, WatcherOptions{

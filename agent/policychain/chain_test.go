@@ -9,7 +9,6 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,6 +17,8 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/policychain"
+	"github.com/edgeproxy/edgeproxy/agent/runner/runnertest"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/logbuf"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 	"github.com/edgeproxy/edgeproxy/policy"
 )
@@ -46,23 +47,6 @@ func modulePath(t testing.TB, dir string) string {
 	return p
 }
 
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 func policyConfig(mods map[string]string, chains ...config.Chain) config.Policy {
 	p := config.Default().Policy
 	p.Timeout = 100 * time.Millisecond // the machine is shared; behaviour, not speed
@@ -79,9 +63,9 @@ func policyConfig(mods map[string]string, chains ...config.Chain) config.Policy 
 	return p
 }
 
-func newEvaluator(t testing.TB, cfg config.Policy, opts ...policychain.Option) (*policychain.Evaluator, *logBuffer, *prometheus.Registry) {
+func newEvaluator(t testing.TB, cfg config.Policy, opts ...policychain.Option) (*policychain.Evaluator, *logbuf.Buffer, *prometheus.Registry) {
 	t.Helper()
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	e, err := policychain.New(context.Background(), cfg, stateDir, log, reg, opts...)
@@ -239,7 +223,7 @@ func TestWeightedAnnotation(t *testing.T) {
 // and counted as refused, with no word of previous chains that keep
 // running: there are none (issue 29 §7).
 func TestNewRefusedClaimsNothing(t *testing.T) {
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	reg := prometheus.NewRegistry()
 	log := slog.New(slog.NewTextHandler(logs, nil))
 	cfg := policyConfig(map[string]string{"m": filepath.Join(t.TempDir(), "missing.wasm")},
@@ -336,7 +320,7 @@ func TestHostileContained(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.module, func(t *testing.T) {
-			clk := &fakeClock{t: time.Unix(1e9, 0)}
+			clk := runnertest.NewClock(time.Unix(1e9, 0))
 			cfg := policyConfig(map[string]string{"topology": modulePath(t, "modules/topology"), c.module: modulePath(t, "modules/testdata/hostile/"+c.module)},
 				config.Chain{Name: "h", Failure: c.failure, Modules: []config.ChainStep{{Module: "topology"}, {Module: c.module, Config: only}}})
 			e, logs, reg := newEvaluator(t, cfg, policychain.WithClock(clk.Now))
@@ -359,7 +343,7 @@ func TestHostileContained(t *testing.T) {
 				t.Errorf("no log line:\n%s", logs)
 			}
 			// Another service is still served by the chain.
-			clk.Add(time.Minute) // past any re-instantiation backoff
+			clk.Step(time.Minute) // past any re-instantiation backoff
 			if v := e.Evaluate(ctx, service("shop", nil), port, node, eps); v.Fallback != "" || !slices.Equal(v.Weights, []uint32{1, 0, 1}) {
 				t.Fatalf("other service: %s", v)
 			}
@@ -435,23 +419,6 @@ func TestCheckFile(t *testing.T) {
 	if r, err = policychain.CheckFile(ctx, cfg, cfg.Modules[0].Path, nil); err == nil || r.Module != "pinned" {
 		t.Fatalf("wrong pin accepted: %v\n%s", err, r)
 	}
-}
-
-type fakeClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
 }
 
 // TestEvaluateBatch: a batch over two chains and no chain gives each port

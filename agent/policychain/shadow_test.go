@@ -11,6 +11,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/agent/model"
 	"github.com/edgeproxy/edgeproxy/agent/policychain"
+	"github.com/edgeproxy/edgeproxy/agent/runner/runnertest"
 	"github.com/edgeproxy/edgeproxy/policy"
 )
 
@@ -160,7 +161,7 @@ func TestShadowHostileChangesNothing(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.module, func(t *testing.T) {
-			clk := &fakeClock{t: time.Unix(1e9, 0)}
+			clk := runnertest.NewClock(time.Unix(1e9, 0))
 			base := policyConfig(map[string]string{"topology": topo},
 				config.Chain{Name: "h", Failure: config.FailureLastGood, Modules: []config.ChainStep{{Module: "topology"}}})
 			base.ShadowBudget = time.Minute // the module's own deadline, not the budget, stops it here
@@ -187,7 +188,7 @@ func TestShadowHostileChangesNothing(t *testing.T) {
 						t.Fatalf("sync %d: %s, shadows %+v", i, got[k], got[k].Shadows)
 					}
 				}
-				clk.Add(time.Second)
+				clk.Step(time.Second)
 			}
 			// The hostile port alone: the shadow's consecutive failures open
 			// its circuit; still nothing changes for traffic.

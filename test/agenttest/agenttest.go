@@ -5,7 +5,6 @@
 package agenttest
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -23,6 +22,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/agent"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/logbuf"
 )
 
 // Binary returns the edgeproxy binary to test: $EDGEPROXY_BIN (set by make
@@ -84,7 +84,7 @@ type Agent struct {
 	Healthz    string
 	Metrics    string
 	cmd        *exec.Cmd
-	log        *syncBuffer
+	log        *logbuf.Buffer
 	done       chan struct{}
 	exitErr    error
 	opts       Options
@@ -132,7 +132,7 @@ func (a *Agent) start() {
 	}
 	cmd.Env = append(os.Environ(), a.opts.Env...)
 	if a.log == nil {
-		a.log = &syncBuffer{}
+		a.log = &logbuf.Buffer{}
 	}
 	cmd.Stdout, cmd.Stderr = a.log, a.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -326,21 +326,4 @@ func freeAddr(t testing.TB) string {
 	}
 	defer ln.Close()
 	return ln.Addr().String()
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

@@ -6,7 +6,6 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,127 +16,21 @@ import (
 	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
-// notifySocket is the systemd side of the notify protocol: a unixgram
-// socket in t.TempDir() that records every datagram the agent sends.
-type notifySocket struct {
-	path string
-	mu   sync.Mutex
-	msgs []string // one entry per datagram, in arrival order
-	wake chan struct{}
-}
-
-func listenNotify(t *testing.T) *notifySocket {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatalf("notify socket: %v", err)
-	}
-	s := &notifySocket{path: path, wake: make(chan struct{}, 1)}
-	done := make(chan struct{})
-	go func() { // ends when the socket is closed at cleanup
-		defer close(done)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			s.mu.Lock()
-			s.msgs = append(s.msgs, string(buf[:n]))
-			s.mu.Unlock()
-			select {
-			case s.wake <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	t.Cleanup(func() {
-		conn.Close()
-		<-done
-		if t.Failed() {
-			t.Logf("notify datagrams:\n%s", strings.Join(s.all(), "\n--\n"))
-		}
-	})
-	return s
-}
-
-// env is what systemd gives a Type=notify unit with WatchdogSec=1s.
-func (s *notifySocket) env() []string {
-	return []string{"NOTIFY_SOCKET=" + s.path, "WATCHDOG_USEC=1000000"}
-}
-
-func (s *notifySocket) all() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return append([]string(nil), s.msgs...)
-}
-
-// count returns how many datagrams from index from on carry line.
-func (s *notifySocket) count(from int, line string) int {
-	n := 0
-	for _, m := range s.all()[from:] {
-		for _, l := range strings.Split(m, "\n") {
-			if l == line {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-// index returns the index of the first datagram at or after from with a
-// line starting with prefix, or -1.
-func (s *notifySocket) index(from int, prefix string) int {
-	msgs := s.all()
-	for i := from; i < len(msgs); i++ {
-		for _, l := range strings.Split(msgs[i], "\n") {
-			if strings.HasPrefix(l, prefix) {
-				return i
-			}
-		}
-	}
-	return -1
-}
-
-// waitFor waits until cond holds for the datagrams, bounded by timeout
-// (a bound against a broken agent, not a performance assertion).
-func (s *notifySocket) waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.After(timeout)
-	for !cond() {
-		select {
-		case <-s.wake:
-		case <-time.After(100 * time.Millisecond):
-		case <-deadline:
-			t.Fatalf("notify: %s: not within %s", what, timeout)
-		}
-	}
-}
-
-// waitPings waits for n more WATCHDOG=1 pings after datagram index from.
-func (s *notifySocket) waitPings(t *testing.T, from, n int, timeout time.Duration) {
-	t.Helper()
-	s.waitFor(t, timeout, fmt.Sprintf("%d watchdog pings", n), func() bool {
-		return s.count(from, "WATCHDOG=1") >= n
-	})
-}
-
 // The agent speaks systemd's notify protocol to a real unixgram socket:
 // STATUS= lines while it starts, READY=1 once, only when the first plan is
 // programmed, and steady WATCHDOG=1 pings while the sync loop turns.
 func TestNotifyManifestSource(t *testing.T) {
-	sock := listenNotify(t)
+	sock := agenttest.ListenNotify(t)
 	dir := t.TempDir()
 	writeFile(t, filepath.Join(dir, "web.yaml"), fmt.Sprintf(manifestWeb, "true"))
 	a := agenttest.Start(t, agenttest.Options{
 		Config: fmt.Sprintf("mode: plan\nmanifests: %q\nnodeName: m-node\nsync: {minPeriod: 100ms, period: 200ms}\n", dir),
-		Env:    sock.env(),
+		Env:    sock.Env(),
 	})
 
 	var ready int
-	sock.waitFor(t, converge, "READY=1", func() bool {
-		ready = sock.index(0, "READY=1")
+	sock.WaitFor(t, converge, "READY=1", func() bool {
+		ready = sock.Index(0, "READY=1")
 		return ready >= 0
 	})
 	// READY=1 means the plan is programmed: it must be served right now,
@@ -152,27 +45,27 @@ func TestNotifyManifestSource(t *testing.T) {
 	}
 	// A STATUS= line said what it was doing before it was ready, and the
 	// READY datagram carries what was programmed.
-	if i := sock.index(0, "STATUS="); i < 0 || i > ready {
+	if i := sock.Index(0, "STATUS="); i < 0 || i > ready {
 		t.Errorf("no STATUS= line before or with READY=1 (first STATUS at %d, READY at %d)", i, ready)
 	}
-	if msg := sock.all()[ready]; !strings.Contains(msg, "STATUS=programmed") {
+	if msg := sock.All()[ready]; !strings.Contains(msg, "STATUS=programmed") {
 		t.Errorf("READY datagram %q does not say what was programmed", msg)
 	}
 
 	// The sync loop keeps turning: pings keep arriving (every WatchdogSec/2),
 	// and STATUS= lines name the generation.
-	after := len(sock.all())
-	sock.waitPings(t, after, 6, 15*time.Second)
-	if sock.index(after, "STATUS=generation") < 0 {
+	after := len(sock.All())
+	sock.WaitPings(t, after, 6, 15*time.Second)
+	if sock.Index(after, "STATUS=generation") < 0 {
 		t.Errorf("no STATUS=generation … line after READY")
 	}
-	if n := sock.count(0, "READY=1"); n != 1 {
+	if n := sock.Count(0, "READY=1"); n != 1 {
 		t.Errorf("READY=1 sent %d times, want once", n)
 	}
 
 	// SIGTERM: STOPPING=1 is the last word.
 	a.Stop()
-	if sock.index(after, "STOPPING=1") < 0 {
+	if sock.Index(after, "STOPPING=1") < 0 {
 		t.Errorf("no STOPPING=1 on SIGTERM")
 	}
 }
@@ -196,7 +89,7 @@ func TestNotifyAPIServerDown(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	sock := listenNotify(t)
+	sock := agenttest.ListenNotify(t)
 	a := agenttest.Start(t, agenttest.Options{
 		Config: fmt.Sprintf(`mode: plan
 kubeconfig: %q
@@ -205,9 +98,9 @@ stateDir: %q
 sync: {minPeriod: 100ms, period: 200ms}
 offline: {startTimeout: 1s, snapshotInterval: 0s}
 `, kc, t.TempDir()),
-		Env: sock.env(),
+		Env: sock.Env(),
 	})
-	sock.waitFor(t, converge, "STATUS=waiting", func() bool { return sock.index(0, "STATUS=waiting") >= 0 })
+	sock.WaitFor(t, converge, "STATUS=waiting", func() bool { return sock.Index(0, "STATUS=waiting") >= 0 })
 	// Past the offline start timeout, with no snapshot to fall back on,
 	// nothing is programmed, so nothing may claim readiness.
 	a.Eventually(converge, "no-snapshot log line", func() error {
@@ -216,7 +109,7 @@ offline: {startTimeout: 1s, snapshotInterval: 0s}
 		}
 		return nil
 	})
-	if i := sock.index(0, "READY=1"); i >= 0 {
+	if i := sock.Index(0, "READY=1"); i >= 0 {
 		t.Fatalf("READY=1 sent while nothing was programmed (datagram %d)", i)
 	}
 	if _, err := a.Plan(); err == nil {
@@ -227,8 +120,8 @@ offline: {startTimeout: 1s, snapshotInterval: 0s}
 		t.Fatal(err)
 	}
 	var ready int
-	sock.waitFor(t, 2*converge, "READY=1 after the API server came back", func() bool {
-		ready = sock.index(0, "READY=1")
+	sock.WaitFor(t, 2*converge, "READY=1 after the API server came back", func() bool {
+		ready = sock.Index(0, "READY=1")
 		return ready >= 0
 	})
 	p, err := a.Plan()
@@ -238,7 +131,7 @@ offline: {startTimeout: 1s, snapshotInterval: 0s}
 	if !strings.Contains(p.Text, "TCP  10.96.7.10:80 ClusterIP ntf/web -> (none)") {
 		t.Errorf("READY=1 arrived but the plan lacks ntf/web:\n%s", p.Text)
 	}
-	sock.waitPings(t, ready, 3, 15*time.Second)
+	sock.WaitPings(t, ready, 3, 15*time.Second)
 
 	// The uplink drops: pings continue while the API server is down.
 	if err := c.StopAPIServer(); err != nil {
@@ -249,8 +142,8 @@ offline: {startTimeout: 1s, snapshotInterval: 0s}
 		conn.Close()
 		t.Fatalf("the API server still accepts connections after StopAPIServer")
 	}
-	down := len(sock.all())
-	sock.waitPings(t, down, 10, 20*time.Second)
+	down := len(sock.All())
+	sock.WaitPings(t, down, 10, 20*time.Second)
 	code, h, err := a.Health()
 	if err != nil || code != 200 || !h.Healthy {
 		t.Errorf("/healthz with the API server down: %d %+v %v", code, h, err)

@@ -4,15 +4,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
 	edgeagent "github.com/edgeproxy/edgeproxy/agent"
 	"github.com/edgeproxy/edgeproxy/datapath"
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -48,35 +45,15 @@ endpoints: [{addresses: [%s], nodeName: %s}]
 // frontend and 100 good ones, a change to a good Service reaches the
 // kernel and `edgeproxy status` reports the conflict.
 func TestIPTablesConflictDoesNotFreeze(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore")
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
-	world := filepath.Join(manifests, "world.yaml")
-	writeFile(t, world, conflictWorld(a.IP))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 1s, period: 30s}
-`, nodeName, manifests, filepath.Join(dir, "state")))
-	logPath := filepath.Join(dir, "agent.log")
-	startAgent(t, node, bin, cfg, logPath)
+	serve(t, a, b)
+	m := newManifestsAgent(t)
+	world := m.manifest(t, "world.yaml", conflictWorld(a.IP))
+	m.writeConfig(t, "clusterCIDR: 10.244.0.0/16\nsync: {minPeriod: 1s, period: 30s}\n")
+	m.start(t, node, bin)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.101.1"), 80)
 	answeredBy := func(want string) func() error {

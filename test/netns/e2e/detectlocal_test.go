@@ -3,39 +3,22 @@ package e2e_test
 import (
 	"fmt"
 	"net/netip"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // detectLocalWorld is this node's Node with its pod range and a
 // ClusterIP Service backed by the pod at ep.
 func detectLocalWorld(ep netip.Addr) string {
-	return fmt.Sprintf(`apiVersion: v1
+	return `apiVersion: v1
 kind: Node
 metadata: {name: node1}
 spec: {podCIDR: 10.244.0.0/24, podCIDRs: [10.244.0.0/24]}
 status: {addresses: [{type: InternalIP, address: 192.168.77.1}]}
 ---
-apiVersion: v1
-kind: Service
-metadata: {name: web, namespace: e2e}
-spec:
-  clusterIP: 10.96.100.10
-  clusterIPs: [10.96.100.10]
-  ports: [{name: tcp, port: 80, protocol: TCP, targetPort: %[2]d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web-1, namespace: e2e, labels: {kubernetes.io/service-name: web}}
-addressType: IPv4
-ports: [{name: tcp, port: %[2]d, protocol: TCP}]
-endpoints: [{addresses: [%[1]s], nodeName: node1, conditions: {ready: true}}]
-`, ep, podPort)
+` + tcpServiceManifest("web", netip.MustParseAddr("10.96.100.10"), ep)
 }
 
 // TestIPTablesDetectLocalModes: the agent with each of kube-proxy's
@@ -45,9 +28,7 @@ endpoints: [{addresses: [%[1]s], nodeName: node1, conditions: {ready: true}}]
 // bridge whose address is in the cluster range but not this node's
 // (other), and one whose address is in no pod range (stray).
 func TestIPTablesDetectLocalModes(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore")
 	for _, c := range []struct {
 		mode, extra          string
 		otherMasq, strayMasq bool
@@ -63,30 +44,13 @@ func TestIPTablesDetectLocalModes(t *testing.T) {
 			other := node.AddPodAddrs("other", netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00:244:1::9"))
 			stray := node.AddPodAddrs("stray", netip.MustParseAddr("172.16.0.9"), netip.MustParseAddr("fd00:16::9"))
 			client := node.AddClient("client")
-			if err := b.Serve(podPort); err != nil {
-				t.Fatal(err)
-			}
-			dir := t.TempDir()
-			manifests := filepath.Join(dir, "manifests")
-			if err := os.Mkdir(manifests, 0o755); err != nil {
-				t.Fatal(err)
-			}
-			writeFile(t, filepath.Join(manifests, "world.yaml"), detectLocalWorld(b.IP))
-			cfg := filepath.Join(dir, "config.yaml")
-			writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-detectLocalMode: %s
-%sstateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-`, nodeName, manifests, c.mode, c.extra, filepath.Join(dir, "state")))
-			t.Cleanup(func() {
-				if t.Failed() {
-					save, _ := node.Run("iptables-save", "-t", "nat")
-					t.Logf("iptables-save -t nat in the node:\n%s", save)
-				}
-			})
-			startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+			serve(t, b)
+			m := newManifestsAgent(t)
+			// This node's Node with its pod range, in place of the plain one.
+			m.manifest(t, "node.yaml", detectLocalWorld(b.IP))
+			m.writeConfig(t, fmt.Sprintf("detectLocalMode: %s\n%ssync: {minPeriod: 200ms, period: 30s}\n", c.mode, c.extra))
+			logOnFailure(t, node, "iptables-save", "-t", "nat")
+			m.start(t, node, bin)
 
 			vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
 			waitFor(t, 60*time.Second, "a -> ClusterIP answered by b", func() error {

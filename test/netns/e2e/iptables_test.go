@@ -4,12 +4,8 @@
 package e2e_test
 
 import (
-	"bufio"
-	"context"
 	"errors"
 	"fmt"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -21,11 +17,9 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
-	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
 const (
@@ -62,16 +56,13 @@ type agent struct {
 }
 
 // apiAgentConfig writes, in a new directory, a kubeconfig for the API
-// server of c on hostIP and an iptables-mode agent config using it (state
-// in dir/state, minPeriod 200ms) with extra YAML appended; it returns the
+// server of w and an iptables-mode agent config using it (state in
+// dir/state, minPeriod 200ms) with extra YAML appended; it returns the
 // directory and the config's path.
-func apiAgentConfig(t *testing.T, c *cluster.Cluster, hostIP netip.Addr, extra string) (dir, cfg string) {
+func apiAgentConfig(t *testing.T, w *apiWorld, extra string) (dir, cfg string) {
 	t.Helper()
 	dir = t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := w.kubeconfig(t, dir)
 	cfg = filepath.Join(dir, "config.yaml")
 	if !strings.Contains(extra, "sync:") {
 		extra = "sync: {minPeriod: 200ms, period: 30s}\n" + extra
@@ -115,62 +106,26 @@ func startAgent(t *testing.T, node *netns.Node, bin, cfg, logPath string) *agent
 }
 
 func TestIPTablesAgent(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore")
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
 	client := node.AddClient("client")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hostIP, _ := node.LinkHost()
-	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	const ns = "e2e"
-	if err := c.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.EnsureDefaultServiceAccount(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.CreateNode(ctx, nodeName, "zone-a", node.LinkIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP}, {Name: "udp", ContainerPort: podPort, Protocol: corev1.ProtocolUDP}}
-	if _, err := c.CreateReadyPod(ctx, ns, "a", nodeName, a.IP.String(), map[string]string{"app": "web"}, ports); err != nil {
-		t.Fatal(err)
-	}
+	serve(t, a, b)
+	w := newAPIWorld(t, node, "e2e", 5*time.Minute)
+	w.readyPod(t, "a", a, map[string]string{"app": "web"}, podPorts(true))
 	vip := netip.MustParseAddr("10.96.100.10")
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
-		Spec: corev1.ServiceSpec{
-			Type:      corev1.ServiceTypeNodePort,
-			ClusterIP: vip.String(),
-			Selector:  map[string]string{"app": "web"},
-			Ports: []corev1.ServicePort{
-				{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort), NodePort: 30080},
-				{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 80, TargetPort: intstr.FromInt32(podPort), NodePort: 30080},
-			},
-		},
+	svc := clusterIPService("web", vip, map[string]string{"app": "web"},
+		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort))
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = 30080
 	}
-	if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	w.createService(t, svc)
 
-	dir, cfg := apiAgentConfig(t, c, hostIP, "")
+	dir, cfg := apiAgentConfig(t, w, "")
 	logPath := filepath.Join(dir, "agent.log")
-	t.Cleanup(func() {
-		if t.Failed() {
-			save, _ := node.Run("iptables-save")
-			t.Logf("iptables-save in the node:\n%s", save)
-		}
-	})
+	logOnFailure(t, node, "iptables-save")
 	ag := startAgent(t, node, bin, cfg, logPath)
 
 	// ClusterIP, TCP and UDP on the same port, source kept; NodePort from
@@ -198,9 +153,7 @@ func TestIPTablesAgent(t *testing.T) {
 	})
 
 	// A second pod becomes ready: both answer.
-	if _, err := c.CreateReadyPod(ctx, ns, "b", nodeName, b.IP.String(), map[string]string{"app": "web"}, ports); err != nil {
-		t.Fatal(err)
-	}
+	w.readyPod(t, "b", b, map[string]string{"app": "web"}, podPorts(true))
 	waitFor(t, 30*time.Second, "ClusterIP reaches pod b too", func() error {
 		for range 20 {
 			if r, err := client.TCP(netip.AddrPortFrom(node.LinkIP, 30080), time.Second); err == nil && r.Name == "b" {
@@ -216,7 +169,7 @@ func TestIPTablesAgent(t *testing.T) {
 
 	// The service is deleted: its ClusterIP stops answering and its
 	// NodePort closes.
-	if err := c.Client().CoreV1().Services(ns).Delete(ctx, "web", metav1.DeleteOptions{}); err != nil {
+	if err := w.c.Client().CoreV1().Services(w.ns).Delete(w.ctx, "web", metav1.DeleteOptions{}); err != nil {
 		t.Fatal(err)
 	}
 	waitRefused(t, client, netip.AddrPortFrom(node.LinkIP, 30080), "NodePort closed after delete")
@@ -224,25 +177,6 @@ func TestIPTablesAgent(t *testing.T) {
 
 // healthz asks the agent's health server inside the node.
 func healthz(node *netns.Node) error {
-	var conn net.Conn
-	if err := node.Do(func() (err error) {
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:10256", time.Second)
-		return err
-	}); err != nil {
-		return err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(2 * time.Second))
-	if _, err := conn.Write([]byte("GET /healthz HTTP/1.0\r\n\r\n")); err != nil {
-		return err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return err
-	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("healthz: %s", resp.Status)
-	}
-	return nil
+	_, err := nodeGETWithin(node, "127.0.0.1:10256", "/healthz", 2*time.Second)
+	return err
 }

@@ -5,7 +5,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,29 +12,13 @@ import (
 	"github.com/vishvananda/netlink"
 	"golang.org/x/sys/unix"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
 // ipv6Manifest is a single-stack IPv6 ClusterIP Service backed by the
 // pod at ip.
 func ipv6Manifest(ip netip.Addr) string {
-	return fmt.Sprintf(`apiVersion: v1
-kind: Service
-metadata: {name: web6, namespace: e2e}
-spec:
-  clusterIP: fd00:96::10
-  clusterIPs: [fd00:96::10]
-  ipFamilies: [IPv6]
-  ports: [{name: tcp, port: 80, protocol: TCP, targetPort: %[2]d}]
----
-apiVersion: discovery.k8s.io/v1
-kind: EndpointSlice
-metadata: {name: web6-1, namespace: e2e, labels: {kubernetes.io/service-name: web6}}
-addressType: IPv6
-ports: [{name: tcp, port: %[2]d, protocol: TCP}]
-endpoints: [{addresses: [%[1]s], nodeName: node1, conditions: {ready: true}}]
-`, ip, podPort)
+	return tcpServiceManifest("web6", netip.MustParseAddr("fd00:96::10"), ip)
 }
 
 // linkLocalOnly takes the node's global IPv6 address off its pod bridge:
@@ -86,15 +69,11 @@ func linkLocalOnly(t *testing.T, node *netns.Node, pods ...*netns.Pod) {
 // (and an IPv4-only clusterCIDR), as kube-proxy programs it: IPv6 is
 // proxied where the kernel has it on and ip6tables works (issue 26).
 func TestIPTablesIPv6WithoutGlobalAddress(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "ip6tables", "ip6tables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "ip6tables", "ip6tables-restore")
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
-	if err := b.Serve(podPort); err != nil {
-		t.Fatal(err)
-	}
+	serve(t, b)
 	linkLocalOnly(t, node, a, b)
 	// The pods reach each other over IPv6 through the node before the
 	// agent runs: what fails later is the Service, not the network.
@@ -102,24 +81,11 @@ func TestIPTablesIPv6WithoutGlobalAddress(t *testing.T) {
 		t.Fatalf("a -> b over IPv6 through the link-local gateway: %+v %v", r, err)
 	}
 
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	writeFile(t, filepath.Join(manifests, "web6.yaml"), ipv6Manifest(b.IP6))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-`, nodeName, manifests, filepath.Join(dir, "state")))
-	t.Cleanup(func() {
-		if t.Failed() {
-			save, _ := node.Run("ip6tables-save")
-			t.Logf("ip6tables-save in the node:\n%s", save)
-		}
-	})
-	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+	m := newManifestsAgent(t)
+	m.manifest(t, "web6.yaml", ipv6Manifest(b.IP6))
+	m.writeConfig(t, defaultSettings)
+	logOnFailure(t, node, "ip6tables-save")
+	m.start(t, node, bin)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("fd00:96::10"), 80)
 	waitFor(t, 60*time.Second, "a -> [fd00:96::10]:80 answered by b", func() error {
@@ -137,9 +103,7 @@ sync: {minPeriod: 200ms, period: 30s}
 // Advertisements and drop the default routes they gave (a SLAAC node
 // would lose its IPv6). IPv4 forwarding is turned on as always.
 func TestIPTablesKeepsIPv6ForwardingOff(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "ip6tables", "ip6tables-restore", "ip6tables-save")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "ip6tables", "ip6tables-restore", "ip6tables-save")
 
 	node := netns.NewNode(t, "node")
 	b := node.AddPod("b")
@@ -149,18 +113,10 @@ func TestIPTablesKeepsIPv6ForwardingOff(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	writeFile(t, filepath.Join(manifests, "web6.yaml"), ipv6Manifest(b.IP6))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-`, nodeName, manifests, filepath.Join(dir, "state")))
-	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+	m := newManifestsAgent(t)
+	m.manifest(t, "web6.yaml", ipv6Manifest(b.IP6))
+	m.writeConfig(t, defaultSettings)
+	m.start(t, node, bin)
 
 	waitFor(t, 60*time.Second, "the IPv6 Service in ip6tables", func() error {
 		out, err := node.Run("ip6tables-save", "-t", "nat")

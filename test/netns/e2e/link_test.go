@@ -39,19 +39,12 @@ func readAPIStatus(node *netns.Node) (apiStatus, error) {
 // keeps the last contact fresh (the API server's kernel answers the
 // probes).
 func TestAPILinkGoesSilent(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "iptables-save")
 
 	node := netns.NewNode(t, "node")
-	hostIP, nodeIP := node.LinkHost()
-	cl := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if _, err := cl.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	dir, cfg := apiAgentConfig(t, cl, hostIP, "")
+	w := newAPIWorld(t, node, "", 5*time.Minute)
+	hostIP := w.hostIP
+	dir, cfg := apiAgentConfig(t, w, "")
 	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
 	waitFor(t, 60*time.Second, "the agent hears the API server", func() error {
 		st, err := readAPIStatus(node)
@@ -157,7 +150,7 @@ func TestAPIOutageResumesWatches(t *testing.T) {
 	pod("change-1", "change", changed.String())
 	pod("gone-1", "gone", gone.String())
 
-	dir, cfg := apiAgentConfig(t, cl, hostIP, "")
+	dir, cfg := apiAgentConfig(t, &apiWorld{c: cl, ctx: ctx, hostIP: hostIP, ns: ns}, "")
 	started := time.Now()
 	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
 	rules := func(present, absent []netip.Addr) func() error {

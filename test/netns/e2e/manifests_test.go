@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -133,38 +132,17 @@ func healthCheck(client *netns.NS, addr netip.AddrPort) (int, int, error) {
 // TestIPTablesAgentManifests runs bin/edgeproxy on a manifest directory
 // (no API server needed) and changes the manifests under it.
 func TestIPTablesAgentManifests(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore")
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
 	client := node.AddClient("client")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	web := filepath.Join(manifests, "web.yaml")
-	writeFile(t, web, webManifest(a.IP, nodeName))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-`, nodeName, manifests, filepath.Join(dir, "state")))
-	logPath := filepath.Join(dir, "agent.log")
-	t.Cleanup(func() {
-		if t.Failed() {
-			save, _ := node.Run("iptables-save")
-			t.Logf("iptables-save in the node:\n%s", save)
-		}
-	})
-	ag := startAgent(t, node, bin, cfg, logPath)
+	serve(t, a, b)
+	m := newManifestsAgent(t)
+	web := m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	m.writeConfig(t, defaultSettings)
+	logOnFailure(t, node, "iptables-save")
+	ag := m.start(t, node, bin)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
 	waitFor(t, 60*time.Second, "b -> ClusterIP tcp answered by a", func() error {
@@ -207,7 +185,7 @@ sync: {minPeriod: 200ms, period: 30s}
 	})
 
 	// SIGKILL and restart under a stream of connections: none fails.
-	killRestartUnderStream(t, node, client, netip.AddrPortFrom(node.LinkIP, 30080), ag, bin, cfg, logPath)
+	killRestartUnderStream(t, node, client, netip.AddrPortFrom(node.LinkIP, 30080), ag, bin, m.cfg, m.log)
 
 	// The services go: the NodePort closes.
 	if err := os.Remove(web); err != nil {

@@ -3,76 +3,17 @@ package e2e_test
 import (
 	"errors"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/test/agenttest"
 )
-
-// datagrams records what a process sends to a unixgram NOTIFY_SOCKET.
-type datagrams struct {
-	mu   sync.Mutex
-	msgs []string
-}
-
-func (d *datagrams) all() []string {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	return append([]string(nil), d.msgs...)
-}
-
-// lines counts the datagrams from index from on with a line equal to line.
-func (d *datagrams) lines(from int, line string) int {
-	n := 0
-	for _, m := range d.all()[from:] {
-		for _, l := range strings.Split(m, "\n") {
-			if l == line {
-				n++
-			}
-		}
-	}
-	return n
-}
-
-func listenNotify(t *testing.T) (string, *datagrams) {
-	t.Helper()
-	path := filepath.Join(t.TempDir(), "notify.sock")
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: path, Net: "unixgram"})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d := &datagrams{}
-	done := make(chan struct{})
-	go func() { // ends when conn is closed at cleanup
-		defer close(done)
-		buf := make([]byte, 64<<10)
-		for {
-			n, err := conn.Read(buf)
-			if err != nil {
-				return
-			}
-			d.mu.Lock()
-			d.msgs = append(d.msgs, string(buf[:n]))
-			d.mu.Unlock()
-		}
-	}()
-	t.Cleanup(func() {
-		conn.Close()
-		<-done
-		if t.Failed() {
-			t.Logf("notify datagrams:\n%s", strings.Join(d.all(), "\n--\n"))
-		}
-	})
-	return path, d
-}
 
 // wedgeableRestore puts iptables-restore and ip6tables-restore wrappers in
 // a directory for the front of the agent's PATH: they run the real tools,
@@ -99,32 +40,17 @@ func wedgeableRestore(t *testing.T) (binDir, wedge string) {
 // the first try), watchdog pings flow while the sync loop turns, stop while
 // it is wedged in iptables-restore, and resume once it is unwedged.
 func TestIPTablesNotifyWatchdog(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "ip6tables-restore", "sh")
-	bin := agentBinary(t)
-	sock, got := listenNotify(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "ip6tables-restore", "sh")
+	got := agenttest.ListenNotify(t)
 	binDir, wedge := wedgeableRestore(t)
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	web := filepath.Join(manifests, "web.yaml")
-	writeFile(t, web, webManifest(a.IP, nodeName))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 100ms, period: 300ms}
-`, nodeName, manifests, filepath.Join(dir, "state")))
-	logPath := filepath.Join(dir, "agent.log")
+	serve(t, a, b)
+	m := newManifestsAgent(t)
+	web := m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	m.writeConfig(t, "clusterCIDR: 10.244.0.0/16\nsync: {minPeriod: 100ms, period: 300ms}\n")
+	logPath := m.log
 	logf, err := os.Create(logPath)
 	if err != nil {
 		t.Fatal(err)
@@ -139,16 +65,16 @@ sync: {minPeriod: 100ms, period: 300ms}
 	})
 	agentLog := func() string { b, _ := os.ReadFile(logPath); return string(b) }
 
-	cmd := exec.Command(bin, "run", "--config", cfg)
+	cmd := exec.Command(bin, "run", "--config", m.cfg)
 	cmd.Stdout, cmd.Stderr = logf, logf
-	cmd.Env = append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH"), "NOTIFY_SOCKET="+sock, "WATCHDOG_USEC=1000000")
+	cmd.Env = append(append(os.Environ(), "PATH="+binDir+":"+os.Getenv("PATH")), got.Env()...)
 	if err := node.Start(t, cmd); err != nil {
 		t.Fatal(err)
 	}
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
 	waitFor(t, 60*time.Second, "READY=1", func() error {
-		if got.lines(0, "READY=1") == 0 {
+		if got.Count(0, "READY=1") == 0 {
 			return errors.New("not yet")
 		}
 		return nil
@@ -157,9 +83,9 @@ sync: {minPeriod: 100ms, period: 300ms}
 	if r, err := b.TCP(vip, 2*time.Second); err != nil || r.Name != "a" {
 		t.Fatalf("first connection after READY=1: %+v %v", r, err)
 	}
-	mark := len(got.all())
+	mark := len(got.All())
 	waitFor(t, 15*time.Second, "watchdog pings while syncing", func() error {
-		if n := got.lines(mark, "WATCHDOG=1"); n < 4 {
+		if n := got.Count(mark, "WATCHDOG=1"); n < 4 {
 			return fmt.Errorf("%d pings", n)
 		}
 		return nil
@@ -182,9 +108,9 @@ sync: {minPeriod: 100ms, period: 300ms}
 		}
 		return nil
 	})
-	stopped := len(got.all())
+	stopped := len(got.All())
 	time.Sleep(2500 * time.Millisecond) // five ping intervals
-	if n := got.lines(stopped, "WATCHDOG=1"); n != 0 {
+	if n := got.Count(stopped, "WATCHDOG=1"); n != 0 {
 		t.Fatalf("%d watchdog pings while the sync loop was wedged", n)
 	}
 
@@ -199,7 +125,7 @@ sync: {minPeriod: 100ms, period: 300ms}
 		t.Fatal(err)
 	}
 	waitFor(t, 15*time.Second, "pings resume", func() error {
-		if n := got.lines(stopped, "WATCHDOG=1"); n < 3 {
+		if n := got.Count(stopped, "WATCHDOG=1"); n < 3 {
 			return fmt.Errorf("%d pings", n)
 		}
 		return nil
@@ -214,7 +140,7 @@ sync: {minPeriod: 100ms, period: 300ms}
 		}
 		return err
 	})
-	if n := got.lines(0, "READY=1"); n != 1 {
+	if n := got.Count(0, "READY=1"); n != 1 {
 		t.Errorf("READY=1 sent %d times, want once", n)
 	}
 }

@@ -9,19 +9,15 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 	"k8s.io/client-go/kubernetes"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
-	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
 // A node reboots while its uplink is down. The agent (mode iptables, in the
@@ -32,56 +28,23 @@ import (
 // old pod within seconds; when the API server returns it converges to the
 // second pod without a moment in which the service stops answering.
 func TestIPTablesOfflineRestart(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "iptables-save")
 
 	node := netns.NewNode(t, "node")
 	a, b, client := node.AddPod("a"), node.AddPod("b"), node.AddPod("c")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	hostIP, nodeIP := node.LinkHost()
-	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-
-	const ns = "offline"
-	if err := c.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP}}
+	serve(t, a, b)
+	w := newAPIWorld(t, node, "offline", 5*time.Minute)
+	c, ctx, ns := w.c, w.ctx, w.ns
+	ports := podPorts(false)
 	labels := map[string]string{"app": "web"}
-	if _, err := c.CreateReadyPod(ctx, ns, "a", nodeName, a.IP.String(), labels, ports); err != nil {
-		t.Fatal(err)
-	}
+	w.readyPod(t, "a", a, labels, ports)
 	vip := netip.MustParseAddr("10.96.101.10")
-	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns},
-		Spec: corev1.ServiceSpec{
-			ClusterIP: vip.String(),
-			Selector:  labels,
-			Ports:     []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)}},
-		},
-	}
-	if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	w.createService(t, clusterIPService("web", vip, labels, servicePort("tcp", corev1.ProtocolTCP, 80, podPort)))
 
-	dir, cfg := apiAgentConfig(t, c, hostIP, "offline: {snapshotInterval: 0s}\n")
+	dir, cfg := apiAgentConfig(t, w, "offline: {snapshotInterval: 0s}\n")
 	stateDir := filepath.Join(dir, "state")
 	logPath := filepath.Join(dir, "agent.log")
-	t.Cleanup(func() {
-		if t.Failed() {
-			save, _ := node.Run("iptables-save")
-			t.Logf("iptables-save in the node:\n%s", save)
-		}
-	})
+	logOnFailure(t, node, "iptables-save")
 	firstStart := time.Now()
 	ag := startAgent(t, node, bin, cfg, logPath)
 
@@ -115,13 +78,8 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 	// The node dies (SIGKILL: no clean shutdown). The cluster changes
 	// while it is down: pod b becomes ready behind the service. Then the
 	// uplink is gone too (the API server stops).
-	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = ag.cmd.Wait()
-	if _, err := c.CreateReadyPod(ctx, ns, "b", nodeName, b.IP.String(), labels, ports); err != nil {
-		t.Fatal(err)
-	}
+	ag.kill(t)
+	w.readyPod(t, "b", b, labels, ports)
 	waitFor(t, 30*time.Second, "EndpointSlice lists pod b", func() error {
 		return sliceHas(ctx, c.Client(), ns, "web", b.IP.String())
 	})
@@ -131,9 +89,7 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 
 	// The reboot: every rule the agent made is gone, and the service with
 	// it.
-	if out, err := runIn(node, bin, "cleanup", "--config", cfg); err != nil {
-		t.Fatalf("edgeproxy cleanup: %v\n%s", err, out)
-	}
+	flushRules(t, node, bin, cfg)
 	if save, err := node.Run("iptables-save"); err != nil {
 		t.Fatal(err)
 	} else if strings.Contains(save, vip.String()) {
@@ -212,16 +168,11 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 
 	// Another reboot while offline, this time with a corrupt snapshot: it
 	// is refused whole, with a log line, and nothing of it is programmed.
-	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = ag.cmd.Wait()
+	ag.kill(t)
 	if err := c.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := runIn(node, bin, "cleanup", "--config", cfg); err != nil {
-		t.Fatalf("edgeproxy cleanup: %v\n%s", err, out)
-	}
+	flushRules(t, node, bin, cfg)
 	snap := filepath.Join(stateDir, "snapshot.json")
 	raw, err := os.ReadFile(snap)
 	if err != nil {
@@ -293,22 +244,10 @@ func runIn(node *netns.Node, bin string, args ...string) (string, error) {
 // rules): they must still write what the interval put off, or a reboot
 // without the API server would bring back rules older than the last change.
 func TestIPTablesSnapshotPutOffIsWrittenWhenQuiet(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "iptables-save")
 	node := netns.NewNode(t, "node")
-	hostIP, nodeIP := node.LinkHost()
-	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	const ns = "snapq"
-	if err := c.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	dir, cfg := apiAgentConfig(t, c, hostIP, "sync: {minPeriod: 200ms, period: 1s}\noffline: {snapshotInterval: 5s}\n")
+	w := newAPIWorld(t, node, "snapq", 3*time.Minute)
+	dir, cfg := apiAgentConfig(t, w, "sync: {minPeriod: 200ms, period: 1s}\noffline: {snapshotInterval: 5s}\n")
 	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
 	snap := filepath.Join(dir, "state", "snapshot.json")
 	holds := func(ip string) func() error {
@@ -325,14 +264,7 @@ func TestIPTablesSnapshotPutOffIsWrittenWhenQuiet(t *testing.T) {
 	}
 	create := func(name, ip string) {
 		t.Helper()
-		svc := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns},
-			Spec: corev1.ServiceSpec{ClusterIP: ip,
-				Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
-		}
-		if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
+		w.createService(t, clusterIPService(name, netip.MustParseAddr(ip), nil, servicePort("tcp", corev1.ProtocolTCP, 80, podPort)))
 	}
 	// The first service lands in a snapshot (written by its sync, or put
 	// off after the first sync's write and written by a quiet one).

@@ -39,12 +39,10 @@ func TestPackageUpgradeUnderStream(t *testing.T) {
 	node := netns.NewNode(t, "node")
 	a := node.AddPod("a")
 	client := node.AddClient("client")
-	if err := a.Serve(podPort); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	writeFile(t, filepath.Join(manifests, "web.yaml"), webManifest(a.IP, nodeName))
+	serve(t, a)
+	m := newManifestsAgent(t)
+	m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	dir, manifests := m.dir, m.manifests
 	// The packaged conffile, as an admin would edit it for this node.
 	cfg := r.Path("etc/edgeproxy/config.yaml")
 	packaged, err := os.ReadFile(cfg)

@@ -2,27 +2,20 @@ package e2e_test
 
 import (
 	"bufio"
-	"context"
 	"encoding/json"
 	"fmt"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
-	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
 // holdServer is a pod's TCP server that says who it is and then echoes
@@ -123,24 +116,11 @@ func debugStatus(node *netns.Node) (probeStatus, error) {
 
 // readStatus decodes /debug/status from the agent in the node into v.
 func readStatus(node *netns.Node, v any) error {
-	var conn net.Conn
-	if err := node.Do(func() (err error) {
-		conn, err = net.DialTimeout("tcp", "127.0.0.1:10249", time.Second)
-		return err
-	}); err != nil {
-		return err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := conn.Write([]byte("GET /debug/status HTTP/1.0\r\n\r\n")); err != nil {
-		return err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	body, err := nodeGET(node, "127.0.0.1:10249", "/debug/status")
 	if err != nil {
 		return err
 	}
-	defer resp.Body.Close()
-	return json.NewDecoder(resp.Body).Decode(v)
+	return json.Unmarshal([]byte(body), v)
 }
 
 // spread makes n connections to dst and counts who answered; failed
@@ -181,9 +161,7 @@ func natDestinations(node *netns.Node, port uint16, ips ...netip.Addr) (map[neti
 // in the same sync. The same after a disconnected reboot (the agent
 // starts from its snapshot with the API server down and the rules gone).
 func TestIPTablesProbesWhileAPIServerAway(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "iptables-save")
 
 	node := netns.NewNode(t, "node")
 	pods := []*netns.Pod{node.AddPod("a"), node.AddPod("b"), node.AddPod("c")}
@@ -193,49 +171,20 @@ func TestIPTablesProbesWhileAPIServerAway(t *testing.T) {
 		servers[i] = serveHold(t, p, podPort)
 	}
 	a, b, c := pods[0], pods[1], pods[2]
-	hostIP, nodeIP := node.LinkHost()
-	cl := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-
-	const ns = "probe"
-	if err := cl.CreateNamespace(ctx, ns); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := cl.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP}}
+	w := newAPIWorld(t, node, "probe", 8*time.Minute)
+	cl, ctx, ns := w.c, w.ctx, w.ns
 	labels := map[string]string{"app": "web"}
 	for _, p := range pods {
-		if _, err := cl.CreateReadyPod(ctx, ns, p.PodName, nodeName, p.IP.String(), labels, ports); err != nil {
-			t.Fatal(err)
-		}
+		w.readyPod(t, p.PodName, p, labels, podPorts(false))
 	}
 	web := netip.AddrPortFrom(netip.MustParseAddr("10.96.102.10"), 80)
 	quiet := netip.AddrPortFrom(netip.MustParseAddr("10.96.102.11"), 80)
-	for _, s := range []struct {
-		name        string
-		vip         netip.AddrPort
-		annotations map[string]string
-	}{
-		{"web", web, nil},
-		{"quiet", quiet, map[string]string{"edgeproxy.io/offline-probe": "false"}},
-	} {
-		svc := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns, Annotations: s.annotations},
-			Spec: corev1.ServiceSpec{
-				ClusterIP: s.vip.Addr().String(),
-				Selector:  labels,
-				Ports:     []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)}},
-			},
-		}
-		if _, err := cl.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.createService(t, clusterIPService("web", web.Addr(), labels, servicePort("tcp", corev1.ProtocolTCP, 80, podPort)))
+	quietSvc := clusterIPService("quiet", quiet.Addr(), labels, servicePort("tcp", corev1.ProtocolTCP, 80, podPort))
+	quietSvc.Annotations = map[string]string{"edgeproxy.io/offline-probe": "false"}
+	w.createService(t, quietSvc)
 
-	dir, cfg := apiAgentConfig(t, cl, hostIP, `offline: {snapshotInterval: 0s}
+	dir, cfg := apiAgentConfig(t, w, `offline: {snapshotInterval: 0s}
 health: {mode: offline, after: 2s, interval: 300ms, timeout: 300ms, failureThreshold: 2}
 `)
 	logPath := filepath.Join(dir, "agent.log")
@@ -376,16 +325,11 @@ health: {mode: offline, after: 2s, interval: 300ms, timeout: 300ms, failureThres
 	// A disconnected reboot: SIGKILL, API server down, rules flushed, and
 	// pod b's server dead. The agent starts from its snapshot, probes at
 	// once and leaves b out.
-	if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-		t.Fatal(err)
-	}
-	_ = ag.cmd.Wait()
+	ag.kill(t)
 	if err := cl.StopAPIServer(); err != nil {
 		t.Fatal(err)
 	}
-	if out, err := runIn(node, bin, "cleanup", "--config", cfg); err != nil {
-		t.Fatalf("edgeproxy cleanup: %v\n%s", err, out)
-	}
+	flushRules(t, node, bin, cfg)
 	servers[1].kill()
 	started := time.Now()
 	startAgent(t, node, bin, cfg, logPath)

@@ -4,12 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -19,32 +17,22 @@ import (
 // the traffic without a restart (kube-proxy restarts for that); a bad
 // edit keeps the rules of the running config.
 func TestIPTablesReloadDatapathSettings(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore", "iptables-save")
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
 	client := node.AddClient("client")
-	if err := a.Serve(podPort); err != nil {
-		t.Fatal(err)
+	serve(t, a)
+	m := newManifestsAgent(t)
+	m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	// Each step's settings after the same sync settings.
+	config := func(extra string) {
+		t.Helper()
+		m.writeConfig(t, "sync: {minPeriod: 200ms, period: 30s}\n"+extra)
 	}
-	dir := t.TempDir()
-	manifests := manifestDir(t, dir)
-	writeFile(t, filepath.Join(manifests, "web.yaml"), webManifest(a.IP, nodeName))
-	cfg := filepath.Join(dir, "config.yaml")
-	config := func(extra string) string {
-		return fmt.Sprintf("nodeName: %s\nmanifests: %s\nmode: iptables\nstateDir: %s\nsync: {minPeriod: 200ms, period: 30s}\n%s",
-			nodeName, manifests, filepath.Join(dir, "state"), extra)
-	}
-	writeFile(t, cfg, config("clusterCIDR: 10.244.0.0/16\n"))
-	t.Cleanup(func() {
-		if t.Failed() {
-			save, _ := node.Run("iptables-save", "-t", "nat")
-			t.Logf("iptables-save -t nat in the node:\n%s", save)
-		}
-	})
-	ag := startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+	config("clusterCIDR: 10.244.0.0/16\n")
+	logOnFailure(t, node, "iptables-save", "-t", "nat")
+	ag := m.start(t, node, bin)
 	pid := ag.cmd.Process.Pid
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
@@ -73,7 +61,7 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 	waitFor(t, 30*time.Second, "client -> NodePort", func() error { _, err := client.TCP(nodePort, time.Second); return err })
 
 	// masqueradeAll and another mark bit.
-	writeFile(t, cfg, config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: true\niptables: {masqueradeBit: 12}\n"))
+	config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: true\niptables: {masqueradeBit: 12}\n")
 	seen("b -> ClusterIP with masqueradeAll: masqueraded", node.Gateway)
 	if rules := nat(); !strings.Contains(rules, "0x1000/0x1000") || strings.Contains(rules, "0x4000") {
 		t.Fatalf("nat rules after masqueradeBit 14 -> 12: want mark 0x1000 only:\n%s", rules)
@@ -81,7 +69,7 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 
 	// A bad edit is refused whole: the rules stay.
 	before := nat()
-	writeFile(t, cfg, config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: false\niptables: {masqueradeBit: 40}\n"))
+	config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: false\niptables: {masqueradeBit: 40}\n")
 	waitFor(t, 30*time.Second, "the bad edit logged", func() error {
 		out, _ := os.ReadFile(ag.log)
 		if !strings.Contains(string(out), "iptables.masqueradeBit") {
@@ -97,7 +85,7 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 
 	// A clusterCIDR that b is not in: masqueraded without masqueradeAll;
 	// node ports on no address of the node's.
-	writeFile(t, cfg, config("clusterCIDR: 10.250.0.0/16\nnodePortAddresses: [10.99.0.0/16]\n"))
+	config("clusterCIDR: 10.250.0.0/16\nnodePortAddresses: [10.99.0.0/16]\n")
 	waitFor(t, 30*time.Second, "mark 0x4000 back", func() error {
 		if !strings.Contains(nat(), "0x4000/0x4000") {
 			return fmt.Errorf("no mark 0x4000")
@@ -108,7 +96,7 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 	waitRefused(t, client, nodePort, "NodePort closed outside nodePortAddresses")
 
 	// Back: b in clusterCIDR again, node ports on every address.
-	writeFile(t, cfg, config("clusterCIDR: 10.244.0.0/16\n"))
+	config("clusterCIDR: 10.244.0.0/16\n")
 	seen("b -> ClusterIP, b inside clusterCIDR again: not masqueraded", b.IP)
 	waitFor(t, 30*time.Second, "client -> NodePort again", func() error { _, err := client.TCP(nodePort, time.Second); return err })
 

@@ -9,7 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/modules/modbuild"
 )
@@ -51,35 +50,23 @@ endpoints:
 // one (everything to a): every connection still goes to a. Promoting the
 // candidate by editing the config file sends every connection to b.
 func TestIPTablesShadowPolicy(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore")
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
 	client := node.AddPod("c")
-	for _, p := range []*netns.Pod{a, b} {
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-	}
-	dir := t.TempDir()
+	serve(t, a, b)
+	m := newManifestsAgent(t)
+	dir := m.dir
 	weighted, loop := filepath.Join(dir, "weighted.wasm"), filepath.Join(dir, "loop.wasm")
 	for path, src := range map[string]string{weighted: "modules/weighted", loop: "modules/testdata/hostile/loop"} {
 		if err := os.WriteFile(path, modbuild.Build(t, src), 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
-	manifests := manifestDir(t, dir)
-	writeFile(t, filepath.Join(manifests, "web.yaml"), shadowWorld(a.IP, b.IP))
+	m.manifest(t, "web.yaml", shadowWorld(a.IP, b.IP))
 	config := func(step, shadows string) string {
-		return fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-sync: {minPeriod: 200ms, period: 30s}
-policy:
+		return m.config(defaultSettings + fmt.Sprintf(`policy:
   engine: interpreter
   timeout: 500ms
   modules:
@@ -89,13 +76,12 @@ policy:
     - name: web
       match: {namespaces: [e2e]}
       modules: [%s]
-`, nodeName, manifests, filepath.Join(dir, "state"), weighted, shadows, step)
+`, weighted, shadows, step))
 	}
-	cfg := filepath.Join(dir, "config.yaml")
+	cfg := m.cfg
 	writeFile(t, cfg, config("{module: weighted}", fmt.Sprintf(`    - {name: weighted-next, path: %s, shadowOf: weighted, config: {annotation: edgeproxy.io/weights-next}}
     - {name: spin, path: %s, shadowOf: weighted, config: {only: e2e}}`, weighted, loop)))
-	logPath := filepath.Join(dir, "agent.log")
-	startAgent(t, node, bin, cfg, logPath)
+	m.start(t, node, bin)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.101.10"), 80)
 	count := func(n int) map[string]int {

@@ -1,27 +1,19 @@
 package e2e_test
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	epagent "github.com/edgeproxy/edgeproxy/agent"
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
-	"github.com/edgeproxy/edgeproxy/test/cluster"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
@@ -32,18 +24,11 @@ import (
 // and removes nothing more. Connections to the Service, which both
 // proxies program alike, never fail.
 func TestKubeProxyStillRunning(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables-nft", "iptables-nft-restore", "iptables-nft-save", "nft")
-	bin := agentBinary(t)
-	kubeProxy, err := cluster.BinPath("kube-proxy")
-	if err != nil {
-		gate.Skip(t, fmt.Sprintf("needs the kube-proxy binary (make cluster-bins): %v", err))
-	}
+	bin := rootAgent(t, "iptables-nft", "iptables-nft-restore", "iptables-nft-save", "nft")
+	kubeProxy := kubeProxyBinary(t)
 	node := netns.NewNode(t, "node")
 	a := node.AddPod("a")
-	if err := a.Serve(podPort); err != nil {
-		t.Fatal(err)
-	}
+	serve(t, a)
 	client := node.AddClient("client") // gives the node its address
 	// Ten thousand connections to one echo server: no stall from a tuple
 	// still in TIME_WAIT may count as a failure of the proxies.
@@ -52,38 +37,14 @@ func TestKubeProxyStillRunning(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	hostIP, _ := node.LinkHost()
-	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	const ns = "still"
-	for _, err := range []error{c.CreateNamespace(ctx, ns), c.EnsureDefaultServiceAccount(ctx, ns)} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.CreateNode(ctx, nodeName, "zone-a", node.LinkIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP},
-		{Name: "udp", ContainerPort: podPort, Protocol: corev1.ProtocolUDP}}
-	if _, err := c.CreateReadyPod(ctx, ns, "a", nodeName, a.IP.String(), map[string]string{"app": "web"}, ports); err != nil {
-		t.Fatal(err)
-	}
+	w := newAPIWorld(t, node, "still", 10*time.Minute)
+	w.readyPod(t, "a", a, map[string]string{"app": "web"}, podPorts(true))
 	vip := netip.MustParseAddr("10.96.100.10")
-	svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: "web", Namespace: ns}, Spec: corev1.ServiceSpec{
-		ClusterIP: vip.String(), Selector: map[string]string{"app": "web"},
-		Ports: []corev1.ServicePort{{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)},
-			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 80, TargetPort: intstr.FromInt32(podPort)}}}}
-	if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	w.createService(t, clusterIPService("web", vip, map[string]string{"app": "web"},
+		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
 
 	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := w.kubeconfig(t, dir)
 	path, err := proxies.BackendPath(dir, "nft")
 	if err != nil {
 		t.Fatal(err)
@@ -99,66 +60,16 @@ func TestKubeProxyStillRunning(t *testing.T) {
 	}
 	start := func(name string, args ...string) *proxies.Process {
 		t.Helper()
-		logPath := filepath.Join(dir, name+".log")
-		f, err := os.Create(logPath)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			f.Close()
-			if t.Failed() {
-				out, _ := os.ReadFile(logPath)
-				t.Logf("%s log (tail):\n%s", name, tail(string(out), 60))
-			}
-		})
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.Stdout, cmd.Stderr = f, f
-		cmd.Env = proxies.Env(path)
-		var p *proxies.Process
-		if err := node.Do(func() (err error) { p, err = proxies.Start(name, cmd, logPath); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Stop)
-		return p
+		return startProxy(t, node, name, filepath.Join(dir, name+".log"), path, args...)
 	}
 
 	kp := start("kube-proxy", append([]string{kubeProxy}, proxies.KubeProxyArgs(kpNode, settings)...)...)
-	waitFor(t, 3*time.Minute, "kube-proxy synced", func() error {
-		if err := kp.Exited(); err != nil {
-			t.Fatal(err)
-		}
-		body, err := nodeGET(node, kpNode.MetricsAddr, "/metrics")
-		if err == nil && !kubeProxySyncedV4(body) {
-			err = fmt.Errorf("not synced")
-		}
-		return err
-	})
+	waitKubeProxySynced(t, node, kp, kpNode.MetricsAddr, "kube-proxy synced")
 
 	// A stream of new connections from a pod on the node, for the whole
 	// test (bounded in count and time).
-	var okN, failN atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		deadline := time.Now().Add(5 * time.Minute)
-		for i := 0; i < 60000 && time.Now().Before(deadline); i++ {
-			select {
-			case <-stop:
-				return
-			case <-time.After(5 * time.Millisecond):
-			}
-			if _, err := a.TCP(netip.AddrPortFrom(vip, 80), 2*time.Second); err != nil {
-				failN.Add(1)
-				firstErr.CompareAndSwap(nil, err.Error())
-			} else {
-				okN.Add(1)
-			}
-		}
-	}()
-	defer func() { close(stop); wg.Wait() }()
+	stream := startStream(a.NS, netip.AddrPortFrom(vip, 80), 5*time.Millisecond, 60000, 5*time.Minute)
+	defer stream.stop()
 
 	ep := start("edgeproxy", bin, "run", "--config", cfg)
 	status := func() (*epagent.KubeProxyStatus, error) {
@@ -211,8 +122,8 @@ func TestKubeProxyStillRunning(t *testing.T) {
 		t.Errorf("%d warnings that kube-proxy wrote its rules again, want 1", n)
 	}
 	repairs := strings.Count(string(logText), "repairing with a full sync")
-	if f := failN.Load(); f != 0 {
-		t.Errorf("%d of %d connections failed while both proxies ran: %v", f, f+okN.Load(), firstErr.Load())
+	if f := stream.failed.Load(); f != 0 {
+		t.Errorf("%d of %d connections failed while both proxies ran: %v", f, f+stream.ok.Load(), stream.firstErr.Load())
 	}
-	t.Logf("%d connections while both proxies ran, %d failed; edgeproxy tamper repairs meanwhile: %d", okN.Load()+failN.Load(), failN.Load(), repairs)
+	t.Logf("%d connections while both proxies ran, %d failed; edgeproxy tamper repairs meanwhile: %d", stream.ok.Load()+stream.failed.Load(), stream.failed.Load(), repairs)
 }

@@ -4,8 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
-	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -19,10 +17,7 @@ import (
 func killRestartUnderStream(t *testing.T, node *netns.Node, client *netns.NS, dst netip.AddrPort, ag *agent, bin, cfg, logPath string) {
 	t.Helper()
 	underStream(t, client, dst, "SIGKILL and restart", func() {
-		if err := ag.cmd.Process.Signal(syscall.SIGKILL); err != nil {
-			t.Fatal(err)
-		}
-		_ = ag.cmd.Wait()
+		ag.kill(t)
 		startAgent(t, node, bin, cfg, logPath)
 		waitFor(t, 60*time.Second, "restarted agent healthy (healthz 200)", func() error { return healthz(node) })
 	})
@@ -33,45 +28,21 @@ func killRestartUnderStream(t *testing.T, node *netns.Node, client *netns.NS, ds
 // any connection failed. It returns how many succeeded.
 func underStream(t *testing.T, client *netns.NS, dst netip.AddrPort, what string, disrupt func()) int64 {
 	t.Helper()
-	var okN, failN atomic.Int64
-	var firstErr atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		deadline := time.Now().Add(3 * time.Minute)
-		for i := 0; i < 100000 && time.Now().Before(deadline); i++ {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			if _, err := client.TCP(dst, 2*time.Second); err != nil {
-				failN.Add(1)
-				firstErr.CompareAndSwap(nil, err)
-			} else {
-				okN.Add(1)
-			}
-		}
-	}()
-	defer func() { // also when disrupt fails t
-		close(stop)
-		wg.Wait()
-	}()
-	for okN.Load() < 20 && failN.Load() == 0 {
+	s := startStream(client, dst, 0, 100000, 3*time.Minute)
+	defer s.stop() // also when disrupt fails t
+	for s.ok.Load() < 20 && s.failed.Load() == 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
 	disrupt()
-	mid := okN.Load()
-	for okN.Load() < mid+50 && failN.Load() == 0 {
+	mid := s.ok.Load()
+	for s.ok.Load() < mid+50 && s.failed.Load() == 0 {
 		time.Sleep(20 * time.Millisecond)
 	}
-	if failN.Load() != 0 {
-		t.Fatalf("%d of %d connections failed across %s: %v", failN.Load(), okN.Load()+failN.Load(), what, firstErr.Load())
+	if s.failed.Load() != 0 {
+		t.Fatalf("%d of %d connections failed across %s: %v", s.failed.Load(), s.ok.Load()+s.failed.Load(), what, s.firstErr.Load())
 	}
-	t.Logf("%d connections across %s, none failed", okN.Load(), what)
-	return okN.Load()
+	t.Logf("%d connections across %s, none failed", s.ok.Load(), what)
+	return s.ok.Load()
 }
 
 // waitRefused waits until dst refuses connections from client.

@@ -6,10 +6,8 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"net/http"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"regexp"
 	"strings"
@@ -20,7 +18,6 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
@@ -51,10 +48,7 @@ import (
 func TestSwitchKubeProxy(t *testing.T) {
 	gate.Root(t)
 	bin := agentBinary(t)
-	kubeProxy, err := cluster.BinPath("kube-proxy")
-	if err != nil {
-		gate.Skip(t, fmt.Sprintf("needs the kube-proxy binary (make cluster-bins): %v", err))
-	}
+	kubeProxy := kubeProxyBinary(t)
 	for _, backend := range []string{"nft", "legacy"} {
 		t.Run(backend, func(t *testing.T) {
 			gate.Binaries(t, "iptables-"+backend, "iptables-"+backend+"-restore", "iptables-nft-save", "iptables-legacy-save", "nft")
@@ -87,60 +81,28 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 			t.Fatal(err)
 		}
 	}
-	hostIP, _ := node.LinkHost()
-	c := cluster.New(t, cluster.Options{BindAddress: hostIP.String()})
-	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
-	defer cancel()
-	const ns = "switch"
-	for _, err := range []error{c.CreateNamespace(ctx, ns), c.EnsureDefaultServiceAccount(ctx, ns)} {
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
-	if _, err := c.CreateNode(ctx, nodeName, "zone-a", node.LinkIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	ports := []corev1.ContainerPort{{Name: "tcp", ContainerPort: podPort, Protocol: corev1.ProtocolTCP},
-		{Name: "udp", ContainerPort: podPort, Protocol: corev1.ProtocolUDP}, {Name: "held", ContainerPort: heldPort, Protocol: corev1.ProtocolTCP}}
+	w := newAPIWorld(t, node, "switch", 15*time.Minute)
+	c, ctx, ns := w.c, w.ctx, w.ns
+	ports := append(podPorts(true), corev1.ContainerPort{Name: "held", ContainerPort: heldPort, Protocol: corev1.ProtocolTCP})
 	addPod := func(name string) {
 		t.Helper()
 		labels := map[string]string{"app": "web"}
 		if name != "c" {
 			labels["steady"] = "yes"
 		}
-		if _, err := c.CreateReadyPod(ctx, ns, name, nodeName, pods[name].IP.String(), labels, ports); err != nil {
-			t.Fatal(err)
-		}
+		w.readyPod(t, name, pods[name], labels, ports)
 	}
 	for _, name := range []string{"a", "b", "c"} {
 		addPod(name)
 	}
 	webVIP, steadyVIP := netip.MustParseAddr("10.96.100.10"), netip.MustParseAddr("10.96.100.11")
-	for _, s := range []struct {
-		name     string
-		vip      netip.Addr
-		selector map[string]string
-		ports    []corev1.ServicePort
-	}{
-		{"web", webVIP, map[string]string{"app": "web"}, []corev1.ServicePort{
-			{Name: "tcp", Protocol: corev1.ProtocolTCP, Port: 80, TargetPort: intstr.FromInt32(podPort)},
-			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
-		{"steady", steadyVIP, map[string]string{"steady": "yes"}, []corev1.ServicePort{
-			{Name: "held", Protocol: corev1.ProtocolTCP, Port: heldPort, TargetPort: intstr.FromInt32(heldPort)},
-			{Name: "udp", Protocol: corev1.ProtocolUDP, Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
-	} {
-		svc := &corev1.Service{ObjectMeta: metav1.ObjectMeta{Name: s.name, Namespace: ns},
-			Spec: corev1.ServiceSpec{ClusterIP: s.vip.String(), Selector: s.selector, Ports: s.ports}}
-		if _, err := c.Client().CoreV1().Services(ns).Create(ctx, svc, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
+	w.createService(t, clusterIPService("web", webVIP, map[string]string{"app": "web"},
+		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
+	w.createService(t, clusterIPService("steady", steadyVIP, map[string]string{"steady": "yes"},
+		servicePort("held", corev1.ProtocolTCP, heldPort, heldPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
 
 	dir := t.TempDir()
-	kubeconfig := filepath.Join(dir, "kubeconfig")
-	if err := c.WriteKubeconfig(kubeconfig, fmt.Sprintf("https://%s:%d", hostIP, c.Port())); err != nil {
-		t.Fatal(err)
-	}
+	kubeconfig := w.kubeconfig(t, dir)
 	path, err := proxies.BackendPath(dir, backend)
 	if err != nil {
 		t.Fatal(err)
@@ -173,52 +135,26 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 			args = []string{bin, "run", "--config", cfg}
 		}
 		runs++
-		logPath := filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, kind))
-		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			f.Close()
-			if t.Failed() {
-				out, _ := os.ReadFile(logPath)
-				t.Logf("%s log (tail):\n%s", kind, tail(string(out), 60))
-			}
-		})
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.Stdout, cmd.Stderr = f, f
-		cmd.Env = proxies.Env(path)
-		var p *proxies.Process
-		if err := node.Do(func() (err error) { p, err = proxies.Start(string(kind), cmd, logPath); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Stop)
-		return p
+		return startProxy(t, node, string(kind), filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, kind)), path, args...)
 	}
 	// synced waits until the proxy has finished a sync: kube-proxy's
 	// last-sync metric is set, edgeproxy's status reports its takeover.
 	synced := func(kind proxies.Kind, p *proxies.Process) {
 		t.Helper()
+		if kind != proxies.EdgeProxy {
+			waitKubeProxySynced(t, node, p, pn.MetricsAddr, string(kind)+" synced")
+			return
+		}
 		waitFor(t, 3*time.Minute, string(kind)+" synced", func() error {
 			if err := p.Exited(); err != nil {
 				t.Fatal(err)
 			}
-			if kind == proxies.EdgeProxy {
-				body, err := nodeGET(node, "127.0.0.1:10249", "/debug/status")
-				if err != nil {
-					return err
-				}
-				if !strings.Contains(body, `"kubeProxy"`) {
-					return fmt.Errorf("no takeover in the status yet")
-				}
-				return nil
-			}
-			body, err := nodeGET(node, "127.0.0.1:10249", "/metrics")
+			body, err := nodeGET(node, pn.MetricsAddr, "/debug/status")
 			if err != nil {
 				return err
 			}
-			if !kubeProxySyncedV4(body) {
-				return fmt.Errorf("no finished IPv4 sync and conntrack sweep in kube-proxy's metrics")
+			if !strings.Contains(body, `"kubeProxy"`) {
+				return fmt.Errorf("no takeover in the status yet")
 			}
 			return nil
 		})
@@ -651,32 +587,6 @@ func assertNoEdgeProxyObjects(t *testing.T, node *netns.Node) {
 			t.Errorf("%s: edgeproxy rules left after `edgeproxy cleanup`:\n%s", save, out)
 		}
 	}
-}
-
-// nodeGET fetches path from addr inside the node namespace.
-func nodeGET(node *netns.Node, addr, path string) (string, error) {
-	var conn net.Conn
-	if err := node.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, time.Second); return err }); err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
-		return "", err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s", path, resp.Status)
-	}
-	return string(body), nil
 }
 
 // kubeProxySyncedV4 reports whether kube-proxy's metrics show a finished

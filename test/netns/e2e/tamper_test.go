@@ -4,12 +4,10 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"path/filepath"
 	"strings"
 	"testing"
 	"time"
 
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 )
 
@@ -17,31 +15,14 @@ import (
 // puts them back within seconds, and a foreign rule in a chain of someone
 // else's stays untouched.
 func TestIPTablesAgentRepairsFlush(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore")
-	bin := agentBinary(t)
+	bin := rootAgent(t, "iptables", "iptables-restore")
 
 	node := netns.NewNode(t, "tamper")
 	a, b := node.AddPod("a"), node.AddPod("b")
-	if err := a.Serve(podPort); err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	manifests := filepath.Join(dir, "manifests")
-	if err := os.Mkdir(manifests, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	writeFile(t, filepath.Join(manifests, "node.yaml"), nodeManifest)
-	writeFile(t, filepath.Join(manifests, "web.yaml"), webManifest(a.IP, nodeName))
-	cfg := filepath.Join(dir, "config.yaml")
-	writeFile(t, cfg, fmt.Sprintf(`nodeName: %s
-manifests: %s
-mode: iptables
-clusterCIDR: 10.244.0.0/16
-stateDir: %s
-server: {healthz: "", metrics: ""}
-sync: {minPeriod: 200ms, period: 1h}
-`, nodeName, manifests, filepath.Join(dir, "state")))
+	serve(t, a)
+	m := newManifestsAgent(t)
+	m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	m.writeConfig(t, "clusterCIDR: 10.244.0.0/16\nserver: {healthz: \"\", metrics: \"\"}\nsync: {minPeriod: 200ms, period: 1h}\n")
 	// A rule of someone else's, in a chain of someone else's.
 	if out, err := node.Run("iptables", "-t", "filter", "-N", "FOREIGN"); err != nil {
 		t.Fatalf("%v: %s", err, out)
@@ -49,8 +30,7 @@ sync: {minPeriod: 200ms, period: 1h}
 	if out, err := node.Run("iptables", "-t", "filter", "-A", "FOREIGN", "-s", "203.0.113.7/32", "-j", "DROP"); err != nil {
 		t.Fatalf("%v: %s", err, out)
 	}
-	logPath := filepath.Join(dir, "agent.log")
-	startAgent(t, node, bin, cfg, logPath)
+	m.start(t, node, bin)
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
 	answered := func() error {
@@ -70,7 +50,7 @@ sync: {minPeriod: 200ms, period: 1h}
 		t.Log("answered right after the flush (the repair was quicker than the probe)")
 	}
 	waitFor(t, 30*time.Second, "ClusterIP answered again after the flush", answered)
-	log, _ := os.ReadFile(logPath)
+	log, _ := os.ReadFile(m.log)
 	if !strings.Contains(string(log), "repairing with a full sync") {
 		t.Errorf("the repair was not logged:\n%s", log)
 	}
