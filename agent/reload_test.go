@@ -96,6 +96,11 @@ func TestModuleReadNeverHoldsSyncs(t *testing.T) {
 		t.Fatal(err)
 	}
 	logs := &logbuf.Buffer{}
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("agent log:\n%s", logs)
+		}
+	})
 	a, reg := startFromFile(t, path, logs)
 
 	planned := func(port uint16) func() bool {
