@@ -1,18 +1,13 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +16,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/switchload"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
@@ -68,7 +64,7 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 		if err := p.Serve(podPort); err != nil {
 			t.Fatal(err)
 		}
-		if err := serveHeld(t, p, heldPort); err != nil {
+		if err := switchload.ServeHeld(t, p, heldPort); err != nil {
 			t.Fatal(err)
 		}
 		pods[name] = p
@@ -177,16 +173,16 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 	synced(curKind, cur)
 	reaches("c")
 	var report []string
-	srcPorts := newSourcePorts()
+	srcPorts := switchload.NewSourcePorts(podPort, heldPort)
 	for _, next := range []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxyNFTables, proxies.EdgeProxy, proxies.KubeProxy} {
 		what := fmt.Sprintf("%s → %s", curKind, next)
-		sw := startSwitchLoad(t, client, srcPorts, webVIP, steadyVIP)
-		sw.waitNew(20)
+		sw := switchload.Start(t, client, srcPorts, webVIP, steadyVIP, heldPort)
+		sw.WaitNew(20)
 		cur.Stop()
 		// No proxy runs: c leaves the Service; the old rules still send
 		// to it.
 		deletePod(ctx, t, c, ns, "c")
-		sw.deleted.Store(true)
+		sw.Deleted()
 		if next != proxies.EdgeProxy {
 			// The way back: edgeproxy's rules go, then kube-proxy
 			// starts. (Cleaning up after kube-proxy's first sync has no
@@ -211,13 +207,13 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 				}
 			}
 		}
-		sw.switched()
-		sw.waitNew(100)
-		sw.waitExchanges(5 * (heldFlows + udpFlows))
-		res := sw.stop()
+		sw.Switched()
+		sw.WaitNew(100)
+		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
+		res := sw.Stop()
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
 		t.Logf("%s: %s", what, res)
-		if res.failedAfter != 0 || res.goneAfter != 0 || res.heldBroken != 0 || res.udpBroken != 0 || res.newAfter < 100 {
+		if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
 			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
 		}
 		cur, curKind = p, next
@@ -258,297 +254,6 @@ func deletePod(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name s
 		}
 		return nil
 	})
-}
-
-// serveHeld serves port on pod p with connections that stay open: each
-// line read is answered "<pod name>\n".
-func serveHeld(t *testing.T, p *netns.Pod, port uint16) error {
-	var l net.Listener
-	if err := p.Do(func() (err error) { l, err = net.Listen("tcp4", fmt.Sprintf(":%d", port)); return err }); err != nil {
-		return err
-	}
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var conns []net.Conn
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		for _, c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			c, err := l.Accept()
-			if err != nil {
-				return
-			}
-			mu.Lock()
-			conns = append(conns, c)
-			mu.Unlock()
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				r := bufio.NewReader(c)
-				for {
-					if _, err := r.ReadString('\n'); err != nil {
-						return
-					}
-					if _, err := fmt.Fprintf(c, "%s\n", p.PodName); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return nil
-}
-
-// switchLoad is the traffic across one switch: a stream of new
-// connections to web (TCP and UDP, alternating, each from a new source
-// port) and established flows to steady (held TCP connections, UDP
-// flows from fixed source ports), each exchanging every 100 ms.
-type switchLoad struct {
-	t              *testing.T
-	stopc          chan struct{}
-	wg             sync.WaitGroup
-	done           atomic.Bool // the switch is complete
-	deleted        atomic.Bool // c was deleted
-	goneGap        atomic.Int64
-	newOK, newFail atomic.Int64
-	failedAfter    atomic.Int64
-	newAfter       atomic.Int64
-	goneAfter      atomic.Int64
-	heldBroken     atomic.Int64
-	udpBroken      atomic.Int64
-	exchanges      atomic.Int64
-	firstErr       atomic.Value
-}
-
-type switchResult struct {
-	newTotal, failedBefore, newAfter, failedAfter, goneAfter int64
-	goneGap                                                  int64
-	held, heldBroken, udp, udpBroken                         int
-	exchanges                                                int64
-	firstErr                                                 any
-}
-
-func (r switchResult) String() string {
-	return fmt.Sprintf("%d new connections (before the switch completed: %d failed, %d to the deleted endpoint by the old rules; after it: %d, %d failed, %d to the deleted endpoint); established: %d TCP (%d broken), %d UDP (%d broken), %d exchanges; first error: %v",
-		r.newTotal, r.failedBefore, r.goneGap, r.newAfter, r.failedAfter, r.goneAfter, r.held, r.heldBroken, r.udp, r.udpBroken, r.exchanges, r.firstErr)
-}
-
-const heldFlows, udpFlows = 4, 4
-
-func startSwitchLoad(t *testing.T, client *netns.NS, ports *sourcePorts, web, steady netip.Addr) *switchLoad {
-	t.Helper()
-	s := &switchLoad{t: t, stopc: make(chan struct{})}
-	deadline := time.Now().Add(5 * time.Minute)
-	// Established TCP flows.
-	for i := range heldFlows {
-		var c net.Conn
-		if err := client.Do(func() (err error) {
-			c, err = net.DialTimeout("tcp", netip.AddrPortFrom(steady, heldPort).String(), 2*time.Second)
-			return err
-		}); err != nil {
-			t.Fatalf("held flow %d: %v", i, err)
-		}
-		s.flow(c, deadline, &s.heldBroken, fmt.Sprintf("held TCP flow %d", i))
-	}
-	// Established UDP flows: fixed source ports.
-	for i := range udpFlows {
-		var c net.Conn
-		if err := client.Do(func() (err error) {
-			c, err = net.DialUDP("udp4", &net.UDPAddr{Port: 40100 + i}, net.UDPAddrFromAddrPort(netip.AddrPortFrom(steady, 80)))
-			return err
-		}); err != nil {
-			t.Fatalf("UDP flow %d: %v", i, err)
-		}
-		s.flow(c, deadline, &s.udpBroken, fmt.Sprintf("UDP flow %d", i))
-	}
-	// The stream of new connections.
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		for i := 0; i < 20000 && time.Now().Before(deadline); i++ {
-			select {
-			case <-s.stopc:
-				return
-			default:
-			}
-			// Read before the connection starts: one under way when
-			// the switch completes is not "after".
-			after := s.done.Load()
-			var r netns.Reply
-			var err error
-			proto := "tcp"
-			if i%2 == 0 {
-				port := ports.take()
-				r, err = client.TCPFrom(netip.AddrPortFrom(web, 80), port, 2*time.Second)
-				if err != nil {
-					ports.spoil(port)
-				}
-			} else {
-				proto = "udp"
-				r, err = client.UDP(netip.AddrPortFrom(web, 80), 0, 2*time.Second)
-			}
-			if after {
-				s.newAfter.Add(1)
-			}
-			switch {
-			case err != nil:
-				s.newFail.Add(1)
-				if after {
-					s.failedAfter.Add(1)
-					s.firstErr.CompareAndSwap(nil, fmt.Sprintf("%s at %s: %v", proto, time.Now().Format("15:04:05.000"), err))
-				}
-			default:
-				s.newOK.Add(1)
-				switch {
-				case r.Name != "c":
-				case after:
-					s.goneAfter.Add(1)
-					s.firstErr.CompareAndSwap(nil, fmt.Sprintf("%s from %s to the deleted endpoint at %s", proto, r.Client, time.Now().Format("15:04:05.000")))
-				case s.deleted.Load():
-					s.goneGap.Add(1)
-				}
-			}
-		}
-	}()
-	return s
-}
-
-// sourcePorts hands out the stream's TCP source ports, below the kernel's
-// ephemeral range (the established flows' ports), in turn, and never
-// again one whose connection failed. A SYN sent while no proxy's rules
-// are in place (the way back, between `edgeproxy cleanup` and kube-proxy's
-// first sync) leaves an unreplied conntrack entry with no DNAT in the
-// node, and a later SYN of the same four-tuple follows that entry, not the
-// new rules, for as long as SYN_SENT's timeout (120 s, renewed by each
-// resend): with either proxy. The kernel's own choice of port comes back
-// to the same one within a few thousand connections (RFC 6056's random
-// increments), so a failure before one switch failed a connection after
-// the next one.
-type sourcePorts struct {
-	mu     sync.Mutex
-	next   uint16
-	spoilt map[uint16]bool
-}
-
-const firstSourcePort, lastSourcePort = 10000, 32767
-
-func newSourcePorts() *sourcePorts {
-	return &sourcePorts{next: firstSourcePort, spoilt: map[uint16]bool{}}
-}
-
-func (p *sourcePorts) take() uint16 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	for range lastSourcePort - firstSourcePort + 1 {
-		port := p.next
-		if p.next++; p.next > lastSourcePort {
-			p.next = firstSourcePort
-		}
-		if !p.spoilt[port] && port != podPort && port != heldPort {
-			return port
-		}
-	}
-	return 0 // every port failed once: the kernel's choice
-}
-
-func (p *sourcePorts) spoil(port uint16) {
-	p.mu.Lock()
-	p.spoilt[port] = true
-	p.mu.Unlock()
-}
-
-// flow exchanges a line on c every 100 ms until stopped; an exchange that
-// fails, or that another pod answers than the first, breaks the flow
-// (counted once in broken; the flow ends).
-func (s *switchLoad) flow(c net.Conn, deadline time.Time, broken *atomic.Int64, what string) {
-	s.wg.Add(1)
-	go func() {
-		defer s.wg.Done()
-		defer c.Close()
-		r := bufio.NewReader(c)
-		first := ""
-		for time.Now().Before(deadline) {
-			select {
-			case <-s.stopc:
-				return
-			case <-time.After(100 * time.Millisecond):
-			}
-			_ = c.SetDeadline(time.Now().Add(3 * time.Second))
-			if _, err := io.WriteString(c, "x\n"); err != nil {
-				s.broke(broken, fmt.Errorf("%s: write: %w", what, err))
-				return
-			}
-			line, err := r.ReadString('\n')
-			if err != nil {
-				s.broke(broken, fmt.Errorf("%s: read: %w", what, err))
-				return
-			}
-			name, _, _ := strings.Cut(strings.TrimSpace(line), " ")
-			if first == "" {
-				first = name
-			} else if name != first {
-				s.broke(broken, fmt.Errorf("%s: moved from %s to %s", what, first, name))
-				return
-			}
-			s.exchanges.Add(1)
-		}
-	}()
-}
-
-func (s *switchLoad) broke(n *atomic.Int64, err error) {
-	n.Add(1)
-	s.firstErr.CompareAndSwap(nil, err.Error())
-}
-
-// waitNew waits (bounded) until n more new connections have been made.
-func (s *switchLoad) waitNew(n int64) {
-	s.t.Helper()
-	from := s.newOK.Load() + s.newFail.Load()
-	deadline := time.Now().Add(2 * time.Minute)
-	for s.newOK.Load()+s.newFail.Load() < from+n {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("%d new connections not made within 2m", n)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// waitExchanges waits (bounded) until the established flows have made n
-// more exchanges, so that each one crosses the switch.
-func (s *switchLoad) waitExchanges(n int64) {
-	s.t.Helper()
-	from := s.exchanges.Load()
-	deadline := time.Now().Add(time.Minute)
-	for s.exchanges.Load() < from+n {
-		if time.Now().After(deadline) {
-			s.t.Fatalf("%d exchanges on the established flows not made within 1m (%d)", n, s.exchanges.Load()-from)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// switched marks the switch complete: what follows is "after".
-func (s *switchLoad) switched() { s.done.Store(true) }
-
-func (s *switchLoad) stop() switchResult {
-	close(s.stopc)
-	s.wg.Wait()
-	r := switchResult{
-		newTotal: s.newOK.Load() + s.newFail.Load(), failedAfter: s.failedAfter.Load(), newAfter: s.newAfter.Load(),
-		goneAfter: s.goneAfter.Load(), goneGap: s.goneGap.Load(), held: heldFlows, heldBroken: int(s.heldBroken.Load()),
-		udp: udpFlows, udpBroken: int(s.udpBroken.Load()), exchanges: s.exchanges.Load(), firstErr: s.firstErr.Load(),
-	}
-	r.failedBefore = s.newFail.Load() - r.failedAfter
-	return r
 }
 
 // assertNoKubeProxyObjects fails t if kube-proxy's chains or tables are

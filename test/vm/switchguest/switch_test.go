@@ -28,6 +28,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/switchload"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
@@ -86,7 +87,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		if err := p.Serve(PodPort); err != nil {
 			t.Fatal(err)
 		}
-		if err := serveHeld(t, p, HeldPort); err != nil {
+		if err := switchload.ServeHeld(t, p, HeldPort); err != nil {
 			t.Fatal(err)
 		}
 		pods[name] = p
@@ -235,16 +236,16 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	reaches(ExternalIP, "a")
 	t.Logf("kube-proxy ipvs synced: %s", kernelSummary(t, node))
 	var report []string
-	srcPorts := newSourcePorts()
+	srcPorts := switchload.NewSourcePorts(PodPort, HeldPort)
 	order := []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxy}
 	for i, next := range order {
 		what := fmt.Sprintf("%s ipvs → %s ipvs", curKind, next)
 		began := time.Now()
-		sw := startSwitchLoad(t, client, srcPorts, WebVIP, SteadyVIP)
-		sw.waitNew(20)
+		sw := switchload.Start(t, client, srcPorts, WebVIP, SteadyVIP, HeldPort)
+		sw.WaitNew(20)
 		cur.Stop()
 		host("delete", "c")
-		sw.deleted.Store(true)
+		sw.Deleted()
 		started := time.Now()
 		p := startProxy(next)
 		synced(next, p)
@@ -254,7 +255,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			// The way back: kube-proxy has synced (it adopted the
 			// virtual servers of the keys it programs), then
 			// `edgeproxy cleanup` removes the rest, under the stream.
-			sw.switched()
+			sw.Switched()
 			cleanup := time.Now()
 			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), setup.EdgeProxy, "cleanup", "--config", cfg)
 			if err != nil {
@@ -282,14 +283,14 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 				t.Errorf("%s: the externalIP kube-proxy served still answers (%s)", what, r.Name)
 			}
 		}
-		sw.switched() // again on the way back: a no-op
-		sw.waitNew(100)
-		sw.waitExchanges(5 * (heldFlows + udpFlows))
-		res := sw.stop()
+		sw.Switched() // again on the way back: a no-op
+		sw.WaitNew(100)
+		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
+		res := sw.Stop()
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
 		t.Logf("%s: %s", what, res)
 		t.Logf("%s: %s; %s in all; kernel after: %s", what, phases, time.Since(began).Round(100*time.Millisecond), kernelSummary(t, node))
-		if res.failedAfter != 0 || res.goneAfter != 0 || res.heldBroken != 0 || res.udpBroken != 0 || res.newAfter < 100 {
+		if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
 			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
 		}
 		cur, curKind = p, next
