@@ -105,13 +105,17 @@ func kubeProxyArgs(mode string, n Node, s Settings) []string {
 		"--proxy-mode=" + mode,
 		"--kubeconfig=" + n.Kubeconfig,
 		"--hostname-override=" + n.Name,
-		"--cluster-cidr=" + s.ClusterCIDR,
 		"--conntrack-max-per-core=0",
 		"--" + syncFlags + "-min-sync-period=" + s.MinSync.String(),
 		"--" + syncFlags + "-sync-period=" + s.Sync.String(),
 		"--metrics-bind-address=" + n.MetricsAddr,
 		"--healthz-bind-address=" + n.HealthzAddr,
 		"--v=2",
+	}
+	// An empty --cluster-cidr fails kube-proxy's validation: no
+	// clusterCIDR is the flag left out.
+	if s.ClusterCIDR != "" {
+		args = append(args, "--cluster-cidr="+s.ClusterCIDR)
 	}
 	if len(s.NodePortAddresses) > 0 {
 		args = append(args, "--nodeport-addresses="+strings.Join(s.NodePortAddresses, ","))

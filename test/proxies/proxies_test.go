@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -94,6 +95,10 @@ func TestDetectLocalSettings(t *testing.T) {
 			if !slices.Contains(args, w) {
 				t.Errorf("kube-proxy args %v lack %s", args, w)
 			}
+		}
+		// kube-proxy refuses an empty --cluster-cidr.
+		if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--cluster-cidr=") }) != (s.ClusterCIDR != "") {
+			t.Errorf("kube-proxy args %v: --cluster-cidr for %q", args, s.ClusterCIDR)
 		}
 		if slices.Contains(args, "--masquerade-all=true") != s.MasqueradeAll {
 			t.Errorf("kube-proxy args %v: --masquerade-all, want %v", args, s.MasqueradeAll)

@@ -3,10 +3,17 @@ package e2e_test
 import (
 	"fmt"
 	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 // detectLocalWorld is this node's Node with its pod range and a
@@ -82,4 +89,170 @@ func TestIPTablesDetectLocalModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDetectLocalAgainstKubeProxy: for each local-traffic detection
+// setting — kube-proxy's four --detect-local-mode values,
+// --masquerade-all, and no --cluster-cidr — kube-proxy in iptables mode
+// and then edgeproxy run in one node world, one after the other (the
+// node's rules and conntrack table emptied between), and the same
+// probes go to a ClusterIP and a NodePort from a pod in this node's
+// range, a pod on the bridge in another node's range, a pod in no range,
+// the outside client and the node itself. A probe's outcome is the
+// source address the endpoint saw (kept or masqueraded), or no answer;
+// edgeproxy's must be kube-proxy's for every probe. kube-proxy's column
+// is anchored on what its settings mean, so that a world in which
+// detection never mattered fails instead of matching itself.
+func TestDetectLocalAgainstKubeProxy(t *testing.T) {
+	bin := rootAgent(t, "iptables-nft", "iptables-nft-restore", "iptables-nft-save", "iptables-legacy", "nft")
+	kubeProxy := kubeProxyBinary(t)
+
+	node := netns.NewNode(t, "node")
+	a, b := node.AddPod("a"), node.AddPod("b")
+	other := node.AddPodAddrs("other", netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00:244:1::9"))
+	stray := node.AddPodAddrs("stray", netip.MustParseAddr("172.16.0.9"), netip.MustParseAddr("fd00:16::9"))
+	client := node.AddClient("client")
+	serve(t, b)
+	w := newAPIWorld(t, node, "detect", 10*time.Minute)
+	// This node's pod range, for NodeCIDR (kube-proxy waits for it).
+	n, err := w.c.Client().CoreV1().Nodes().Get(w.ctx, nodeName, metav1.GetOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	n.Spec.PodCIDR, n.Spec.PodCIDRs = "10.244.0.0/24", []string{"10.244.0.0/24"}
+	if _, err := w.c.Client().CoreV1().Nodes().Update(w.ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	w.readyPod(t, "b", b, map[string]string{"app": "web"}, podPorts(true))
+	vip := netip.MustParseAddr("10.96.100.10")
+	svc := clusterIPService("web", vip, map[string]string{"app": "web"},
+		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort))
+	svc.Spec.Type = corev1.ServiceTypeNodePort
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = 30080
+	}
+	w.createService(t, svc)
+
+	dir := t.TempDir()
+	kubeconfig := w.kubeconfig(t, dir)
+	path, err := proxies.BackendPath(dir, "nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn := proxies.Node{Name: nodeName, Kubeconfig: kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
+	logOnFailure(t, node, "iptables-nft-save", "-t", "nat")
+
+	clusterIP, nodePort := netip.AddrPortFrom(vip, 80), netip.AddrPortFrom(node.LinkIP, 30080)
+	masq := node.Gateway // what b sees of a masqueraded connection: the bridge's address
+	froms := []struct {
+		name string
+		ns   *netns.NS
+		src  netip.Addr // its address, as b sees it when not masqueraded
+	}{
+		{"node-range pod", a.NS, a.IP},
+		{"other-range pod", other.NS, other.IP},
+		{"stray pod", stray.NS, stray.IP},
+		{"outside client", client, netip.MustParseAddr("192.168.77.2")},
+		{"node", node.NS, node.LinkIP},
+	}
+	// Between two proxies, proxies.Reset empties the node's tables of
+	// both iptables backends, nftables and conntrack: more than
+	// kube-proxy --cleanup or edgeproxy cleanup remove.
+
+	// probe is the outcome of each probe, in froms order, ClusterIP then
+	// NodePort: the address b saw, "no answer", or "answered by" another.
+	probe := func() []string {
+		var out []string
+		for _, dst := range []netip.AddrPort{clusterIP, nodePort} {
+			for _, f := range froms {
+				r, err := f.ns.TCP(dst, 2*time.Second)
+				switch {
+				case err != nil:
+					out = append(out, "no answer")
+				case r.Name != "b":
+					out = append(out, "answered by "+r.Name)
+				default:
+					out = append(out, r.Client.Addr().String())
+				}
+			}
+		}
+		return out
+	}
+
+	cidr := "10.244.0.0/16"
+	var table []string
+	for _, c := range []struct {
+		name string
+		s    proxies.Settings
+		// masqClusterIP is kube-proxy's anchor: which sources (froms
+		// order) it masquerades to the ClusterIP. Every NodePort probe
+		// is masqueraded (externalTrafficPolicy Cluster).
+		masqClusterIP [5]bool
+	}{
+		{"ClusterCIDR", proxies.Settings{DetectLocalMode: "ClusterCIDR", ClusterCIDR: cidr}, [5]bool{false, false, true, true, true}},
+		{"NodeCIDR", proxies.Settings{DetectLocalMode: "NodeCIDR", ClusterCIDR: cidr}, [5]bool{false, true, true, true, true}},
+		{"BridgeInterface", proxies.Settings{DetectLocalMode: "BridgeInterface", PodBridgeInterface: "br0", ClusterCIDR: cidr}, [5]bool{false, false, false, true, true}},
+		{"InterfaceNamePrefix", proxies.Settings{DetectLocalMode: "InterfaceNamePrefix", PodInterfaceNamePrefix: "br", ClusterCIDR: cidr}, [5]bool{false, false, false, true, true}},
+		{"masqueradeAll", proxies.Settings{MasqueradeAll: true, ClusterCIDR: cidr}, [5]bool{true, true, true, true, true}},
+		{"no clusterCIDR", proxies.Settings{}, [5]bool{false, false, false, false, false}},
+	} {
+		s := c.s
+		s.Backend, s.MinSync, s.Sync = "nft", 200*time.Millisecond, 30*time.Second
+		slug := strings.ReplaceAll(c.name, " ", "-")
+		cfg := filepath.Join(dir, "edgeproxy-"+slug+".yaml")
+		writeFile(t, cfg, proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+slug)))
+
+		// kube-proxy first: its outcomes are the reference.
+		kp := startProxy(t, node, "kube-proxy "+c.name, filepath.Join(dir, "kube-proxy-"+slug+".log"), path,
+			append([]string{kubeProxy}, proxies.KubeProxyArgs(pn, s)...)...)
+		waitKubeProxySynced(t, node, kp, pn.MetricsAddr, "kube-proxy "+c.name+" synced")
+		want := probe()
+		kp.Stop()
+		if err := proxies.Reset(node.Run); err != nil {
+			t.Fatal(err)
+		}
+		for i, f := range froms {
+			for j, dst := range []string{"ClusterIP", "NodePort"} {
+				wantMasq := c.masqClusterIP[i] || dst == "NodePort"
+				got := want[j*len(froms)+i]
+				src, err := netip.ParseAddr(got)
+				if err != nil || (src == masq) != wantMasq || (src != masq && src != f.src) {
+					t.Errorf("%s: kube-proxy: %s -> %s: b saw %s, want masqueraded %v (this world does not show the setting)", c.name, f.name, dst, got, wantMasq)
+				}
+			}
+		}
+
+		// Then edgeproxy, until its outcomes are kube-proxy's (its first
+		// sync may come before it has read the Node).
+		ep := startProxy(t, node, "edgeproxy "+c.name, filepath.Join(dir, "edgeproxy-"+slug+".log"), path, bin, "run", "--config", cfg)
+		waitFor(t, 60*time.Second, "edgeproxy "+c.name+": node-range pod -> ClusterIP answered", func() error {
+			if err := ep.Exited(); err != nil {
+				t.Fatal(err)
+			}
+			_, err := a.TCP(clusterIP, time.Second)
+			return err
+		})
+		var got []string
+		same := false
+		for deadline := time.Now().Add(30 * time.Second); !same && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			got = probe()
+			same = slices.Equal(got, want)
+		}
+		ep.Stop()
+		if err := proxies.Reset(node.Run); err != nil {
+			t.Fatal(err)
+		}
+		for j, dst := range []string{"ClusterIP", "NodePort"} {
+			for i, f := range froms {
+				k := j*len(froms) + i
+				mark := "="
+				if got[k] != want[k] {
+					mark = "≠"
+					t.Errorf("%s: %s -> %s: edgeproxy: b saw %s, kube-proxy: %s", c.name, f.name, dst, got[k], want[k])
+				}
+				table = append(table, fmt.Sprintf("%-19s %-9s %-15s kube-proxy %-12s %s edgeproxy %s", c.name, dst, f.name, want[k], mark, got[k]))
+			}
+		}
+	}
+	t.Logf("outcomes (b's address seen; %s is masqueraded):\n%s", masq, strings.Join(table, "\n"))
 }
