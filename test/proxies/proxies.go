@@ -47,6 +47,19 @@ type Settings struct {
 	// ExternalIPs turns on spec.externalIPs in edgeproxy, where they are
 	// opt-in; kube-proxy always programs them.
 	ExternalIPs bool
+	// DetectLocalMode is how traffic from pods is told from other
+	// traffic (kube-proxy --detect-local-mode, edgeproxy
+	// detectLocalMode); empty: each proxy's default, ClusterCIDR.
+	DetectLocalMode string
+	// PodBridgeInterface and PodInterfaceNamePrefix are what the
+	// BridgeInterface and InterfaceNamePrefix modes match (kube-proxy
+	// --pod-bridge-interface and --pod-interface-name-prefix, edgeproxy
+	// detectLocal.bridgeInterface and detectLocal.interfaceNamePrefix).
+	PodBridgeInterface     string
+	PodInterfaceNamePrefix string
+	// MasqueradeAll masquerades all traffic to Service addresses
+	// (kube-proxy --masquerade-all, edgeproxy masqueradeAll).
+	MasqueradeAll bool
 }
 
 // The proxy modes both proxies share.
@@ -92,7 +105,6 @@ func kubeProxyArgs(mode string, n Node, s Settings) []string {
 		"--proxy-mode=" + mode,
 		"--kubeconfig=" + n.Kubeconfig,
 		"--hostname-override=" + n.Name,
-		"--cluster-cidr=" + s.ClusterCIDR,
 		"--conntrack-max-per-core=0",
 		"--" + syncFlags + "-min-sync-period=" + s.MinSync.String(),
 		"--" + syncFlags + "-sync-period=" + s.Sync.String(),
@@ -100,8 +112,25 @@ func kubeProxyArgs(mode string, n Node, s Settings) []string {
 		"--healthz-bind-address=" + n.HealthzAddr,
 		"--v=2",
 	}
+	// An empty --cluster-cidr fails kube-proxy's validation: no
+	// clusterCIDR is the flag left out.
+	if s.ClusterCIDR != "" {
+		args = append(args, "--cluster-cidr="+s.ClusterCIDR)
+	}
 	if len(s.NodePortAddresses) > 0 {
 		args = append(args, "--nodeport-addresses="+strings.Join(s.NodePortAddresses, ","))
+	}
+	if s.DetectLocalMode != "" {
+		args = append(args, "--detect-local-mode="+s.DetectLocalMode)
+	}
+	if s.PodBridgeInterface != "" {
+		args = append(args, "--pod-bridge-interface="+s.PodBridgeInterface)
+	}
+	if s.PodInterfaceNamePrefix != "" {
+		args = append(args, "--pod-interface-name-prefix="+s.PodInterfaceNamePrefix)
+	}
+	if s.MasqueradeAll {
+		args = append(args, "--masquerade-all=true")
 	}
 	return args
 }
@@ -129,6 +158,15 @@ log:
 		for _, a := range s.NodePortAddresses {
 			cfg += fmt.Sprintf("  - %q\n", a)
 		}
+	}
+	if s.DetectLocalMode != "" {
+		cfg += fmt.Sprintf("detectLocalMode: %s\n", s.DetectLocalMode)
+	}
+	if s.PodBridgeInterface != "" || s.PodInterfaceNamePrefix != "" {
+		cfg += fmt.Sprintf("detectLocal:\n  bridgeInterface: %q\n  interfaceNamePrefix: %q\n", s.PodBridgeInterface, s.PodInterfaceNamePrefix)
+	}
+	if s.MasqueradeAll {
+		cfg += "masqueradeAll: true\n"
 	}
 	return cfg
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -67,4 +68,43 @@ func loadConfig(t *testing.T, s Settings) *config.Config {
 		t.Fatal(err)
 	}
 	return cfg
+}
+
+// The local-traffic detection settings reach both proxies, each in its
+// own spelling.
+func TestDetectLocalSettings(t *testing.T) {
+	for _, s := range []Settings{
+		{DetectLocalMode: "BridgeInterface", PodBridgeInterface: "br0", ClusterCIDR: "10.244.0.0/16"},
+		{DetectLocalMode: "InterfaceNamePrefix", PodInterfaceNamePrefix: "veth", MasqueradeAll: true},
+	} {
+		s.MinSync, s.Sync = time.Second, 30*time.Second
+		cfg := loadConfig(t, s)
+		if cfg.DetectLocalMode != s.DetectLocalMode || cfg.DetectLocal.BridgeInterface != s.PodBridgeInterface ||
+			cfg.DetectLocal.InterfaceNamePrefix != s.PodInterfaceNamePrefix || cfg.MasqueradeAll != s.MasqueradeAll {
+			t.Errorf("%+v: edgeproxy loaded %q %+v masqueradeAll %v", s, cfg.DetectLocalMode, cfg.DetectLocal, cfg.MasqueradeAll)
+		}
+		args := KubeProxyArgs(testNode, s)
+		want := []string{"--detect-local-mode=" + s.DetectLocalMode}
+		if s.PodBridgeInterface != "" {
+			want = append(want, "--pod-bridge-interface="+s.PodBridgeInterface)
+		}
+		if s.PodInterfaceNamePrefix != "" {
+			want = append(want, "--pod-interface-name-prefix="+s.PodInterfaceNamePrefix)
+		}
+		for _, w := range want {
+			if !slices.Contains(args, w) {
+				t.Errorf("kube-proxy args %v lack %s", args, w)
+			}
+		}
+		// kube-proxy refuses an empty --cluster-cidr.
+		if slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--cluster-cidr=") }) != (s.ClusterCIDR != "") {
+			t.Errorf("kube-proxy args %v: --cluster-cidr for %q", args, s.ClusterCIDR)
+		}
+		if slices.Contains(args, "--masquerade-all=true") != s.MasqueradeAll {
+			t.Errorf("kube-proxy args %v: --masquerade-all, want %v", args, s.MasqueradeAll)
+		}
+	}
+	if cfg := loadConfig(t, Settings{MinSync: time.Second, Sync: time.Minute}); cfg.DetectLocalMode != "ClusterCIDR" || cfg.MasqueradeAll {
+		t.Errorf("no settings: edgeproxy %q masqueradeAll %v, want kube-proxy's defaults", cfg.DetectLocalMode, cfg.MasqueradeAll)
+	}
 }

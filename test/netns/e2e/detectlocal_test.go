@@ -1,12 +1,21 @@
 package e2e_test
 
 import (
+	"context"
 	"fmt"
 	"net/netip"
+	"path/filepath"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/test/cluster"
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 // detectLocalWorld is this node's Node with its pod range and a
@@ -82,4 +91,213 @@ func TestIPTablesDetectLocalModes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDetectLocalAgainstKubeProxy: for each local-traffic detection
+// setting — kube-proxy's four --detect-local-mode values,
+// --masquerade-all, and no --cluster-cidr — kube-proxy in iptables mode
+// and then edgeproxy run in one dual-stack node world, one after the
+// other (the node's rules and conntrack table emptied between), and the
+// same probes go to a ClusterIP and a NodePort, in both families, from a
+// pod in this node's range, a pod on the bridge in another node's range,
+// a pod in no range, the outside client and the node itself. A probe's outcome is the
+// source address the endpoint saw (kept or masqueraded), or no answer;
+// edgeproxy's must be kube-proxy's for every probe. kube-proxy's column
+// is anchored on what its settings mean, so that a world in which
+// detection never mattered fails instead of matching itself.
+func TestDetectLocalAgainstKubeProxy(t *testing.T) {
+	bin := rootAgent(t, "iptables-nft", "iptables-nft-restore", "iptables-nft-save", "iptables-legacy", "nft")
+	kubeProxy := kubeProxyBinary(t)
+
+	node := netns.NewNode(t, "node")
+	a, b := node.AddPod("a"), node.AddPod("b")
+	other := node.AddPodAddrs("other", netip.MustParseAddr("10.244.1.9"), netip.MustParseAddr("fd00:244:1::9"))
+	stray := node.AddPodAddrs("stray", netip.MustParseAddr("172.16.0.9"), netip.MustParseAddr("fd00:16::9"))
+	client := node.AddClient("client")
+	serve(t, b)
+	// A dual-stack world: Service ranges, the Node's addresses and pod
+	// ranges, b's addresses and the Service in both families.
+	hostIP, _ := node.LinkHost()
+	w := &apiWorld{c: cluster.New(t, cluster.Options{BindAddress: hostIP.String(), ServiceCIDR: "10.96.0.0/16,fd00:96::/112"}), hostIP: hostIP, ns: "detect"}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	t.Cleanup(cancel)
+	w.ctx = ctx
+	if err := w.c.CreateNamespace(ctx, w.ns); err != nil {
+		t.Fatal(err)
+	}
+	n, err := w.c.CreateNode(ctx, nodeName, "zone-a", node.LinkIP.String(), node.LinkIP6.String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	// This node's pod ranges, for NodeCIDR (kube-proxy waits for them).
+	n.Spec.PodCIDR, n.Spec.PodCIDRs = "10.244.0.0/24", []string{"10.244.0.0/24", "fd00:244::/64"}
+	if _, err := w.c.Client().CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.c.CreateReadyPodIPs(ctx, w.ns, "b", nodeName, []string{b.IP.String(), b.IP6.String()}, map[string]string{"app": "web"}, podPorts(true)); err != nil {
+		t.Fatal(err)
+	}
+	vip, vip6 := netip.MustParseAddr("10.96.100.10"), netip.MustParseAddr("fd00:96::10")
+	svc := clusterIPService("web", vip, map[string]string{"app": "web"},
+		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort))
+	dual := corev1.IPFamilyPolicyRequireDualStack
+	svc.Spec.Type, svc.Spec.IPFamilyPolicy = corev1.ServiceTypeNodePort, &dual
+	svc.Spec.ClusterIPs = []string{vip.String(), vip6.String()}
+	svc.Spec.IPFamilies = []corev1.IPFamily{corev1.IPv4Protocol, corev1.IPv6Protocol}
+	for i := range svc.Spec.Ports {
+		svc.Spec.Ports[i].NodePort = 30080
+	}
+	w.createService(t, svc)
+
+	dir := t.TempDir()
+	kubeconfig := w.kubeconfig(t, dir)
+	path, err := proxies.BackendPath(dir, "nft")
+	if err != nil {
+		t.Fatal(err)
+	}
+	pn := proxies.Node{Name: nodeName, Kubeconfig: kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
+	logOnFailure(t, node, "iptables-nft-save", "-t", "nat")
+
+	froms := []struct {
+		name      string
+		ns        *netns.NS
+		src, src6 netip.Addr // its addresses, as b sees them when not masqueraded
+	}{
+		{"node-range pod", a.NS, a.IP, a.IP6},
+		{"other-range pod", other.NS, other.IP, other.IP6},
+		{"stray pod", stray.NS, stray.IP, stray.IP6},
+		{"outside client", client, netip.MustParseAddr("192.168.77.2"), netip.MustParseAddr("fd00:77::2")},
+		{"node", node.NS, node.LinkIP, node.LinkIP6},
+	}
+	// What b sees of a masqueraded connection is the bridge's address.
+	dsts := []struct {
+		name     string
+		addr     netip.AddrPort
+		nodePort bool
+		masq     netip.Addr
+	}{
+		{"ClusterIP", netip.AddrPortFrom(vip, 80), false, node.Gateway},
+		{"NodePort", netip.AddrPortFrom(node.LinkIP, 30080), true, node.Gateway},
+		{"ClusterIP6", netip.AddrPortFrom(vip6, 80), false, node.Gateway6},
+		{"NodePort6", netip.AddrPortFrom(node.LinkIP6, 30080), true, node.Gateway6},
+	}
+	// Between two proxies, proxies.Reset empties the node's tables of
+	// both iptables backends, nftables and conntrack: more than
+	// kube-proxy --cleanup or edgeproxy cleanup remove.
+
+	// probe is the outcome of each probe, dsts by froms: the address b
+	// saw, "no answer", or "answered by" another.
+	probe := func() []string {
+		var out []string
+		for _, dst := range dsts {
+			for _, f := range froms {
+				r, err := f.ns.TCP(dst.addr, 2*time.Second)
+				switch {
+				case err != nil:
+					out = append(out, "no answer")
+				case r.Name != "b":
+					out = append(out, "answered by "+r.Name)
+				default:
+					out = append(out, r.Client.Addr().String())
+				}
+			}
+		}
+		return out
+	}
+
+	// answered waits until the node-range pod reaches every destination
+	// through proxy p.
+	answered := func(p *proxies.Process, what string) {
+		t.Helper()
+		waitFor(t, 60*time.Second, what+": node-range pod -> every destination answered", func() error {
+			if err := p.Exited(); err != nil {
+				t.Fatal(err)
+			}
+			for _, dst := range dsts {
+				if _, err := a.TCP(dst.addr, time.Second); err != nil {
+					return fmt.Errorf("%s: %w", dst.name, err)
+				}
+			}
+			return nil
+		})
+	}
+
+	// Both families; other's fd00:244:1::9 is in the IPv6 range, not in
+	// the Node's fd00:244::/64.
+	cidr := "10.244.0.0/16,fd00:244::/32"
+	var table []string
+	for _, c := range []struct {
+		name string
+		s    proxies.Settings
+		// masqClusterIP is kube-proxy's anchor: which sources (froms
+		// order) it masquerades to the ClusterIP, in both families.
+		// Every NodePort probe is masqueraded (externalTrafficPolicy
+		// Cluster).
+		masqClusterIP [5]bool
+	}{
+		{"ClusterCIDR", proxies.Settings{DetectLocalMode: "ClusterCIDR", ClusterCIDR: cidr}, [5]bool{false, false, true, true, true}},
+		{"NodeCIDR", proxies.Settings{DetectLocalMode: "NodeCIDR", ClusterCIDR: cidr}, [5]bool{false, true, true, true, true}},
+		{"BridgeInterface", proxies.Settings{DetectLocalMode: "BridgeInterface", PodBridgeInterface: "br0", ClusterCIDR: cidr}, [5]bool{false, false, false, true, true}},
+		{"InterfaceNamePrefix", proxies.Settings{DetectLocalMode: "InterfaceNamePrefix", PodInterfaceNamePrefix: "br", ClusterCIDR: cidr}, [5]bool{false, false, false, true, true}},
+		{"masqueradeAll", proxies.Settings{MasqueradeAll: true, ClusterCIDR: cidr}, [5]bool{true, true, true, true, true}},
+		{"no clusterCIDR", proxies.Settings{}, [5]bool{false, false, false, false, false}},
+	} {
+		s := c.s
+		s.Backend, s.MinSync, s.Sync = "nft", 200*time.Millisecond, 30*time.Second
+		slug := strings.ReplaceAll(c.name, " ", "-")
+		cfg := filepath.Join(dir, "edgeproxy-"+slug+".yaml")
+		writeFile(t, cfg, proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+slug)))
+
+		// kube-proxy first: its outcomes are the reference.
+		kp := startProxy(t, node, "kube-proxy "+c.name, filepath.Join(dir, "kube-proxy-"+slug+".log"), path,
+			append([]string{kubeProxy}, proxies.KubeProxyArgs(pn, s)...)...)
+		waitKubeProxySynced(t, node, kp, pn.MetricsAddr, "kube-proxy "+c.name+" synced")
+		answered(kp, "kube-proxy "+c.name) // its IPv6 rules too
+		want := probe()
+		kp.Stop()
+		if err := proxies.Reset(node.Run); err != nil {
+			t.Fatal(err)
+		}
+		for j, dst := range dsts {
+			for i, f := range froms {
+				wantMasq := c.masqClusterIP[i] || dst.nodePort
+				fsrc := f.src
+				if dst.addr.Addr().Is6() {
+					fsrc = f.src6
+				}
+				got := want[j*len(froms)+i]
+				src, err := netip.ParseAddr(got)
+				if err != nil || (src == dst.masq) != wantMasq || (src != dst.masq && src != fsrc) {
+					t.Errorf("%s: kube-proxy: %s -> %s: b saw %s, want masqueraded %v (this world does not show the setting)", c.name, f.name, dst.name, got, wantMasq)
+				}
+			}
+		}
+
+		// Then edgeproxy, until its outcomes are kube-proxy's (its first
+		// sync may come before it has read the Node).
+		ep := startProxy(t, node, "edgeproxy "+c.name, filepath.Join(dir, "edgeproxy-"+slug+".log"), path, bin, "run", "--config", cfg)
+		answered(ep, "edgeproxy "+c.name)
+		var got []string
+		same := false
+		for deadline := time.Now().Add(30 * time.Second); !same && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+			got = probe()
+			same = slices.Equal(got, want)
+		}
+		ep.Stop()
+		if err := proxies.Reset(node.Run); err != nil {
+			t.Fatal(err)
+		}
+		for j, dst := range dsts {
+			for i, f := range froms {
+				k := j*len(froms) + i
+				mark := "="
+				if got[k] != want[k] {
+					mark = "≠"
+					t.Errorf("%s: %s -> %s: edgeproxy: b saw %s, kube-proxy: %s", c.name, f.name, dst.name, got[k], want[k])
+				}
+				table = append(table, fmt.Sprintf("%-19s %-10s %-15s kube-proxy %-14s %s edgeproxy %s", c.name, dst.name, f.name, want[k], mark, got[k]))
+			}
+		}
+	}
+	t.Logf("outcomes (b's address seen; %s and %s are masqueraded):\n%s", node.Gateway, node.Gateway6, strings.Join(table, "\n"))
 }
