@@ -548,10 +548,16 @@ func (w *World) applyChange(ctx context.Context, s *Shape, forward bool) error {
 		if !forward {
 			from, to = to, from
 		}
-		if err := w.setLabel(ctx, s.Name, to, true); err != nil {
+		// The old endpoint leaves before the new one joins: the Service
+		// passes through no endpoints, never through both, so a new flow
+		// that reaches the new one shows a proxy that no longer has the
+		// old one (with both, kube-proxy IPVS's rr sent every other new
+		// flow to sb while its next sync, slow in the VM, had yet to
+		// remove sa: the old flow was judged before that).
+		if err := w.setLabel(ctx, s.Name, from, false); err != nil {
 			return err
 		}
-		if err := w.setLabel(ctx, s.Name, from, false); err != nil {
+		if err := w.setLabel(ctx, s.Name, to, true); err != nil {
 			return err
 		}
 		return w.waitEndpoints(ctx, s.Name, []string{to})
