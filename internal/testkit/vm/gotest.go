@@ -104,7 +104,7 @@ func RunGoTestsIn(t *testing.T, dir string, timeout time.Duration, tests ...GoTe
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("vm: booted in %s, ran in %s; guest preparation:\n%s", res.Boot.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.Output)
+	t.Logf("vm: waited %s for another VM, booted in %s, ran in %s; guest preparation:\n%s", res.Waited.Round(time.Millisecond), res.Boot.Round(time.Millisecond), res.Elapsed.Round(time.Millisecond), res.Output)
 	for _, g := range tests {
 		t.Run(g.name(), func(t *testing.T) {
 			out, _ := os.ReadFile(filepath.Join(dir, g.name()+".out"))

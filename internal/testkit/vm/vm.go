@@ -28,6 +28,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // GuestEnv is set to "1" in the environment of everything Options.Script
@@ -90,6 +92,8 @@ type Result struct {
 	Boot time.Duration
 	// Elapsed is the whole run, from starting qemu until it exited.
 	Elapsed time.Duration
+	// Waited is how long Run waited for another VM to end (see lockVM).
+	Waited time.Duration
 }
 
 // ErrNotFinished is wrapped by Run's error when the guest stopped (or was
@@ -169,6 +173,11 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	if err != nil {
 		return nil, err
 	}
+	release, waited, err := lockVM(ctx)
+	if err != nil {
+		return nil, err
+	}
+	defer release()
 
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
@@ -189,7 +198,7 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	cmd.Stdout = con
 	cmd.Stderr = con
 	runErr := cmd.Run()
-	res := &Result{Elapsed: time.Since(start)}
+	res := &Result{Elapsed: time.Since(start), Waited: waited}
 	res.Console, res.Boot = con.snapshot()
 	return res, readResult(ctx, res, meta, o.Timeout, runErr)
 }
@@ -332,4 +341,37 @@ func keepArg(paths []string) string {
 		return ""
 	}
 	return " epkeep=" + strings.Join(paths, ",")
+}
+
+// lockPath makes the VMs of one machine run one at a time. A guest under
+// TCG keeps a core busy; go test runs packages side by side, and two
+// guests at once on a two-core machine (the conformance package's IPVS
+// matrix and test/vm's switch test, in one CI run of 2026-11-26) starved
+// each other and the host's tests until probes with a deadline failed.
+const lockPath = "/tmp/edgeproxy-vm.lock"
+
+// lockVM takes lockPath, waiting while another VM holds it (or until ctx
+// ends), and returns how to give it back and how long it waited.
+func lockVM(ctx context.Context) (release func(), waited time.Duration, err error) {
+	f, err := os.OpenFile(lockPath, os.O_CREATE|os.O_RDWR, 0o600)
+	if err != nil {
+		return nil, 0, fmt.Errorf("vm: %w", err)
+	}
+	start := time.Now()
+	for {
+		err := unix.Flock(int(f.Fd()), unix.LOCK_EX|unix.LOCK_NB)
+		if err == nil {
+			return func() { f.Close() }, time.Since(start), nil
+		}
+		if !errors.Is(err, unix.EWOULDBLOCK) {
+			f.Close()
+			return nil, 0, fmt.Errorf("vm: lock %s: %w", lockPath, err)
+		}
+		select {
+		case <-ctx.Done():
+			f.Close()
+			return nil, 0, fmt.Errorf("vm: waiting for another VM to end: %w", ctx.Err())
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
