@@ -60,20 +60,22 @@ func (l *Link) Usage() LinkUsage {
 	return LinkUsage{BytesIn: l.in.Load(), BytesOut: l.out.Load(), Lists: l.lists.Load(), Watches: l.watches.Load()}
 }
 
-// WrapTransport counts the API client's reads of resources
-// (rest.Config.Wrap): a GET with watch=true is a watch, any other GET of
-// an /api or /apis path a list (the agent gets no single objects);
-// /readyz and other paths are not counted.
+// WrapTransport counts the API client's reads of resources that the API
+// server answered (rest.Config.Wrap; not the ones that found no one): a
+// GET with watch=true is a watch, any other GET of an /api or /apis path
+// a list (the agent gets no single objects); /readyz and other paths are
+// not counted.
 func (l *Link) WrapTransport(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
-		if r.Method == http.MethodGet && (strings.HasPrefix(r.URL.Path, "/api/") || strings.HasPrefix(r.URL.Path, "/apis/")) {
+		resp, err := rt.RoundTrip(r)
+		if err == nil && r.Method == http.MethodGet && (strings.HasPrefix(r.URL.Path, "/api/") || strings.HasPrefix(r.URL.Path, "/apis/")) {
 			if r.URL.Query().Get("watch") == "true" {
 				l.watches.Add(1)
 			} else {
 				l.lists.Add(1)
 			}
 		}
-		return rt.RoundTrip(r)
+		return resp, err
 	})
 }
 

@@ -141,8 +141,8 @@ func TestLinkDialUnreachable(t *testing.T) {
 }
 
 // The link counts the bytes its connections move and the API client's
-// reads: a GET of a resource is a list, one with watch=true a watch;
-// /readyz is neither.
+// reads that were answered: a GET of a resource is a list, one with
+// watch=true a watch; /readyz is neither, nor a request that found no one.
 func TestLinkUsage(t *testing.T) {
 	body := strings.Repeat("x", 1000)
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
@@ -159,6 +159,13 @@ func TestLinkUsage(t *testing.T) {
 		if err != nil || string(b) != body {
 			t.Fatalf("GET %s: %d bytes, %v", path, len(b), err)
 		}
+	}
+	// A request that finds no one is not a read.
+	addr := srv.Listener.Addr().String()
+	srv.Close()
+	if resp, err := client.Get("http://" + addr + "/api/v1/nodes?watch=true"); err == nil {
+		resp.Body.Close()
+		t.Fatal("GET from a closed server answered")
 	}
 	u := l.Usage()
 	if u.Lists != 1 || u.Watches != 1 {
