@@ -9,7 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
+
 	"net/netip"
 	"reflect"
 	"sync"
@@ -68,7 +68,8 @@ type Agent struct {
 	cfg     atomic.Pointer[config.Config]
 	state   *state.State
 	source  Source
-	api     *source.API // nil with a manifest source
+	api     *source.API  // nil with a manifest source
+	link    *source.Link // the API client's connections; nil with a manifest source
 	backend datapath.Backend
 	planner *planner.Planner
 	runner  *runner.Runner
@@ -170,9 +171,10 @@ func New(opts Options) (*Agent, error) {
 	} else {
 		var client kubernetes.Interface
 		link := source.NewLink()
-		if client, err = newClient(cfg.Kubeconfig, link.DialContext); err == nil {
+		if client, err = newClient(cfg.Kubeconfig, link); err == nil {
 			a.api, err = source.NewAPI(client, link, cfg.NodeName, conv, a.state, a.log.With("source", "api"), srcMetrics)
-			a.source = a.api
+			a.source, a.link = a.api, link
+			registerLinkMetrics(opts.Registry, link)
 		}
 	}
 	if err != nil {
@@ -206,7 +208,7 @@ func New(opts Options) (*Agent, error) {
 // newClient builds an API client from a kubeconfig path, or from the
 // in-cluster environment when path is empty, whose connections are dialed
 // with dial.
-func newClient(path string, dial func(ctx context.Context, network, address string) (net.Conn, error)) (kubernetes.Interface, error) {
+func newClient(path string, link *source.Link) (kubernetes.Interface, error) {
 	var rc *rest.Config
 	var err error
 	if path == "" {
@@ -218,7 +220,8 @@ func newClient(path string, dial func(ctx context.Context, network, address stri
 		return nil, fmt.Errorf("api client: %w", err)
 	}
 	rc.UserAgent = "edgeproxy"
-	rc.Dial = dial
+	rc.Dial = link.DialContext
+	rc.Wrap(link.WrapTransport)
 	// Protocol buffers, as kube-proxy asks for: the list of thousands of
 	// EndpointSlices at start decodes several times faster than JSON.
 	rc.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"

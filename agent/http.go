@@ -196,6 +196,9 @@ type Status struct {
 	// APIReachable is false when the API server did not answer the last
 	// heartbeat.
 	APIReachable bool `json:"apiReachable"`
+	// Link is what the connections to the API server moved and asked for
+	// since the start; nil with a manifest source.
+	Link *source.LinkUsage `json:"link,omitempty"`
 	// Modules is the health of each loaded policy module.
 	Modules []policychain.ModuleStatus `json:"modules,omitempty"`
 	// ExternalIPsIgnored names the Services whose externalIPs are not
@@ -243,6 +246,10 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	}
 	st.FromSnapshot = a.fromSnapshot.Load()
 	st.APIReachable = a.api == nil || a.api.Reachable()
+	if a.link != nil {
+		u := a.link.Usage()
+		st.Link = &u
+	}
 	st.Refused = a.Refused()
 	st.Probes = a.probeStatus()
 	st.Skipped = a.sourceProblems()

@@ -5,6 +5,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
@@ -105,6 +106,36 @@ func newMetrics(reg prometheus.Registerer, st *state.State, lastContact, snapsho
 		m.frontends, m.generation, m.portsEvaluated, m.tamperedRepairs, m.quietCompares, m.apiserverContact, m.healthz, m.livez, m.externalIPsIgnored, m.noLocalEndpoints, m.snapshotWriteFailures)
 	registerStateMetrics(reg, st, snapshotAge)
 	return m
+}
+
+// registerLinkMetrics registers what the link to the API server moved
+// and asked for (source.Link.Usage), read when scraped.
+func registerLinkMetrics(reg prometheus.Registerer, link *source.Link) {
+	u := func(f func(source.LinkUsage) int64) func() float64 {
+		return func() float64 { return float64(f(link.Usage())) }
+	}
+	reg.MustRegister(
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "edgeproxy_apiserver_bytes_total",
+			Help:        "Bytes read from (in) and written to (out) the connections to the API server: TLS records, without TCP/IP headers.",
+			ConstLabels: prometheus.Labels{"direction": "in"},
+		}, u(func(l source.LinkUsage) int64 { return l.BytesIn })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "edgeproxy_apiserver_bytes_total",
+			Help:        "Bytes read from (in) and written to (out) the connections to the API server: TLS records, without TCP/IP headers.",
+			ConstLabels: prometheus.Labels{"direction": "out"},
+		}, u(func(l source.LinkUsage) int64 { return l.BytesOut })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "edgeproxy_apiserver_reads_total",
+			Help:        "Reads of Services, EndpointSlices and the Node: full lists (at the start, after 410 Gone) and watches (each from the resourceVersion the agent had).",
+			ConstLabels: prometheus.Labels{"kind": "list"},
+		}, u(func(l source.LinkUsage) int64 { return l.Lists })),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{
+			Name:        "edgeproxy_apiserver_reads_total",
+			Help:        "Reads of Services, EndpointSlices and the Node: full lists (at the start, after 410 Gone) and watches (each from the resourceVersion the agent had).",
+			ConstLabels: prometheus.Labels{"kind": "watch"},
+		}, u(func(l source.LinkUsage) int64 { return l.Watches })),
+	)
 }
 
 // registerStateMetrics registers the metrics read from the state and the

@@ -3,7 +3,10 @@ package source
 import (
 	"context"
 	"net"
+	"net/http"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 )
@@ -31,7 +34,54 @@ type Link struct {
 	conns  map[*linkConn]struct{}
 	gone   time.Time     // Heard of the connections that ended, when they did
 	broken chan struct{} // capacity 1: a connection failed or closed
+	// What crossed the link: bytes read from and written to the
+	// connections (TLS records, above TCP), and the reads asked
+	// (WrapTransport).
+	in, out        atomic.Int64
+	lists, watches atomic.Int64
 }
+
+// LinkUsage is what the agent's connections to the API server moved and
+// asked for since the start.
+type LinkUsage struct {
+	// BytesIn and BytesOut are the bytes read from and written to the
+	// connections: TCP payload (TLS records), without TCP/IP headers.
+	BytesIn  int64 `json:"bytesIn"`
+	BytesOut int64 `json:"bytesOut"`
+	// Lists are full reads of a resource (a LIST: at the start and after
+	// 410 Gone); Watches are watch requests, each from the
+	// resourceVersion the agent had (after a list, a timeout, an outage).
+	Lists   int64 `json:"lists"`
+	Watches int64 `json:"watches"`
+}
+
+// Usage returns what the link moved and asked for so far.
+func (l *Link) Usage() LinkUsage {
+	return LinkUsage{BytesIn: l.in.Load(), BytesOut: l.out.Load(), Lists: l.lists.Load(), Watches: l.watches.Load()}
+}
+
+// WrapTransport counts the API client's reads of resources that the API
+// server answered (rest.Config.Wrap; not the ones that found no one): a
+// GET with watch=true is a watch, any other GET of an /api or /apis path
+// a list (the agent gets no single objects); /readyz and other paths are
+// not counted.
+func (l *Link) WrapTransport(rt http.RoundTripper) http.RoundTripper {
+	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
+		resp, err := rt.RoundTrip(r)
+		if err == nil && r.Method == http.MethodGet && (strings.HasPrefix(r.URL.Path, "/api/") || strings.HasPrefix(r.URL.Path, "/apis/")) {
+			if r.URL.Query().Get("watch") == "true" {
+				l.watches.Add(1)
+			} else {
+				l.lists.Add(1)
+			}
+		}
+		return resp, err
+	})
+}
+
+type roundTripFunc func(*http.Request) (*http.Response, error)
+
+func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
 
 // Keepalive of the API connections: the kernel probes after linkIdle of
 // silence, every linkInterval, and gives up once linkUserTimeout has
@@ -162,9 +212,16 @@ func later(a, b time.Time) time.Time {
 
 func (c *linkConn) Read(p []byte) (int, error) {
 	n, err := c.Conn.Read(p)
+	c.link.in.Add(int64(n))
 	if err != nil {
 		c.once.Do(func() { c.link.lost(c) })
 	}
+	return n, err
+}
+
+func (c *linkConn) Write(p []byte) (int, error) {
+	n, err := c.Conn.Write(p)
+	c.link.out.Add(int64(n))
 	return n, err
 }
 

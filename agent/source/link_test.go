@@ -3,8 +3,12 @@ package source
 import (
 	"context"
 	"errors"
+	"io"
 	"net"
+	"net/http"
+	"net/http/httptest"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -133,5 +137,42 @@ func TestLinkDialUnreachable(t *testing.T) {
 	cancel()
 	if _, err := l.DialContext(ctx, "tcp", "192.0.2.1:443"); err == nil || utilnet.IsConnectionRefused(err) {
 		t.Errorf("dial with a cancelled context: %v, want the context's error", err)
+	}
+}
+
+// The link counts the bytes its connections move and the API client's
+// reads that were answered: a GET of a resource is a list, one with
+// watch=true a watch; /readyz is neither, nor a request that found no one.
+func TestLinkUsage(t *testing.T) {
+	body := strings.Repeat("x", 1000)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, body) }))
+	defer srv.Close()
+	l := NewLink()
+	client := &http.Client{Transport: l.WrapTransport(&http.Transport{DialContext: l.DialContext})}
+	for _, path := range []string{"/api/v1/services?limit=500", "/apis/discovery.k8s.io/v1/endpointslices?resourceVersion=5&watch=true", "/readyz"} {
+		resp, err := client.Get(srv.URL + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil || string(b) != body {
+			t.Fatalf("GET %s: %d bytes, %v", path, len(b), err)
+		}
+	}
+	// A request that finds no one is not a read.
+	addr := srv.Listener.Addr().String()
+	srv.Close()
+	if resp, err := client.Get("http://" + addr + "/api/v1/nodes?watch=true"); err == nil {
+		resp.Body.Close()
+		t.Fatal("GET from a closed server answered")
+	}
+	u := l.Usage()
+	if u.Lists != 1 || u.Watches != 1 {
+		t.Errorf("%d lists, %d watches; want 1 and 1", u.Lists, u.Watches)
+	}
+	// Three bodies and their headers in; three requests out.
+	if u.BytesIn < 3*1000 || u.BytesIn > 3*1000+3*300 || u.BytesOut < 3*50 || u.BytesOut > 3*400 {
+		t.Errorf("%d bytes in, %d out; want three 1,000-byte bodies and their headers in, three requests out", u.BytesIn, u.BytesOut)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -28,8 +29,22 @@ type LinkPlan struct {
 	// server dropped in the node (not a closed port: a refused connection
 	// takes another path in client-go). Added Services are written during
 	// it.
-	Outage  time.Duration
-	Added   int
+	Outage time.Duration
+	Added  int
+	// Gone takes the outage beyond the API server's watch cache: 80 s
+	// after the drop (when every event the proxy has seen is older than
+	// the cache's 75 s), objects no proxy is sent change until a watch
+	// from the resourceVersion at the drop is answered 410 Gone
+	// (cluster.Churn), as in a busy cluster. The outage lasts Outage or
+	// until then, whichever is longer.
+	Gone bool
+	// Rate, when set (a tc rate: "64kbit"), shapes both directions of the
+	// node's link with a token bucket (tbf) for the whole of L.
+	Rate string
+	// Timeout caps a proxy's wait for its endpoints at the cold start and
+	// after the outage (default: the plan's Timeout); what was programmed
+	// and moved by then is reported.
+	Timeout time.Duration
 	Backend string
 	Proxies []ProxyKind
 }
@@ -50,7 +65,11 @@ type LinkResult struct {
 	Outage        LinkPhase `json:"outage"`
 	OutageSeconds float64   `json:"outageSeconds"`
 	Added         int       `json:"added"`
-	Error         string    `json:"error,omitempty"`
+	// GoneChanges is how many times each churn object changed before the
+	// resourceVersion at the drop was gone (LinkPlan.Gone).
+	GoneChanges int    `json:"goneChanges,omitempty"`
+	Rate        string `json:"rate,omitempty"`
+	Error       string `json:"error,omitempty"`
 }
 
 // LinkPhase is what crossed the link in a phase, and what the proxy asked
@@ -144,6 +163,27 @@ func (c LinkCount) Since(c0 LinkCount) (in, out int64) {
 	return in, out
 }
 
+// Shape limits both directions of the node's link to rate (a tc rate:
+// "64kbit") with a token bucket filter on each end of its veth; "" removes
+// it. The bucket holds a frame and its queue a second at the rate, as a
+// slow uplink's modem would.
+func (w *World) Shape(rate string) error {
+	host := []string{"tc", "qdisc", "del", "dev", w.HostIf, "root"}
+	node := []string{"tc", "qdisc", "del", "dev", "host0", "root"}
+	if rate != "" {
+		tbf := []string{"root", "tbf", "rate", rate, "burst", "1600", "latency", "1s"}
+		host = append([]string{"tc", "qdisc", "replace", "dev", w.HostIf}, tbf...)
+		node = append([]string{"tc", "qdisc", "replace", "dev", "host0"}, tbf...)
+	}
+	if out, err := exec.Command(host[0], host[1:]...).CombinedOutput(); err != nil && rate != "" {
+		return fmt.Errorf("bench: %s: %v: %s", strings.Join(host, " "), err, out)
+	}
+	if _, err := w.Node.Run(node[0], node[1:]...); err != nil && rate != "" {
+		return err
+	}
+	return nil
+}
+
 // Blackhole drops (on) or stops dropping (off) every packet between the
 // node and the API server, inside the node namespace.
 func (w *World) Blackhole(on bool) error {
@@ -176,11 +216,28 @@ func (r *Runner) link(ctx context.Context) ([]LinkResult, error) {
 		return nil, err
 	}
 	r.Log.Info("L world written", "services", lp.Services, "headless", lp.Headless, "otherProxy", lp.OtherProxy, "took", time.Since(t0).Round(time.Millisecond))
+	if lp.Timeout > 0 {
+		defer func(t time.Duration) { r.Plan.Timeout = t }(r.Plan.Timeout)
+		r.Plan.Timeout = lp.Timeout
+	}
+	if lp.Rate != "" {
+		if err := r.World.Shape(lp.Rate); err != nil {
+			return nil, err
+		}
+		defer func() { _ = r.World.Shape("") }()
+	}
+	var churn *cluster.Churn
+	if lp.Gone {
+		if churn, err = r.World.Cluster.NewChurn(ctx, drv.Namespace, "bench-churn"); err != nil {
+			return nil, err
+		}
+		defer func() { _ = churn.Delete(context.WithoutCancel(ctx)) }()
+	}
 	var out []LinkResult
 	for _, kind := range lp.Proxies {
 		res := LinkResult{Proxy: kind, Backend: lp.Backend, Services: lp.Services, Endpoints: lp.Endpoints,
-			Headless: lp.Headless, OtherProxy: lp.OtherProxy, Added: lp.Added, OutageSeconds: lp.Outage.Seconds()}
-		err := r.linkOne(ctx, drv, &res)
+			Headless: lp.Headless, OtherProxy: lp.OtherProxy, Added: lp.Added, OutageSeconds: lp.Outage.Seconds(), Rate: lp.Rate}
+		err := r.linkOne(ctx, drv, churn, &res)
 		if err != nil {
 			if ctx.Err() != nil {
 				return out, err
@@ -200,7 +257,7 @@ func (r *Runner) link(ctx context.Context) ([]LinkResult, error) {
 	return out, drv.Clear(ctx)
 }
 
-func (r *Runner) linkOne(ctx context.Context, drv *Driver, res *LinkResult) error {
+func (r *Runner) linkOne(ctx context.Context, drv *Driver, churn *cluster.Churn, res *LinkResult) error {
 	w, lp := r.World, r.Plan.Link
 	log := r.Log.With("scenario", "L", "proxy", res.Proxy)
 	c0, err := w.LinkCount()
@@ -212,6 +269,12 @@ func (r *Runner) linkOne(ctx context.Context, drv *Driver, res *LinkResult) erro
 	x, err := r.coldStart(ctx, log, s1, drv.Expected(), "link")
 	defer x.close()
 	if err != nil {
+		// What moved until the proxy gave up or the cap.
+		if c, cerr := w.LinkCount(); cerr == nil {
+			res.Cold.In, res.Cold.Out = c.Since(c0)
+			res.Cold.Seconds = time.Since(t0).Seconds()
+		}
+		res.Cold.Requests, _ = r.requests(res.Proxy, t0)
 		return err
 	}
 	res.Cold.Seconds = s1.ColdStart
@@ -240,15 +303,36 @@ func (r *Runner) linkOne(ctx context.Context, drv *Driver, res *LinkResult) erro
 			_ = w.Blackhole(false)
 		}
 	}()
+	// The proxy hears nothing after the drop: no resourceVersion it holds
+	// is newer than rv.
+	var rv string
+	rvRead := time.Now()
+	if churn != nil {
+		if rv, err = w.Cluster.Watermark(ctx); err != nil {
+			return err
+		}
+	}
 	if err := sleep(ctx, lp.Outage/6); err != nil {
 		return err
 	}
 	if err := drv.Grow(ctx, lp.Services+lp.Added); err != nil {
 		return err
 	}
+	if churn != nil {
+		// The churn starts when every event up to rv is older than the
+		// watch caches' 75 s, so that it evicts them.
+		if err := sleepUntil(ctx, rvRead.Add(80*time.Second)); err != nil {
+			return err
+		}
+		if res.GoneChanges, err = churn.UntilGone(ctx, rv, 500, 40); err != nil {
+			return err
+		}
+		log.Info("L resourceVersions gone", "changes", res.GoneChanges, "into the outage", time.Since(t2).Round(time.Second))
+	}
 	if err := sleepUntil(ctx, t2.Add(lp.Outage)); err != nil {
 		return err
 	}
+	res.OutageSeconds = time.Since(t2).Seconds()
 	if err := x.p.Exited(); err != nil {
 		return err
 	}
@@ -299,6 +383,16 @@ func (rep *Report) linkSection(p func(string, ...any)) {
 	p("")
 	p("Bytes both ways at IP level on the node's one veth (its kernel counters, less 14 bytes of Ethernet header a frame). Cold start: process start until 10 s after every endpoint is in the kernel. Outage: a %.0f s blackhole (a drop rule in the node) with %d Services added during it, until 20 s after they are in the kernel. Reads from the API server's audit log: full (LIST, or watch with sendInitialEvents) / resumed watches.", l.OutageSeconds, l.Added)
 	p("")
+	if l.Rate != "" {
+		p("The link is shaped to %s both ways (tc tbf on each end of the veth).", l.Rate)
+		p("")
+	}
+	for _, r := range rep.Link {
+		if r.GoneChanges > 0 {
+			p("%s: beyond the watch cache: a watch from the resourceVersion at the drop was answered 410 Gone after %d changes of each of a headless Service, its slice and a Node no proxy is sent; the outage lasted %.0f s.", r.Proxy, r.GoneChanges, r.OutageSeconds)
+			p("")
+		}
+	}
 	p("| proxy | cold start bytes (in + out) | vs kube-proxy | programmed | full reads / watches | outage bytes | vs kube-proxy | converged after the link is back | full reads / watches |")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|")
 	var kp *LinkResult
@@ -315,7 +409,7 @@ func (rep *Report) linkSection(p func(string, ...any)) {
 	}
 	for _, r := range rep.Link {
 		if r.Error != "" {
-			p("| %s | failed: %s | | | | | | | |", r.Proxy, r.Error)
+			p("| %s | failed: %s; %s bytes moved in %s | | | %d / %d | | | | |", r.Proxy, r.Error, num(r.Cold.Total()), secs(r.Cold.Seconds), r.Cold.FullReads(), r.Cold.Watches)
 			continue
 		}
 		var kc, ko int64

@@ -201,6 +201,9 @@ func renderAgent(w io.Writer, st *agent.Status, now time.Time) {
 			reach = " (not answering: rules kept as they are)"
 		}
 		fmt.Fprintf(w, "API server last contact: %s%s\n", age(st.Health.APIServerLastContact), reach)
+		if l := st.Link; l != nil {
+			fmt.Fprintf(w, "API link: %s in, %s out; %d full lists, %d watches\n", bytesIEC(l.BytesIn), bytesIEC(l.BytesOut), l.Lists, l.Watches)
+		}
 		fmt.Fprintf(w, "snapshot: written %s\n", age(st.SnapshotWritten))
 	}
 	if st.FromSnapshot {
@@ -405,4 +408,19 @@ func runModule(args []string, stdout io.Writer) error {
 		return usageError("module: want `module check FILE`")
 	}
 	return moduleCheck(args[1:], stdout)
+}
+
+// bytesIEC writes n bytes in B, KiB, MiB or GiB, to a tenth.
+func bytesIEC(n int64) string {
+	if n < 1024 {
+		return fmt.Sprintf("%d B", n)
+	}
+	v, unit := float64(n)/1024, "KiB"
+	for _, u := range []string{"MiB", "GiB"} {
+		if v < 1024 {
+			break
+		}
+		v, unit = v/1024, u
+	}
+	return fmt.Sprintf("%.1f %s", v, unit)
 }

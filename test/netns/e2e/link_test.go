@@ -4,7 +4,9 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
+	"net/url"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -23,6 +25,11 @@ type apiStatus struct {
 	Health       struct {
 		APIServerLastContact time.Time `json:"apiserverLastContact"`
 	} `json:"health"`
+	Link struct {
+		BytesIn int64 `json:"bytesIn"`
+		Lists   int   `json:"lists"`
+		Watches int   `json:"watches"`
+	} `json:"link"`
 }
 
 func readAPIStatus(node *netns.Node) (apiStatus, error) {
@@ -100,6 +107,200 @@ func TestAPILinkGoesSilent(t *testing.T) {
 	t.Logf("reachable %v after the link came back", time.Since(back).Round(100*time.Millisecond))
 }
 
+// outageWorld is an agent in a node namespace whose one way to the API
+// server (with an audit log of reads) is the node's veth, with three
+// Services and their endpoints programmed: the start of the outage tests.
+type outageWorld struct {
+	node    *netns.Node
+	cl      *cluster.Cluster
+	ctx     context.Context
+	ns      string
+	hostIP  netip.Addr
+	started time.Time // the agent's start
+}
+
+// The endpoints of the outage tests' Services: keep's stays; change's
+// moves to moved during the outage; gone's Service is deleted then; added
+// is added then.
+var (
+	outKeep, outChanged, outMoved = netip.MustParseAddr("10.244.7.1"), netip.MustParseAddr("10.244.7.2"), netip.MustParseAddr("10.244.7.22")
+	outGone, outAdded             = netip.MustParseAddr("10.244.7.3"), netip.MustParseAddr("10.244.7.4")
+)
+
+func newOutageWorld(t *testing.T) *outageWorld {
+	t.Helper()
+	gate.Root(t)
+	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
+	bin := agentBinary(t)
+
+	node := netns.NewNode(t, "node")
+	hostIP, nodeIP := node.LinkHost()
+	cl := cluster.New(t, cluster.Options{BindAddress: hostIP.String(), Audit: true})
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	t.Cleanup(cancel)
+	if _, err := cl.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
+		t.Fatal(err)
+	}
+	w := &outageWorld{node: node, cl: cl, ctx: ctx, ns: cl.Namespace(t), hostIP: hostIP}
+	w.service(t, "keep", "10.96.7.10")
+	w.service(t, "change", "10.96.7.11")
+	w.service(t, "gone", "10.96.7.12")
+	w.pod(t, "keep-1", "keep", outKeep)
+	w.pod(t, "change-1", "change", outChanged)
+	w.pod(t, "gone-1", "gone", outGone)
+
+	dir, cfg := apiAgentConfig(t, &apiWorld{c: cl, ctx: ctx, hostIP: hostIP, ns: w.ns}, "")
+	w.started = time.Now()
+	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+	waitFor(t, 60*time.Second, "the rules before the outage", w.rules([]netip.Addr{outKeep, outChanged, outGone}, nil))
+	// The first read of each is a LIST, which the API server gzips, not
+	// a watch with initial events, which it does not (RATIONALE.md, "Why
+	// a full read is a LIST").
+	if n := w.reads(t, w.started); n["list"] < 3 || n["watch-list"] != 0 {
+		t.Errorf("reads at the start: %v, want a list of each (3 or 4) and no watch-list", n)
+	}
+	return w
+}
+
+func (w *outageWorld) service(t *testing.T, name, ip string) {
+	t.Helper()
+	s := &corev1.Service{
+		ObjectMeta: metav1.ObjectMeta{Namespace: w.ns, Name: name},
+		Spec: corev1.ServiceSpec{ClusterIP: ip, Selector: map[string]string{"app": name},
+			Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
+	}
+	if _, err := w.cl.Client().CoreV1().Services(w.ns).Create(w.ctx, s, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+func (w *outageWorld) pod(t *testing.T, name, app string, ip netip.Addr) {
+	t.Helper()
+	if _, err := w.cl.CreateReadyPod(w.ctx, w.ns, name, nodeName, ip.String(), map[string]string{"app": app}, nil); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// rules checks that every address in present is a DNAT destination and
+// none in absent is.
+func (w *outageWorld) rules(present, absent []netip.Addr) func() error {
+	return func() error {
+		have, err := natDestinations(w.node, podPort, append(present, absent...)...)
+		if err != nil {
+			return err
+		}
+		for _, a := range present {
+			if !have[a] {
+				return fmt.Errorf("%s is not a DNAT destination", a)
+			}
+		}
+		for _, a := range absent {
+			if have[a] {
+				return fmt.Errorf("%s is still a DNAT destination", a)
+			}
+		}
+		return nil
+	}
+}
+
+// reads counts the agent's reads of its resources since since, from the
+// audit log: by kind ("list", "watch-list", "watch"), and the full reads
+// also by kind and request URI.
+func (w *outageWorld) reads(t *testing.T, since time.Time) map[string]int {
+	t.Helper()
+	evs, err := w.cl.AuditEvents("edgeproxy", since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := map[string]int{}
+	for _, e := range evs {
+		switch e.Resource() {
+		case "services", "endpointslices", "nodes":
+			if r := e.Read(); r != "" {
+				n[r]++
+				if r != "watch" {
+					n[r+" "+e.RequestURI]++
+				}
+			}
+		}
+	}
+	return n
+}
+
+// drop inserts (-I) or deletes (-D) the blackhole: every packet between
+// the node and the API server dropped in the node, nothing reset.
+func (w *outageWorld) drop(t *testing.T, op string) {
+	t.Helper()
+	for _, rule := range [][]string{{"INPUT", "-s", w.hostIP.String()}, {"OUTPUT", "-d", w.hostIP.String()}} {
+		args := append([]string{op, rule[0]}, append(rule[1:], "-j", "DROP")...)
+		if out, err := w.node.Run("iptables", args...); err != nil {
+			t.Fatalf("iptables %v: %v: %s", args, err, out)
+		}
+	}
+}
+
+// blackhole starts the outage (cut) and waits until the agent says the
+// API server is unreachable.
+func (w *outageWorld) blackhole(t *testing.T) (end func()) {
+	t.Helper()
+	end = w.cut(t)
+	w.unreachable(t)
+	return end
+}
+
+// cut starts the outage. The returned function ends it; it is also run
+// at cleanup if the test did not.
+func (w *outageWorld) cut(t *testing.T) (end func()) {
+	t.Helper()
+	w.drop(t, "-I")
+	ended := false
+	end = func() {
+		if !ended {
+			ended = true
+			w.drop(t, "-D")
+		}
+	}
+	t.Cleanup(end)
+	return end
+}
+
+// unreachable waits until the agent says the API server is unreachable
+// (the kernel gives its connections up after 15 s of silence; its watches
+// then ask again and find no one).
+func (w *outageWorld) unreachable(t *testing.T) {
+	t.Helper()
+	waitFor(t, 45*time.Second, "the agent says the API server is unreachable", func() error {
+		st, err := readAPIStatus(w.node)
+		if err == nil && st.APIReachable {
+			err = fmt.Errorf("still reachable")
+		}
+		return err
+	})
+}
+
+// changeAll adds a Service, moves one's endpoint and deletes one: what the
+// agent must find after the outage.
+func (w *outageWorld) changeAll(t *testing.T) {
+	t.Helper()
+	client := w.cl.Client()
+	w.service(t, "added", "10.96.7.13")
+	w.pod(t, "added-1", "added", outAdded)
+	w.pod(t, "change-2", "change", outMoved)
+	if err := client.CoreV1().Pods(w.ns).Delete(w.ctx, "change-1", metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
+		t.Fatal(err)
+	}
+	if err := client.CoreV1().Services(w.ns).Delete(w.ctx, "gone", metav1.DeleteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// changed waits for changeAll's changes in the rules.
+func (w *outageWorld) changed(t *testing.T, within time.Duration) {
+	t.Helper()
+	waitFor(t, within, "the changes made during the outage in the rules",
+		w.rules([]netip.Addr{outKeep, outMoved, outAdded}, []netip.Addr{outChanged, outGone}))
+}
+
 // A short outage costs a resumed watch, not a relist: the link goes
 // silent (a drop rule, not a closed port) long enough for the agent's
 // connections to fail and its watch requests to find the API server
@@ -110,148 +311,133 @@ func TestAPILinkGoesSilent(t *testing.T) {
 // as after a relist. See RATIONALE.md, "Why a short outage costs a
 // resumed watch, not a relist".
 func TestAPIOutageResumesWatches(t *testing.T) {
-	gate.Root(t)
-	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
-	bin := agentBinary(t)
-
-	node := netns.NewNode(t, "node")
-	hostIP, nodeIP := node.LinkHost()
-	cl := cluster.New(t, cluster.Options{BindAddress: hostIP.String(), Audit: true})
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	if _, err := cl.CreateNode(ctx, nodeName, "zone-a", nodeIP.String()); err != nil {
-		t.Fatal(err)
-	}
-	ns := cl.Namespace(t)
-	client := cl.Client()
-	svc := func(name, ip string) {
-		t.Helper()
-		s := &corev1.Service{
-			ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
-			Spec: corev1.ServiceSpec{ClusterIP: ip, Selector: map[string]string{"app": name},
-				Ports: []corev1.ServicePort{{Port: 80, TargetPort: intstr.FromInt32(podPort)}}},
-		}
-		if _, err := client.CoreV1().Services(ns).Create(ctx, s, metav1.CreateOptions{}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	pod := func(name, app, ip string) {
-		t.Helper()
-		if _, err := cl.CreateReadyPod(ctx, ns, name, nodeName, ip, map[string]string{"app": app}, nil); err != nil {
-			t.Fatal(err)
-		}
-	}
-	ip := netip.MustParseAddr
-	keep, changed, moved, gone, added := ip("10.244.7.1"), ip("10.244.7.2"), ip("10.244.7.22"), ip("10.244.7.3"), ip("10.244.7.4")
-	svc("keep", "10.96.7.10")
-	svc("change", "10.96.7.11")
-	svc("gone", "10.96.7.12")
-	pod("keep-1", "keep", keep.String())
-	pod("change-1", "change", changed.String())
-	pod("gone-1", "gone", gone.String())
-
-	dir, cfg := apiAgentConfig(t, &apiWorld{c: cl, ctx: ctx, hostIP: hostIP, ns: ns}, "")
-	started := time.Now()
-	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
-	rules := func(present, absent []netip.Addr) func() error {
-		return func() error {
-			have, err := natDestinations(node, podPort, append(present, absent...)...)
-			if err != nil {
-				return err
-			}
-			for _, a := range present {
-				if !have[a] {
-					return fmt.Errorf("%s is not a DNAT destination", a)
-				}
-			}
-			for _, a := range absent {
-				if have[a] {
-					return fmt.Errorf("%s is still a DNAT destination", a)
-				}
-			}
-			return nil
-		}
-	}
-	waitFor(t, 60*time.Second, "the rules before the outage", rules([]netip.Addr{keep, changed, gone}, nil))
-	// The first read of each is a LIST, which the API server gzips, not
-	// a watch with initial events, which it does not (RATIONALE.md, "Why
-	// a full read is a LIST").
-	reads := func(since time.Time) map[string]int {
-		t.Helper()
-		evs, err := cl.AuditEvents("edgeproxy", since)
-		if err != nil {
-			t.Fatal(err)
-		}
-		n := map[string]int{}
-		for _, e := range evs {
-			switch e.Resource() {
-			case "services", "endpointslices", "nodes":
-				if r := e.Read(); r != "" {
-					n[r]++
-					if r != "watch" {
-						n[r+" "+e.RequestURI]++
-					}
-				}
-			}
-		}
-		return n
-	}
-	if n := reads(started); n["list"] < 3 || n["watch-list"] != 0 {
-		t.Errorf("reads at the start: %v, want a list of each (3 or 4) and no watch-list", n)
-	}
-
-	drop := func(op string) {
-		t.Helper()
-		for _, rule := range [][]string{{"INPUT", "-s", hostIP.String()}, {"OUTPUT", "-d", hostIP.String()}} {
-			args := append([]string{op, rule[0]}, append(rule[1:], "-j", "DROP")...)
-			if out, err := node.Run("iptables", args...); err != nil {
-				t.Fatalf("iptables %v: %v: %s", args, err, out)
-			}
-		}
-	}
+	w := newOutageWorld(t)
 	outage := time.Now()
-	drop("-I")
-	undrop := true
-	defer func() {
-		if undrop {
-			drop("-D")
-		}
-	}()
-	// The agent says so once its connections failed (the kernel gives
-	// them up after 15 s of silence); its watches then ask again and find
-	// the API server unreachable.
-	waitFor(t, 45*time.Second, "the agent says the API server is unreachable", func() error {
-		st, err := readAPIStatus(node)
-		if err == nil && st.APIReachable {
-			err = fmt.Errorf("still reachable")
-		}
-		return err
-	})
-	svc("added", "10.96.7.13")
-	pod("added-1", "added", added.String())
-	pod("change-2", "change", moved.String())
-	if err := client.CoreV1().Pods(ns).Delete(ctx, "change-1", metav1.DeleteOptions{GracePeriodSeconds: ptrTo(int64(0))}); err != nil {
-		t.Fatal(err)
-	}
-	if err := client.CoreV1().Services(ns).Delete(ctx, "gone", metav1.DeleteOptions{}); err != nil {
-		t.Fatal(err)
-	}
+	end := w.blackhole(t)
+	w.changeAll(t)
 	// Longer than client-go's HTTP/2 health check (a ping after 30 s
 	// without a frame, given up 15 s later), whose error would end the
 	// watches with a relist.
 	time.Sleep(time.Until(outage.Add(50 * time.Second)))
-	drop("-D")
-	undrop = false
+	end()
 	back := time.Now()
-	waitFor(t, 90*time.Second, "the changes made during the outage in the rules",
-		rules([]netip.Addr{keep, moved, added}, []netip.Addr{changed, gone}))
+	w.changed(t, 90*time.Second)
 	t.Logf("outage %v; rules right %v after the link came back", back.Sub(outage).Round(time.Second), time.Since(back).Round(100*time.Millisecond))
 
-	after := reads(outage)
+	after := w.reads(t, outage)
 	if after["list"] != 0 || after["watch-list"] != 0 || after["watch"] == 0 {
 		t.Errorf("reads after the outage: %v, want watches only", after)
 	}
 	t.Logf("reads of the agent since the outage began: %v", after)
+	w.statusReads(t)
+}
+
+// statusReads checks that the agent's status counts the full lists the
+// API server's audit log has of it since its start, and logs the bytes.
+func (w *outageWorld) statusReads(t *testing.T) {
+	t.Helper()
+	st, err := readAPIStatus(w.node)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lists := w.reads(t, w.started)["list"]
+	if st.Link.Lists != lists || st.Link.Watches == 0 || st.Link.BytesIn == 0 {
+		t.Errorf("status link %+v; want the %d lists of the audit log, watches and bytes", st.Link, lists)
+	}
+	t.Logf("status link: %+v", st.Link)
 }
 
 func ptrTo[T any](v T) *T { return &v }
+
+// Beyond the watch cache's window the API server no longer has the
+// agent's resourceVersions, and the agent reads each resource again once,
+// with a LIST (which the API server gzips when it is large), as the
+// reflector does on 410 Gone. The API server's watch cache keeps at least
+// 75 s of events and evicts the oldest only when full (capacity 100,
+// doubled while every event in it is younger than 75 s): so the outage
+// lasts 80 s, then other objects of the three resources (a headless
+// Service, a headless slice, another Node: nothing the agent is sent)
+// change (cluster.Churn) until a watch from a resourceVersion read after
+// the drop answers 410 Gone for each. When the link is back, the agent's reads
+// are one LIST per informer, the same ones as at its start, then watches;
+// the rules hold the changes made during the outage.
+func TestAPIOutageBeyondWatchCache(t *testing.T) {
+	w := newOutageWorld(t)
+	atStart := listsOnce(w.reads(t, w.started))
+	outage := time.Now()
+	end := w.cut(t)
+	// The agent hears nothing after the drop: no resourceVersion it holds
+	// is newer than rv.
+	rvRead := time.Now()
+	rv, err := w.cl.Watermark(w.ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.unreachable(t)
+	w.changeAll(t)
+
+	// Every event up to rv is older than the watch caches' 75 s when the
+	// churn starts, so the churn evicts them instead of growing the caches.
+	time.Sleep(time.Until(rvRead.Add(80 * time.Second)))
+	churn, err := w.cl.NewChurn(w.ctx, w.ns, "churn")
+	if err != nil {
+		t.Fatal(err)
+	}
+	changes, err := churn.UntilGone(w.ctx, rv, 100, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("watches from %s answered 410 Gone after %d changes of each resource, %v into the outage", rv, changes, time.Since(outage).Round(time.Second))
+
+	end()
+	back := time.Now()
+	// The reflectors' retries wait up to 60 s (client-go's backoff: 30 s,
+	// jittered up to twice that) before a watch finds the link back, and
+	// as long again before the LIST that follows its 410.
+	w.changed(t, 150*time.Second)
+	t.Logf("outage %v; rules right %v after the link came back", back.Sub(outage).Round(time.Second), time.Since(back).Round(100*time.Millisecond))
+
+	// Each informer's reflector lists when its own retry comes: the
+	// rules need only the Services and the slices.
+	waitFor(t, 150*time.Second, "a LIST of each informer", func() error {
+		if lists := listsOnce(w.reads(t, back)); len(lists) < len(atStart) {
+			return fmt.Errorf("%d informers of %d listed: %v", len(lists), len(atStart), lists)
+		}
+		return nil
+	})
+	after := w.reads(t, back)
+	lists := listsOnce(after)
+	if after["watch-list"] != 0 || after["watch"] == 0 || len(lists) != len(atStart) {
+		t.Errorf("reads after the outage: %v, want one LIST per informer (%d), then watches", after, len(atStart))
+	}
+	for q, n := range lists {
+		if n != 1 || atStart[q] != 1 {
+			t.Errorf("after the outage %d LISTs of %s (%d at the start), want 1", n, q, atStart[q])
+		}
+	}
+	t.Logf("reads of the agent since the link came back: %v", after)
+	w.statusReads(t)
+}
+
+// listsOnce counts reads' LISTs by what they ask for, without the
+// resourceVersion and limit they ask it at.
+func listsOnce(reads map[string]int) map[string]int {
+	out := map[string]int{}
+	for k, n := range reads {
+		uri, ok := strings.CutPrefix(k, "list ")
+		if !ok {
+			continue
+		}
+		u, err := url.Parse(uri)
+		if err != nil {
+			out[uri] += n
+			continue
+		}
+		q := u.Query()
+		q.Del("resourceVersion")
+		q.Del("limit")
+		u.RawQuery = q.Encode()
+		out[u.String()] += n
+	}
+	return out
+}
