@@ -292,8 +292,8 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		t.Logf("%s: %s; %s in all; kernel after: %s", what, phases, time.Since(began).Round(100*time.Millisecond), kernelSummary(t, node))
 		// A known issue on the way back (deploy/README.md): while and
 		// just after `edgeproxy cleanup` runs, a few new connections fail
-		// (1 to 4 in 100 to 900, in four of seven runs of 2026-11-26, the
-		// first each time a UDP reply; unique source ports did not help). It
+		// (up to 6 of several hundred, in four of seven runs of 2026-11-26,
+		// the first each time a UDP reply; unique source ports did not help). It
 		// is held under 5% until its cause is found; the forward switch
 		// and every other count stay at 0.
 		failedOK := res.FailedAfter == 0 || next == proxies.KubeProxy && res.FailedAfter*20 <= res.NewAfter
