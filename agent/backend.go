@@ -20,6 +20,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
+	"github.com/edgeproxy/edgeproxy/datapath/nftables"
 	"github.com/edgeproxy/edgeproxy/datapath/recorder"
 	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
@@ -33,6 +34,11 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 		return iptables.New(iptablesOptions(cfg, log, reg))
 	case config.ModeIPVS:
 		return newIPVSBackend(cfg, log, reg)
+	case config.ModeNFTables:
+		if d := detectLocal(cfg, log); d.node || d.iface != "" {
+			return nil, fmt.Errorf("mode nftables: detectLocalMode %s is not available in this mode yet; use ClusterCIDR", cfg.DetectLocalMode)
+		}
+		return nftables.New(nftablesOptions(cfg, log))
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
 	}
@@ -46,6 +52,23 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	o.LockWait = cfg.IPTables.LockWait
 	o.Logger, o.Registerer = log.With("datapath", "iptables"), reg
 	return o
+}
+
+// nftablesOptions are the options of nftables mode. Only ClusterCIDR
+// detection of pod traffic is there yet (NewBackend refuses the other
+// detectLocalMode values).
+func nftablesOptions(cfg *config.Config, log *slog.Logger) nftables.Options {
+	pods := detectLocal(cfg, log)
+	return nftables.Options{
+		MasqueradeBit:     cfg.IPTables.MasqueradeBit,
+		ClusterCIDRs:      pods.cidrs,
+		MasqueradeAll:     cfg.MasqueradeAll,
+		TCPBeLiberal:      cfg.Conntrack.TCPBeLiberal,
+		IPv6:              proxyIPv6(cfg.IPTables.LockWait, log),
+		NodePortAddresses: parsePrefixes(cfg.NodePortAddresses...),
+		NodePortPrimary:   slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
+		Logger:            log.With("datapath", "nftables"),
+	}
 }
 
 // iptablesSettings are the options of iptables mode that cfg sets and a

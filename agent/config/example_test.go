@@ -33,7 +33,7 @@ func ExampleLoad() {
 	// Output:
 	// edge-1 ipvs 2s 1m0s 16Mi
 	// config: sync.minPeriod: "abc" is not a duration
-	// config: mode: "foo" is not one of iptables, ipvs, plan
+	// config: mode: "foo" is not one of iptables, ipvs, nftables, plan
 }
 
 func ExampleWatcher() {

@@ -273,5 +273,6 @@ type Mode string
 const (
 	ModeIPTables Mode = "iptables"
 	ModeIPVS     Mode = "ipvs"
-	ModePlan     Mode = "plan" // compute and publish the plan, program nothing
+	ModeNFTables Mode = "nftables" // nf_tables over netlink, tables ip/ip6 edgeproxy
+	ModePlan     Mode = "plan"     // compute and publish the plan, program nothing
 )

@@ -14,7 +14,7 @@ import (
 
 // Allowed values of the enumerated keys.
 var (
-	Modes            = []string{string(ModeIPTables), string(ModeIPVS), string(ModePlan)}
+	Modes            = []string{string(ModeIPTables), string(ModeIPVS), string(ModeNFTables), string(ModePlan)}
 	PolicyEngines    = []string{"compiler", "interpreter"}
 	ChainFailures    = []string{FailureKeepBuiltin, FailureLastGood}
 	LogLevels        = []string{"debug", "info", "warn", "error"}

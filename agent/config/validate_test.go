@@ -60,7 +60,7 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 		mutate func(*Config)
 		want   string // the whole error text
 	}{
-		{func(c *Config) { c.Mode = "foo" }, `config: mode: "foo" is not one of iptables, ipvs, plan`},
+		{func(c *Config) { c.Mode = "foo" }, `config: mode: "foo" is not one of iptables, ipvs, nftables, plan`},
 		{func(c *Config) { c.NodeName = " " }, `config: nodeName: must not be empty`},
 		{func(c *Config) { c.Kubeconfig, c.Manifests = "/k", "/m" },
 			`config: manifests: "/m" cannot be used together with kubeconfig "/k": pick one source`},
@@ -159,7 +159,7 @@ func TestValidateReportsEveryProblemSorted(t *testing.T) {
 	err := c.Validate()
 	want := `config: iptables.masqueradeBit: 40 is not in 0..31
 config: log.level: "loud" is not one of debug, info, warn, error
-config: mode: "foo" is not one of iptables, ipvs, plan`
+config: mode: "foo" is not one of iptables, ipvs, nftables, plan`
 	if err == nil || err.Error() != want {
 		t.Fatalf("got\n%v\nwant\n%s", err, want)
 	}
