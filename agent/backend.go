@@ -35,9 +35,6 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 	case config.ModeIPVS:
 		return newIPVSBackend(cfg, log, reg)
 	case config.ModeNFTables:
-		if d := detectLocal(cfg, log); d.node || d.iface != "" {
-			return nil, fmt.Errorf("mode nftables: detectLocalMode %s is not available in this mode yet; use ClusterCIDR", cfg.DetectLocalMode)
-		}
 		return nftables.New(nftablesOptions(cfg, log))
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
@@ -54,14 +51,14 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	return o
 }
 
-// nftablesOptions are the options of nftables mode. Only ClusterCIDR
-// detection of pod traffic is there yet (NewBackend refuses the other
-// detectLocalMode values).
+// nftablesOptions are the options of nftables mode.
 func nftablesOptions(cfg *config.Config, log *slog.Logger) nftables.Options {
 	pods := detectLocal(cfg, log)
 	return nftables.Options{
 		MasqueradeBit:     cfg.IPTables.MasqueradeBit,
 		ClusterCIDRs:      pods.cidrs,
+		NodePodCIDRs:      pods.node,
+		PodInterface:      pods.iface,
 		MasqueradeAll:     cfg.MasqueradeAll,
 		TCPBeLiberal:      cfg.Conntrack.TCPBeLiberal,
 		IPv6:              proxyIPv6(cfg.IPTables.LockWait, log),

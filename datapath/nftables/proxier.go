@@ -6,9 +6,12 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
 
 	"github.com/google/nftables"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
@@ -23,6 +26,16 @@ type Options struct {
 	// a cluster IP from outside them is masqueraded. A family without one
 	// masquerades none (kube-proxy's ClusterCIDR mode without a range).
 	ClusterCIDRs []netip.Prefix
+	// NodePodCIDRs tells pods by the Node's pod range instead (the plan's
+	// PodCIDRs, the first of each family: kube-proxy's NodeCIDR mode); a
+	// family the Node has no range of tells none.
+	NodePodCIDRs bool
+	// PodInterface tells pods by the interface their traffic arrives on
+	// instead, before NodePodCIDRs and ClusterCIDRs: a name ("cni0",
+	// kube-proxy's BridgeInterface mode) or a prefix followed by "+"
+	// ("veth+", InterfaceNamePrefix), as in the iptables mode. nft lists
+	// it as `iifname "cni0"` or `iifname "veth*"`.
+	PodInterface string
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool
 	// TCPBeLiberal: nf_conntrack_tcp_be_liberal is set, so out-of-window
@@ -52,6 +65,9 @@ type Options struct {
 	// NoConntrack to have none.
 	Conntrack   ConntrackCleaner
 	NoConntrack bool
+
+	// nodePods are the plan's pod ranges (NodePodCIDRs), one per family.
+	nodePods []netip.Prefix
 }
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
@@ -67,6 +83,64 @@ func (o *Options) clusterCIDR(f datapath.Family) (netip.Prefix, bool) {
 		}
 	}
 	return netip.Prefix{}, false
+}
+
+// podMatch is how a table tells traffic from pods (kube-proxy's local
+// traffic detector): by its source range (cidr) or by the interface it
+// arrives on (iface; a prefix when it ends in "*"). The zero value tells
+// none.
+type podMatch struct {
+	cidr  netip.Prefix
+	iface string
+}
+
+func (m podMatch) valid() bool { return m.cidr.IsValid() || m.iface != "" }
+
+// pods is how the table of family f tells pods.
+func (o *Options) pods(f datapath.Family) podMatch {
+	switch {
+	case o.PodInterface != "":
+		if prefix, ok := strings.CutSuffix(o.PodInterface, "+"); ok {
+			return podMatch{iface: prefix + "*"}
+		}
+		return podMatch{iface: o.PodInterface}
+	case o.NodePodCIDRs:
+		for _, p := range o.nodePods {
+			if datapath.FamilyOf(p.Addr()) == f {
+				return podMatch{cidr: p.Masked()}
+			}
+		}
+		return podMatch{}
+	}
+	if c, ok := o.clusterCIDR(f); ok {
+		return podMatch{cidr: c}
+	}
+	return podMatch{}
+}
+
+// followPodCIDRs makes the Node's pod ranges (the first of each family,
+// as kube-proxy takes it) those that tell pods; a change rewrites the
+// tables (Apply compares each table's podMatch).
+func (o *Options) followPodCIDRs(podCIDRs []netip.Prefix, log *slog.Logger) {
+	var now []netip.Prefix
+	for _, f := range []datapath.Family{datapath.IPv4, datapath.IPv6} {
+		for _, p := range podCIDRs {
+			if datapath.FamilyOf(p.Addr()) == f {
+				now = append(now, p.Masked())
+				break
+			}
+		}
+	}
+	if slices.Equal(now, o.nodePods) && o.nodePods != nil {
+		return
+	}
+	if len(now) == 0 {
+		log.Warn("detectLocalMode NodeCIDR: the Node has no pod range; no traffic is told from pods", "podCIDRs", podCIDRs)
+		now = []netip.Prefix{} // read: not nil
+	} else {
+		log.Info("detectLocalMode NodeCIDR: pods are told by the Node's pod ranges", "podCIDRs", now)
+	}
+	o.nodePods = now
 }
 
 // Proxier implements datapath.Backend with nf_tables over netlink.
@@ -110,6 +184,9 @@ type table struct {
 	// (a Service with affinity changed, or a sweep failed).
 	affinity, affDirty bool
 	affUnits           int
+	// pods is how the rules written tell pods: a change rewrites the
+	// table.
+	pods podMatch
 }
 
 // New returns a Proxier. It writes nothing until the first Apply, which
@@ -119,6 +196,10 @@ func New(o Options) (*Proxier, error) {
 	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
 		return nil, fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
 	}
+	if n := strings.TrimSuffix(o.PodInterface, "+"); len(n) > unix.IFNAMSIZ-1 || o.PodInterface == "+" {
+		return nil, fmt.Errorf("nftables: pod interface %q: want a name of at most %d bytes", o.PodInterface, unix.IFNAMSIZ-1)
+	}
+	o.nodePods = nil
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -184,6 +265,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
+		p.opts.followPodCIDRs(plan.PodCIDRs, p.log)
+	}
 	b := &batch{c: p.conn}
 	var pend []*pending
 	st := Stats{}
@@ -194,7 +278,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		}
 		// Whether node ports are restricted is in the fixed rules: a
 		// change of it rewrites the table.
-		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil)
+		// So is how pods are told, in every Service's rules.
+		pods := p.opts.pods(t.f.family)
+		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
 		if rebuild {
@@ -206,6 +292,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		if err != nil {
 			return err // nothing was queued on the connection yet
 		}
+		pd.pods = pods
 		st.Units = max(st.Units, pd.n)
 		pend = append(pend, pd)
 	}
@@ -267,10 +354,11 @@ type pending struct {
 	// Service with affinity changed, its stale entries must go.
 	affinity, sweep bool
 	affUnits        int // the table's count after the batch
+	pods            podMatch
 }
 
 func (pd *pending) commit(t *table) {
-	t.npIPs, t.affinity, t.affUnits = pd.npIPs, pd.affinity, pd.affUnits
+	t.npIPs, t.affinity, t.affUnits, t.pods = pd.npIPs, pd.affinity, pd.affUnits, pd.pods
 	t.affDirty = t.affDirty || pd.sweep
 	if pd.replace {
 		t.units, t.hairpin = pd.units, pd.hairpin
