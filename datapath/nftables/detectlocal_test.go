@@ -247,3 +247,22 @@ func TestNodePodCIDRsFollowPlan(t *testing.T) {
 		t.Fatalf("after the Node's range moved (stats %+v):\n%s", st, got)
 	}
 }
+
+// masqueradeAll masquerades every source to a cluster IP, pods too,
+// however pods are told (kube-proxy: the mark rule has no source match).
+func TestMasqueradeAllRules(t *testing.T) {
+	for _, m := range detectModes {
+		o := m.o
+		o.MasqueradeBit, o.MasqueradeAll = 14, true
+		if o.NodePodCIDRs {
+			o.followPodCIDRs(m.podCIDRs, discard)
+		}
+		u, err := buildUnit(famIPv4, &o, group(detectPlan(m.podCIDRs), datapath.IPv4, true)[svcName("default", "web", "")])
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := "ip daddr 10.96.0.10 meta mark set meta mark | 0x00004000\n"; !strings.Contains(u.String(), want) {
+			t.Errorf("%s: the cluster IP's rules lack %q:\n%s", m.name, want, u)
+		}
+	}
+}

@@ -289,7 +289,11 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		if !fr.Kind.External() {
 			c := withAffinity(fr.Endpoints, fr)
 			u.elems[key] = target{kind: expr.VerdictGoto, chain: c.name}
-			if o.MasqueradeAll || pods.valid() {
+			switch {
+			case o.MasqueradeAll:
+				// Every source, pods too (kube-proxy).
+				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, podMatch{}, bit))
+			case pods.valid():
 				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, pods, bit))
 			}
 			continue
