@@ -53,6 +53,15 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 
 // nftablesOptions are the options of nftables mode.
 func nftablesOptions(cfg *config.Config, log *slog.Logger) nftables.Options {
+	o := nftablesSettings(cfg, log)
+	o.IPv6 = proxyIPv6(cfg.IPTables.LockWait, log)
+	o.Logger = log.With("datapath", "nftables")
+	return o
+}
+
+// nftablesSettings are the options of nftables mode that cfg sets and a
+// reload may change (nftables.Proxier.Reconfigure).
+func nftablesSettings(cfg *config.Config, log *slog.Logger) nftables.Options {
 	pods := detectLocal(cfg, log)
 	return nftables.Options{
 		MasqueradeBit:     cfg.IPTables.MasqueradeBit,
@@ -61,10 +70,8 @@ func nftablesOptions(cfg *config.Config, log *slog.Logger) nftables.Options {
 		PodInterface:      pods.iface,
 		MasqueradeAll:     cfg.MasqueradeAll,
 		TCPBeLiberal:      cfg.Conntrack.TCPBeLiberal,
-		IPv6:              proxyIPv6(cfg.IPTables.LockWait, log),
 		NodePortAddresses: parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary:   slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
-		Logger:            log.With("datapath", "nftables"),
 	}
 }
 
@@ -101,6 +108,11 @@ func reconfigureBackend(b datapath.Backend, prev, next *config.Config, log *slog
 			return false, nil
 		}
 		return true, b.Reconfigure(iptablesSettings(next, log))
+	case *nftables.Proxier:
+		if reflect.DeepEqual(nftablesSettings(prev, quiet), nftablesSettings(next, quiet)) {
+			return false, nil
+		}
+		return true, b.Reconfigure(nftablesSettings(next, log))
 	case *ipvsBackend:
 		if reflect.DeepEqual(ipvsSettings(prev, quiet), ipvsSettings(next, quiet)) {
 			return false, nil

@@ -143,6 +143,17 @@ func (o *Options) followPodCIDRs(podCIDRs []netip.Prefix, log *slog.Logger) {
 	o.nodePods = now
 }
 
+// validate checks the settings New and Reconfigure take.
+func (o *Options) validate() error {
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		return fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
+	}
+	if n := strings.TrimSuffix(o.PodInterface, "+"); len(n) > unix.IFNAMSIZ-1 || o.PodInterface == "+" {
+		return fmt.Errorf("nftables: pod interface %q: want a name of at most %d bytes", o.PodInterface, unix.IFNAMSIZ-1)
+	}
+	return nil
+}
+
 // Proxier implements datapath.Backend with nf_tables over netlink.
 type Proxier struct {
 	opts Options
@@ -193,11 +204,8 @@ type table struct {
 // replaces whatever table of our name exists with the whole plan in one
 // transaction.
 func New(o Options) (*Proxier, error) {
-	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
-	}
-	if n := strings.TrimSuffix(o.PodInterface, "+"); len(n) > unix.IFNAMSIZ-1 || o.PodInterface == "+" {
-		return nil, fmt.Errorf("nftables: pod interface %q: want a name of at most %d bytes", o.PodInterface, unix.IFNAMSIZ-1)
+	if err := o.validate(); err != nil {
+		return nil, err
 	}
 	o.nodePods = nil
 	if o.Logger == nil {
@@ -243,6 +251,32 @@ func (p *Proxier) Name() string { return "nftables" }
 
 // Close releases the netlink socket.
 func (p *Proxier) Close() error { return p.conn.CloseLasting() }
+
+// Reconfigure takes the settings of opts that a reload of the agent's
+// config may change: the masquerade bit and masqueradeAll, how pods are
+// told (ClusterCIDRs, NodePodCIDRs, PodInterface), TCPBeLiberal and the
+// node-port addresses. The next Apply rewrites the tables with them, in
+// one transaction as always. What New alone sets stays (IPv6, NetNS,
+// LocalAddrs, the conntrack cleaner, the logger). A value New would
+// refuse is refused and nothing changes.
+func (p *Proxier) Reconfigure(opts Options) error {
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := &p.opts
+	o.MasqueradeBit, o.MasqueradeAll, o.TCPBeLiberal = opts.MasqueradeBit, opts.MasqueradeAll, opts.TCPBeLiberal
+	o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface = opts.ClusterCIDRs, opts.NodePodCIDRs, opts.PodInterface
+	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
+	for _, t := range p.tables {
+		t.needFull = true
+	}
+	if c, ok := p.ct.(interface{ SetNodePortAddresses([]netip.Prefix) }); ok {
+		c.SetNodePortAddresses(o.NodePortAddresses)
+	}
+	return nil
+}
 
 // LastStats returns what the last successful Apply did.
 func (p *Proxier) LastStats() Stats {

@@ -303,3 +303,79 @@ func assertNoNFTablesMode(t *testing.T, node *netns.Node) {
 		}
 	}
 }
+
+// TestNFTablesReloadDatapathSettings: in nftables mode, the datapath
+// settings of the config file (clusterCIDR, masqueradeAll,
+// iptables.masqueradeBit, nodePortAddresses) edited while the agent runs
+// change the rules and the traffic without a restart, as in iptables
+// mode (TestIPTablesReloadDatapathSettings).
+func TestNFTablesReloadDatapathSettings(t *testing.T) {
+	bin := rootAgent(t, "nft")
+
+	node := netns.NewNode(t, "node")
+	a, b := node.AddPod("a"), node.AddPod("b")
+	client := node.AddClient("client")
+	serve(t, a)
+	m := newManifestsAgent(t)
+	m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	config := func(extra string) {
+		t.Helper()
+		writeFile(t, m.cfg, strings.Replace(m.config("sync: {minPeriod: 200ms, period: 30s}\n"+extra), "mode: iptables\n", "mode: nftables\n", 1))
+	}
+	config("clusterCIDR: 10.244.0.0/16\n")
+	logOnFailure(t, node, "nft", "list", "ruleset")
+	ag := m.start(t, node, bin)
+	pid := ag.cmd.Process.Pid
+
+	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
+	nodePort := netip.AddrPortFrom(node.LinkIP, 30080)
+	seen := func(what string, src netip.Addr) {
+		t.Helper()
+		waitFor(t, 30*time.Second, what, func() error {
+			r, err := b.TCP(vip, time.Second)
+			if err == nil && (r.Name != "a" || r.Client.Addr() != src) {
+				err = fmt.Errorf("answered by %s, which saw %s; want a seeing %s", r.Name, r.Client.Addr(), src)
+			}
+			return err
+		})
+	}
+	table := func() string {
+		t.Helper()
+		out, err := node.Run("nft", "list", "table", "ip", "edgeproxy")
+		if err != nil {
+			t.Fatal(err)
+		}
+		return out
+	}
+	seen("b -> ClusterIP, b inside clusterCIDR: not masqueraded", b.IP)
+	waitFor(t, 30*time.Second, "client -> NodePort", func() error { _, err := client.TCP(nodePort, time.Second); return err })
+
+	config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: true\niptables: {masqueradeBit: 12}\n")
+	seen("b -> ClusterIP with masqueradeAll: masqueraded", node.Gateway)
+	if rules := table(); !strings.Contains(rules, "0x00001000") || strings.Contains(rules, "0x00004000") {
+		t.Fatalf("rules after masqueradeBit 14 -> 12: want mark 0x00001000 only:\n%s", rules)
+	}
+
+	// A clusterCIDR that b is not in: masqueraded without masqueradeAll;
+	// node ports on no address of the node's.
+	config("clusterCIDR: 10.250.0.0/16\nnodePortAddresses: [10.99.0.0/16]\n")
+	waitFor(t, 30*time.Second, "mark 0x00004000 and 10.250.0.0/16 in the rules", func() error {
+		if rules := table(); !strings.Contains(rules, "0x00004000") || !strings.Contains(rules, "10.250.0.0/16") {
+			return fmt.Errorf("not yet:\n%s", rules)
+		}
+		return nil
+	})
+	seen("b -> ClusterIP, b outside clusterCIDR: masqueraded", node.Gateway)
+	waitRefused(t, client, nodePort, "NodePort closed outside nodePortAddresses")
+
+	config("clusterCIDR: 10.244.0.0/16\n")
+	seen("b -> ClusterIP, b inside clusterCIDR again: not masqueraded", b.IP)
+	waitFor(t, 30*time.Second, "client -> NodePort again", func() error { _, err := client.TCP(nodePort, time.Second); return err })
+
+	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Fields(string(stat))[2] == "Z" {
+		t.Fatalf("the agent (pid %d) is gone: %s %v", pid, stat, err)
+	}
+	if out, _ := os.ReadFile(ag.log); !strings.Contains(string(out), "datapath settings changed") {
+		t.Errorf("the agent never logged a datapath settings change")
+	}
+}
