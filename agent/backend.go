@@ -35,7 +35,7 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 	case config.ModeIPVS:
 		return newIPVSBackend(cfg, log, reg)
 	case config.ModeNFTables:
-		return nftables.New(nftablesOptions(cfg, log))
+		return nftables.New(nftablesOptions(cfg, log, reg))
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
 	}
@@ -52,10 +52,10 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 }
 
 // nftablesOptions are the options of nftables mode.
-func nftablesOptions(cfg *config.Config, log *slog.Logger) nftables.Options {
+func nftablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) nftables.Options {
 	o := nftablesSettings(cfg, log)
 	o.IPv6 = proxyIPv6(cfg.IPTables.LockWait, log)
-	o.Logger = log.With("datapath", "nftables")
+	o.Logger, o.Registerer = log.With("datapath", "nftables"), reg
 	return o
 }
 

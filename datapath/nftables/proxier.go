@@ -9,8 +9,10 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -59,6 +61,9 @@ type Options struct {
 	// (tests); 0 means the process's own.
 	NetNS  int
 	Logger *slog.Logger
+	// Registerer takes the datapath's metrics (metrics.go); nil registers
+	// none.
+	Registerer prometheus.Registerer
 	// Conntrack cleans stale UDP entries after each successful apply
 	// (*conntrack.Cleaner; it works in the network namespace of the
 	// thread that calls Apply). Nil creates a conntrack.Cleaner; set
@@ -161,6 +166,8 @@ type Proxier struct {
 	conn *nftables.Conn
 	ct   ConntrackCleaner
 
+	m *metrics
+
 	mu     sync.Mutex
 	tables []*table
 	stats  Stats
@@ -174,9 +181,41 @@ var _ datapath.Backend = (*Proxier)(nil)
 
 // Stats describe the last successful Apply.
 type Stats struct {
-	Rebuilt  bool // the tables were written from scratch
-	Units    int  // service ports compared (in the family with most)
-	Messages int  // operations in the transaction (one per chain, rule, set's element list)
+	Rebuilt  bool          `json:"rebuilt"`  // the tables were written from scratch
+	Units    int           `json:"units"`    // service ports compared (in the family with most)
+	Messages int           `json:"messages"` // operations in the transaction (one per chain, rule, set's element list)
+	Duration time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
+	At       time.Time     `json:"at"`       // when it ended
+}
+
+// Status is what the datapath shows in the agent's status: its last
+// apply and its tables as written.
+type Status struct {
+	LastApply Stats         `json:"lastApply"`
+	Tables    []TableStatus `json:"tables"`
+}
+
+// TableStatus is one family's table as last written.
+type TableStatus struct {
+	Family       string `json:"family"` // "ip" or "ip6"
+	Written      bool   `json:"written"`
+	Chains       int    `json:"chains"`
+	ServicePorts int    `json:"servicePorts"`
+}
+
+// Status returns the datapath's status.
+func (p *Proxier) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := Status{LastApply: p.stats}
+	for _, t := range p.tables {
+		ts := TableStatus{Family: t.f.name, Written: t.written}
+		if t.written {
+			ts.Chains, ts.ServicePorts = t.chainCount(&p.opts), len(t.units)
+		}
+		st.Tables = append(st.Tables, ts)
+	}
+	return st
 }
 
 // table is the state of one family's table as last written: kept in
@@ -198,6 +237,13 @@ type table struct {
 	// pods is how the rules written tell pods: a change rewrites the
 	// table.
 	pods podMatch
+	// unitChains counts the units' chains (the fixed ones are not).
+	unitChains int
+}
+
+// chainCount is the number of chains in the table as last written.
+func (t *table) chainCount(o *Options) int {
+	return len(t.f.fixedChains(o, t.npIPs != nil)) + t.unitChains
 }
 
 // New returns a Proxier. It writes nothing until the first Apply, which
@@ -222,7 +268,12 @@ func New(o Options) (*Proxier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: netlink: %w", err)
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		_ = c.CloseLasting()
+		return nil, err
+	}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -299,6 +350,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	start := time.Now()
 	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
 		p.opts.followPodCIDRs(plan.PodCIDRs, p.log)
 	}
@@ -335,10 +387,20 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		for _, t := range p.tables {
 			t.needFull = true
 		}
+		p.m.failures.Inc()
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
 	}
+	st.At = time.Now()
+	st.Duration = st.At.Sub(start)
+	if st.Rebuilt {
+		p.m.fullDuration.Observe(st.Duration.Seconds())
+	} else {
+		p.m.partialDuration.Observe(st.Duration.Seconds())
+	}
+	p.m.ops.Set(float64(st.Messages))
 	for i, t := range p.tables {
 		pend[i].commit(t)
+		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 		if t.affDirty {
 			// Entries that name an endpoint the frontend no longer has
 			// would send its clients there: they go in a second
@@ -397,13 +459,21 @@ func (pd *pending) commit(t *table) {
 	if pd.replace {
 		t.units, t.hairpin = pd.units, pd.hairpin
 		t.written, t.needFull = true, false
+		t.unitChains = 0
+		for _, u := range t.units {
+			t.unitChains += len(u.chains)
+		}
 		return
 	}
 	for s, u := range pd.units {
+		if old := t.units[s]; old != nil {
+			t.unitChains -= len(old.chains)
+		}
 		if u == nil {
 			delete(t.units, s)
 		} else {
 			t.units[s] = u
+			t.unitChains += len(u.chains)
 		}
 	}
 	for a, d := range pd.hairpin {

@@ -135,6 +135,28 @@ func TestNFTablesAgent(t *testing.T) {
 		})
 	}
 
+	// The mode and the datapath's numbers in /metrics and the status.
+	metrics, err := nodeGET(node, pn.MetricsAddr, "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`edgeproxy_nftables_chains{family="ip"} `, "edgeproxy_nftables_sync_netlink_operations ",
+		"kubeproxy_sync_proxy_rules_nftables_sync_failures_total 0", "kubeproxy_sync_full_proxy_rules_duration_seconds_count "} {
+		if !strings.Contains(metrics, want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+	out, err := runIn(node, bin, "status", "--config", cfg)
+	if err != nil {
+		t.Fatalf("edgeproxy status: %v\n%s", err, out)
+	}
+	t.Logf("edgeproxy status:\n%s", out)
+	for _, want := range []string{"mode nftables", "nftables: last apply ", "nftables tables: ip edgeproxy: ", "ip6 edgeproxy: "} {
+		if !strings.Contains(out, want) {
+			t.Errorf("edgeproxy status lacks %q:\n%s", want, out)
+		}
+	}
+
 	// `edgeproxy cleanup` removes the tables, and succeeds again with
 	// none left; kube-proxy's table is not ours.
 	ag.kill(t)
