@@ -35,7 +35,7 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 	case config.ModeIPVS:
 		return newIPVSBackend(cfg, log, reg)
 	case config.ModeNFTables:
-		return nftables.New(nftablesOptions(cfg, log, reg))
+		return newNFTablesBackend(cfg, log, reg)
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
 	}
@@ -49,6 +49,23 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	o.LockWait = cfg.IPTables.LockWait
 	o.Logger, o.Registerer = log.With("datapath", "iptables"), reg
 	return o
+}
+
+// newNFTablesBackend builds nftables mode's Proxier once the kernel has
+// passed its probe: a kernel without an expression the mode writes is
+// refused at start, by name, not at the first apply.
+func newNFTablesBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (datapath.Backend, error) {
+	p, err := nftables.New(nftablesOptions(cfg, log, reg))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Probe(ctx); err != nil {
+		_ = p.Close()
+		return nil, fmt.Errorf("mode nftables: %w", err)
+	}
+	return p, nil
 }
 
 // nftablesOptions are the options of nftables mode.
