@@ -71,7 +71,13 @@ func newNFTablesBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Reg
 // nftablesOptions are the options of nftables mode.
 func nftablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) nftables.Options {
 	o := nftablesSettings(cfg, log)
-	o.IPv6 = proxyIPv6(cfg.IPTables.LockWait, log)
+	// IPv6 Services are proxied where the kernel has IPv6 on, as in the
+	// other modes; nf_tables' ip6 family needs no ip6tables.
+	o.IPv6 = true
+	if err := ipv6Supported("/proc", func() error { return nil }); err != nil {
+		log.Info("IPv6 Services are not proxied", "why", err)
+		o.IPv6 = false
+	}
 	o.Logger, o.Registerer = log.With("datapath", "nftables"), reg
 	return o
 }
