@@ -193,6 +193,10 @@ type Stats struct {
 type Status struct {
 	LastApply Stats         `json:"lastApply"`
 	Tables    []TableStatus `json:"tables"`
+	// Warnings name what may keep Services from working though our
+	// rules are right: other tables' base chains with policy drop
+	// (dropChains), looked up when the status is asked for.
+	Warnings []string `json:"warnings,omitempty"`
 }
 
 // TableStatus is one family's table as last written.
@@ -215,6 +219,11 @@ func (p *Proxier) Status() Status {
 		}
 		st.Tables = append(st.Tables, ts)
 	}
+	warn, err := p.dropChains()
+	if err != nil {
+		warn = append(warn, "cannot look for other tables' drop policies: "+err.Error())
+	}
+	st.Warnings = warn
 	return st
 }
 

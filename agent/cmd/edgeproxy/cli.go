@@ -234,6 +234,9 @@ func renderNFTables(w io.Writer, n *nftables.Status, age func(time.Time) string)
 	if len(tables) > 0 {
 		fmt.Fprintf(w, "nftables tables: %s\n", strings.Join(tables, "; "))
 	}
+	for _, warn := range n.Warnings {
+		fmt.Fprintf(w, "nftables warning: %s\n", warn)
+	}
 }
 
 // renderModules prints the policy modules' table.
