@@ -35,10 +35,7 @@ func NewBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer)
 	case config.ModeIPVS:
 		return newIPVSBackend(cfg, log, reg)
 	case config.ModeNFTables:
-		if d := detectLocal(cfg, log); d.node || d.iface != "" {
-			return nil, fmt.Errorf("mode nftables: detectLocalMode %s is not available in this mode yet; use ClusterCIDR", cfg.DetectLocalMode)
-		}
-		return nftables.New(nftablesOptions(cfg, log))
+		return newNFTablesBackend(cfg, log, reg)
 	default:
 		return nil, fmt.Errorf("mode %q is not available in this build", cfg.Mode)
 	}
@@ -54,20 +51,50 @@ func iptablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 	return o
 }
 
-// nftablesOptions are the options of nftables mode. Only ClusterCIDR
-// detection of pod traffic is there yet (NewBackend refuses the other
-// detectLocalMode values).
-func nftablesOptions(cfg *config.Config, log *slog.Logger) nftables.Options {
+// newNFTablesBackend builds nftables mode's Proxier once the kernel has
+// passed its probe: a kernel without an expression the mode writes is
+// refused at start, by name, not at the first apply.
+func newNFTablesBackend(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) (datapath.Backend, error) {
+	p, err := nftables.New(nftablesOptions(cfg, log, reg))
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := p.Probe(ctx); err != nil {
+		_ = p.Close()
+		return nil, fmt.Errorf("mode nftables: %w", err)
+	}
+	return p, nil
+}
+
+// nftablesOptions are the options of nftables mode.
+func nftablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Registerer) nftables.Options {
+	o := nftablesSettings(cfg, log)
+	// IPv6 Services are proxied where the kernel has IPv6 on, as in the
+	// other modes; nf_tables' ip6 family needs no ip6tables.
+	o.IPv6 = true
+	if err := ipv6Supported("/proc", func() error { return nil }); err != nil {
+		log.Info("IPv6 Services are not proxied", "why", err)
+		o.IPv6 = false
+	}
+	o.Logger, o.Registerer = log.With("datapath", "nftables"), reg
+	return o
+}
+
+// nftablesSettings are the options of nftables mode that cfg sets and a
+// reload may change (nftables.Proxier.Reconfigure).
+func nftablesSettings(cfg *config.Config, log *slog.Logger) nftables.Options {
 	pods := detectLocal(cfg, log)
 	return nftables.Options{
 		MasqueradeBit:     cfg.IPTables.MasqueradeBit,
 		ClusterCIDRs:      pods.cidrs,
+		NodePodCIDRs:      pods.node,
+		PodInterface:      pods.iface,
 		MasqueradeAll:     cfg.MasqueradeAll,
 		TCPBeLiberal:      cfg.Conntrack.TCPBeLiberal,
-		IPv6:              proxyIPv6(cfg.IPTables.LockWait, log),
 		NodePortAddresses: parsePrefixes(cfg.NodePortAddresses...),
 		NodePortPrimary:   slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
-		Logger:            log.With("datapath", "nftables"),
 	}
 }
 
@@ -104,6 +131,11 @@ func reconfigureBackend(b datapath.Backend, prev, next *config.Config, log *slog
 			return false, nil
 		}
 		return true, b.Reconfigure(iptablesSettings(next, log))
+	case *nftables.Proxier:
+		if reflect.DeepEqual(nftablesSettings(prev, quiet), nftablesSettings(next, quiet)) {
+			return false, nil
+		}
+		return true, b.Reconfigure(nftablesSettings(next, log))
 	case *ipvsBackend:
 		if reflect.DeepEqual(ipvsSettings(prev, quiet), ipvsSettings(next, quiet)) {
 			return false, nil

@@ -9,6 +9,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/config"
 	"github.com/edgeproxy/edgeproxy/datapath/iptables"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
+	"github.com/edgeproxy/edgeproxy/datapath/nftables"
 )
 
 // Cleanup removes every kernel object any edgeproxy mode created, whatever
@@ -31,5 +32,28 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 	} else {
 		log.Info("removed edgeproxy's iptables chains and rules")
 	}
+	if _, err := cleanupNFTables(ctx, false); err != nil {
+		errs = append(errs, err)
+	} else {
+		log.Info("removed edgeproxy's nftables tables")
+	}
 	return errors.Join(errs...)
+}
+
+// cleanupNFTables removes nftables mode's tables (ip and ip6 edgeproxy)
+// with the datapath's own Cleanup, which succeeds when there is none.
+// ifPresent first lists the table names and writes nothing when neither
+// is there: a node that never ran nftables mode sees no transaction. It
+// reports whether it removed something it saw.
+func cleanupNFTables(ctx context.Context, ifPresent bool) (bool, error) {
+	p, err := nftables.New(nftables.Options{IPv6: true, NoConntrack: true})
+	if err != nil {
+		return false, err
+	}
+	defer p.Close()
+	held, err := p.HoldsRules(ctx)
+	if ifPresent && (err != nil || !held) {
+		return false, err
+	}
+	return held, p.Cleanup(ctx)
 }

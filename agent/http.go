@@ -21,6 +21,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/nftables"
 )
 
 type server struct {
@@ -219,6 +220,9 @@ type Status struct {
 	// KubeProxy is what the agent found and removed of kube-proxy's
 	// kernel objects after its first sync; nil before that look.
 	KubeProxy *KubeProxyStatus `json:"kubeProxy,omitempty"`
+	// NFTables is the nftables datapath's last apply and tables (mode
+	// nftables only).
+	NFTables *nftables.Status `json:"nftables,omitempty"`
 	// Config is the configuration in force (after reloads).
 	Config *config.Config `json:"config"`
 }
@@ -254,6 +258,10 @@ func (a *Agent) serveStatus(w http.ResponseWriter, _ *http.Request) {
 	st.Probes = a.probeStatus()
 	st.Skipped = a.sourceProblems()
 	st.KubeProxy = a.kubeProxy.Status()
+	if p, ok := a.backend.(*nftables.Proxier); ok {
+		ns := p.Status()
+		st.NFTables = &ns
+	}
 	if res := a.Last(); res != nil {
 		st.Generation = res.Plan.Generation
 		st.ExternalIPsIgnored = res.ExternalIPsIgnored

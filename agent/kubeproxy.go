@@ -84,6 +84,9 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 	case <-a.synced:
 	}
 	cfg := a.Config()
+	// Another mode's rules first: like kube-proxy's, they may still have
+	// answered until now.
+	stale := cleanupOtherModeAfterSync(ctx, cfg, a.log)
 	o := kubeproxy.Options{Wait: cfg.IPTables.LockWait, Logger: a.log, Link: cfg.IPVS.Interface}
 	// IPVS mode adopted kube-proxy's virtual servers of the keys it
 	// programs: those stay.
@@ -125,20 +128,7 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 			k.removed.WithLabelValues("virtual_server").Add(float64(removed.Servers()))
 			k.removed.WithLabelValues("link").Add(float64(removed.Links()))
 			k.removed.WithLabelValues("ipset").Add(float64(removed.Sets()))
-			// Until now kube-proxy's rules still answered some new
-			// connections (nftables: its table's hooks may come first),
-			// with endpoints of when it stopped; the UDP conntrack
-			// entries they made outlive them. A full sync sweeps every
-			// UDP entry whose endpoint is not in the plan, as the first
-			// one did.
-			// A sync holds a.mu throughout: the next lastFull is that of a
-			// sync that started after this.
-			a.mu.Lock()
-			a.needFull = true
-			last := a.lastFull
-			a.mu.Unlock()
-			a.runner.Run()
-			a.waitFullSyncAfter(ctx, last, time.Minute)
+			stale = true
 		}
 		switch {
 		case err != nil:
@@ -151,6 +141,21 @@ func (a *Agent) takeOverFromKubeProxy(ctx context.Context) {
 				"chains", removed.Chains(), "jumps", removed.Jumps(), "virtualServers", removed.Servers(),
 				"links", removed.Links(), "ipsets", removed.Sets(), "removed", removed.String())
 		}
+	}
+	if stale {
+		// Until now kube-proxy's rules (or another mode's) still answered
+		// some new connections (nftables: its table's hooks may come
+		// first), with endpoints of when it stopped; the UDP conntrack
+		// entries they made outlive them. A full sync sweeps every UDP
+		// entry whose endpoint is not in the plan, as the first one did.
+		// A sync holds a.mu throughout: the next lastFull is that of a
+		// sync that started after this.
+		a.mu.Lock()
+		a.needFull = true
+		last := a.lastFull
+		a.mu.Unlock()
+		a.runner.Run()
+		a.waitFullSyncAfter(ctx, last, time.Minute)
 	}
 	k.mu.Lock()
 	k.status = st
@@ -199,8 +204,9 @@ func (a *Agent) waitFullSyncAfter(ctx context.Context, last time.Time, d time.Du
 	a.log.Warn("the full sync after the takeover from kube-proxy has not run yet", "waited", d)
 }
 
-// takesOver reports whether the agent looks for kube-proxy's objects: a
-// kernel mode on the real kernel (not a test's backend, not `plan`).
+// takesOver reports whether the agent looks for kube-proxy's objects (and,
+// with nftables mode, for another mode's): a kernel mode on the real
+// kernel (not a test's backend, not `plan`).
 func takesOver(cfg *config.Config, own bool) bool {
-	return own && (cfg.Mode == config.ModeIPTables || cfg.Mode == config.ModeIPVS)
+	return own && (cfg.Mode == config.ModeIPTables || cfg.Mode == config.ModeIPVS || cfg.Mode == config.ModeNFTables)
 }

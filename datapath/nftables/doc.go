@@ -1,7 +1,7 @@
 // Package nftables is the native nf_tables datapath: it programs a
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
-// one transaction per Apply. It is not yet selectable as a mode: it
-// refuses, by name and before writing anything, the frontends it does not
+// one transaction per Apply; the agent's `mode: nftables`. It refuses,
+// by name and before writing anything, the frontends it does not
 // program (ErrUnsupported: an unknown frontend kind or protocol, session
 // affinity over IPv6).
 //

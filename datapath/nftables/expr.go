@@ -92,6 +92,31 @@ func matchPrefix(f *fam, dst, not bool, p netip.Prefix) ([]expr.Any, string) {
 	}, text
 }
 
+// matchPods matches traffic from pods as m tells them, or any other
+// traffic when not is set: "ip saddr != 10.244.0.0/16",
+// `iifname != "cni0"`, `iifname "veth*"` (a prefix: only its bytes are
+// compared, as nft writes it; a name is compared whole, padded with
+// zeros to IFNAMSIZ).
+func matchPods(f *fam, not bool, m podMatch) ([]expr.Any, string) {
+	if m.iface == "" {
+		return matchPrefix(f, false, not, m.cidr)
+	}
+	op, word := expr.CmpOpEq, ""
+	if not {
+		op, word = expr.CmpOpNeq, "!= "
+	}
+	data := []byte(m.iface)
+	if prefix, ok := strings.CutSuffix(m.iface, "*"); ok {
+		data = []byte(prefix)
+	} else {
+		data = append(data, make([]byte, unix.IFNAMSIZ-len(data))...)
+	}
+	return []expr.Any{
+		&expr.Meta{Key: expr.MetaKeyIIFNAME, Register: reg1},
+		&expr.Cmp{Op: op, Register: reg1, Data: data},
+	}, fmt.Sprintf("iifname %s%q", word, m.iface)
+}
+
 func netipMask(p netip.Prefix) []byte {
 	n := p.Addr().BitLen() / 8
 	m := make([]byte, n)
@@ -267,10 +292,10 @@ func ruleMasquerade() rule {
 // ruleMarkFrom: "ip daddr VIP [ip saddr != CIDR ]meta mark set meta mark |
 // 0x00004000": traffic to a cluster IP from outside the pod ranges (or
 // any, with no range) is masqueraded.
-func ruleMarkFrom(f *fam, vip netip.Addr, notFrom netip.Prefix, bit uint32) rule {
+func ruleMarkFrom(f *fam, vip netip.Addr, notFrom podMatch, bit uint32) rule {
 	ex, text := matchPrefix(f, true, false, netip.PrefixFrom(vip, vip.BitLen()))
-	if notFrom.IsValid() {
-		m, t := matchPrefix(f, false, true, notFrom)
+	if notFrom.valid() {
+		m, t := matchPods(f, true, notFrom)
 		ex = append(ex, m...)
 		text += " " + t
 	}
@@ -340,8 +365,8 @@ func ruleDNATAffinity(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w
 const ipsDstNAT = 1 << 5
 
 // ruleFromGoto: "ip saddr CIDR goto chain" (traffic from pods).
-func ruleFromGoto(f *fam, from netip.Prefix, chain string) rule {
-	ex, t := matchPrefix(f, false, false, from)
+func ruleFromGoto(f *fam, from podMatch, chain string) rule {
+	ex, t := matchPods(f, false, from)
 	return rule{text: t + " goto " + chain, exprs: append(ex, verdict(expr.VerdictGoto, chain))}
 }
 

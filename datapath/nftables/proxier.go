@@ -6,9 +6,14 @@ import (
 	"log/slog"
 	"net"
 	"net/netip"
+	"slices"
+	"strings"
 	"sync"
+	"time"
 
 	"github.com/google/nftables"
+	"github.com/prometheus/client_golang/prometheus"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/datapath/conntrack"
@@ -23,6 +28,16 @@ type Options struct {
 	// a cluster IP from outside them is masqueraded. A family without one
 	// masquerades none (kube-proxy's ClusterCIDR mode without a range).
 	ClusterCIDRs []netip.Prefix
+	// NodePodCIDRs tells pods by the Node's pod range instead (the plan's
+	// PodCIDRs, the first of each family: kube-proxy's NodeCIDR mode); a
+	// family the Node has no range of tells none.
+	NodePodCIDRs bool
+	// PodInterface tells pods by the interface their traffic arrives on
+	// instead, before NodePodCIDRs and ClusterCIDRs: a name ("cni0",
+	// kube-proxy's BridgeInterface mode) or a prefix followed by "+"
+	// ("veth+", InterfaceNamePrefix), as in the iptables mode. nft lists
+	// it as `iifname "cni0"` or `iifname "veth*"`.
+	PodInterface string
 	// MasqueradeAll masquerades all traffic to cluster IPs.
 	MasqueradeAll bool
 	// TCPBeLiberal: nf_conntrack_tcp_be_liberal is set, so out-of-window
@@ -46,12 +61,18 @@ type Options struct {
 	// (tests); 0 means the process's own.
 	NetNS  int
 	Logger *slog.Logger
+	// Registerer takes the datapath's metrics (metrics.go); nil registers
+	// none.
+	Registerer prometheus.Registerer
 	// Conntrack cleans stale UDP entries after each successful apply
 	// (*conntrack.Cleaner; it works in the network namespace of the
 	// thread that calls Apply). Nil creates a conntrack.Cleaner; set
 	// NoConntrack to have none.
 	Conntrack   ConntrackCleaner
 	NoConntrack bool
+
+	// nodePods are the plan's pod ranges (NodePodCIDRs), one per family.
+	nodePods []netip.Prefix
 }
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
@@ -69,12 +90,83 @@ func (o *Options) clusterCIDR(f datapath.Family) (netip.Prefix, bool) {
 	return netip.Prefix{}, false
 }
 
+// podMatch is how a table tells traffic from pods (kube-proxy's local
+// traffic detector): by its source range (cidr) or by the interface it
+// arrives on (iface; a prefix when it ends in "*"). The zero value tells
+// none.
+type podMatch struct {
+	cidr  netip.Prefix
+	iface string
+}
+
+func (m podMatch) valid() bool { return m.cidr.IsValid() || m.iface != "" }
+
+// pods is how the table of family f tells pods.
+func (o *Options) pods(f datapath.Family) podMatch {
+	switch {
+	case o.PodInterface != "":
+		if prefix, ok := strings.CutSuffix(o.PodInterface, "+"); ok {
+			return podMatch{iface: prefix + "*"}
+		}
+		return podMatch{iface: o.PodInterface}
+	case o.NodePodCIDRs:
+		for _, p := range o.nodePods {
+			if datapath.FamilyOf(p.Addr()) == f {
+				return podMatch{cidr: p.Masked()}
+			}
+		}
+		return podMatch{}
+	}
+	if c, ok := o.clusterCIDR(f); ok {
+		return podMatch{cidr: c}
+	}
+	return podMatch{}
+}
+
+// followPodCIDRs makes the Node's pod ranges (the first of each family,
+// as kube-proxy takes it) those that tell pods; a change rewrites the
+// tables (Apply compares each table's podMatch).
+func (o *Options) followPodCIDRs(podCIDRs []netip.Prefix, log *slog.Logger) {
+	var now []netip.Prefix
+	for _, f := range []datapath.Family{datapath.IPv4, datapath.IPv6} {
+		for _, p := range podCIDRs {
+			if datapath.FamilyOf(p.Addr()) == f {
+				now = append(now, p.Masked())
+				break
+			}
+		}
+	}
+	if slices.Equal(now, o.nodePods) && o.nodePods != nil {
+		return
+	}
+	if len(now) == 0 {
+		log.Warn("detectLocalMode NodeCIDR: the Node has no pod range; no traffic is told from pods", "podCIDRs", podCIDRs)
+		now = []netip.Prefix{} // read: not nil
+	} else {
+		log.Info("detectLocalMode NodeCIDR: pods are told by the Node's pod ranges", "podCIDRs", now)
+	}
+	o.nodePods = now
+}
+
+// validate checks the settings New and Reconfigure take.
+func (o *Options) validate() error {
+	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
+		return fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
+	}
+	if n := strings.TrimSuffix(o.PodInterface, "+"); len(n) > unix.IFNAMSIZ-1 || o.PodInterface == "+" {
+		return fmt.Errorf("nftables: pod interface %q: want a name of at most %d bytes", o.PodInterface, unix.IFNAMSIZ-1)
+	}
+	return nil
+}
+
 // Proxier implements datapath.Backend with nf_tables over netlink.
 type Proxier struct {
 	opts Options
 	log  *slog.Logger
 	conn *nftables.Conn
 	ct   ConntrackCleaner
+
+	m *metrics
 
 	mu     sync.Mutex
 	tables []*table
@@ -89,9 +181,50 @@ var _ datapath.Backend = (*Proxier)(nil)
 
 // Stats describe the last successful Apply.
 type Stats struct {
-	Rebuilt  bool // the tables were written from scratch
-	Units    int  // service ports compared (in the family with most)
-	Messages int  // operations in the transaction (one per chain, rule, set's element list)
+	Rebuilt  bool          `json:"rebuilt"`  // the tables were written from scratch
+	Units    int           `json:"units"`    // service ports compared (in the family with most)
+	Messages int           `json:"messages"` // operations in the transaction (one per chain, rule, set's element list)
+	Duration time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
+	At       time.Time     `json:"at"`       // when it ended
+}
+
+// Status is what the datapath shows in the agent's status: its last
+// apply and its tables as written.
+type Status struct {
+	LastApply Stats         `json:"lastApply"`
+	Tables    []TableStatus `json:"tables"`
+	// Warnings name what may keep Services from working though our
+	// rules are right: other tables' base chains with policy drop
+	// (dropChains), looked up when the status is asked for.
+	Warnings []string `json:"warnings,omitempty"`
+}
+
+// TableStatus is one family's table as last written.
+type TableStatus struct {
+	Family       string `json:"family"` // "ip" or "ip6"
+	Written      bool   `json:"written"`
+	Chains       int    `json:"chains"`
+	ServicePorts int    `json:"servicePorts"`
+}
+
+// Status returns the datapath's status.
+func (p *Proxier) Status() Status {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	st := Status{LastApply: p.stats}
+	for _, t := range p.tables {
+		ts := TableStatus{Family: t.f.name, Written: t.written}
+		if t.written {
+			ts.Chains, ts.ServicePorts = t.chainCount(&p.opts), len(t.units)
+		}
+		st.Tables = append(st.Tables, ts)
+	}
+	warn, err := p.dropChains()
+	if err != nil {
+		warn = append(warn, "cannot look for other tables' drop policies: "+err.Error())
+	}
+	st.Warnings = warn
+	return st
 }
 
 // table is the state of one family's table as last written: kept in
@@ -110,15 +243,26 @@ type table struct {
 	// (a Service with affinity changed, or a sweep failed).
 	affinity, affDirty bool
 	affUnits           int
+	// pods is how the rules written tell pods: a change rewrites the
+	// table.
+	pods podMatch
+	// unitChains counts the units' chains (the fixed ones are not).
+	unitChains int
+}
+
+// chainCount is the number of chains in the table as last written.
+func (t *table) chainCount(o *Options) int {
+	return len(t.f.fixedChains(o, t.npIPs != nil)) + t.unitChains
 }
 
 // New returns a Proxier. It writes nothing until the first Apply, which
 // replaces whatever table of our name exists with the whole plan in one
 // transaction.
 func New(o Options) (*Proxier, error) {
-	if o.MasqueradeBit < 0 || o.MasqueradeBit > 31 {
-		return nil, fmt.Errorf("nftables: masquerade bit %d out of 0..31", o.MasqueradeBit)
+	if err := o.validate(); err != nil {
+		return nil, err
 	}
+	o.nodePods = nil
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -133,7 +277,12 @@ func New(o Options) (*Proxier, error) {
 	if err != nil {
 		return nil, fmt.Errorf("nftables: netlink: %w", err)
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c}
+	m, err := newMetrics(o.Registerer)
+	if err != nil {
+		_ = c.CloseLasting()
+		return nil, err
+	}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -163,6 +312,32 @@ func (p *Proxier) Name() string { return "nftables" }
 // Close releases the netlink socket.
 func (p *Proxier) Close() error { return p.conn.CloseLasting() }
 
+// Reconfigure takes the settings of opts that a reload of the agent's
+// config may change: the masquerade bit and masqueradeAll, how pods are
+// told (ClusterCIDRs, NodePodCIDRs, PodInterface), TCPBeLiberal and the
+// node-port addresses. The next Apply rewrites the tables with them, in
+// one transaction as always. What New alone sets stays (IPv6, NetNS,
+// LocalAddrs, the conntrack cleaner, the logger). A value New would
+// refuse is refused and nothing changes.
+func (p *Proxier) Reconfigure(opts Options) error {
+	if err := opts.validate(); err != nil {
+		return err
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	o := &p.opts
+	o.MasqueradeBit, o.MasqueradeAll, o.TCPBeLiberal = opts.MasqueradeBit, opts.MasqueradeAll, opts.TCPBeLiberal
+	o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface = opts.ClusterCIDRs, opts.NodePodCIDRs, opts.PodInterface
+	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
+	for _, t := range p.tables {
+		t.needFull = true
+	}
+	if c, ok := p.ct.(interface{ SetNodePortAddresses([]netip.Prefix) }); ok {
+		c.SetNodePortAddresses(o.NodePortAddresses)
+	}
+	return nil
+}
+
 // LastStats returns what the last successful Apply did.
 func (p *Proxier) LastStats() Stats {
 	p.mu.Lock()
@@ -184,6 +359,10 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	start := time.Now()
+	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
+		p.opts.followPodCIDRs(plan.PodCIDRs, p.log)
+	}
 	b := &batch{c: p.conn}
 	var pend []*pending
 	st := Stats{}
@@ -194,7 +373,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		}
 		// Whether node ports are restricted is in the fixed rules: a
 		// change of it rewrites the table.
-		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil)
+		// So is how pods are told, in every Service's rules.
+		pods := p.opts.pods(t.f.family)
+		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
 		if rebuild {
@@ -206,6 +387,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		if err != nil {
 			return err // nothing was queued on the connection yet
 		}
+		pd.pods = pods
 		st.Units = max(st.Units, pd.n)
 		pend = append(pend, pd)
 	}
@@ -214,10 +396,20 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		for _, t := range p.tables {
 			t.needFull = true
 		}
+		p.m.failures.Inc()
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
 	}
+	st.At = time.Now()
+	st.Duration = st.At.Sub(start)
+	if st.Rebuilt {
+		p.m.fullDuration.Observe(st.Duration.Seconds())
+	} else {
+		p.m.partialDuration.Observe(st.Duration.Seconds())
+	}
+	p.m.ops.Set(float64(st.Messages))
 	for i, t := range p.tables {
 		pend[i].commit(t)
+		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 		if t.affDirty {
 			// Entries that name an endpoint the frontend no longer has
 			// would send its clients there: they go in a second
@@ -267,21 +459,30 @@ type pending struct {
 	// Service with affinity changed, its stale entries must go.
 	affinity, sweep bool
 	affUnits        int // the table's count after the batch
+	pods            podMatch
 }
 
 func (pd *pending) commit(t *table) {
-	t.npIPs, t.affinity, t.affUnits = pd.npIPs, pd.affinity, pd.affUnits
+	t.npIPs, t.affinity, t.affUnits, t.pods = pd.npIPs, pd.affinity, pd.affUnits, pd.pods
 	t.affDirty = t.affDirty || pd.sweep
 	if pd.replace {
 		t.units, t.hairpin = pd.units, pd.hairpin
 		t.written, t.needFull = true, false
+		t.unitChains = 0
+		for _, u := range t.units {
+			t.unitChains += len(u.chains)
+		}
 		return
 	}
 	for s, u := range pd.units {
+		if old := t.units[s]; old != nil {
+			t.unitChains -= len(old.chains)
+		}
 		if u == nil {
 			delete(t.units, s)
 		} else {
 			t.units[s] = u
+			t.unitChains += len(u.chains)
 		}
 	}
 	for a, d := range pd.hairpin {

@@ -208,7 +208,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		return nil, fmt.Errorf("nftables: chain name of %s is longer than %d bytes", fs[0].Service, maxChainLen-4)
 	}
 	bit := uint32(1) << o.MasqueradeBit
-	cidr, haveCIDR := o.clusterCIDR(f.family)
+	pods := o.pods(f.family)
 	var lbs, exts []*chainSpec
 	// lb returns the load-balancing chain of eps.
 	lb := func(eps []datapath.Endpoint) *chainSpec {
@@ -289,8 +289,12 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		if !fr.Kind.External() {
 			c := withAffinity(fr.Endpoints, fr)
 			u.elems[key] = target{kind: expr.VerdictGoto, chain: c.name}
-			if o.MasqueradeAll || haveCIDR {
-				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, cidr, bit))
+			switch {
+			case o.MasqueradeAll:
+				// Every source, pods too (kube-proxy).
+				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, podMatch{}, bit))
+			case pods.valid():
+				c.marks = append(c.marks, ruleMarkFrom(f, fr.Addr, pods, bit))
 			}
 			continue
 		}
@@ -310,8 +314,8 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				cluster = fr.Endpoints
 			}
 			cl := withAffinity(cluster, fr).name
-			if haveCIDR {
-				rules = append(rules, ruleFromGoto(f, cidr, cl))
+			if pods.valid() {
+				rules = append(rules, ruleFromGoto(f, pods, cl))
 			}
 			rules = append(rules, ruleLocalSourceMark(bit), ruleLocalSourceGoto(cl))
 			if len(fr.Endpoints) > 0 {

@@ -23,6 +23,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/planner"
 	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/nftables"
 )
 
 func printPlan(w io.Writer, a *agent.Agent, format string) error {
@@ -208,6 +209,33 @@ func renderAgent(w io.Writer, st *agent.Status, now time.Time) {
 	}
 	if st.FromSnapshot {
 		fmt.Fprintln(w, "serving the last known state from the snapshot until the API server is back")
+	}
+	if n := st.NFTables; n != nil {
+		renderNFTables(w, n, age)
+	}
+}
+
+// renderNFTables prints the nftables datapath's last apply and tables.
+func renderNFTables(w io.Writer, n *nftables.Status, age func(time.Time) string) {
+	if l := n.LastApply; !l.At.IsZero() {
+		kind := "partial"
+		if l.Rebuilt {
+			kind = "tables rewritten"
+		}
+		fmt.Fprintf(w, "nftables: last apply %s: %s, %d service ports compared, %d netlink operations, %s\n",
+			age(l.At), kind, l.Units, l.Messages, l.Duration.Round(time.Microsecond))
+	}
+	var tables []string
+	for _, t := range n.Tables {
+		if t.Written {
+			tables = append(tables, fmt.Sprintf("%s edgeproxy: %d chains, %d service ports", t.Family, t.Chains, t.ServicePorts))
+		}
+	}
+	if len(tables) > 0 {
+		fmt.Fprintf(w, "nftables tables: %s\n", strings.Join(tables, "; "))
+	}
+	for _, warn := range n.Warnings {
+		fmt.Fprintf(w, "nftables warning: %s\n", warn)
 	}
 }
 

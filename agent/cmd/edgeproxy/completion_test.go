@@ -104,9 +104,9 @@ func TestBashCompletion(t *testing.T) {
 		{[]string{"pl"}, []string{"plan"}},
 		{[]string{""}, []string{"run", "plan", "status", "explain", "cleanup", "module", "version", "completion", "help"}},
 		{[]string{"plan", "--mo"}, []string{"--mode"}},
-		{[]string{"plan", "--mode", ""}, []string{"iptables", "ipvs", "plan"}},
+		{[]string{"plan", "--mode", ""}, []string{"iptables", "ipvs", "nftables", "plan"}},
 		{[]string{"run", "--mode", "ip"}, []string{"iptables", "ipvs"}},
-		{[]string{"--mode", "=", ""}, []string{"iptables", "ipvs", "plan"}},
+		{[]string{"--mode", "=", ""}, []string{"iptables", "ipvs", "nftables", "plan"}},
 		{[]string{"--mode", "=", "ipvs", "--node-name", "n1", "st"}, []string{"status"}},
 		{[]string{"status", "-o", ""}, []string{"text", "json"}},
 		{[]string{"status", "-"}, []string{"-o", "--server", "--config"}},
@@ -147,7 +147,7 @@ func TestFishCompletion(t *testing.T) {
 	dir := completionDir(t)
 	for line, want := range map[string][]string{
 		"edgeproxy pl":               {"plan"},
-		"edgeproxy plan --mode ":     {"iptables", "ipvs", "plan"},
+		"edgeproxy plan --mode ":     {"iptables", "ipvs", "nftables", "plan"},
 		"edgeproxy status -o ":       {"json", "text"},
 		"edgeproxy completion ":      {"bash", "fish", "zsh"},
 		"edgeproxy module ":          {"check"},

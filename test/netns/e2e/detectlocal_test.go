@@ -93,10 +93,15 @@ func TestIPTablesDetectLocalModes(t *testing.T) {
 	}
 }
 
+// edgeModes are the modes of edgeproxy that TestDetectLocalAgainstKubeProxy
+// holds to kube-proxy.
+var edgeModes = []string{"iptables", "nftables"}
+
 // TestDetectLocalAgainstKubeProxy: for each local-traffic detection
 // setting — kube-proxy's four --detect-local-mode values,
 // --masquerade-all, and no --cluster-cidr — kube-proxy in iptables mode
-// and then edgeproxy run in one dual-stack node world, one after the
+// and then edgeproxy (iptables mode, then nftables mode) run in one
+// dual-stack node world, one after the
 // other (the node's rules and conntrack table emptied between), and the
 // same probes go to a ClusterIP and a NodePort, in both families, from a
 // pod in this node's range, a pod on the bridge in another node's range,
@@ -245,8 +250,6 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 		s := c.s
 		s.Backend, s.MinSync, s.Sync = "nft", 200*time.Millisecond, 30*time.Second
 		slug := strings.ReplaceAll(c.name, " ", "-")
-		cfg := filepath.Join(dir, "edgeproxy-"+slug+".yaml")
-		writeFile(t, cfg, proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+slug)))
 
 		// kube-proxy first: its outcomes are the reference.
 		kp := startProxy(t, node, "kube-proxy "+c.name, filepath.Join(dir, "kube-proxy-"+slug+".log"), path,
@@ -273,29 +276,42 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 			}
 		}
 
-		// Then edgeproxy, until its outcomes are kube-proxy's (its first
-		// sync may come before it has read the Node).
-		ep := startProxy(t, node, "edgeproxy "+c.name, filepath.Join(dir, "edgeproxy-"+slug+".log"), path, bin, "run", "--config", cfg)
-		answered(ep, "edgeproxy "+c.name)
-		var got []string
-		same := false
-		for deadline := time.Now().Add(30 * time.Second); !same && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-			got = probe()
-			same = slices.Equal(got, want)
-		}
-		ep.Stop()
-		if err := proxies.Reset(node.Run); err != nil {
-			t.Fatal(err)
+		// Then edgeproxy in each mode, until its outcomes are
+		// kube-proxy's (its first sync may come before it has read the
+		// Node).
+		gots := map[string][]string{}
+		for _, mode := range edgeModes {
+			s.Mode = mode
+			cfg := filepath.Join(dir, "edgeproxy-"+mode+"-"+slug+".yaml")
+			writeFile(t, cfg, proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+mode+"-"+slug)))
+			ep := startProxy(t, node, "edgeproxy "+mode+" "+c.name, filepath.Join(dir, "edgeproxy-"+mode+"-"+slug+".log"), path, bin, "run", "--config", cfg)
+			answered(ep, "edgeproxy "+mode+" "+c.name)
+			var got []string
+			same := false
+			for deadline := time.Now().Add(30 * time.Second); !same && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+				got = probe()
+				same = slices.Equal(got, want)
+			}
+			ep.Stop()
+			if err := proxies.Reset(node.Run); err != nil {
+				t.Fatal(err)
+			}
+			gots[mode] = got
 		}
 		for j, dst := range dsts {
 			for i, f := range froms {
 				k := j*len(froms) + i
-				mark := "="
-				if got[k] != want[k] {
-					mark = "≠"
-					t.Errorf("%s: %s -> %s: edgeproxy: b saw %s, kube-proxy: %s", c.name, f.name, dst.name, got[k], want[k])
+				line := fmt.Sprintf("%-19s %-10s %-15s kube-proxy %-14s", c.name, dst.name, f.name, want[k])
+				for _, mode := range edgeModes {
+					got := gots[mode]
+					mark := "="
+					if got[k] != want[k] {
+						mark = "≠"
+						t.Errorf("%s: %s -> %s: edgeproxy %s: b saw %s, kube-proxy: %s", c.name, f.name, dst.name, mode, got[k], want[k])
+					}
+					line += fmt.Sprintf(" %s edgeproxy %s %-14s", mark, mode, got[k])
 				}
-				table = append(table, fmt.Sprintf("%-19s %-10s %-15s kube-proxy %-14s %s edgeproxy %s", c.name, dst.name, f.name, want[k], mark, got[k]))
+				table = append(table, strings.TrimSpace(line))
 			}
 		}
 	}

@@ -45,17 +45,22 @@ func TestSwitchKubeProxy(t *testing.T) {
 	gate.Root(t)
 	bin := agentBinary(t)
 	kubeProxy := kubeProxyBinary(t)
-	for _, backend := range []string{"nft", "legacy"} {
-		t.Run(backend, func(t *testing.T) {
-			gate.Binaries(t, "iptables-"+backend, "iptables-"+backend+"-restore", "iptables-nft-save", "iptables-legacy-save", "nft")
-			switchKubeProxy(t, bin, kubeProxy, backend)
+	for _, c := range []struct{ backend, edgeMode string }{{"nft", "iptables"}, {"legacy", "iptables"}, {"nft", "nftables"}} {
+		name := c.backend
+		if c.edgeMode != "iptables" {
+			name += "-edgeproxy-" + c.edgeMode
+		}
+		t.Run(name, func(t *testing.T) {
+			gate.Binaries(t, "iptables-"+c.backend, "iptables-"+c.backend+"-restore", "iptables-nft-save", "iptables-legacy-save", "nft")
+			switchKubeProxy(t, bin, kubeProxy, c.backend, c.edgeMode)
 		})
 	}
 }
 
 // switchKubeProxy runs the switches with both proxies' iptables on
-// backend (kube-proxy's nftables mode is nft's whatever it is).
-func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
+// backend (kube-proxy's nftables mode is nft's whatever it is), edgeproxy
+// in edgeMode (iptables or nftables).
+func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
 
 	node := netns.NewNode(t, "node")
 	pods := map[string]*netns.Pod{}
@@ -106,7 +111,9 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 	pn := proxies.Node{Name: nodeName, Kubeconfig: kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
 	settings := proxies.Settings{Backend: backend, MinSync: 200 * time.Millisecond, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
 	cfg := filepath.Join(dir, "edgeproxy.yaml")
-	if err := os.WriteFile(cfg, []byte(proxies.EdgeProxyConfig(pn, settings, filepath.Join(dir, "state"))), 0o600); err != nil {
+	edge := settings
+	edge.Mode = edgeMode
+	if err := os.WriteFile(cfg, []byte(proxies.EdgeProxyConfig(pn, edge, filepath.Join(dir, "state"))), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
@@ -194,6 +201,7 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend string) {
 				t.Fatalf("edgeproxy cleanup: %v: %s", err, out)
 			}
 			assertNoEdgeProxyObjects(t, node)
+			assertNoNFTablesMode(t, node)
 		}
 		p := start(next)
 		synced(next, p)

@@ -1,0 +1,149 @@
+package nftables
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/netip"
+	"strings"
+	"time"
+
+	"github.com/google/nftables"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// ErrKernelSupport is wrapped by Probe's error when the kernel refuses an
+// object or expression nftables mode uses; the error names each one.
+var ErrKernelSupport = errors.New("nftables: the kernel lacks what nftables mode needs")
+
+// probeTable is the throwaway table of Probe's transactions: created and
+// deleted in the same transaction, so it is never committed.
+const probeTable = "edgeproxy-probe"
+
+// feature is one kind of expression the datapath writes, in a rule of
+// the probe's regular chain.
+type feature struct {
+	name string
+	rule rule
+}
+
+// features are the expressions the datapath uses in family f's table,
+// each in a rule written as the datapath writes it.
+func (f *fam) features(bit uint32) []feature {
+	to := netip.MustParseAddrPort("10.0.0.1:80")
+	if f.family == datapath.IPv6 {
+		to = netip.MustParseAddrPort("[fd00::1]:80")
+	}
+	out := []feature{
+		{"verdict maps keyed by concatenations (the Service dispatch)", ruleDispatch(f, true, mapServiceIPs)},
+		{"fib (node ports on local addresses)", ruleNodePortDispatch(f, false, mapNodePorts)},
+		{"numgen (load balancing)", ruleDNAT(f, datapath.TCP, to, 3, 2)},
+		{"dnat", ruleDNAT(f, datapath.TCP, to, 0, 0)},
+		{"ct and set lookups (hairpin)", ruleHairpinMark(f, setHairpin, bit)},
+		{"interval sets of concatenations (loadBalancerSourceRanges)", ruleFirewall(f, setFirewallIPs, setFirewallAllow)},
+		{"masquerade", ruleMasquerade()},
+		{"reject", ruleReject(f)},
+	}
+	if f.family == datapath.IPv4 {
+		out = append(out,
+			feature{"map lookups with data (session affinity)", ruleAffinityLookup(f, datapath.TCP)},
+			feature{"dynamic set updates with timeouts (session affinity)", ruleDNATAffinity(f, datapath.TCP, to, 0, 0, time.Hour)})
+	}
+	return out
+}
+
+// probeBase are the base chain types the datapath hooks.
+var probeBase = []chainSpec{
+	{name: "nat", typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT},
+	{name: "filter", typ: nftables.ChainTypeFilter, hook: nftables.ChainHookPrerouting, prio: prioPreDNAT},
+}
+
+// probeSpec is what one probe transaction writes into the throwaway
+// table: sets (by name), base chains, and rules in a regular chain.
+type probeSpec struct {
+	sets  []string
+	base  []chainSpec
+	feats []feature
+}
+
+// Probe checks, before the first apply, that the kernel has what the
+// datapath writes: one transaction creates a throwaway table with the
+// maps and sets, the nat and filter base chains and a rule of each kind
+// of expression, and deletes it again (the table is never committed).
+// When the kernel refuses it, each part is tried alone, and the error
+// (wrapping ErrKernelSupport) names every part the kernel refuses.
+func (p *Proxier) Probe(ctx context.Context) error {
+	return p.probe(ctx, func(f *fam) []feature { return f.features(uint32(1) << p.opts.MasqueradeBit) })
+}
+
+func (p *Proxier) probe(ctx context.Context, features func(*fam) []feature) error {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, t := range p.tables {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		var sets []string
+		for _, s := range t.f.allSets() {
+			sets = append(sets, s.name)
+		}
+		feats := features(t.f)
+		if p.probeOnce(t.f, probeSpec{sets, probeBase, feats}) == nil {
+			continue
+		}
+		var missing []string
+		for _, s := range sets {
+			if err := p.probeOnce(t.f, probeSpec{sets: []string{s}}); err != nil {
+				missing = append(missing, fmt.Sprintf("set %s: %v", s, err))
+			}
+		}
+		for _, c := range probeBase {
+			if err := p.probeOnce(t.f, probeSpec{base: []chainSpec{c}}); err != nil {
+				missing = append(missing, fmt.Sprintf("%s base chains: %v", c.name, err))
+			}
+		}
+		if len(missing) == 0 {
+			for _, ft := range feats {
+				if err := p.probeOnce(t.f, probeSpec{sets: sets, feats: []feature{ft}}); err != nil {
+					missing = append(missing, fmt.Sprintf("%s (`%s`): %v", ft.name, ft.rule.text, err))
+				}
+			}
+		}
+		if len(missing) == 0 {
+			// Refused whole, accepted in parts: say what the whole got.
+			missing = append(missing, fmt.Sprint(p.probeOnce(t.f, probeSpec{sets, probeBase, feats})))
+		}
+		return fmt.Errorf("%w: %s table: %s", ErrKernelSupport, t.f.name, strings.Join(missing, "; "))
+	}
+	return nil
+}
+
+// probeOnce sends one transaction: add (and delete, for a leftover) the
+// throwaway table, write spec into it, delete it.
+func (p *Proxier) probeOnce(f *fam, spec probeSpec) error {
+	ob := newObjects(f)
+	ob.t.Name = probeTable // the sets point at ob.t
+	c := p.conn
+	c.AddTable(ob.t)
+	c.DelTable(ob.t)
+	c.AddTable(ob.t)
+	for _, s := range spec.sets {
+		if err := c.AddSet(ob.sets[s], nil); err != nil {
+			c.DelTable(ob.t)
+			_ = c.Flush()
+			return err
+		}
+	}
+	for _, b := range spec.base {
+		c.AddChain(ob.chain(b))
+	}
+	if len(spec.feats) > 0 {
+		ch := c.AddChain(&nftables.Chain{Name: "probe", Table: ob.t})
+		for _, ft := range spec.feats {
+			c.AddRule(&nftables.Rule{Table: ob.t, Chain: ch, Exprs: ft.rule.exprs})
+		}
+	}
+	c.DelTable(ob.t)
+	return c.Flush()
+}
