@@ -1,9 +1,10 @@
 // Package nftables is the native nf_tables datapath: it programs a
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
-// one transaction per Apply. It is not yet selectable as a mode: it
-// refuses, by name and before writing anything, the frontends it does not
-// program (ErrUnsupported: an unknown frontend kind or protocol, session
-// affinity over IPv6).
+// one transaction per Apply (edgeproxy's mode nftables). It leaves out,
+// by name, the frontends it does not program (ErrUnsupported: an unknown
+// frontend kind or protocol, session affinity over IPv6), each service
+// port concerned returned as a *datapath.PortError (a refusal in status),
+// and programs the rest of the plan.
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,

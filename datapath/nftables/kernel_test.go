@@ -983,6 +983,42 @@ func TestAffinity(t *testing.T) {
 	}
 }
 
+// A Service with session affinity in both families: its IPv6 frontend is
+// left out and reported as a PortError, while its IPv4 one (sticky) and
+// every other Service are programmed, in the same apply and the partial
+// ones after it.
+func TestAffinityIPv6LeftOut(t *testing.T) {
+	w := newWorld(t)
+	aff := svcName("default", "sticky", "")
+	plan := func(gen uint64) *datapath.Plan {
+		f4 := clusterIP(aff, datapath.TCP, "10.96.0.60", 80, w.eps(0, 1)...)
+		f6 := clusterIP(aff, datapath.TCP, "fd00:96::60", 80, w.eps6(0, 1)...)
+		f4.Affinity, f6.Affinity = time.Hour, time.Hour
+		pl := newPlan(gen, f4, f6, clusterIP(w.web6, datapath.TCP, "fd00:96::10", 80, w.eps6(0, 1)...))
+		if gen > 1 {
+			pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{aff: true, w.web6: true}
+		}
+		return pl
+	}
+	pod3 := w.pods[2]
+	for gen := uint64(1); gen <= 2; gen++ {
+		err := w.p.Apply(context.Background(), plan(gen))
+		ports, rest := datapath.SplitPortErrors(err)
+		if rest != nil || len(ports) != 1 || ports[0].Service != aff || !errors.Is(err, ErrUnsupported) {
+			t.Fatalf("apply %d: %v, want only a PortError of %s wrapping ErrUnsupported", gen, err, aff)
+		}
+		if seen := reach(t, 10, pod3.NS, "10.96.0.60:80", false, pod3.IP); len(seen) != 1 {
+			t.Fatalf("apply %d: IPv4 affinity answered by %v, want one endpoint every time", gen, seen)
+		}
+		if seen := reach(t, 20, pod3.NS, "[fd00:96::10]:80", false, pod3.IP6); len(seen) != 2 {
+			t.Fatalf("apply %d: IPv6 ClusterIP answered by %v, want both endpoints", gen, seen)
+		}
+		if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "fd00:96::60") || strings.Contains(out, "map "+mapAffinity) {
+			t.Fatalf("apply %d: the ip6 table holds the left-out frontend:\n%s", gen, out)
+		}
+	}
+}
+
 // Tampered sees our table deleted or a chain added to it by hand, not
 // another table's commit; the next Apply rewrites the table and traffic
 // flows again.

@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -179,8 +180,14 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := check(plan.Frontends); err != nil {
-		return err
+	// Frontends this datapath cannot program are left out, each service
+	// port concerned reported in a *datapath.PortError after the rest is
+	// programmed.
+	frontends, refused := supported(plan.Frontends)
+	if len(refused) > 0 {
+		cp := *plan
+		cp.Frontends = frontends
+		plan = &cp
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -239,7 +246,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			p.log.Warn("conntrack cleanup after the apply failed; retried next sync", "err", err)
 		}
 	}
-	return nil
+	return errors.Join(refused...)
 }
 
 // group collects the frontends of family fam by service port: all of

@@ -15,9 +15,10 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
-// ErrUnsupported is wrapped by Apply's error for a plan with a frontend
-// this datapath cannot program (an unknown kind or protocol, session
-// affinity over IPv6); nothing is written then.
+// ErrUnsupported is wrapped by the *datapath.PortError Apply returns for
+// a service port with a frontend this datapath cannot program (an unknown
+// kind or protocol, session affinity over IPv6): those frontends are left
+// out, the rest of the plan is programmed.
 var ErrUnsupported = errors.New("nftables: not supported yet")
 
 // unsupported says why f cannot be programmed faithfully yet, or "".
@@ -41,26 +42,53 @@ func unsupported(f *datapath.Frontend) string {
 	return ""
 }
 
-// check returns an error wrapping ErrUnsupported that names every
-// unsupported feature the plan's frontends use, with one service each.
-func check(frontends []datapath.Frontend) error {
-	first := map[string]datapath.ServicePortName{}
+// supported returns the frontends this datapath programs and, for each
+// service port with one it cannot, a *datapath.PortError wrapping
+// ErrUnsupported that says why and how many of its frontends are left
+// out. Only those frontends are: one Service with session affinity over
+// IPv6 must not stop every other Service, nor its own IPv4 frontends.
+// frontends itself is returned when nothing is left out.
+func supported(frontends []datapath.Frontend) ([]datapath.Frontend, []error) {
+	type refusal struct {
+		why []string
+		n   int
+	}
+	var order []datapath.ServicePortName
+	refused := map[datapath.ServicePortName]*refusal{}
 	for i := range frontends {
-		if why := unsupported(&frontends[i]); why != "" {
-			if _, ok := first[why]; !ok {
-				first[why] = frontends[i].Service
-			}
+		why := unsupported(&frontends[i])
+		if why == "" {
+			continue
+		}
+		s := frontends[i].Service
+		r := refused[s]
+		if r == nil {
+			r = &refusal{}
+			refused[s] = r
+			order = append(order, s)
+		}
+		if !slices.Contains(r.why, why) {
+			r.why = append(r.why, why)
+		}
+		r.n++
+	}
+	if len(refused) == 0 {
+		return frontends, nil
+	}
+	kept := make([]datapath.Frontend, 0, len(frontends))
+	for i := range frontends {
+		if unsupported(&frontends[i]) == "" {
+			kept = append(kept, frontends[i])
 		}
 	}
-	if len(first) == 0 {
-		return nil
+	errs := make([]error, 0, len(order))
+	for _, s := range order {
+		r := refused[s]
+		slices.Sort(r.why)
+		errs = append(errs, &datapath.PortError{Service: s,
+			Err: fmt.Errorf("%w: %s (%d of its frontends)", ErrUnsupported, strings.Join(r.why, ", "), r.n)})
 	}
-	var parts []string
-	for why, s := range first {
-		parts = append(parts, fmt.Sprintf("%s (%s)", why, s))
-	}
-	slices.Sort(parts)
-	return fmt.Errorf("%w: %s", ErrUnsupported, strings.Join(parts, ", "))
+	return kept, errs
 }
 
 // elemKey is one element of one of the fixed maps or sets: the set's name
@@ -192,7 +220,7 @@ func keyProtoPort(p datapath.Protocol, port uint16) string {
 func keyHairpin(a netip.Addr) string { return string(append(a.AsSlice(), a.AsSlice()...)) }
 
 // buildUnit lays out one service port's frontends of one family (all of
-// them supported, see check). Each distinct list of endpoints gets one
+// them supported, see supported). Each distinct list of endpoints gets one
 // load-balancing chain: "svc-NS/NAME/PORT" for the first, then ".2", ".3"
 // (the internal traffic policy Local gives the cluster IP local endpoints,
 // the external one other frontends theirs; a port name cannot hold a dot,

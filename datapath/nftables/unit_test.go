@@ -62,13 +62,14 @@ func mustScan(t *testing.T, s, format string, args ...any) {
 	}
 }
 
-// What the datapath cannot program is refused by name before anything is
-// written; the rest of the plan's shapes pass.
-func TestCheckRefusesUnsupported(t *testing.T) {
-	svc := datapath.ServicePortName{Namespace: "ns", Name: "a"}
-	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80}
-	if err := check([]datapath.Frontend{ok}); err != nil {
-		t.Fatalf("ClusterIP refused: %v", err)
+// What the datapath cannot program is left out by name, each service
+// port concerned in one PortError; the rest of the plan, that service
+// port's other frontends included, is kept.
+func TestSupportedLeavesOutUnsupported(t *testing.T) {
+	svc, other := datapath.ServicePortName{Namespace: "ns", Name: "a"}, datapath.ServicePortName{Namespace: "ns", Name: "b"}
+	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Affinity: time.Hour}
+	if kept, errs := supported([]datapath.Frontend{ok}); len(kept) != 1 || errs != nil {
+		t.Fatalf("ClusterIP with affinity: kept %d, errors %v", len(kept), errs)
 	}
 	for _, tc := range []struct {
 		name string
@@ -77,14 +78,26 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 	}{
 		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
 		{"IPv6 affinity", func(f *datapath.Frontend) {
-			f.Addr, f.Family, f.Affinity = netip.MustParseAddr("fd00::1"), datapath.IPv6, time.Hour
+			f.Addr, f.Family = netip.MustParseAddr("fd00::1"), datapath.IPv6
 		}, "session affinity over IPv6"},
 	} {
-		f := ok
-		tc.mod(&f)
-		err := check([]datapath.Frontend{ok, f})
-		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "ns/a") {
-			t.Errorf("%s: error %v, want ErrUnsupported naming %q and the service", tc.name, err, tc.want)
+		bad := ok
+		tc.mod(&bad)
+		bad2 := bad
+		bad2.Port = 81
+		fine := ok
+		fine.Service = other
+		kept, errs := supported([]datapath.Frontend{ok, bad, fine, bad2})
+		if len(kept) != 2 || kept[0].Service != svc || kept[0].Port != 80 || kept[1].Service != other {
+			t.Errorf("%s: kept %v, want the two supported frontends", tc.name, kept)
+		}
+		if len(errs) != 1 {
+			t.Fatalf("%s: errors %v, want one for the service port", tc.name, errs)
+		}
+		ports, rest := datapath.SplitPortErrors(errors.Join(errs...))
+		if rest != nil || len(ports) != 1 || ports[0].Service != svc || !errors.Is(errs[0], ErrUnsupported) ||
+			!strings.Contains(errs[0].Error(), tc.want) || !strings.Contains(errs[0].Error(), "2 of its frontends") {
+			t.Errorf("%s: error %v, want a PortError of %s wrapping ErrUnsupported naming %q and 2 frontends", tc.name, errs[0], svc, tc.want)
 		}
 	}
 }
