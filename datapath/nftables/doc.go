@@ -29,6 +29,8 @@
 //	filter-input/forward/output (filter, after DNAT), ct state new:
 //	             … vmap @no-endpoint-services / @no-endpoint-nodeports
 //	             → goto reject-chain (reject) | drop
+//	             forward/output: ip daddr @cluster-ips reject (a port of
+//	             a cluster IP no Service has, left untranslated)
 //	nat-postrouting (srcnat) → masquerading:
 //	             ct status dnat ip saddr . ip daddr @hairpin mark;
 //	             unmarked return; clear the mark; masquerade fully-random
@@ -39,7 +41,7 @@
 //	svc- with session affinity: the dynamic map @affinity (client .
 //	             frontend : endpoint) looked up first, updated by the cascade
 //
-// Five maps and four sets, whatever the number of Services; a Service adds
+// Five maps and five sets, whatever the number of Services; a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and

@@ -387,7 +387,8 @@ func refused(t *testing.T, from *netns.NS, dst string) {
 // from outside the cluster CIDR; NodePort on the node's address,
 // ExternalIP and LoadBalancer IP, masqueraded; IPv6 ClusterIP and
 // NodePort; a
-// Service without endpoints refused; an endpoint reaching itself through
+// Service without endpoints refused, and a port of a cluster IP that no
+// Service has; an endpoint reaching itself through
 // its Service (hairpin, masqueraded so that it answers through the node).
 func TestPackets(t *testing.T) {
 	w := newWorld(t)
@@ -435,6 +436,14 @@ func TestPackets(t *testing.T) {
 		refused(t, pod3.NS, "10.96.0.20:80")
 		refused(t, pod3.NS, "[fd00:96::20]:80")
 		refused(t, w.client, w.node.LinkIP.String()+":30090")
+	})
+	t.Run("a port of a cluster IP no Service has", func(t *testing.T) {
+		// Rejected, as kube-proxy's nftables mode does, not routed out
+		// of the node (a node without a default route would drop it).
+		for _, from := range []*netns.NS{pod3.NS, w.node.NS, w.client} {
+			refused(t, from, "10.96.0.10:81")
+		}
+		refused(t, pod3.NS, "[fd00:96::10]:81")
 	})
 	t.Run("hairpin", func(t *testing.T) {
 		seen := reach(t, 5, w.pods[0].NS, "10.96.0.30:80", false, gw)

@@ -99,6 +99,17 @@ type elemKey struct {
 	end string
 }
 
+// compare orders elements by set, then key, then end.
+func (k elemKey) compare(o elemKey) int {
+	if c := strings.Compare(k.set, o.set); c != 0 {
+		return c
+	}
+	if c := strings.Compare(k.key, o.key); c != 0 {
+		return c
+	}
+	return strings.Compare(k.end, o.end)
+}
+
 // disjoint returns the prefixes of family fam in ps, masked, without
 // those inside another (two prefixes overlap only so): an interval set
 // refuses overlapping elements.
@@ -145,8 +156,10 @@ type target struct {
 
 // unit is what one service port puts into the table of one family: its
 // chains (ordered so that a chain comes before those that jump to it),
-// its elements in the fixed maps, and the endpoint addresses it adds to
-// the hairpin set (counted across units: two Services may share one).
+// its elements in the fixed maps, and the elements it shares with other
+// units, counted across them: its endpoints in the hairpin set (two
+// Services may share one) and its cluster IPs in the cluster-ips set
+// (each port of a Service is a unit).
 //
 // A unit as built holds its rules and an element map; what the Proxier
 // keeps between syncs is its summary: chain names and digests, the
@@ -155,8 +168,8 @@ type unit struct {
 	chains  []chainSpec
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
-	hairpin []netip.Addr
-	aff     []affFrontend // frontends with session affinity
+	counted []elemKey          // sorted
+	aff     []affFrontend      // frontends with session affinity
 }
 
 // affFrontend is a frontend with session affinity, as the entries of the
@@ -180,7 +193,7 @@ func (a affFrontend) equal(b affFrontend) bool {
 
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), hairpin: u.hairpin, aff: u.aff}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, aff: u.aff}
 	for i, c := range u.chains {
 		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
 	}
@@ -268,6 +281,13 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	}
 	for i := range fs {
 		fr := &fs[i]
+		if fr.Kind == datapath.ClusterIP {
+			// Its ports no Service has are rejected (cluster-ips-check).
+			k := elemKey{set: setClusterIPs, key: string(fr.Addr.AsSlice())}
+			if !slices.Contains(u.counted, k) {
+				u.counted = append(u.counted, k)
+			}
+		}
 		key := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
 		noEP := elemKey{set: mapNoEndpoints, key: key.key}
 		if fr.Kind == datapath.NodePort {
@@ -362,7 +382,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 			for _, e := range eps {
 				if !seen[e.Addr.Addr()] {
 					seen[e.Addr.Addr()] = true
-					u.hairpin = append(u.hairpin, e.Addr.Addr())
+					u.counted = append(u.counted, elemKey{set: setHairpin, key: keyHairpin(e.Addr.Addr())})
 				}
 			}
 		}
@@ -373,7 +393,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	for i := range u.chains {
 		u.chains[i].seal()
 	}
-	slices.SortFunc(u.hairpin, netip.Addr.Compare)
+	slices.SortFunc(u.counted, elemKey.compare)
 	return u, nil
 }
 
@@ -456,12 +476,7 @@ func (u *unit) String() string {
 	for k := range u.elems {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b elemKey) int {
-		if c := strings.Compare(a.set, b.set); c != 0 {
-			return c
-		}
-		return strings.Compare(a.key, b.key)
-	})
+	slices.SortFunc(keys, elemKey.compare)
 	for _, k := range keys {
 		switch {
 		case k.end != "":
@@ -472,8 +487,13 @@ func (u *unit) String() string {
 			fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
 		}
 	}
-	for _, a := range u.hairpin {
-		fmt.Fprintf(&b, "hairpin %s\n", a)
+	for _, k := range u.counted {
+		n := len(k.key) // an address (cluster-ips)
+		if k.set == setHairpin {
+			n /= 2 // the same address twice
+		}
+		a, _ := netip.AddrFromSlice([]byte(k.key[:n]))
+		fmt.Fprintf(&b, "%s %s\n", k.set, a)
 	}
 	return b.String()
 }

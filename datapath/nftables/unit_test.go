@@ -105,7 +105,8 @@ func TestSupportedLeavesOutUnsupported(t *testing.T) {
 // A unit's chain names follow the service port, its map keys are each
 // field padded to 32 bits (address . protocol . port); frontends without
 // endpoints go to the no-endpoint maps (reject, or drop when Drop is set)
-// and make no chain.
+// and make no chain. A cluster IP, with or without endpoints, is in the
+// cluster-ips set (its other ports are rejected).
 func TestBuildUnit(t *testing.T) {
 	o := &Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	svc := datapath.ServicePortName{Namespace: "ns", Name: "a", Port: "http"}
@@ -128,6 +129,7 @@ chain ext-ns/a/http {
 }
 element service-ips 0a6000010600000000500000 : goto svc-ns/a/http
 element service-nodeports 0600000075800000 : goto ext-ns/a/http
+cluster-ips 10.96.0.1
 hairpin 10.244.0.2
 hairpin 10.244.0.3
 `
@@ -143,6 +145,7 @@ hairpin 10.244.0.3
 	}
 	want = `element no-endpoint-nodeports 1100000075650000 : drop
 element no-endpoint-services 0a6000011100000000350000 : goto reject-chain
+cluster-ips 10.96.0.1
 `
 	if got := u.String(); got != want {
 		t.Errorf("unit without endpoints:\n%s\nwant:\n%s", got, want)
@@ -184,6 +187,7 @@ chain ext-ns/a {
 }
 element service-ips 0a6000010600000000500000 : goto svc-ns/a
 element service-nodeports 0600000075800000 : goto ext-ns/a
+cluster-ips 10.96.0.1
 hairpin 10.244.0.2
 hairpin 10.244.1.3
 `
