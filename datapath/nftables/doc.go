@@ -1,9 +1,10 @@
 // Package nftables is the native nf_tables datapath: it programs a
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
-// one transaction per Apply; the agent's `mode: nftables`. It refuses,
-// by name and before writing anything, the frontends it does not
-// program (ErrUnsupported: an unknown frontend kind or protocol, session
-// affinity over IPv6).
+// one transaction per Apply; the agent's `mode: nftables`. It leaves out,
+// by name, the frontends it does not program (ErrUnsupported: an unknown
+// frontend kind or protocol, session affinity over IPv6), each service
+// port concerned returned as a *datapath.PortError (a refusal in status),
+// and programs the rest of the plan.
 //
 // Tables: "ip edgeproxy" and "ip6 edgeproxy", as kube-proxy's nftables
 // mode has one per family. A Plan's frontends are per family already,
@@ -28,6 +29,8 @@
 //	filter-input/forward/output (filter, after DNAT), ct state new:
 //	             … vmap @no-endpoint-services / @no-endpoint-nodeports
 //	             → goto reject-chain (reject) | drop
+//	             forward/output: ip daddr @cluster-ips reject (a port of
+//	             a cluster IP no Service has, left untranslated)
 //	nat-postrouting (srcnat) → masquerading:
 //	             ct status dnat ip saddr . ip daddr @hairpin mark;
 //	             unmarked return; clear the mark; masquerade fully-random
@@ -38,7 +41,7 @@
 //	svc- with session affinity: the dynamic map @affinity (client .
 //	             frontend : endpoint) looked up first, updated by the cascade
 //
-// Five maps and four sets, whatever the number of Services; a Service adds
+// Five maps and five sets, whatever the number of Services; a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and

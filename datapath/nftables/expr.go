@@ -251,6 +251,14 @@ func ruleReject(f *fam) rule {
 	return rule{text: "reject", exprs: []expr.Any{&expr.Reject{Type: unix.NFT_REJECT_ICMP_UNREACH, Code: f.portUnreach}}}
 }
 
+// ruleAddrReject: "ip daddr @set reject".
+func ruleAddrReject(f *fam, set string) rule {
+	r := ruleReject(f)
+	r.exprs = append([]expr.Any{loadAddr(f, true, reg1), &expr.Lookup{SourceRegister: reg1, SetName: set}}, r.exprs...)
+	r.text = addrWord(f, true) + " @" + set + " " + r.text
+	return r
+}
+
 // ruleHairpinMark: "ct status dnat ip saddr . ip daddr @set meta mark set
 // meta mark | 0x00004000": an endpoint that reached itself through a
 // service must be masqueraded, or it would answer itself directly.

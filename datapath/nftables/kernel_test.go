@@ -387,7 +387,8 @@ func refused(t *testing.T, from *netns.NS, dst string) {
 // from outside the cluster CIDR; NodePort on the node's address,
 // ExternalIP and LoadBalancer IP, masqueraded; IPv6 ClusterIP and
 // NodePort; a
-// Service without endpoints refused; an endpoint reaching itself through
+// Service without endpoints refused, and a port of a cluster IP that no
+// Service has; an endpoint reaching itself through
 // its Service (hairpin, masqueraded so that it answers through the node).
 func TestPackets(t *testing.T) {
 	w := newWorld(t)
@@ -435,6 +436,14 @@ func TestPackets(t *testing.T) {
 		refused(t, pod3.NS, "10.96.0.20:80")
 		refused(t, pod3.NS, "[fd00:96::20]:80")
 		refused(t, w.client, w.node.LinkIP.String()+":30090")
+	})
+	t.Run("a port of a cluster IP no Service has", func(t *testing.T) {
+		// Rejected, as kube-proxy's nftables mode does, not routed out
+		// of the node (a node without a default route would drop it).
+		for _, from := range []*netns.NS{pod3.NS, w.node.NS, w.client} {
+			refused(t, from, "10.96.0.10:81")
+		}
+		refused(t, pod3.NS, "[fd00:96::10]:81")
 	})
 	t.Run("hairpin", func(t *testing.T) {
 		seen := reach(t, 5, w.pods[0].NS, "10.96.0.30:80", false, gw)
@@ -980,6 +989,42 @@ func TestAffinity(t *testing.T) {
 	}
 	if out := list(t, w.node.NS, "map", "ip", TableName, mapAffinity); strings.Contains(out, w.pods[firstIdx].IP.String()+" . 8080") {
 		t.Fatalf("the affinity map still names the removed endpoint:\n%s", out)
+	}
+}
+
+// A Service with session affinity in both families: its IPv6 frontend is
+// left out and reported as a PortError, while its IPv4 one (sticky) and
+// every other Service are programmed, in the same apply and the partial
+// ones after it.
+func TestAffinityIPv6LeftOut(t *testing.T) {
+	w := newWorld(t)
+	aff := svcName("default", "sticky", "")
+	plan := func(gen uint64) *datapath.Plan {
+		f4 := clusterIP(aff, datapath.TCP, "10.96.0.60", 80, w.eps(0, 1)...)
+		f6 := clusterIP(aff, datapath.TCP, "fd00:96::60", 80, w.eps6(0, 1)...)
+		f4.Affinity, f6.Affinity = time.Hour, time.Hour
+		pl := newPlan(gen, f4, f6, clusterIP(w.web6, datapath.TCP, "fd00:96::10", 80, w.eps6(0, 1)...))
+		if gen > 1 {
+			pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{aff: true, w.web6: true}
+		}
+		return pl
+	}
+	pod3 := w.pods[2]
+	for gen := uint64(1); gen <= 2; gen++ {
+		err := w.p.Apply(context.Background(), plan(gen))
+		ports, rest := datapath.SplitPortErrors(err)
+		if rest != nil || len(ports) != 1 || ports[0].Service != aff || !errors.Is(err, ErrUnsupported) {
+			t.Fatalf("apply %d: %v, want only a PortError of %s wrapping ErrUnsupported", gen, err, aff)
+		}
+		if seen := reach(t, 10, pod3.NS, "10.96.0.60:80", false, pod3.IP); len(seen) != 1 {
+			t.Fatalf("apply %d: IPv4 affinity answered by %v, want one endpoint every time", gen, seen)
+		}
+		if seen := reach(t, 20, pod3.NS, "[fd00:96::10]:80", false, pod3.IP6); len(seen) != 2 {
+			t.Fatalf("apply %d: IPv6 ClusterIP answered by %v, want both endpoints", gen, seen)
+		}
+		if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "fd00:96::60") || strings.Contains(out, "map "+mapAffinity) {
+			t.Fatalf("apply %d: the ip6 table holds the left-out frontend:\n%s", gen, out)
+		}
 	}
 }
 

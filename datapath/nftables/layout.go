@@ -27,6 +27,7 @@ const (
 	setNodePortIPs   = "nodeport-ips"          // daddr: node-port addresses (nodePortAddresses)
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
+	setClusterIPs    = "cluster-ips"           // daddr: every cluster IP (its other ports are rejected)
 
 	chainFilterPre     = "filter-prerouting-pre-dnat"
 	chainFilterOutPre  = "filter-output-pre-dnat"
@@ -35,6 +36,7 @@ const (
 	chainFilterOutput  = "filter-output"
 	chainSvcCheck      = "service-endpoints-check"
 	chainNodePortCheck = "nodeport-endpoints-check"
+	chainClusterIPs    = "cluster-ips-check"
 	chainReject        = "reject-chain"
 	chainNatPre        = "nat-prerouting"
 	chainNatOutput     = "nat-output"
@@ -130,6 +132,7 @@ func (f *fam) sets() []setSpec {
 		{setNodePortIPs, []nftables.SetDatatype{f.addrType}, false, false, nil, false},
 		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false, nil, false},
 		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true, nil, false},
+		{setClusterIPs, []nftables.SetDatatype{f.addrType}, false, false, nil, false},
 	}
 }
 
@@ -160,7 +163,12 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 	// Packets conntrack finds out of window (INVALID) are dropped rather
 	// than forwarded un-NATed to a pod that would reset the connection,
 	// as kube-proxy does, unless the node's conntrack is liberal.
-	forward := []rule{ruleJump(true, chainSvcCheck)}
+	//
+	// A new connection to a cluster IP that no DNAT translated (a port no
+	// Service has; the ports without endpoints are refused before) is
+	// rejected, as kube-proxy's nftables mode does, rather than routed
+	// out of the node.
+	forward := []rule{ruleJump(true, chainSvcCheck), ruleJump(true, chainClusterIPs)}
 	if !o.TCPBeLiberal {
 		forward = append([]rule{ruleInvalidDrop()}, forward...)
 	}
@@ -168,6 +176,7 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 		{name: chainReject, rules: []rule{ruleReject(f)}},
 		{name: chainSvcCheck, rules: []rule{ruleDispatch(f, true, mapNoEndpoints)}},
 		{name: chainNodePortCheck, rules: []rule{ruleNodePortDispatch(f, restricted, mapNoEPPorts)}},
+		{name: chainClusterIPs, rules: []rule{ruleAddrReject(f, setClusterIPs)}},
 		{name: chainServices, rules: []rule{
 			ruleDispatch(f, true, mapServiceIPs),
 			ruleNodePortDispatch(f, restricted, mapNodePorts),
@@ -191,6 +200,7 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 		{name: chainFilterForward, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookForward, prio: prioFilter, rules: forward},
 		{name: chainFilterOutput, typ: nftables.ChainTypeFilter, hook: nftables.ChainHookOutput, prio: prioFilter, rules: []rule{
 			ruleJump(true, chainSvcCheck),
+			ruleJump(true, chainClusterIPs),
 		}},
 		{name: chainNatPre, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
 		{name: chainNatOutput, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},

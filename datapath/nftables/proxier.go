@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -234,7 +235,9 @@ type table struct {
 	written  bool // a rebuild succeeded since start
 	needFull bool // the last apply failed
 	units    map[datapath.ServicePortName]*unit
-	hairpin  map[netip.Addr]int // references to each endpoint from units
+	// counted: the elements units share (the hairpin set's endpoints,
+	// the cluster-ips set's addresses), with how many units hold each.
+	counted map[elemKey]int
 	// Node ports: restricted to npIPs (@nodeport-ips), or on every local
 	// address (fib) when npIPs is nil.
 	npIPs []netip.Addr
@@ -303,7 +306,7 @@ func New(o Options) (*Proxier, error) {
 }
 
 func newTable(f *fam) *table {
-	return &table{f: f, units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}}
+	return &table{f: f, units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}}
 }
 
 // Name is "nftables".
@@ -354,8 +357,14 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if err := ctx.Err(); err != nil {
 		return err
 	}
-	if err := check(plan.Frontends); err != nil {
-		return err
+	// Frontends this datapath cannot program are left out, each service
+	// port concerned reported in a *datapath.PortError after the rest is
+	// programmed.
+	frontends, refused := supported(plan.Frontends)
+	if len(refused) > 0 {
+		cp := *plan
+		cp.Frontends = frontends
+		plan = &cp
 	}
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -431,7 +440,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			p.log.Warn("conntrack cleanup after the apply failed; retried next sync", "err", err)
 		}
 	}
-	return nil
+	return errors.Join(refused...)
 }
 
 // group collects the frontends of family fam by service port: all of
@@ -450,10 +459,10 @@ func group(plan *datapath.Plan, f datapath.Family, all bool) map[datapath.Servic
 
 // pending is what a table will hold once the batch is committed.
 type pending struct {
-	replace bool // units and hairpin replace the table's
+	replace bool // units and counted replace the table's
 	units   map[datapath.ServicePortName]*unit
-	hairpin map[netip.Addr]int // the new counts (replace) or the deltas
-	n       int                // service ports compared
+	counted map[elemKey]int // the new counts (replace) or the deltas
+	n       int             // service ports compared
 	npIPs   []netip.Addr
 	// affinity: the affinity map exists after the batch; sweep: a
 	// Service with affinity changed, its stale entries must go.
@@ -466,7 +475,7 @@ func (pd *pending) commit(t *table) {
 	t.npIPs, t.affinity, t.affUnits, t.pods = pd.npIPs, pd.affinity, pd.affUnits, pd.pods
 	t.affDirty = t.affDirty || pd.sweep
 	if pd.replace {
-		t.units, t.hairpin = pd.units, pd.hairpin
+		t.units, t.counted = pd.units, pd.counted
 		t.written, t.needFull = true, false
 		t.unitChains = 0
 		for _, u := range t.units {
@@ -485,11 +494,11 @@ func (pd *pending) commit(t *table) {
 			t.unitChains += len(u.chains)
 		}
 	}
-	for a, d := range pd.hairpin {
-		if n := t.hairpin[a] + d; n > 0 {
-			t.hairpin[a] = n
+	for k, d := range pd.counted {
+		if n := t.counted[k] + d; n > 0 {
+			t.counted[k] = n
 		} else {
-			delete(t.hairpin, a)
+			delete(t.counted, k)
 		}
 	}
 }

@@ -120,15 +120,15 @@ func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
 // transaction, so the delete never fails and no packet sees the table
 // missing.
 func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (*pending, error) {
-	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), hairpin: map[netip.Addr]int{}, npIPs: npIPs}
+	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs}
 	for s, fs := range groups {
 		u, err := buildUnit(t.f, o, fs)
 		if err != nil {
 			return nil, err
 		}
 		pd.units[s] = u
-		for _, a := range u.hairpin {
-			pd.hairpin[a]++
+		for _, k := range u.counted {
+			pd.counted[k]++
 		}
 	}
 	pd.n = len(groups)
@@ -176,8 +176,8 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		}
 		pd.units[s] = u.summary()
 	}
-	for a := range pd.hairpin {
-		all[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+	for k := range pd.counted {
+		all[k] = target{}
 	}
 	for _, a := range npIPs {
 		all[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
@@ -200,7 +200,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // rules of new and rewritten chains added, and new elements added last:
 // nothing ever points at a missing chain.
 func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
-	pd := &pending{units: map[datapath.ServicePortName]*unit{}, hairpin: map[netip.Addr]int{}, npIPs: npIPs, affUnits: t.affUnits}
+	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}, npIPs: npIPs, affUnits: t.affUnits}
 	scope := map[datapath.ServicePortName]bool{}
 	if plan.Full {
 		for s := range t.units {
@@ -266,22 +266,22 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 				rewrite = append(rewrite, c)
 			}
 		}
-		for _, a := range old.hairpin {
-			pd.hairpin[a]--
+		for _, k := range old.counted {
+			pd.counted[k]--
 		}
-		for _, a := range nu.hairpin {
-			pd.hairpin[a]++
+		for _, k := range nu.counted {
+			pd.counted[k]++
 		}
 	}
-	for a, d := range pd.hairpin {
-		was := t.hairpin[a]
+	for k, d := range pd.counted {
+		was := t.counted[k]
 		switch now := was + d; {
 		case d == 0:
-			delete(pd.hairpin, a)
+			delete(pd.counted, k)
 		case was == 0 && now > 0:
-			add[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+			add[k] = target{}
 		case was > 0 && now <= 0:
-			del[elemKey{set: setHairpin, key: keyHairpin(a)}] = target{}
+			del[k] = target{}
 		}
 	}
 	for _, a := range npIPs {

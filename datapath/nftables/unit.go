@@ -15,9 +15,10 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
-// ErrUnsupported is wrapped by Apply's error for a plan with a frontend
-// this datapath cannot program (an unknown kind or protocol, session
-// affinity over IPv6); nothing is written then.
+// ErrUnsupported is wrapped by the *datapath.PortError Apply returns for
+// a service port with a frontend this datapath cannot program (an unknown
+// kind or protocol, session affinity over IPv6): those frontends are left
+// out, the rest of the plan is programmed.
 var ErrUnsupported = errors.New("nftables: not supported yet")
 
 // unsupported says why f cannot be programmed faithfully yet, or "".
@@ -41,26 +42,53 @@ func unsupported(f *datapath.Frontend) string {
 	return ""
 }
 
-// check returns an error wrapping ErrUnsupported that names every
-// unsupported feature the plan's frontends use, with one service each.
-func check(frontends []datapath.Frontend) error {
-	first := map[string]datapath.ServicePortName{}
+// supported returns the frontends this datapath programs and, for each
+// service port with one it cannot, a *datapath.PortError wrapping
+// ErrUnsupported that says why and how many of its frontends are left
+// out. Only those frontends are: one Service with session affinity over
+// IPv6 must not stop every other Service, nor its own IPv4 frontends.
+// frontends itself is returned when nothing is left out.
+func supported(frontends []datapath.Frontend) ([]datapath.Frontend, []error) {
+	type refusal struct {
+		why []string
+		n   int
+	}
+	var order []datapath.ServicePortName
+	refused := map[datapath.ServicePortName]*refusal{}
 	for i := range frontends {
-		if why := unsupported(&frontends[i]); why != "" {
-			if _, ok := first[why]; !ok {
-				first[why] = frontends[i].Service
-			}
+		why := unsupported(&frontends[i])
+		if why == "" {
+			continue
+		}
+		s := frontends[i].Service
+		r := refused[s]
+		if r == nil {
+			r = &refusal{}
+			refused[s] = r
+			order = append(order, s)
+		}
+		if !slices.Contains(r.why, why) {
+			r.why = append(r.why, why)
+		}
+		r.n++
+	}
+	if len(refused) == 0 {
+		return frontends, nil
+	}
+	kept := make([]datapath.Frontend, 0, len(frontends))
+	for i := range frontends {
+		if unsupported(&frontends[i]) == "" {
+			kept = append(kept, frontends[i])
 		}
 	}
-	if len(first) == 0 {
-		return nil
+	errs := make([]error, 0, len(order))
+	for _, s := range order {
+		r := refused[s]
+		slices.Sort(r.why)
+		errs = append(errs, &datapath.PortError{Service: s,
+			Err: fmt.Errorf("%w: %s (%d of its frontends)", ErrUnsupported, strings.Join(r.why, ", "), r.n)})
 	}
-	var parts []string
-	for why, s := range first {
-		parts = append(parts, fmt.Sprintf("%s (%s)", why, s))
-	}
-	slices.Sort(parts)
-	return fmt.Errorf("%w: %s", ErrUnsupported, strings.Join(parts, ", "))
+	return kept, errs
 }
 
 // elemKey is one element of one of the fixed maps or sets: the set's name
@@ -69,6 +97,17 @@ type elemKey struct {
 	set string
 	key string
 	end string
+}
+
+// compare orders elements by set, then key, then end.
+func (k elemKey) compare(o elemKey) int {
+	if c := strings.Compare(k.set, o.set); c != 0 {
+		return c
+	}
+	if c := strings.Compare(k.key, o.key); c != 0 {
+		return c
+	}
+	return strings.Compare(k.end, o.end)
 }
 
 // disjoint returns the prefixes of family fam in ps, masked, without
@@ -117,8 +156,10 @@ type target struct {
 
 // unit is what one service port puts into the table of one family: its
 // chains (ordered so that a chain comes before those that jump to it),
-// its elements in the fixed maps, and the endpoint addresses it adds to
-// the hairpin set (counted across units: two Services may share one).
+// its elements in the fixed maps, and the elements it shares with other
+// units, counted across them: its endpoints in the hairpin set (two
+// Services may share one) and its cluster IPs in the cluster-ips set
+// (each port of a Service is a unit).
 //
 // A unit as built holds its rules and an element map; what the Proxier
 // keeps between syncs is its summary: chain names and digests, the
@@ -127,8 +168,8 @@ type unit struct {
 	chains  []chainSpec
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
-	hairpin []netip.Addr
-	aff     []affFrontend // frontends with session affinity
+	counted []elemKey          // sorted
+	aff     []affFrontend      // frontends with session affinity
 }
 
 // affFrontend is a frontend with session affinity, as the entries of the
@@ -152,7 +193,7 @@ func (a affFrontend) equal(b affFrontend) bool {
 
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), hairpin: u.hairpin, aff: u.aff}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, aff: u.aff}
 	for i, c := range u.chains {
 		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
 	}
@@ -192,7 +233,7 @@ func keyProtoPort(p datapath.Protocol, port uint16) string {
 func keyHairpin(a netip.Addr) string { return string(append(a.AsSlice(), a.AsSlice()...)) }
 
 // buildUnit lays out one service port's frontends of one family (all of
-// them supported, see check). Each distinct list of endpoints gets one
+// them supported, see supported). Each distinct list of endpoints gets one
 // load-balancing chain: "svc-NS/NAME/PORT" for the first, then ".2", ".3"
 // (the internal traffic policy Local gives the cluster IP local endpoints,
 // the external one other frontends theirs; a port name cannot hold a dot,
@@ -240,6 +281,13 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	}
 	for i := range fs {
 		fr := &fs[i]
+		if fr.Kind == datapath.ClusterIP {
+			// Its ports no Service has are rejected (cluster-ips-check).
+			k := elemKey{set: setClusterIPs, key: string(fr.Addr.AsSlice())}
+			if !slices.Contains(u.counted, k) {
+				u.counted = append(u.counted, k)
+			}
+		}
 		key := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
 		noEP := elemKey{set: mapNoEndpoints, key: key.key}
 		if fr.Kind == datapath.NodePort {
@@ -338,7 +386,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 			for _, e := range eps {
 				if !seen[e.Addr.Addr()] {
 					seen[e.Addr.Addr()] = true
-					u.hairpin = append(u.hairpin, e.Addr.Addr())
+					u.counted = append(u.counted, elemKey{set: setHairpin, key: keyHairpin(e.Addr.Addr())})
 				}
 			}
 		}
@@ -349,7 +397,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	for i := range u.chains {
 		u.chains[i].seal()
 	}
-	slices.SortFunc(u.hairpin, netip.Addr.Compare)
+	slices.SortFunc(u.counted, elemKey.compare)
 	return u, nil
 }
 
@@ -432,12 +480,7 @@ func (u *unit) String() string {
 	for k := range u.elems {
 		keys = append(keys, k)
 	}
-	slices.SortFunc(keys, func(a, b elemKey) int {
-		if c := strings.Compare(a.set, b.set); c != 0 {
-			return c
-		}
-		return strings.Compare(a.key, b.key)
-	})
+	slices.SortFunc(keys, elemKey.compare)
 	for _, k := range keys {
 		switch {
 		case k.end != "":
@@ -448,8 +491,13 @@ func (u *unit) String() string {
 			fmt.Fprintf(&b, "element %s %x : %s\n", k.set, k.key, verdictText(u.elems[k].kind, u.elems[k].chain))
 		}
 	}
-	for _, a := range u.hairpin {
-		fmt.Fprintf(&b, "hairpin %s\n", a)
+	for _, k := range u.counted {
+		n := len(k.key) // an address (cluster-ips)
+		if k.set == setHairpin {
+			n /= 2 // the same address twice
+		}
+		a, _ := netip.AddrFromSlice([]byte(k.key[:n]))
+		fmt.Fprintf(&b, "%s %s\n", k.set, a)
 	}
 	return b.String()
 }

@@ -62,13 +62,14 @@ func mustScan(t *testing.T, s, format string, args ...any) {
 	}
 }
 
-// What the datapath cannot program is refused by name before anything is
-// written; the rest of the plan's shapes pass.
-func TestCheckRefusesUnsupported(t *testing.T) {
-	svc := datapath.ServicePortName{Namespace: "ns", Name: "a"}
-	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80}
-	if err := check([]datapath.Frontend{ok}); err != nil {
-		t.Fatalf("ClusterIP refused: %v", err)
+// What the datapath cannot program is left out by name, each service
+// port concerned in one PortError; the rest of the plan, that service
+// port's other frontends included, is kept.
+func TestSupportedLeavesOutUnsupported(t *testing.T) {
+	svc, other := datapath.ServicePortName{Namespace: "ns", Name: "a"}, datapath.ServicePortName{Namespace: "ns", Name: "b"}
+	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Affinity: time.Hour}
+	if kept, errs := supported([]datapath.Frontend{ok}); len(kept) != 1 || errs != nil {
+		t.Fatalf("ClusterIP with affinity: kept %d, errors %v", len(kept), errs)
 	}
 	for _, tc := range []struct {
 		name string
@@ -77,14 +78,26 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 	}{
 		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
 		{"IPv6 affinity", func(f *datapath.Frontend) {
-			f.Addr, f.Family, f.Affinity = netip.MustParseAddr("fd00::1"), datapath.IPv6, time.Hour
+			f.Addr, f.Family = netip.MustParseAddr("fd00::1"), datapath.IPv6
 		}, "session affinity over IPv6"},
 	} {
-		f := ok
-		tc.mod(&f)
-		err := check([]datapath.Frontend{ok, f})
-		if !errors.Is(err, ErrUnsupported) || !strings.Contains(err.Error(), tc.want) || !strings.Contains(err.Error(), "ns/a") {
-			t.Errorf("%s: error %v, want ErrUnsupported naming %q and the service", tc.name, err, tc.want)
+		bad := ok
+		tc.mod(&bad)
+		bad2 := bad
+		bad2.Port = 81
+		fine := ok
+		fine.Service = other
+		kept, errs := supported([]datapath.Frontend{ok, bad, fine, bad2})
+		if len(kept) != 2 || kept[0].Service != svc || kept[0].Port != 80 || kept[1].Service != other {
+			t.Errorf("%s: kept %v, want the two supported frontends", tc.name, kept)
+		}
+		if len(errs) != 1 {
+			t.Fatalf("%s: errors %v, want one for the service port", tc.name, errs)
+		}
+		ports, rest := datapath.SplitPortErrors(errors.Join(errs...))
+		if rest != nil || len(ports) != 1 || ports[0].Service != svc || !errors.Is(errs[0], ErrUnsupported) ||
+			!strings.Contains(errs[0].Error(), tc.want) || !strings.Contains(errs[0].Error(), "2 of its frontends") {
+			t.Errorf("%s: error %v, want a PortError of %s wrapping ErrUnsupported naming %q and 2 frontends", tc.name, errs[0], svc, tc.want)
 		}
 	}
 }
@@ -92,7 +105,8 @@ func TestCheckRefusesUnsupported(t *testing.T) {
 // A unit's chain names follow the service port, its map keys are each
 // field padded to 32 bits (address . protocol . port); frontends without
 // endpoints go to the no-endpoint maps (reject, or drop when Drop is set)
-// and make no chain.
+// and make no chain. A cluster IP, with or without endpoints, is in the
+// cluster-ips set (its other ports are rejected).
 func TestBuildUnit(t *testing.T) {
 	o := &Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{netip.MustParsePrefix("10.244.0.0/16")}}
 	svc := datapath.ServicePortName{Namespace: "ns", Name: "a", Port: "http"}
@@ -115,6 +129,7 @@ chain ext-ns/a/http {
 }
 element service-ips 0a6000010600000000500000 : goto svc-ns/a/http
 element service-nodeports 0600000075800000 : goto ext-ns/a/http
+cluster-ips 10.96.0.1
 hairpin 10.244.0.2
 hairpin 10.244.0.3
 `
@@ -130,6 +145,7 @@ hairpin 10.244.0.3
 	}
 	want = `element no-endpoint-nodeports 1100000075650000 : drop
 element no-endpoint-services 0a6000011100000000350000 : goto reject-chain
+cluster-ips 10.96.0.1
 `
 	if got := u.String(); got != want {
 		t.Errorf("unit without endpoints:\n%s\nwant:\n%s", got, want)
@@ -171,6 +187,7 @@ chain ext-ns/a {
 }
 element service-ips 0a6000010600000000500000 : goto svc-ns/a
 element service-nodeports 0600000075800000 : goto ext-ns/a
+cluster-ips 10.96.0.1
 hairpin 10.244.0.2
 hairpin 10.244.1.3
 `

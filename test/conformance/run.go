@@ -34,12 +34,16 @@ type Binaries struct {
 const parallel = 32
 
 // settings for a profile; the same for both proxies. BackendIPVS is IPVS
-// mode with iptables-nft.
+// mode with iptables-nft, BackendNFTables nftables mode (with iptables-nft
+// in PATH, which kube-proxy cleans the other modes' rules up with).
 func settings(profile, backend string) proxies.Settings {
 	s := proxies.Settings{Backend: backend, MinSync: time.Second, Sync: 30 * time.Second,
 		ClusterCIDR: ClusterCIDR, ExternalIPs: true}
-	if backend == BackendIPVS {
+	switch backend {
+	case BackendIPVS:
 		s.Mode, s.Backend = proxies.ModeIPVS, "nft"
+	case BackendNFTables:
+		s.Mode, s.Backend = proxies.ModeNFTables, "nft"
 	}
 	switch profile {
 	case ProfileNPA:

@@ -200,7 +200,7 @@ var Shapes = []Shape{
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 944, "nft": 944, "ipvs": 939}
+var CellCount = map[string]int{"legacy": 944, "nft": 944, "nftables": 939, "ipvs": 939}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -333,6 +333,18 @@ var Anchors = map[string]string{
 	// IPVS keeps the persistence template while a connection it made is
 	// in its table (TCP TIME_WAIT: 2 minutes), longer than the rounds.
 	"cip-affinity-timeout/clusterip/pod/v4/ipvs": expiryStays,
+	// nftables mode: the same outcomes as iptables mode where iptables
+	// cells pin one backend, and its own refusal of a ClusterIP's ports
+	// no Service has (kube-proxy's cluster-ips set); an LB IP is not the
+	// node's.
+	"cip-itp-local-remote-only/clusterip/pod/v4/nftables": "timeout",
+	"np-etp-local-remote-only/np/ext/v4/nftables":         "timeout",
+	"hostport/hostport-clusterip/pod/v4/nftables":         "refused",
+	"hostport/hostport-lb/ext/v4/nftables":                "timeout",
+	"udp-remove/lb/ext/v6/nftables":                       "before sa, old flow after remove: sa",
+	"udp-delete/clusterip/pod/v4/nftables":                "before sa, old flow after delete: sa",
+	"udp-port/clusterip/pod/v6/nftables":                  "before sa, old flow after port: sa",
+	"cip-affinity-timeout/clusterip/pod/v4/nftables":      expiryMoves,
 }
 
 // Position is where a client stands.
@@ -364,14 +376,24 @@ const (
 	FHostPortLB  = "hostport-lb"
 )
 
-// Families and backends. Backends are the iptables matrix's (TestMatrix);
-// BackendIPVS is the VM matrix's (TestMatrixIPVS): both proxies in IPVS
-// mode, their iptables rules written with iptables-nft.
+// Families and backends. Backends are the host matrix's (TestMatrix):
+// iptables mode on iptables-legacy and on iptables-nft, and
+// BackendNFTables, both proxies in nftables mode. BackendIPVS is the VM
+// matrix's (TestMatrixIPVS): both proxies in IPVS mode, their iptables
+// rules written with iptables-nft.
 var (
-	Families    = []string{"v4", "v6"}
-	Backends    = []string{"legacy", "nft"}
-	BackendIPVS = "ipvs"
+	Families        = []string{"v4", "v6"}
+	Backends        = []string{"legacy", "nft", BackendNFTables}
+	BackendNFTables = "nftables"
+	BackendIPVS     = "ipvs"
 )
+
+// localhostNodePorts reports whether the backend's proxies serve
+// NodePorts on 127.0.0.1: only iptables mode does (kube-proxy's
+// --iptables-localhost-nodeports; its IPVS and nftables modes do not).
+func localhostNodePorts(backend string) bool {
+	return backend != BackendIPVS && backend != BackendNFTables
+}
 
 // Cell is one probe: a frontend of a shape from a position in a family.
 type Cell struct {
@@ -478,10 +500,10 @@ func Cells(profile, backend string) []Cell {
 			for port := range ports {
 				for _, pos := range Positions {
 					for _, fam := range Families {
-						// IPVS mode serves no 127.0.0.1 NodePort (the
-						// np-lo cells show it): a change cell there waits
-						// out newFlowWait for nothing.
-						if s.Change != "" && fe == FNodePortLo && backend == BackendIPVS {
+						// IPVS and nftables modes serve no 127.0.0.1
+						// NodePort (the np-lo cells show it): a change
+						// cell there waits out newFlowWait for nothing.
+						if s.Change != "" && fe == FNodePortLo && !localhostNodePorts(backend) {
 							continue
 						}
 						if applies(s, fe, pos.Name, fam) {

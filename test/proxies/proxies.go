@@ -1,6 +1,7 @@
 // Package proxies starts the Service proxies the harnesses compare —
-// upstream kube-proxy and edgeproxy, both in iptables mode or both in IPVS
-// mode (and, for the benchmarks, kube-proxy in nftables mode) — with the
+// upstream kube-proxy and edgeproxy, both in iptables, IPVS or nftables
+// mode (and, for the benchmarks, kube-proxy in nftables mode beside
+// edgeproxy in another) — with the
 // same settings, and empties a node namespace between them. The
 // benchmarks (test/bench) and the conformance matrix (test/conformance)
 // share it, so both proxies are configured in one place.
@@ -34,8 +35,10 @@ const (
 
 // Settings are what both proxies are given, the same for both.
 type Settings struct {
-	// Mode is ModeIPTables (also when empty) or ModeIPVS; IPVS mode still
-	// writes iptables rules, with Backend's programs.
+	// Mode is ModeIPTables (also when empty), ModeIPVS or ModeNFTables;
+	// IPVS mode still writes iptables rules, with Backend's programs, and
+	// Backend's are the iptables programs in PATH in nftables mode too
+	// (kube-proxy cleans the other modes' rules up with them).
 	Mode        string
 	Backend     string        // legacy | nft
 	MinSync     time.Duration // kube-proxy --<mode>-min-sync-period, edgeproxy sync.minPeriod
@@ -66,6 +69,7 @@ type Settings struct {
 const (
 	ModeIPTables = "iptables"
 	ModeIPVS     = "ipvs"
+	ModeNFTables = "nftables"
 )
 
 // mode is s.Mode with its default.

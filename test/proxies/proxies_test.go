@@ -56,6 +56,24 @@ func TestIPVSMode(t *testing.T) {
 	}
 }
 
+// In nftables mode both proxies get their mode, and kube-proxy the
+// --iptables-* sync flags (it has no --nftables-* ones).
+func TestNFTablesMode(t *testing.T) {
+	s := Settings{Mode: ModeNFTables, Backend: "nft", MinSync: time.Second, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
+	if cfg := loadConfig(t, s); cfg.Mode != config.ModeNFTables {
+		t.Errorf("edgeproxy mode %q, want nftables", cfg.Mode)
+	}
+	args := KubeProxyArgs(testNode, s)
+	for _, want := range []string{"--proxy-mode=nftables", "--iptables-min-sync-period=1s", "--iptables-sync-period=30s"} {
+		if !slices.Contains(args, want) {
+			t.Errorf("kube-proxy args %v lack %s", args, want)
+		}
+	}
+	if !slices.Equal(args, KubeProxyNFTablesArgs(testNode, s)) {
+		t.Errorf("KubeProxyArgs in nftables mode %v, KubeProxyNFTablesArgs %v: want the same", args, KubeProxyNFTablesArgs(testNode, s))
+	}
+}
+
 // loadConfig writes EdgeProxyConfig for s and loads it as edgeproxy does.
 func loadConfig(t *testing.T, s Settings) *config.Config {
 	t.Helper()
