@@ -94,7 +94,10 @@ func nftablesSettings(cfg *config.Config, log *slog.Logger) nftables.Options {
 		MasqueradeAll:     cfg.MasqueradeAll,
 		TCPBeLiberal:      cfg.Conntrack.TCPBeLiberal,
 		NodePortAddresses: parsePrefixes(cfg.NodePortAddresses...),
-		NodePortPrimary:   slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
+		// Unset, it is [primary] in this mode, as kube-proxy's nftables
+		// mode defaults it (platformApplyDefaults): NodePorts answer on
+		// the Node's InternalIPs only, not on every local address.
+		NodePortPrimary: len(cfg.NodePortAddresses) == 0 || slices.Contains(cfg.NodePortAddresses, config.NodePortPrimary),
 	}
 }
 

@@ -106,3 +106,21 @@ func TestHasIPv6(t *testing.T) {
 		}
 	}
 }
+
+// TestNFTablesNodePortDefault: unset nodePortAddresses is [primary] in
+// nftables mode, as kube-proxy's nftables mode defaults it, and only there.
+func TestNFTablesNodePortDefault(t *testing.T) {
+	quiet := slog.New(slog.DiscardHandler)
+	def := config.Default()
+	cfg := &def
+	if o := nftablesSettings(cfg, quiet); !o.NodePortPrimary || len(o.NodePortAddresses) != 0 {
+		t.Errorf("nftables, unset: primary %v, prefixes %v; want primary alone", o.NodePortPrimary, o.NodePortAddresses)
+	}
+	if o := iptablesSettings(cfg, quiet); o.NodePortPrimary {
+		t.Error("iptables, unset: primary; want every local address, as kube-proxy's iptables mode")
+	}
+	cfg.NodePortAddresses = []string{"10.0.0.0/8"}
+	if o := nftablesSettings(cfg, quiet); o.NodePortPrimary || len(o.NodePortAddresses) != 1 {
+		t.Errorf("nftables, 10.0.0.0/8: primary %v, prefixes %v; want the prefix alone", o.NodePortPrimary, o.NodePortAddresses)
+	}
+}
