@@ -10,6 +10,10 @@
 #
 # Output: $EPUP_OUT (default /tmp/edgeproxy-upstream), one folder per proxy
 # with the cluster's logs and the suite's JUnit and log.
+#
+# EPUP_EXTERNAL_IPS=true turns on edgeproxy's externalIPs in the
+# DaemonSet's ConfigMap before it is applied, as a user would (the shipped
+# config leaves them off: test/conformance/DIFFERENCES.md).
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -63,9 +67,14 @@ install_edgeproxy() {
 		--platform "linux/$(uname -m | sed 's/x86_64/amd64/;s/aarch64/arm64/')" "$l/edgeproxy.tar" >&2
 	rm -rf "$l"
 	kc apply -f "$repo/deploy/rbac.yaml" >&2
+	extip=
+	[ "${EPUP_EXTERNAL_IPS:-false}" = true ] && extip='/^    mode: iptables$/a\    externalIPs: true'
 	sed -e "s#image: registry.example.com/edgeproxy:latest.*#image: $img#" \
-		-e "s#value: api.example.com.*#value: \"$NODE_IP\"#" "$repo/deploy/daemonset.yaml" |
-		kc apply -f - >&2
+		-e "s#value: api.example.com.*#value: \"$NODE_IP\"#" -e "$extip" "$repo/deploy/daemonset.yaml" >"$dir/edgeproxy.yaml"
+	if [ -n "$extip" ]; then
+		grep -q '^    externalIPs: true$' "$dir/edgeproxy.yaml" || die "could not set externalIPs: true in daemonset.yaml's ConfigMap"
+	fi
+	kc apply -f "$dir/edgeproxy.yaml" >&2
 	rollout daemonset/edgeproxy kube-system 180
 }
 
