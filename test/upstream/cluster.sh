@@ -22,6 +22,9 @@
 # everything up made (processes, cgroups, mounts, namespaces, the global
 # sysctls kubelet rewrites) and is safe to run after a failed up.
 #
+# EPUP_IPTABLES=legacy makes the node's iptables tools iptables-legacy
+# (default nft, the machine's own).
+#
 # Binaries: $K8S_BIN (test/cluster/build.sh) and $UPSTREAM (build.sh).
 set -eu
 
@@ -184,6 +187,22 @@ up() {
 	mkdir -p "$dir/var-lib"
 	unshare --mount="$dir/run/mntns" --propagation private sh -c \
 		"mount --make-rshared / && mount -t tmpfs -o mode=0755 epup-run /run && mount --bind '$dir/var-lib' /var/lib"
+	# EPUP_IPTABLES=legacy: the node's iptables tools (Debian's alternatives,
+	# iptables-nft on this machine) are iptables-legacy inside the node, so
+	# kubelet writes its chains (KUBE-IPTABLES-HINT, KUBE-FIREWALL) there.
+	case ${EPUP_IPTABLES:-nft} in
+	nft) ;;
+	legacy)
+		rm -rf "$dir/alternatives"
+		cp -a /etc/alternatives "$dir/alternatives"
+		for t in iptables ip6tables; do
+			for s in "" -restore -save; do ln -sfn "/usr/sbin/$t-legacy$s" "$dir/alternatives/$t$s"; done
+		done
+		node_exec mount --bind "$dir/alternatives" /etc/alternatives
+		node_exec iptables --version | grep -q legacy || die "the node's iptables is not iptables-legacy"
+		;;
+	*) die "EPUP_IPTABLES: nft or legacy, not ${EPUP_IPTABLES}" ;;
+	esac
 
 	sh "$here/pki.sh" "$dir/pki" "$NODE_IP" "$SERVICE_IP" "$NODE"
 	p=$dir/pki

@@ -16,6 +16,8 @@
 # EPUP_EXTERNAL_IPS=true turns on edgeproxy's externalIPs in the
 # DaemonSet's ConfigMap before it is applied, as a user would (the shipped
 # config leaves them off: test/conformance/DIFFERENCES.md).
+# EPUP_IPTABLES=legacy makes the node (cluster.sh) and both proxies' images
+# use iptables-legacy.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -50,6 +52,17 @@ kc() { "$here/cluster.sh" exec "$dir" kubectl --kubeconfig="$dir/admin.kubeconfi
 rollout() { kc -n "$2" rollout status "$1" --timeout="${3}s" >&2; }
 
 install_kube_proxy() {
+	if [ "${EPUP_IPTABLES:-nft}" = legacy ]; then
+		# build.sh's image with the legacy layer on top, under the same name.
+		l=$(mktemp -d)
+		mkdir -p "$l/root/usr/local/bin"
+		cp "$K8S_BIN/kube-proxy" "$l/root/usr/local/bin/kube-proxy"
+		tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$l/root" -cf "$l/layer.tar" .
+		"$here/image.sh" "$l/kube-proxy.tar" registry.k8s.io/kube-proxy:v1.36.3 '["/usr/local/bin/kube-proxy"]' null \
+			"$UPSTREAM/images/base.tar" "$l/layer.tar" "$(alternatives_layer "$l/alt.tar")"
+		import_image "$l/kube-proxy.tar"
+		rm -rf "$l"
+	fi
 	sed "s/@API_SERVER@/$NODE_IP:6443/" "$here/manifests/kube-proxy.yaml" | kc apply -f - >&2
 	rollout daemonset/kube-proxy kube-system 180
 }
@@ -60,6 +73,22 @@ import_image() {
 		--platform "linux/$(uname -m | sed 's/x86_64/amd64/;s/aarch64/arm64/')" "$1" >&2
 }
 
+# alternatives_layer OUT.tar: with EPUP_IPTABLES=legacy, a layer that points
+# the image's iptables tools (Debian's alternatives, iptables-nft as built)
+# at iptables-legacy, the backend cluster.sh gives the node then; without
+# it, nothing (an empty argument list).
+alternatives_layer() {
+	[ "${EPUP_IPTABLES:-nft}" = legacy ] || return 0
+	a=$(mktemp -d)
+	mkdir -p "$a/etc/alternatives"
+	for t in iptables ip6tables; do
+		for s in "" -restore -save; do ln -s "/usr/sbin/$t-legacy$s" "$a/etc/alternatives/$t$s"; done
+	done
+	tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$a" -cf "$1" .
+	rm -rf "$a"
+	echo "$1"
+}
+
 # edgeproxy_image: the image a user builds: the binary at
 # /usr/local/bin/edgeproxy on a Debian root with iptables, imported into
 # the node's containerd (a user pushes it to a registry).
@@ -68,8 +97,9 @@ edgeproxy_image() {
 	mkdir -p "$l/root/usr/local/bin"
 	cp "$repo/bin/edgeproxy" "$l/root/usr/local/bin/edgeproxy"
 	tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$l/root" -cf "$l/layer.tar" .
+	# shellcheck disable=SC2046 # an empty or one-word list
 	"$here/image.sh" "$l/edgeproxy.tar" edgeproxy.test/edgeproxy:dev null null \
-		"$UPSTREAM/images/base.tar" "$l/layer.tar"
+		"$UPSTREAM/images/base.tar" "$l/layer.tar" $(alternatives_layer "$l/alt.tar")
 	import_image "$l/edgeproxy.tar"
 	rm -rf "$l"
 }
