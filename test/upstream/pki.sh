@@ -1,11 +1,12 @@
 #!/bin/sh
-# pki.sh DIR NODE_IP SERVICE_IP NODE_NAME writes the throw-away key material
+# pki.sh DIR NODE_IP SERVICE_IP NODE_NAME [NODE_NAME2] writes the throw-away key material
 # of one test/upstream cluster into DIR: a CA, the API server's serving pair,
 # one client pair per component (each with the identity the bootstrap RBAC
-# roles and the Node authorizer expect) and the service-account key pair.
+# roles and the Node authorizer expect; kubelet-NODE_NAME2.crt for a second
+# node) and the service-account key pair.
 set -eu
 
-dir=$1 node_ip=$2 service_ip=$3 node=$4
+dir=$1 node_ip=$2 service_ip=$3 node=$4 node2=${5:-}
 mkdir -p "$dir"
 cd "$dir"
 umask 077
@@ -40,6 +41,7 @@ sign apiserver-kubelet-client "/O=system:masters/CN=kube-apiserver-kubelet-clien
 sign controller-manager /CN=system:kube-controller-manager "$client"
 sign scheduler /CN=system:kube-scheduler "$client"
 sign kubelet "/O=system:nodes/CN=system:node:$node" "$client"
+[ -z "$node2" ] || sign "kubelet-$node2" "/O=system:nodes/CN=system:node:$node2" "$client"
 
 key sa
 openssl ec -in sa.key -pubout -out sa.pub 2>/dev/null

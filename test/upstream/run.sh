@@ -6,10 +6,19 @@
 # that a pod answers through a Service (smoke), and with "suite" (the
 # default) runs upstream's [sig-network] Services e2e tests against it,
 # keeping the JUnit. The cluster is taken down after each proxy, also on
-# failure. It fails on any missing piece; nothing is skipped silently.
+# failure. The proxy "switch" starts with kube-proxy and switches the node
+# to edgeproxy under a stream of new connections before the suite (see
+# switch() below). It fails on any missing piece; nothing is skipped silently.
 #
 # Output: $EPUP_OUT (default /tmp/edgeproxy-upstream), one folder per proxy
 # with the cluster's logs and the suite's JUnit and log.
+#
+# EPUP_EXTERNAL_IPS=true turns on edgeproxy's externalIPs in the
+# DaemonSet's ConfigMap before it is applied, as a user would (the shipped
+# config leaves them off: test/conformance/DIFFERENCES.md).
+# EPUP_IPTABLES=legacy makes the node (cluster.sh) and both proxies' images
+# use iptables-legacy. EPUP_NODE_COUNT=2: two nodes (cluster.sh); images
+# are loaded into both.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -33,8 +42,21 @@ K8S_BIN=$("$repo/test/cluster/build.sh") || die "test/cluster/build.sh failed"
 UPSTREAM=$("$here/build.sh") || die "test/upstream/build.sh failed"
 make -C "$repo" build >&2 || die "make build failed"
 export K8S_BIN UPSTREAM
-log "built in $(($(date +%s) - t0))s"
+# The server image of "[sig-network] Conntrack proxy implementation should
+# not be vulnerable to the invalid conntrack state bug" (two nodes), which
+# build.sh does not make yet: test/images/regression-issue-74839 of the
+# same Kubernetes module (Go, standard library only) on the Debian layer.
+regression_image=$out/regression-issue-74839.tar
 mkdir -p "$out"
+r=$(mktemp -d)
+mkdir -p "$r/root"
+CGO_ENABLED=0 go -C "$here/build" build -trimpath -o "$r/root/regression-issue-74839" \
+	k8s.io/kubernetes/test/images/regression-issue-74839 || die "building regression-issue-74839 failed"
+tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$r/root" -cf "$r/layer.tar" .
+"$here/image.sh" "$regression_image" registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 \
+	'["/regression-issue-74839"]' null "$UPSTREAM/images/base.tar" "$r/layer.tar"
+rm -rf "$r"
+log "built in $(($(date +%s) - t0))s"
 failed=""
 
 # kc ARGS...: kubectl as admin, inside the node.
@@ -44,28 +66,83 @@ kc() { "$here/cluster.sh" exec "$dir" kubectl --kubeconfig="$dir/admin.kubeconfi
 rollout() { kc -n "$2" rollout status "$1" --timeout="${3}s" >&2; }
 
 install_kube_proxy() {
+	if [ "${EPUP_IPTABLES:-nft}" = legacy ]; then
+		# build.sh's image with the legacy layer on top, under the same name.
+		l=$(mktemp -d)
+		mkdir -p "$l/root/usr/local/bin"
+		cp "$K8S_BIN/kube-proxy" "$l/root/usr/local/bin/kube-proxy"
+		tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$l/root" -cf "$l/layer.tar" .
+		"$here/image.sh" "$l/kube-proxy.tar" registry.k8s.io/kube-proxy:v1.36.3 '["/usr/local/bin/kube-proxy"]' null \
+			"$UPSTREAM/images/base.tar" "$l/layer.tar" "$(alternatives_layer "$l/alt.tar")"
+		import_image "$l/kube-proxy.tar"
+		rm -rf "$l"
+	fi
 	sed "s/@API_SERVER@/$NODE_IP:6443/" "$here/manifests/kube-proxy.yaml" | kc apply -f - >&2
 	rollout daemonset/kube-proxy kube-system 180
 }
 
-# install_edgeproxy: the way deploy/README.md tells users: an image with the
-# binary at /usr/local/bin/edgeproxy and iptables, set in daemonset.yaml with
-# the API server's address (KUBERNETES_SERVICE_HOST, _PORT 6443 as shipped),
-# applied with rbac.yaml.
-install_edgeproxy() {
-	img=edgeproxy.test/edgeproxy:dev
+# import_image TAR: imports an image archive into each node's containerd.
+import_image() {
+	for n in 1 2; do
+		sock=$dir/containerd.sock
+		if [ $n = 2 ]; then
+			[ "${EPUP_NODE_COUNT:-1}" = 2 ] || break
+			sock=$dir/node2/containerd.sock
+		fi
+		EPUP_EXEC_NODE=$n "$here/cluster.sh" exec "$dir" ctr --address "$sock" -n k8s.io images import \
+			--platform "linux/$(uname -m | sed 's/x86_64/amd64/;s/aarch64/arm64/')" "$1" >&2
+	done
+}
+
+# alternatives_layer OUT.tar: with EPUP_IPTABLES=legacy, a layer that points
+# the image's iptables tools (Debian's alternatives, iptables-nft as built)
+# at iptables-legacy, the backend cluster.sh gives the node then; without
+# it, nothing (an empty argument list).
+alternatives_layer() {
+	[ "${EPUP_IPTABLES:-nft}" = legacy ] || return 0
+	a=$(mktemp -d)
+	mkdir -p "$a/etc/alternatives"
+	for t in iptables ip6tables; do
+		for s in "" -restore -save; do ln -s "/usr/sbin/$t-legacy$s" "$a/etc/alternatives/$t$s"; done
+	done
+	tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$a" -cf "$1" .
+	rm -rf "$a"
+	echo "$1"
+}
+
+# edgeproxy_image: the image a user builds: the binary at
+# /usr/local/bin/edgeproxy on a Debian root with iptables, imported into
+# the node's containerd (a user pushes it to a registry).
+edgeproxy_image() {
 	l=$(mktemp -d)
 	mkdir -p "$l/root/usr/local/bin"
 	cp "$repo/bin/edgeproxy" "$l/root/usr/local/bin/edgeproxy"
 	tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$l/root" -cf "$l/layer.tar" .
-	"$here/image.sh" "$l/edgeproxy.tar" "$img" null null "$UPSTREAM/images/base.tar" "$l/layer.tar"
-	"$here/cluster.sh" exec "$dir" ctr --address "$dir/containerd.sock" -n k8s.io images import \
-		--platform "linux/$(uname -m | sed 's/x86_64/amd64/;s/aarch64/arm64/')" "$l/edgeproxy.tar" >&2
+	# shellcheck disable=SC2046 # an empty or one-word list
+	"$here/image.sh" "$l/edgeproxy.tar" edgeproxy.test/edgeproxy:dev null null \
+		"$UPSTREAM/images/base.tar" "$l/layer.tar" $(alternatives_layer "$l/alt.tar")
+	import_image "$l/edgeproxy.tar"
 	rm -rf "$l"
+}
+
+# edgeproxy_apply: the way deploy/README.md tells users: rbac.yaml and
+# daemonset.yaml with the image and the API server's address
+# (KUBERNETES_SERVICE_HOST, _PORT 6443 as shipped) set.
+edgeproxy_apply() {
 	kc apply -f "$repo/deploy/rbac.yaml" >&2
-	sed -e "s#image: registry.example.com/edgeproxy:latest.*#image: $img#" \
-		-e "s#value: api.example.com.*#value: \"$NODE_IP\"#" "$repo/deploy/daemonset.yaml" |
-		kc apply -f - >&2
+	extip=
+	[ "${EPUP_EXTERNAL_IPS:-false}" = true ] && extip='/^    mode: iptables$/a\    externalIPs: true'
+	sed -e "s#image: registry.example.com/edgeproxy:latest.*#image: edgeproxy.test/edgeproxy:dev#" \
+		-e "s#value: api.example.com.*#value: \"$NODE_IP\"#" -e "$extip" "$repo/deploy/daemonset.yaml" >"$dir/edgeproxy.yaml"
+	if [ -n "$extip" ]; then
+		grep -q '^    externalIPs: true$' "$dir/edgeproxy.yaml" || die "could not set externalIPs: true in daemonset.yaml's ConfigMap"
+	fi
+	kc apply -f "$dir/edgeproxy.yaml" >&2
+}
+
+install_edgeproxy() {
+	edgeproxy_image
+	edgeproxy_apply
 	rollout daemonset/edgeproxy kube-system 180
 }
 
@@ -90,6 +167,89 @@ smoke() {
 	kc delete namespace smoke --wait=false >&2
 }
 
+# switch: the cluster runs kube-proxy (install_kube_proxy); while a client
+# pod opens new connections to a Service through its ClusterIP and its
+# NodePort (curl, 1 s timeout each, every 0.1 s; bounded by
+# EPUP_SWITCH_SECONDS, default 150, and 1500 rounds), switches the node to
+# edgeproxy the way deploy/README.md tells users with a DaemonSet: its
+# image is loaded first, then `kubectl -n kube-system delete daemonset
+# kube-proxy` and `kubectl apply` of rbac.yaml and daemonset.yaml at once.
+# Writes DIR/switch/: events (UTC times), stream.log (one line per
+# request: time, target, curl's exit status, HTTP status), rules-after
+# (KUBE- lines left in either iptables backend) and summary.
+switch() {
+	sw=$dir/switch
+	mkdir -p "$sw"
+	secs=${EPUP_SWITCH_SECONDS:-150}
+	ev() { echo "$(date -u +%s.%N) $*" >>"$sw/events"; log "switch: $*"; }
+	kc create namespace switch >&2
+	kc -n switch create deployment web --image=registry.k8s.io/e2e-test-images/agnhost:2.63.0 --replicas=2 \
+		-- /agnhost netexec --http-port=8080 >&2
+	kc -n switch expose deployment web --port=80 --target-port=8080 --type=NodePort >&2
+	rollout deployment/web switch 180
+	cip=$(kc -n switch get service web -o jsonpath='{.spec.clusterIP}')
+	np=$(kc -n switch get service web -o jsonpath='{.spec.ports[0].nodePort}')
+	edgeproxy_image
+	# shellcheck disable=SC2016 # expanded in the pod
+	kc -n switch run stream --image=registry.k8s.io/e2e-test-images/agnhost:2.63.0 --restart=Never \
+		--env=CIP="$cip" --env=NP="$NODE_IP:$np" --env=SECS="$secs" --command -- bash -c '
+		end=$(($(date +%s) + SECS)); i=0
+		while [ $i -lt 1500 ] && [ "$(date +%s)" -lt $end ]; do
+			for t in clusterip=$CIP nodeport=$NP; do
+				at=$(date +%s.%N)
+				code=$(curl -sS -o /dev/null -w "%{http_code}" --max-time 1 "http://${t#*=}/hostname" 2>/dev/null)
+				echo "$at ${t%%=*} $? $code"
+			done
+			i=$((i + 1)); sleep 0.1
+		done' >&2
+	kc -n switch wait --for=condition=Ready pod/stream --timeout=120s >&2
+	ev "stream started (ClusterIP $cip:80, NodePort $NODE_IP:$np)"
+	sleep 15
+	ev "kubectl -n kube-system delete daemonset kube-proxy"
+	kc -n kube-system delete daemonset kube-proxy >&2
+	ev "kubectl apply -f deploy/rbac.yaml -f deploy/daemonset.yaml"
+	edgeproxy_apply
+	rollout daemonset/edgeproxy kube-system 180 || die "edgeproxy did not roll out after the switch"
+	ev "edgeproxy DaemonSet rolled out"
+	i=0
+	until kc -n kube-system logs daemonset/edgeproxy 2>/dev/null | grep -m1 'took over from kube-proxy' >"$sw/takeover"; do
+		i=$((i + 1))
+		[ $i -lt 60 ] || die "switch: edgeproxy never logged 'took over from kube-proxy'"
+		sleep 1
+	done
+	ev "edgeproxy logged: $(cat "$sw/takeover")"
+	i=0
+	until [ "$(kc -n kube-system get pods -l k8s-app=kube-proxy -o name | wc -l)" = 0 ]; do
+		i=$((i + 1))
+		[ $i -lt 120 ] || die "switch: kube-proxy's Pod is still there"
+		sleep 1
+	done
+	ev "kube-proxy's Pod gone"
+	kc -n switch wait --for=jsonpath='{.status.phase}'=Succeeded pod/stream --timeout="$((secs + 60))s" >&2 ||
+		die "switch: the stream pod did not finish"
+	ev "stream finished"
+	kc -n switch logs stream >"$sw/stream.log"
+	# shellcheck disable=SC2016 # expanded in the node
+	"$here/cluster.sh" exec "$dir" sh -c 'for b in nft legacy; do echo "# iptables-$b-save"; iptables-$b-save 2>/dev/null | grep KUBE- || true; done' >"$sw/rules-after"
+	"$here/cluster.sh" exec "$dir" nft list tables >>"$sw/rules-after" 2>&1 || true
+	t_del=$(grep ' kubectl -n kube-system delete' "$sw/events" | cut -d' ' -f1)
+	{
+		awk '{print "event +" sprintf("%.1f", $1 - t) "s:", substr($0, index($0, " ") + 1)}' t="$t_del" "$sw/events"
+		awk -v t="$t_del" '
+			{ n[$2]++; if ($3 != 0 || $4 != 200) { f[$2]++; s = int($1 - t + 1000) - 1000; fs[s]++; if (first == "" ) first = $1 - t; last = $1 - t } }
+			END {
+				for (k in n) printf "%s: %d requests, %d failed\n", k, n[k], f[k]
+				if (first != "") printf "failures from +%.1fs to +%.1fs after the delete\n", first, last
+				for (s = -30; s < 200; s++) if (fs[s]) printf "second %+d: %d failed\n", s, fs[s]
+			}' "$sw/stream.log"
+		echo "KUBE- lines left (either backend): $(grep -c '^[:-].*KUBE-' "$sw/rules-after" || true)"
+		grep '^[:-].*KUBE-' "$sw/rules-after" || true
+	} >"$sw/summary"
+	log "switch summary:"
+	cat "$sw/summary" >&2
+	kc delete namespace switch --wait=false >&2
+}
+
 for proxy in $PROXIES; do
 	dir=$out/$proxy
 	if [ -d "$dir" ]; then
@@ -97,13 +257,15 @@ for proxy in $PROXIES; do
 		rm -rf "$dir"
 	fi
 	mkdir -p "$dir"
-	trap '"$here/cluster.sh" down "$dir" || true' EXIT INT TERM
+	trap '"$here/cluster.sh" down "$dir" || true' EXIT
+	trap '"$here/cluster.sh" down "$dir" || true; exit 1' INT TERM
 	t=$(date +%s)
 	"$here/cluster.sh" up "$dir" || die "cluster up ($proxy) failed; logs in $dir/logs"
 	log "cluster up in $(($(date +%s) - t))s"
+	import_image "$regression_image"
 	t=$(date +%s)
 	case $proxy in
-	kube-proxy) install_kube_proxy || die "kube-proxy did not roll out" ;;
+	kube-proxy | switch) install_kube_proxy || die "kube-proxy did not roll out" ;;
 	edgeproxy) install_edgeproxy || die "edgeproxy did not roll out" ;;
 	*) die "unknown proxy $proxy" ;;
 	esac
@@ -111,6 +273,7 @@ for proxy in $PROXIES; do
 	rollout deployment/coredns kube-system 180 || die "CoreDNS not ready ($proxy)"
 	log "$proxy and CoreDNS ready in $(($(date +%s) - t))s"
 	smoke
+	[ "$proxy" != switch ] || switch
 	if [ "$what" = suite ]; then
 		t=$(date +%s)
 		rc=0

@@ -18,6 +18,11 @@ dir=$(cd "${1:?usage: suite.sh DIR}" && pwd)
 FOCUS=${EPUP_FOCUS:-'\[sig-network\] Services'}
 SKIP=${EPUP_SKIP:-'LoadBalancer|ESIPP|SCTP|\[Disruptive\]|\[Feature:'}
 NODES=${EPUP_NODES:-3}
+# With two nodes (EPUP_NODE_COUNT=2, cluster.sh) the suite is told so:
+# the framework's node count (--num-nodes, -1 when not given) is what
+# tests such as the Networking Granular Checks skip on.
+nodes=
+[ "${EPUP_NODE_COUNT:-1}" = 1 ] || nodes=--num-nodes=$EPUP_NODE_COUNT
 
 mkdir -p "$dir/junit" "$dir/logs"
 exec "$here/cluster.sh" exec "$dir" env PATH="$UPSTREAM/bin:$PATH" HOME="$dir" \
@@ -30,4 +35,5 @@ exec "$here/cluster.sh" exec "$dir" env PATH="$UPSTREAM/bin:$PATH" HOME="$dir" \
 	--report-dir="$dir/junit" \
 	--e2e-output-dir="$dir/e2e-output" \
 	--dump-logs-on-failure=false \
+	${nodes:+"$nodes"} \
 	>"$dir/logs/e2e.log" 2>&1

@@ -27,9 +27,11 @@ func TestReport(t *testing.T) {
 `
 	twoNodes := `<testcase name="[It] [sig-network] Services should support externalTrafficPolicy=Local for type=NodePort" status="skipped" time="0.1"><skipped message="skipped - Requires at least 2 nodes (not -1)"></skipped></testcase>
 `
-	kp := junit(t, basic+twoNodes+`<testcase name="[It] [sig-network] Services should implement service.kubernetes.io/headless" status="passed" time="30"></testcase>
+	conntrack := `<testcase name="[It] [sig-network] Conntrack should be able to preserve UDP traffic when server pod cycles for a NodePort service" status="passed" time="20"></testcase>
+`
+	kp := junit(t, basic+twoNodes+conntrack+`<testcase name="[It] [sig-network] Services should implement service.kubernetes.io/headless" status="passed" time="30"></testcase>
 `)
-	ep := junit(t, basic+twoNodes+`<testcase name="[It] [sig-network] Services should implement service.kubernetes.io/headless" status="failed" time="141.5"><failure message="" type="failed">[FAILED] waiting for service to be down timed out
+	ep := junit(t, basic+twoNodes+conntrack+`<testcase name="[It] [sig-network] Services should implement service.kubernetes.io/headless" status="failed" time="141.5"><failure message="" type="failed">[FAILED] waiting for service to be down timed out
 In [It] at: service.go:2416</failure></testcase>
 `)
 	var out strings.Builder
@@ -38,8 +40,9 @@ In [It] at: service.go:2416</failure></testcase>
 	}
 	got := out.String()
 	for _, want := range []string{
-		"| kube-proxy | 2 | 0 | 1 |",
-		"| edgeproxy | 1 | 1 | 1 |",
+		"| kube-proxy | 3 | 0 | 1 |",
+		"| edgeproxy | 2 | 1 | 1 |",
+		"| Conntrack should be able to preserve UDP traffic when server pod cycles for a NodePort service | pass (20s) | pass (20s) |",
 		"| should implement service.kubernetes.io/headless | pass (30s) | **FAIL** (142s): [FAILED] waiting for service to be down timed out |",
 		"| should serve a basic endpoint from pods [Conformance] | pass (12s) | pass (12s) |",
 		"| should support externalTrafficPolicy=Local for type=NodePort | skipped: Requires at least 2 nodes (not -1) | skipped: Requires at least 2 nodes (not -1) |",
@@ -49,7 +52,7 @@ In [It] at: service.go:2416</failure></testcase>
 		}
 	}
 	// The difference first, what ran next, what both skipped last; nothing
-	// but Services tests.
+	// but the tier's tests.
 	headless := strings.Index(got, "| should implement service.kubernetes.io/headless")
 	basicRow := strings.Index(got, "| should serve a basic endpoint")
 	skipped := strings.Index(got, "| should support externalTrafficPolicy=Local")
@@ -57,7 +60,7 @@ In [It] at: service.go:2416</failure></testcase>
 		t.Errorf("rows out of order (%d, %d, %d):\n%s", headless, basicRow, skipped, got)
 	}
 	if strings.Contains(got, "DNS") || strings.Contains(got, "BeforeSuite") {
-		t.Errorf("report lists tests other than Services':\n%s", got)
+		t.Errorf("report lists tests other than the tier's:\n%s", got)
 	}
 }
 
