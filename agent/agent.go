@@ -209,6 +209,7 @@ func New(opts Options) (*Agent, error) {
 // in-cluster environment when path is empty, whose connections are dialed
 // with dial.
 func newClient(path string, link *source.Link) (kubernetes.Interface, error) {
+	source.PreferList()
 	var rc *rest.Config
 	var err error
 	if path == "" {

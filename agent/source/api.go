@@ -76,7 +76,7 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 	a := &API{conv: conv, sink: sink, log: log, report: newReporter(log, m), nodeName: nodeName, client: client, born: time.Now(),
 		link: link, reach: make(chan struct{}, 1), doubt: make(chan struct{}, 1)}
 	a.clusterIPField.Store(true)
-	preferList()
+	PreferList()
 	// No periodic informer resync: the sync runner owns timing. The
 	// selectors are kube-proxy's (cmd/kube-proxy/app/server.go), so that
 	// what no proxy here would use does not cross the link: Services

@@ -10,10 +10,12 @@ import (
 // WatchListClient, on by default since 0.35): API servers up to 1.36 gzip
 // a LIST response over 128 KB and not a watch stream, so on the wire the
 // LIST is the smaller (RATIONALE.md, "Why a full read is a LIST"). Set once
-// for the process, before the first informer makes its reflector.
+// for the process, before the first API client is made: client-go reads
+// its gates from then on, and a later replacement logs an error.
 var listOnce sync.Once
 
-func preferList() {
+// PreferList turns client-go's WatchListClient off for the process.
+func PreferList() {
 	listOnce.Do(func() {
 		clientfeatures.ReplaceFeatureGates(withoutWatchList{clientfeatures.FeatureGates()})
 	})

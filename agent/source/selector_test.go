@@ -74,8 +74,8 @@ func TestRefusedFieldSelector(t *testing.T) {
 // other client-go feature keeps its setting.
 func TestPreferList(t *testing.T) {
 	before := clientfeatures.FeatureGates().Enabled(clientfeatures.InformerResourceVersion)
-	preferList()
-	preferList() // once: no second replacement
+	PreferList()
+	PreferList() // once: no second replacement
 	g := clientfeatures.FeatureGates()
 	if g.Enabled(clientfeatures.WatchListClient) {
 		t.Error("WatchListClient still on")
