@@ -34,7 +34,7 @@ var palette = []color.RGBA{
 	{0x1f, 0x77, 0xb4, 0xff}, // edgeproxy: blue
 	{0x2c, 0xa0, 0x2c, 0xff}, // edgeproxy+wasm: green
 	{0x94, 0x67, 0xbd, 0xff}, // kube-proxy-nftables: purple
-	{0xff, 0x7f, 0x0e, 0xff},
+	{0xff, 0x7f, 0x0e, 0xff}, // edgeproxy-nftables: orange
 	{0x8c, 0x56, 0x4b, 0xff},
 }
 
@@ -42,12 +42,12 @@ const chartW, chartH = 800, 480
 
 // colorOf keeps a proxy's color the same in every chart.
 func colorOf(name string, i int) color.RGBA {
-	for k, kind := range []ProxyKind{KubeProxy, EdgeProxy, EdgeProxyWasm, KubeProxyNFT} {
+	for k, kind := range []ProxyKind{KubeProxy, EdgeProxy, EdgeProxyWasm, KubeProxyNFT, EdgeProxyNFT} {
 		if name == string(kind) {
 			return palette[k]
 		}
 	}
-	return palette[(4+i)%len(palette)]
+	return palette[(5+i)%len(palette)]
 }
 
 // WritePNG renders the chart.

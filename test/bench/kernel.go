@@ -261,9 +261,18 @@ func (k *nftKernel) receive() ([]nftEvent, error) {
 		if err != nil {
 			return nil, err
 		}
-		if ok {
-			out = append(out, ev)
+		if !ok {
+			// Says nothing about destinations (a chain, a table), but
+			// it is part of what the transaction wrote.
+			ev = nftEvent{kind: nftMsgOther}
 		}
+		ev.size = nlmsgAlign(nlmsgHdrLen + len(m.Data))
+		out = append(out, ev)
 	}
 	return out, nil
 }
+
+// The netlink message header and alignment (linux/netlink.h).
+const nlmsgHdrLen = 16
+
+func nlmsgAlign(n int) int { return (n + 3) &^ 3 }

@@ -41,6 +41,9 @@ const (
 	nftMsgGetSetElem = 13
 	nftMsgDelSetElem = 14
 	nftMsgNewGen     = 15
+	// nftMsgOther is any other message of a transaction (a table, a
+	// chain): only its size is kept.
+	nftMsgOther = -1
 
 	nftaTableName  = 1
 	nftaChainTable = 1
@@ -104,6 +107,9 @@ type nftEvent struct {
 	elems  []nftElem // NEWSETELEM, DELSETELEM
 	dnat   bool      // NEWSET: its data are DNAT destinations
 	gen    uint64    // NEWGEN
+	// size is the message's length on the wire, header included (events
+	// from the socket only).
+	size int
 }
 
 // nftElem is a set element: its key bytes and the destination its data holds.

@@ -32,10 +32,17 @@ const (
 	// iptables backend, so it runs on the nft backend only, next to
 	// edgeproxy on iptables-nft (both program nf_tables).
 	KubeProxyNFT ProxyKind = ProxyKind(proxies.KubeProxyNFTables)
+	// EdgeProxyNFT is edgeproxy in `mode: nftables`: its own tables over
+	// netlink, no iptables program. Like kube-proxy-nftables it runs on
+	// the nft backend only, next to edgeproxy on iptables-nft.
+	EdgeProxyNFT ProxyKind = "edgeproxy-nftables"
 )
 
 // Runs reports whether kind is run on backend.
-func (kind ProxyKind) Runs(backend string) bool { return kind != KubeProxyNFT || backend == "nft" }
+func (kind ProxyKind) Runs(backend string) bool { return !kind.nftables() || backend == "nft" }
+
+// nftables: the proxy programs nf_tables itself, in tables of its own.
+func (kind ProxyKind) nftables() bool { return kind == KubeProxyNFT || kind == EdgeProxyNFT }
 
 // Binaries are the programs under test.
 type Binaries struct {
@@ -69,7 +76,10 @@ func (w *World) Start(kind ProxyKind, bins Binaries, s Settings, dir string) (*P
 		cmd = w.Node.Command(bins.KubeProxy, proxies.KubeProxyArgs(node, s)...)
 	case KubeProxyNFT:
 		cmd = w.Node.Command(bins.KubeProxy, proxies.KubeProxyNFTablesArgs(node, s)...)
-	case EdgeProxy, EdgeProxyWasm:
+	case EdgeProxy, EdgeProxyWasm, EdgeProxyNFT:
+		if kind == EdgeProxyNFT {
+			s.Mode = "nftables"
+		}
 		cfg := proxies.EdgeProxyConfig(node, s, filepath.Join(dir, "state"))
 		if kind == EdgeProxyWasm {
 			cfg += fmt.Sprintf(`policy:

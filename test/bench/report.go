@@ -154,6 +154,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		p("")
 		rep.s1Table(p, backend, KubeProxy)
 		rep.s1Table(p, backend, KubeProxyNFT)
+		rep.nftablesSection(p, backend)
 		p("### S2 one change (API write → kernel-visible), %d flips", rep.Plan.Flips)
 		p("")
 		p("| services | proxy | p50 | p99 | proxy's own metric p50 / p99 | floor (one chain) | watch resolution | target p50 ≤ floor+10ms | target p99 ≤ 2×p50 |")
@@ -347,6 +348,94 @@ func (rep *Report) s0Section(p func(string, ...any)) {
 		}
 		p("| %s | %s | %s | %s | %s | %s | %.1f | %s | %.0f | %s | %s | %s |", r.Backend, r.Proxy, secs(r.Idle.Window), mib(float64(r.SteadyRSS)), mib(float64(r.Idle.PeakRSS)),
 			secs(r.Idle.CPUPerMinute), r.Idle.WakeupsPerS, mib(r.HeapAlloc), r.Goroutines, secs(r.ColdStart), t1, t2)
+	}
+	p("")
+}
+
+// The targets of edgeproxy's nftables mode (issue 27).
+const (
+	nftS1Ratio   = 0.25 // of kube-proxy nftables' cold start
+	nftS1Floor   = 1.3  // of the native floor
+	nftRSSRatio  = 0.4  // of kube-proxy nftables' steady RSS
+	nftS0RSS     = 15 << 20
+	nftS2P50Big  = 0.050 // above 5,000 Services
+	nftS2P50     = 0.030 // up to 5,000
+	nftS2BigFrom = 5000
+)
+
+// nftablesSection is edgeproxy-nftables against kube-proxy-nftables and
+// edgeproxy on iptables-nft, with issue 27's targets, and what one change
+// writes to nf_tables per proxy.
+func (rep *Report) nftablesSection(p func(string, ...any), backend string) {
+	var rows []string
+	for _, n := range rep.Plan.Sizes {
+		e, k, i := find(rep.Results, EdgeProxyNFT, backend, n), find(rep.Results, KubeProxyNFT, backend, n), find(rep.Results, EdgeProxy, backend, n)
+		if e == nil || e.Error != "" {
+			continue
+		}
+		val := func(r *Result, f func(*Result) float64) float64 {
+			if r == nil || r.Error != "" {
+				return math.NaN()
+			}
+			return f(r)
+		}
+		s1 := func(r *Result) float64 { return r.ColdStart }
+		p50 := func(r *Result) float64 { return quantile(r.Flips, 0.5) }
+		rss := func(r *Result) float64 { return float64(r.SteadyRSS) }
+		quiet := func(r *Result) float64 { return r.QuietCPU }
+		ep50, ep99 := quantile(e.Flips, 0.5), quantile(e.Flips, 0.99)
+		p50Target := nftS2P50
+		if n > nftS2BigFrom {
+			p50Target = nftS2P50Big
+		}
+		kS1, kRSS := val(k, s1), val(k, rss)
+		rows = append(rows, fmt.Sprintf("| %d | %s | %s (%s) %s | %s (%s) %s | %s | %s / %s: %s, p99 %s | %s | %s | %s (%s) %s | %s vs %s: %s |", n,
+			secs(e.ColdStart),
+			secs(kS1), ratio(e.ColdStart, kS1), verdict(e.ColdStart, nftS1Ratio*kS1),
+			secs(e.FloorRestore), ratio(e.ColdStart, e.FloorRestore), verdict(e.ColdStart, nftS1Floor*e.FloorRestore),
+			secs(val(i, s1)),
+			secs(ep50), secs(ep99), verdict(ep50, p50Target), verdict(ep99, 2*ep50),
+			secs(val(k, p50)), secs(val(i, p50)),
+			mib(float64(e.SteadyRSS)), ratio(float64(e.SteadyRSS), kRSS), verdict(float64(e.SteadyRSS), nftRSSRatio*kRSS),
+			secs(e.QuietCPU), secs(val(k, quiet)), verdictUse(e.QuietCPU, val(k, quiet))))
+	}
+	if len(rows) == 0 {
+		return
+	}
+	p("### edgeproxy `mode: nftables` (issue 27 targets)")
+	p("")
+	p("The native floor is edgeproxy-nftables' own tables, read back over netlink and written into an empty namespace as one netlink batch (one sendmsg, until the kernel acknowledges the commit). S2 targets: p50 ≤ %s up to %d Services, ≤ %s above; p99 ≤ 2× p50.", secs(nftS2P50), nftS2BigFrom, secs(nftS2P50Big))
+	p("")
+	p("| services | S1 edgeproxy-nftables | S1 kube-proxy-nftables (ratio) target ≤%g× | native floor (ratio) target ≤%g× | S1 edgeproxy iptables-nft | S2 p50 / p99 | S2 p50 kube-proxy-nftables | S2 p50 edgeproxy iptables-nft | steady RSS (against kube-proxy-nftables) target ≤%g× | S4 quiet CPU vs kube-proxy-nftables |", nftS1Ratio, nftS1Floor, nftRSSRatio)
+	p("|---:|---:|---|---|---:|---|---:|---:|---|---|")
+	for _, r := range rows {
+		p("%s", r)
+	}
+	p("")
+	for _, r := range rep.Results {
+		if r.Scenario == "S0" && r.Proxy == EdgeProxyNFT && r.Backend == backend && r.Error == "" {
+			p("S0 (%d services × %d endpoints): edgeproxy-nftables steady RSS %s, target ≤ %s: %s.", r.Services, r.Endpoints, mib(float64(r.SteadyRSS)), mib(nftS0RSS), verdict(float64(r.SteadyRSS), nftS0RSS))
+			p("")
+		}
+	}
+	p("#### What one change writes to nf_tables")
+	p("")
+	p("Per S2 flip, the transactions committed from the API write until the new endpoint was visible, as the kernel announces them on its event group (one message per object added or removed, echoing it: close to, not exactly, the bytes a proxy sent). Medians over the flips.")
+	p("")
+	p("| services | proxy | transactions | messages | bytes |")
+	p("|---:|---|---:|---:|---:|")
+	for _, n := range rep.Plan.Sizes {
+		for _, kind := range rep.Plan.Proxies {
+			r := find(rep.Results, kind, backend, n)
+			if r == nil || len(r.FlipWrites) == 0 {
+				continue
+			}
+			var t, m, b []float64
+			for _, w := range r.FlipWrites {
+				t, m, b = append(t, float64(w.Transactions)), append(m, float64(w.Messages)), append(b, float64(w.Bytes))
+			}
+			p("| %d | %s | %.0f | %.0f | %.0f |", n, kind, quantile(t, 0.5), quantile(m, 0.5), quantile(b, 0.5))
+		}
 	}
 	p("")
 }

@@ -68,6 +68,9 @@ type Result struct {
 	FlipMetricP50   float64   `json:"flipMetricP50Seconds"` // the proxy's own network programming histogram
 	FlipMetricP99   float64   `json:"flipMetricP99Seconds"`
 	WatchResolution float64   `json:"watchResolutionSeconds"`
+	// FlipWrites is what each flip's transactions wrote to nf_tables, from
+	// the API write until the new endpoint was visible (nft backend).
+	FlipWrites []Written `json:"flipWrites,omitempty"`
 
 	// S3
 	Churn []Churn `json:"churn,omitempty"`
@@ -261,6 +264,7 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	rng := rand.New(rand.NewPCG(uint64(res.Services), 7))
 	for f := range r.Plan.Flips {
 		i, j := rng.IntN(res.Services), f%r.Plan.Endpoints
+		w0 := watch.Written()
 		added, wrote, err := drv.Flip(ctx, i, j)
 		if err != nil {
 			return err
@@ -270,6 +274,9 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 			return fmt.Errorf("flip %d: %w", f, err)
 		}
 		res.Flips = append(res.Flips, max(0, seen.Sub(wrote).Seconds()))
+		if _, ok := k.(*nftKernel); ok {
+			res.FlipWrites = append(res.FlipWrites, watch.Written().Sub(w0))
+		}
 		if err := sleep(ctx, s.MinSync+100*time.Millisecond); err != nil {
 			return err
 		}
@@ -424,6 +431,16 @@ func (r *Runner) churn(ctx context.Context, drv *Driver, p *Proxy, watch *Watche
 // changes on top of it: with iptables-restore, or for kube-proxy's
 // nftables mode with nft -f (its tables, both families).
 func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
+	if res.Proxy == EdgeProxyNFT {
+		// Its own tables over netlink: the floor is one netlink batch of
+		// the same objects (nftfloor.go), not a program's text.
+		n, err := r.nftFloor(res, "edgeproxy", "svc-")
+		res.RuleSetBytes = int64(n)
+		if err != nil {
+			return err
+		}
+		return ctx.Err()
+	}
 	save, err := r.ruleSet(res)
 	if err != nil {
 		return err

@@ -5,6 +5,7 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,7 +16,7 @@ import (
 )
 
 // TestHarness runs the whole benchmark, small: kube-proxy in both modes,
-// edgeproxy and the Wasm chain against the real API server on the nft
+// edgeproxy in both modes and the Wasm chain against the real API server on the nft
 // backend, S0 with a short window first, so that the harness that makes
 // the published numbers is itself tested. It checks that each measurement
 // is taken (not how fast anything is).
@@ -42,7 +43,7 @@ func TestHarness(t *testing.T) {
 	}
 	defer w.Close()
 	plan := Plan{Sizes: []int{30}, Endpoints: 4, Backends: []string{"nft"},
-		Proxies:    []ProxyKind{KubeProxy, KubeProxyNFT, EdgeProxy, EdgeProxyWasm},
+		Proxies:    []ProxyKind{KubeProxy, KubeProxyNFT, EdgeProxy, EdgeProxyWasm, EdgeProxyNFT},
 		S0Services: 10, S0Window: 1500 * time.Millisecond,
 		Flips: 3, ChurnRates: []int{20}, ChurnFor: 2 * time.Second,
 		Settings: Settings{MinSync: 200 * time.Millisecond, Sync: 2 * time.Second, ClusterCIDR: "10.244.0.0/16"},
@@ -52,8 +53,8 @@ func TestHarness(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(results) != 8 {
-		t.Fatalf("%d results, want 8 (S0 and S1–S6 for 4 proxies)", len(results))
+	if len(results) != 10 {
+		t.Fatalf("%d results, want 10 (S0 and S1–S6 for 5 proxies)", len(results))
 	}
 	for _, res := range results {
 		if res.Error != "" {
@@ -75,7 +76,7 @@ func TestHarness(t *testing.T) {
 		if res.FloorRestore <= 0 || res.FloorOneChange <= 0 || res.RuleSetBytes <= 0 {
 			t.Errorf("%s: floor not measured: %+v", res.Proxy, res)
 		}
-		if res.Proxy != KubeProxyNFT && res.FloorNoflush <= 0 {
+		if !res.Proxy.nftables() && res.FloorNoflush <= 0 {
 			t.Errorf("%s: floor with --noflush not measured", res.Proxy)
 		}
 		if res.SteadyRSS <= 0 || res.Goroutines <= 0 || res.HeapAlloc <= 0 {
@@ -83,6 +84,9 @@ func TestHarness(t *testing.T) {
 		}
 		if res.KernelWrites < 0 {
 			t.Errorf("%s: kernel writes not counted on nft", res.Proxy)
+		}
+		if len(res.FlipWrites) != len(res.Flips) || slices.ContainsFunc(res.FlipWrites, func(w Written) bool { return w.Transactions == 0 || w.Bytes <= 0 }) {
+			t.Errorf("%s: what each flip wrote not counted: %+v", res.Proxy, res.FlipWrites)
 		}
 		if res.Proxy != EdgeProxyWasm && (len(res.Churn) != 1 || res.Churn[0].Updates == 0) {
 			t.Errorf("%s: churn not measured: %+v", res.Proxy, res.Churn)
@@ -107,7 +111,8 @@ func TestHarness(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("report.md:\n%s", md)
-	for _, want := range []string{"## S0 edge scale", "against kube-proxy-nftables", "| 30 | kube-proxy-nftables |"} {
+	for _, want := range []string{"## S0 edge scale", "against kube-proxy-nftables", "| 30 | kube-proxy-nftables |",
+		"### edgeproxy `mode: nftables`", "| 30 | edgeproxy-nftables |", "#### What one change writes to nf_tables"} {
 		if !strings.Contains(string(md), want) {
 			t.Errorf("report.md lacks %q", want)
 		}

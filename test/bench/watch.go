@@ -37,6 +37,23 @@ type Watcher struct {
 	dumpGen uint64
 	txn     []nftEvent // events of the transaction in progress
 	txnAt   time.Time
+	written Written // by the transactions applied so far
+}
+
+// Written is what committed nf_tables transactions wrote, as the kernel
+// announces them: one message per table, chain, rule, set or list of
+// elements added or removed, each echoing the object (so the bytes are
+// close to, not equal to, what the proxy sent: a removal echoes the whole
+// object, an addition gains its handle).
+type Written struct {
+	Transactions int
+	Messages     int
+	Bytes        int // netlink messages, headers included
+}
+
+// Sub is what was written between o and w.
+func (w Written) Sub(o Written) Written {
+	return Written{w.Transactions - o.Transactions, w.Messages - o.Messages, w.Bytes - o.Bytes}
 }
 
 type batch struct {
@@ -73,6 +90,10 @@ func (w *Watcher) receive() {
 
 // Close stops the event reader.
 func (w *Watcher) Close() { close(w.done) }
+
+// Written is what the transactions polled so far wrote (nf_tables only;
+// transactions a dump took in are not counted).
+func (w *Watcher) Written() Written { return w.written }
 
 // Has reports whether d is in the state last polled.
 func (w *Watcher) Has(d Dest) bool { return w.have[d] > 0 }
@@ -120,8 +141,11 @@ func (w *Watcher) Poll(ctx context.Context) (time.Time, error) {
 				continue
 			}
 			if e.gen > w.dumpGen {
+				w.written.Transactions++
 				for _, ev := range w.txn {
 					w.view.apply(ev)
+					w.written.Messages++
+					w.written.Bytes += ev.size
 				}
 				seen = w.txnAt
 				if seen.IsZero() {

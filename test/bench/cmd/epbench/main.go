@@ -37,7 +37,7 @@ func main() {
 func run() error {
 	size := flag.String("size", "quick", "quick (1k services, about 10 minutes), full (1k, 5k and 10k), or a list of service counts such as 1000,5000")
 	backends := flag.String("backends", "legacy,nft", "iptables backends to run, in order")
-	proxies := flag.String("proxies", "kube-proxy,kube-proxy-nftables,edgeproxy,edgeproxy+wasm", "proxies to run, in order (kube-proxy-nftables runs on the nft backend only)")
+	proxies := flag.String("proxies", "kube-proxy,kube-proxy-nftables,edgeproxy,edgeproxy+wasm,edgeproxy-nftables", "proxies to run, in order (kube-proxy-nftables and edgeproxy-nftables run on the nft backend only)")
 	s0 := flag.Bool("s0", true, "run S0 first: 100 services × 3 endpoints and a quiet window, for every backend and proxy")
 	s0Window := flag.Duration("s0-window", 0, "the S0 quiet window (default: 5m full, 1m otherwise)")
 	flips := flag.Int("flips", 0, "S2 single-endpoint flips per run (default: 30 quick, 100 full)")

@@ -1,0 +1,110 @@
+package nftables
+
+import (
+	"context"
+	"net/netip"
+	"testing"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+)
+
+// Unchanged vouches for the tables only once Tampered verified them at
+// the current ruleset generation: not before an apply, not after our own
+// commit until Tampered looked, not after another's commit (any table),
+// not while a failed apply owes a rebuild, and never while node ports
+// follow the node's addresses.
+func TestUnchanged(t *testing.T) {
+	kernel(t)
+	ns := netns.New(t, "nftquiet")
+	ctx := context.Background()
+	web := svcName("default", "web", "")
+	ep := func(s string) datapath.Endpoint {
+		return datapath.Endpoint{Addr: netip.MustParseAddrPort(s), Weight: 1}
+	}
+	plan := newPlan(1, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.2:8080")))
+	p := newProxier(t, ns, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}})
+	verify := func() {
+		t.Helper()
+		if bad, err := p.Tampered(ctx); err != nil || bad {
+			t.Fatalf("Tampered = %v, %v", bad, err)
+		}
+	}
+	if p.Unchanged() {
+		t.Fatal("Unchanged before any apply")
+	}
+	if err := p.Apply(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	if p.Unchanged() {
+		t.Fatal("Unchanged before Tampered looked at the first apply")
+	}
+	verify()
+	if !p.Unchanged() || !p.Unchanged() {
+		t.Fatal("not Unchanged after a passing check")
+	}
+	// Our own partial apply commits: Unchanged waits for the next look.
+	next := newPlan(2, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.3:8080")))
+	next.Full, next.Changed = false, map[datapath.ServicePortName]bool{web: true}
+	if err := p.Apply(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if p.Unchanged() {
+		t.Fatal("Unchanged right after a commit nobody looked at")
+	}
+	verify()
+	// A compare that finds nothing to send commits nothing.
+	same := newPlan(3, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.3:8080")))
+	if err := p.Apply(ctx, same); err != nil {
+		t.Fatal(err)
+	}
+	if !p.Unchanged() {
+		t.Fatal("an apply that sent nothing took Unchanged away")
+	}
+	// Anyone's commit, even of another table, needs a look.
+	if _, err := ns.Run("nft", "add", "table", "ip", "someone-else"); err != nil {
+		t.Fatal(err)
+	}
+	if p.Unchanged() {
+		t.Fatal("Unchanged across another's commit")
+	}
+	verify()
+	if !p.Unchanged() {
+		t.Fatal("not Unchanged after the look found our table intact")
+	}
+	// A hand-made change: Tampered owes a rebuild, and Unchanged says no
+	// until it is done and looked at.
+	if _, err := ns.Run("nft", "add", "chain", "ip", TableName, "intruder"); err != nil {
+		t.Fatal(err)
+	}
+	if bad, err := p.Tampered(ctx); err != nil || !bad {
+		t.Fatalf("Tampered = %v, %v, want the hand-made chain seen", bad, err)
+	}
+	if p.Unchanged() {
+		t.Fatal("Unchanged while a rebuild is owed")
+	}
+	same.Generation = 4
+	if err := p.Apply(ctx, same); err != nil {
+		t.Fatal(err)
+	}
+	verify()
+	if !p.Unchanged() {
+		t.Fatal("not Unchanged after the rebuild was looked at")
+	}
+
+	// Node ports restricted to the node's addresses: those are read at
+	// every apply, so the periodic compare never rests.
+	ns2 := netns.New(t, "nftquiet2")
+	q := newProxier(t, ns2, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
+		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.0.2.1")}, nil }})
+	np := newPlan(1, nodePort(web, datapath.TCP, datapath.IPv4, 30080, ep("10.244.1.3:8080")))
+	if err := q.Apply(ctx, np); err != nil {
+		t.Fatal(err)
+	}
+	if bad, err := q.Tampered(ctx); err != nil || bad {
+		t.Fatalf("Tampered = %v, %v", bad, err)
+	}
+	if q.Unchanged() {
+		t.Fatal("Unchanged with node ports that follow the node's addresses")
+	}
+}

@@ -1,0 +1,487 @@
+package bench
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"syscall"
+	"time"
+
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
+)
+
+// The native floor of a proxy that writes nf_tables over netlink
+// (edgeproxy-nftables): its tables, read back over netlink from the node
+// namespace, written again into an empty namespace as one batch of raw
+// messages, one sendmsg. Nothing of either proxy's code is in it: the
+// messages are the kernel's own dumps turned into requests, so the floor
+// is what the kernel takes to commit the same objects.
+
+// nf_tables request and dump message types, and the attributes a dump
+// carries that a request must not (handles, use counts, positions).
+const (
+	nftMsgGetTable = 1
+	nftMsgNewChain = 3
+	nftMsgGetChain = 4
+
+	nftaTableFlags     = 2
+	nftaTableUserdata  = 6
+	nftaChainHandle    = 2
+	nftaChainUse       = 6
+	nftaChainCounters  = 8
+	nftaChainFlags     = 10
+	nftaRulePosition   = 6
+	nftaRulePad        = 8
+	nftaSetID          = 10
+	nftaSetUserdata    = 13
+	nftaSetObjType     = 15
+	nftaSetExpr        = 17
+	nftaSetExpressions = 18
+
+	nftChainBase = 1 // NFT_CHAIN_BASE: set by the kernel for hooked chains
+
+	nfnlMsgBatchBegin = 0x10
+	nfnlMsgBatchEnd   = 0x11
+	nlaTypeMask       = 0x3fff // without NLA_F_NESTED and NLA_F_NET_BYTEORDER
+)
+
+// nftCopy is one table as the requests that write it again: the table,
+// its chains, its sets, their elements and its rules, in an order the
+// kernel accepts in one batch (a verdict map's elements name chains, a
+// rule names sets and chains).
+type nftCopy struct {
+	family uint8
+	table  string
+	msgs   []rawMsg
+	// rules of each chain, to copy one chain under another name (the
+	// one-change floor).
+	rules map[string][]rawMsg
+}
+
+// rawMsg is one nf_tables request: its type (without the subsystem),
+// flags and data (nfgenmsg and attributes).
+type rawMsg struct {
+	typ   int
+	flags netlink.HeaderFlags
+	data  []byte
+}
+
+// readNFTTable reads family's table over c (a socket in the namespace
+// that holds it).
+func readNFTTable(c *netlink.Conn, family uint8, table string) (*nftCopy, error) {
+	cp := &nftCopy{family: family, table: table, rules: map[string][]rawMsg{}}
+	byName := func(typ, attr int) ([]netlink.Message, error) {
+		ae := netlink.NewAttributeEncoder()
+		ae.String(uint16(attr), table)
+		b, err := ae.Encode()
+		if err != nil {
+			return nil, err
+		}
+		return rawDump(c, typ, family, b)
+	}
+	tables, err := rawDump(c, nftMsgGetTable, family, nil)
+	if err != nil {
+		return nil, err
+	}
+	found := false
+	for _, m := range tables {
+		if attrString(m.Data, nftaTableName) == table {
+			cp.add(nftMsgNewTable, netlink.Create, keepAttrs(m.Data, nftaTableName, nftaTableFlags, nftaTableUserdata))
+			found = true
+		}
+	}
+	if !found {
+		return nil, fmt.Errorf("bench: no nf_tables table %d %s", family, table)
+	}
+	chains, err := byName(nftMsgGetChain, nftaChainTable)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range chains {
+		if attrString(m.Data, nftaChainTable) != table {
+			continue
+		}
+		cp.add(nftMsgNewChain, netlink.Create, chainRequest(m.Data))
+	}
+	sets, err := byName(nftMsgGetSet, nftaSetTable)
+	if err != nil {
+		return nil, err
+	}
+	var names []string
+	for _, m := range sets {
+		if attrString(m.Data, nftaSetTable) != table {
+			continue
+		}
+		// What a request may carry, without the dump's handle and
+		// what newer kernels add to dumps only (the backend's name,
+		// the element count); a request must have an ID of its own.
+		data := filterAttrs(m.Data, func(t uint16) bool {
+			return t >= nftaSetTable && t <= nftaSetUserdata && t != nftaSetID || t == nftaSetObjType || t == nftaSetExpr || t == nftaSetExpressions
+		})
+		cp.add(nftMsgNewSet, netlink.Create, appendAttr(data, nftaSetID, binary.BigEndian.AppendUint32(nil, uint32(len(names)+1))))
+		names = append(names, attrString(m.Data, nftaSetName))
+	}
+	for _, set := range names {
+		ae := netlink.NewAttributeEncoder()
+		ae.String(nftaSetElemListTable, table)
+		ae.String(nftaSetElemListSet, set)
+		b, err := ae.Encode()
+		if err != nil {
+			return nil, err
+		}
+		elems, err := rawDump(c, nftMsgGetSetElem, family, b)
+		if err != nil {
+			return nil, err
+		}
+		for _, m := range elems {
+			cp.add(nftMsgNewSetElem, netlink.Create, m.Data)
+		}
+	}
+	rules, err := byName(nftMsgGetRule, nftaRuleTable)
+	if err != nil {
+		return nil, err
+	}
+	for _, m := range rules {
+		if attrString(m.Data, nftaRuleTable) != table {
+			continue
+		}
+		r := rawMsg{nftMsgNewRule, netlink.Create | netlink.Append, dropAttrs(m.Data, nftaRuleHandle, nftaRulePosition, nftaRulePad)}
+		cp.msgs = append(cp.msgs, r)
+		chain := attrString(m.Data, nftaRuleChain)
+		cp.rules[chain] = append(cp.rules[chain], r)
+	}
+	return cp, nil
+}
+
+func (cp *nftCopy) add(typ int, flags netlink.HeaderFlags, data []byte) {
+	cp.msgs = append(cp.msgs, rawMsg{typ, flags, data})
+}
+
+// chainAs is the requests that add a new chain named name holding the
+// rules of chain from.
+func (cp *nftCopy) chainAs(from, name string) []rawMsg {
+	ae := netlink.NewAttributeEncoder()
+	ae.String(nftaChainTable, cp.table)
+	ae.String(nftaChainName, name)
+	b, _ := ae.Encode()
+	out := []rawMsg{{nftMsgNewChain, netlink.Create, append(nfgen(cp.family), b...)}}
+	for _, r := range cp.rules[from] {
+		data := append(nfgen(cp.family), setAttrString(r.data[4:], nftaRuleChain, name)...)
+		out = append(out, rawMsg{r.typ, r.flags, data})
+	}
+	return out
+}
+
+// dialNFT opens a netfilter netlink socket in the calling thread's
+// namespace.
+func dialNFT() (*netlink.Conn, error) { return netlink.Dial(unix.NETLINK_NETFILTER, nil) }
+
+// rawDump sends a dump request and returns the answers.
+func rawDump(c *netlink.Conn, typ int, family uint8, attrs []byte) ([]netlink.Message, error) {
+	msgs, err := c.Execute(netlink.Message{
+		Header: netlink.Header{Type: netlink.HeaderType(nfnlSubsysNFTables<<8 | typ), Flags: netlink.Request | netlink.Dump},
+		Data:   append(nfgen(family), attrs...),
+	})
+	if err != nil {
+		return nil, fmt.Errorf("bench: nf_tables dump (message %d): %w", typ, err)
+	}
+	return msgs, nil
+}
+
+// chainRequest is a dumped chain as a request: no handle, use count or
+// counters, and the flags without the one the kernel sets itself.
+func chainRequest(data []byte) []byte {
+	out := dropAttrs(data, nftaChainHandle, nftaChainUse, nftaChainCounters, nftaChainFlags)
+	var flags uint32
+	eachRaw(data[4:], func(typ uint16, v []byte) {
+		if typ == nftaChainFlags && len(v) == 4 {
+			flags = binary.BigEndian.Uint32(v) &^ nftChainBase
+		}
+	})
+	if flags != 0 {
+		out = appendAttr(out, nftaChainFlags, binary.BigEndian.AppendUint32(nil, flags))
+	}
+	return out
+}
+
+// eachRaw calls fn for each top-level attribute of b, with its type
+// (flags masked) and value.
+func eachRaw(b []byte, fn func(typ uint16, v []byte)) {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return
+		}
+		fn(binary.NativeEndian.Uint16(b[2:])&nlaTypeMask, b[4:n])
+		a := nlmsgAlign(n)
+		if a > len(b) {
+			return
+		}
+		b = b[a:]
+	}
+}
+
+// filterAttrs copies data (nfgenmsg and attributes) with the attributes
+// keep accepts, bytes unchanged (nested flags included).
+func filterAttrs(data []byte, keep func(uint16) bool) []byte {
+	out := append([]byte(nil), data[:4]...)
+	b := data[4:]
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			break
+		}
+		a := min(nlmsgAlign(n), len(b))
+		if keep(binary.NativeEndian.Uint16(b[2:]) & nlaTypeMask) {
+			out = append(out, b[:a]...)
+			for len(out)%4 != 0 {
+				out = append(out, 0)
+			}
+		}
+		b = b[a:]
+	}
+	return out
+}
+
+func dropAttrs(data []byte, types ...uint16) []byte {
+	return filterAttrs(data, func(t uint16) bool {
+		for _, d := range types {
+			if t == d {
+				return false
+			}
+		}
+		return true
+	})
+}
+
+func keepAttrs(data []byte, types ...uint16) []byte {
+	return filterAttrs(data, func(t uint16) bool {
+		for _, k := range types {
+			if t == k {
+				return true
+			}
+		}
+		return false
+	})
+}
+
+func appendAttr(b []byte, typ uint16, v []byte) []byte {
+	b = binary.NativeEndian.AppendUint16(b, uint16(4+len(v)))
+	b = binary.NativeEndian.AppendUint16(b, typ)
+	b = append(b, v...)
+	for len(b)%4 != 0 {
+		b = append(b, 0)
+	}
+	return b
+}
+
+// setAttrString is attrs with the string attribute typ set to s.
+func setAttrString(attrs []byte, typ uint16, s string) []byte {
+	var out []byte
+	eachRawFull(attrs, func(t uint16, raw []byte) {
+		if t&nlaTypeMask == typ {
+			out = appendAttr(out, typ, append([]byte(s), 0))
+			return
+		}
+		out = append(out, raw...)
+	})
+	return out
+}
+
+// eachRawFull is eachRaw with each attribute's whole aligned bytes.
+func eachRawFull(b []byte, fn func(typ uint16, raw []byte)) {
+	for len(b) >= 4 {
+		n := int(binary.NativeEndian.Uint16(b))
+		if n < 4 || n > len(b) {
+			return
+		}
+		a := min(nlmsgAlign(n), len(b))
+		fn(binary.NativeEndian.Uint16(b[2:]), b[:a])
+		b = b[a:]
+	}
+}
+
+func attrString(data []byte, typ uint16) string {
+	var s string
+	if len(data) < 4 {
+		return ""
+	}
+	eachRaw(data[4:], func(t uint16, v []byte) {
+		if t == typ {
+			s = cstring(v)
+		}
+	})
+	return s
+}
+
+// nftBatch is a batch of requests marshalled for one sendmsg.
+type nftBatch []byte
+
+// marshalBatch frames msgs as one nf_tables batch, the last request
+// asking for an acknowledgement (errors are reported anyway).
+func marshalBatch(msgs []rawMsg) nftBatch {
+	var b []byte
+	seq := uint32(1)
+	put := func(typ uint16, flags netlink.HeaderFlags, data []byte) {
+		b = binary.NativeEndian.AppendUint32(b, uint32(nlmsgHdrLen+len(data)))
+		b = binary.NativeEndian.AppendUint16(b, typ)
+		b = binary.NativeEndian.AppendUint16(b, uint16(flags))
+		b = binary.NativeEndian.AppendUint32(b, seq)
+		b = binary.NativeEndian.AppendUint32(b, 0)
+		b = append(b, data...)
+		for len(b)%4 != 0 {
+			b = append(b, 0)
+		}
+		seq++
+	}
+	begin := []byte{unix.AF_UNSPEC, 0, 0, nfnlSubsysNFTables} // res_id, big-endian
+	put(nfnlMsgBatchBegin, netlink.Request, begin)
+	for i, m := range msgs {
+		flags := netlink.Request | m.flags
+		if i == len(msgs)-1 {
+			flags |= netlink.Acknowledge
+		}
+		put(uint16(nfnlSubsysNFTables<<8|m.typ), flags, m.data)
+	}
+	put(nfnlMsgBatchEnd, netlink.Request, begin)
+	return b
+}
+
+// sendBatch opens a netfilter socket in the calling thread's namespace,
+// sends b in one sendmsg and waits for the kernel's answer: the time from
+// the send until the acknowledgement of the committed batch.
+func sendBatch(b nftBatch) (time.Duration, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
+	if err != nil {
+		return 0, err
+	}
+	defer unix.Close(fd)
+	if err := unix.SetsockoptInt(fd, unix.SOL_SOCKET, unix.SO_SNDBUFFORCE, len(b)+1<<20); err != nil {
+		return 0, err
+	}
+	// The kernel says why it refuses a message, and which attribute.
+	_ = unix.SetsockoptInt(fd, unix.SOL_NETLINK, unix.NETLINK_EXT_ACK, 1)
+	if err := unix.Bind(fd, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, err
+	}
+	buf := make([]byte, 1<<16)
+	start := time.Now()
+	if err := unix.Sendto(fd, b, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return 0, fmt.Errorf("bench: send an nf_tables batch of %d bytes: %w", len(b), err)
+	}
+	for {
+		n, _, err := unix.Recvfrom(fd, buf, 0)
+		if err != nil {
+			return 0, fmt.Errorf("bench: nf_tables batch answer: %w", err)
+		}
+		msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+		if err != nil {
+			return 0, err
+		}
+		for _, m := range msgs {
+			if m.Header.Type != unix.NLMSG_ERROR || len(m.Data) < 4 {
+				continue
+			}
+			if code := int32(binary.NativeEndian.Uint32(m.Data)); code != 0 {
+				return 0, fmt.Errorf("bench: nf_tables batch, message %d%s: %w", m.Header.Seq, extAck(m), unix.Errno(-code))
+			}
+			return time.Since(start), nil // the acknowledgement of the last request
+		}
+	}
+}
+
+// nftFloor measures, for a proxy with a table of its own (both families),
+// one batch of the table into an empty namespace, then the median of five
+// one-chain batches on top of it (a copy of one of its Service chains).
+// It returns the bytes of the full batch.
+func (r *Runner) nftFloor(res *Result, table, svcPrefix string) (int, error) {
+	var copies []*nftCopy
+	err := r.World.Node.Do(func() error {
+		c, err := dialNFT()
+		if err != nil {
+			return err
+		}
+		defer c.Close()
+		for _, fam := range []uint8{nfprotoIPv4, nfprotoIPv6} {
+			cp, err := readNFTTable(c, fam, table)
+			if err != nil && fam == nfprotoIPv6 {
+				continue // IPv4 only
+			}
+			if err != nil {
+				return err
+			}
+			copies = append(copies, cp)
+		}
+		return nil
+	})
+	if err != nil {
+		return 0, err
+	}
+	var all []rawMsg
+	for _, cp := range copies {
+		all = append(all, cp.msgs...)
+	}
+	full := marshalBatch(all)
+	var svc string
+	for chain := range copies[0].rules {
+		if len(chain) > len(svcPrefix) && chain[:len(svcPrefix)] == svcPrefix && (svc == "" || chain < svc) {
+			svc = chain
+		}
+	}
+	if svc == "" {
+		return 0, errors.New("bench: no service chain to copy for the one-change floor")
+	}
+	ns, err := NewNetns("floor")
+	if err != nil {
+		return 0, err
+	}
+	defer ns.Close()
+	err = ns.Do(func() error {
+		d, err := sendBatch(full)
+		if err != nil {
+			return err
+		}
+		res.FloorRestore = d.Seconds()
+		var one []float64
+		for i := range 5 {
+			d, err := sendBatch(marshalBatch(copies[0].chainAs(svc, fmt.Sprintf("epb-floor-%d", i+1))))
+			if err != nil {
+				return err
+			}
+			one = append(one, d.Seconds())
+		}
+		res.FloorOneChange = quantile(one, 0.5)
+		return nil
+	})
+	return len(full), err
+}
+
+// extAck is the kernel's explanation of an error (NLMSGERR_ATTR_MSG, and
+// the offset of the attribute it refused), when it gave one.
+func extAck(m syscall.NetlinkMessage) string {
+	if m.Header.Flags&unix.NLM_F_ACK_TLVS == 0 || len(m.Data) < 4+nlmsgHdrLen {
+		return ""
+	}
+	// The error code, then the request's header (its payload only when
+	// the socket did not ask for capped acks), then the TLVs.
+	off := 4 + nlmsgHdrLen
+	if m.Header.Flags&unix.NLM_F_CAPPED == 0 {
+		off = 4 + int(binary.NativeEndian.Uint32(m.Data[4:]))
+	}
+	if off > len(m.Data) {
+		return ""
+	}
+	var out string
+	eachRaw(m.Data[nlmsgAlign(off):], func(typ uint16, v []byte) {
+		switch typ {
+		case unix.NLMSGERR_ATTR_MSG:
+			out += " (" + cstring(v) + ")"
+		case unix.NLMSGERR_ATTR_OFFS:
+			if len(v) == 4 {
+				out += fmt.Sprintf(" (at byte %d)", binary.NativeEndian.Uint32(v))
+			}
+		}
+	})
+	return out
+}
