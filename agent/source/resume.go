@@ -52,17 +52,43 @@ func (r *resumable) ListWithContext(ctx context.Context, opts metav1.ListOptions
 		r.mark.listed(seed.ResourceVersion)
 		return seed, nil
 	}
+	first := opts.Continue == ""
+	paged(&opts)
 	obj, err := r.inner.ListWithContext(ctx, opts)
 	if err != nil {
 		return nil, err
 	}
 	r.answered.Store(true)
-	rv := ""
-	if l, err := meta.ListAccessor(obj); err == nil {
-		rv = l.GetResourceVersion()
+	if first { // the later pages are the same list
+		rv := ""
+		if l, err := meta.ListAccessor(obj); err == nil {
+			rv = l.GetResourceVersion()
+		}
+		r.mark.listed(rv)
 	}
-	r.mark.listed(rv)
 	return obj, nil
+}
+
+// listPage is the most objects a LIST asks for at once. A LIST is not a
+// watch: the API server gives up a request it has not finished writing
+// after its --request-timeout (60 s by default), and at 64 kbit/s (8 KB/s)
+// 60 s is 480 KB, less than the gzipped list of 5,000 EndpointSlices
+// (RATIONALE.md, "Why a full read comes in pages"). A page of 500 of them
+// is about 95 KB gzipped.
+const listPage = 500
+
+// paged makes a list ask for listPage objects at a time (the reflector's
+// pager asks for the next page while the answer says there is more). The
+// API server's watch cache ignores the limit of a list at
+// resourceVersion "0" (any version): such a list asks for the most recent
+// instead, which the cache pages.
+func paged(o *metav1.ListOptions) {
+	if o.Limit == 0 || o.Limit > listPage {
+		o.Limit = listPage
+	}
+	if o.Continue == "" && o.ResourceVersion == "0" {
+		o.ResourceVersion = ""
+	}
 }
 
 // WatchWithContext asks the API server.

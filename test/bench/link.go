@@ -111,6 +111,7 @@ func (p LinkPhase) PerDay() int64 {
 // again) and watches that resume from a resourceVersion.
 type Requests struct {
 	Lists      int `json:"lists"`
+	Pages      int `json:"pages,omitempty"` // a LIST's next pages (continue=)
 	WatchLists int `json:"watchLists"`
 	Watches    int `json:"watches"`
 	Gone       int `json:"gone"` // answered 410 Gone: too old a resourceVersion
@@ -138,6 +139,8 @@ func CountRequests(evs []cluster.AuditEvent) Requests {
 			q.Watches++
 		case "list":
 			q.Lists++
+		case "list-page":
+			q.Pages++
 		}
 	}
 	return q
