@@ -2,6 +2,7 @@ package source
 
 import (
 	"context"
+	"math/rand/v2"
 	"sync"
 	"sync/atomic"
 
@@ -73,26 +74,41 @@ func (r *resumable) ListWithContext(ctx context.Context, opts metav1.ListOptions
 // watch: the API server gives up a request it has not finished writing
 // after its --request-timeout (60 s by default), and at 64 kbit/s (8 KB/s)
 // 60 s is 480 KB, less than the gzipped list of 5,000 EndpointSlices
-// (RATIONALE.md, "Why a full read comes in pages"). A page of 500 of them
-// is about 95 KB gzipped.
-const listPage = 500
+// (RATIONALE.md, "Why a full read comes in pages"). A page of 1,000
+// slices of 10 endpoints is about 190 KB gzipped; of 500 it was smaller
+// still, but the API server gzips only a response over 128 KB, and 500
+// Services were less: not gzipped, 43% more bytes at 1,000 Services.
+const listPage = 1000
 
 // paged makes a list ask for listPage objects at a time (the reflector's
-// pager asks for the next page while the answer says there is more). The
-// API server's watch cache ignores the limit of a list at
-// resourceVersion "0" (any version): such a list asks for the most recent
-// instead, which the cache pages.
+// pager asks for the next page while the answer says there is more). A
+// limit changes what a resourceVersion means to the API server, so the
+// first page says what the reflector meant without one:
+//
+//   - "0" (any version): the watch cache ignores the limit of such a
+//     list; it asks for the most recent instead (""), which it pages;
+//   - another version (after a watch was answered 410 Gone): with a limit
+//     and no resourceVersionMatch that is the state at exactly that
+//     version, which etcd still has until it compacts: the objects as
+//     they were before the outage, and a watch from there is Gone again.
+//     It asks for NotOlderThan, as the reflector's list without a limit
+//     does.
+//
+// The next pages (continue=) carry their version in the token.
 func paged(o *metav1.ListOptions) {
-	if o.Limit == 0 || o.Limit > listPage {
-		o.Limit = listPage
-	}
-	if o.Continue == "" && o.ResourceVersion == "0" {
+	o.Limit = listPage // the reflector's pager asks for 500
+	switch {
+	case o.Continue != "":
+	case o.ResourceVersion == "0":
 		o.ResourceVersion = ""
+	case o.ResourceVersion != "" && o.ResourceVersionMatch == "":
+		o.ResourceVersionMatch = metav1.ResourceVersionMatchNotOlderThan
 	}
 }
 
-// WatchWithContext asks the API server.
+// WatchWithContext asks the API server, for a longer watch (longWatch).
 func (r *resumable) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	longWatch(&opts)
 	w, err := r.inner.WatchWithContext(ctx, opts)
 	if err == nil {
 		r.answered.Store(true)
@@ -108,6 +124,34 @@ func (r *resumable) List(opts metav1.ListOptions) (runtime.Object, error) {
 
 func (r *resumable) Watch(opts metav1.ListOptions) (watch.Interface, error) {
 	return r.WatchWithContext(context.Background(), opts)
+}
+
+// longWatch asks for a watch of 30 to 60 minutes, the API server's own
+// default (--min-request-timeout 1800 s, times 1 to 2), where client-go's
+// reflector asks for 5 to 10 to end watches that hang. A hanging
+// connection is the Link's to find (keepalive, TCP_USER_TIMEOUT), and
+// every watch that ends costs the link a request and its answer; on a
+// quiet node those restarts were a tenth of its bytes (RATIONALE.md, "A
+// quiet day").
+func longWatch(o *metav1.ListOptions) {
+	t := int64(1800 + rand.IntN(1800))
+	o.TimeoutSeconds = &t
+}
+
+// longWatcher is a ListerWatcher whose watches are long (longWatch).
+type longWatcher struct{ cache.ListerWatcherWithContext }
+
+func (l longWatcher) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
+	longWatch(&opts)
+	return l.ListerWatcherWithContext.WatchWithContext(ctx, opts)
+}
+
+func (l longWatcher) List(opts metav1.ListOptions) (runtime.Object, error) {
+	return l.ListWithContext(context.Background(), opts)
+}
+
+func (l longWatcher) Watch(opts metav1.ListOptions) (watch.Interface, error) {
+	return l.WatchWithContext(context.Background(), opts)
 }
 
 // setSeed makes the first list answer objs at resourceVersion rv.

@@ -65,6 +65,7 @@ type stubLW struct {
 	mu             sync.Mutex
 	lists, watches int
 	watchRV        string
+	watchTimeout   int64
 	err            error
 }
 
@@ -83,6 +84,9 @@ func (s *stubLW) WatchWithContext(_ context.Context, o metav1.ListOptions) (watc
 	defer s.mu.Unlock()
 	s.watches++
 	s.watchRV = o.ResourceVersion
+	if o.TimeoutSeconds != nil {
+		s.watchTimeout = *o.TimeoutSeconds
+	}
 	if s.err != nil {
 		return nil, s.err
 	}
@@ -195,5 +199,45 @@ func TestInformerTakesSeed(t *testing.T) {
 	}
 	if inner.listCount() != 0 || inner.watchFrom() != "42" {
 		t.Fatalf("%d lists, watch from %q; want none and 42", inner.listCount(), inner.watchFrom())
+	}
+}
+
+// A list asks for pages of listPage, and for what the reflector meant
+// without a limit: "0" becomes the most recent (the watch cache ignores a
+// limit at "0"), another version NotOlderThan (with a limit alone it is
+// that exact, older state); next pages are left as they are.
+func TestPaged(t *testing.T) {
+	for _, tc := range []struct {
+		in, want metav1.ListOptions
+	}{
+		{metav1.ListOptions{ResourceVersion: "0", Limit: 500}, metav1.ListOptions{Limit: listPage}},
+		{metav1.ListOptions{ResourceVersion: "213"}, metav1.ListOptions{ResourceVersion: "213", ResourceVersionMatch: metav1.ResourceVersionMatchNotOlderThan, Limit: listPage}},
+		{metav1.ListOptions{}, metav1.ListOptions{Limit: listPage}},
+		{metav1.ListOptions{Continue: "abc", Limit: 500}, metav1.ListOptions{Continue: "abc", Limit: listPage}},
+		{metav1.ListOptions{ResourceVersion: "9", ResourceVersionMatch: metav1.ResourceVersionMatchExact, Limit: 10},
+			metav1.ListOptions{ResourceVersion: "9", ResourceVersionMatch: metav1.ResourceVersionMatchExact, Limit: listPage}},
+	} {
+		got := tc.in
+		paged(&got)
+		if got != tc.want {
+			t.Errorf("paged(%+v) = %+v, want %+v", tc.in, got, tc.want)
+		}
+	}
+}
+
+// Watches ask for 30 to 60 minutes (the API server's default), not the
+// reflector's 5 to 10: each restart costs the link a request.
+func TestLongWatch(t *testing.T) {
+	inner := &stubLW{}
+	for _, lw := range []cache.ListerWatcherWithContext{&resumable{inner: inner}, longWatcher{inner}} {
+		five := int64(300)
+		w, err := lw.WatchWithContext(context.Background(), metav1.ListOptions{TimeoutSeconds: &five})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Stop()
+		if inner.watchTimeout < 1800 || inner.watchTimeout >= 3600 {
+			t.Errorf("%T: watch of %d s, want 1800 to 3600", lw, inner.watchTimeout)
+		}
 	}
 }

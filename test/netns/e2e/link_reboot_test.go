@@ -157,6 +157,7 @@ func TestAPIOutageRebootBeyondWatchCache(t *testing.T) {
 	w.changeAll(t)
 	w.reboot(t)
 	w.unreachable(t)
+	w.logReadsOnFailure(t, outage)
 
 	time.Sleep(time.Until(rvRead.Add(80 * time.Second)))
 	churn, err := w.cl.NewChurn(w.ctx, w.ns, "churn")
@@ -194,4 +195,26 @@ func TestAPIOutageRebootBeyondWatchCache(t *testing.T) {
 	}
 	t.Logf("reads of the agent since the link came back: %v", after)
 	w.statusReads(t)
+}
+
+// logReadsOnFailure logs the agent's requests since since from the audit
+// log (time, code, URI) if the test fails.
+func (w *outageWorld) logReadsOnFailure(t *testing.T, since time.Time) {
+	t.Cleanup(func() {
+		if !t.Failed() {
+			return
+		}
+		evs, err := w.cl.AuditEvents("edgeproxy", since)
+		if err != nil {
+			t.Logf("audit: %v", err)
+			return
+		}
+		for _, e := range evs {
+			code := int32(0)
+			if e.ResponseStatus != nil {
+				code = e.ResponseStatus.Code
+			}
+			t.Logf("audit %s %s %d %s %s", e.Received.Format("15:04:05.000"), e.Stage, code, e.Verb, e.RequestURI)
+		}
+	})
 }

@@ -425,7 +425,7 @@ func TestAPIOutageBeyondWatchCache(t *testing.T) {
 }
 
 // listsOnce counts reads' LISTs by what they ask for, without the
-// resourceVersion and limit they ask it at.
+// resourceVersion (and its match) and limit they ask it at.
 func listsOnce(reads map[string]int) map[string]int {
 	out := map[string]int{}
 	for k, n := range reads {
@@ -440,6 +440,7 @@ func listsOnce(reads map[string]int) map[string]int {
 		}
 		q := u.Query()
 		q.Del("resourceVersion")
+		q.Del("resourceVersionMatch")
 		q.Del("limit")
 		u.RawQuery = q.Encode()
 		out[u.String()] += n
