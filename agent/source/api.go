@@ -164,9 +164,22 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 			return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
 		})
 	a.epsResumable = epsR
-	node := factory(func(o *metav1.ListOptions) {
+	thisNode := func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-	}).Core().V1().Nodes().Informer()
+	}
+	node := factory(nil).InformerFor(&v1.Node{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
+		lw := longWatcher{&cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				thisNode(&o)
+				return client.CoreV1().Nodes().List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				thisNode(&o)
+				return client.CoreV1().Nodes().Watch(ctx, o)
+			},
+		}}
+		return cache.NewSharedIndexInformer(lw, &v1.Node{}, 0, cache.Indexers{})
+	})
 	a.svcInfs, a.epsInf = svcInfs, eps
 	type watched struct {
 		inf cache.SharedIndexInformer
