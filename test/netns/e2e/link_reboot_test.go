@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net/netip"
 	"net/url"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -11,8 +12,8 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/snapshot"
 )
 
-// resumable waits until the snapshot on disk holds the rules before the
-// outage and a resume point for the Services and for the EndpointSlices.
+// resumable waits until the snapshot on disk holds the three Services'
+// endpoints before the outage and a resume point for the Services and for the EndpointSlices.
 func (w *outageWorld) resumable(t *testing.T) map[string]string {
 	t.Helper()
 	var points map[string]string
@@ -23,6 +24,17 @@ func (w *outageWorld) resumable(t *testing.T) map[string]string {
 		}
 		if len(s.Services) < 3 {
 			return fmt.Errorf("%d services in the snapshot", len(s.Services))
+		}
+		// The first snapshot can be of a sync before every endpoint came;
+		// the next is put off by offline.snapshotInterval.
+		raw, err := os.ReadFile(snapshot.Path(w.stateDir))
+		if err != nil {
+			return err
+		}
+		for _, a := range []netip.Addr{outKeep, outChanged, outGone} {
+			if !strings.Contains(string(raw), `"`+a.String()+`"`) {
+				return fmt.Errorf("%s not in the snapshot yet", a)
+			}
 		}
 		var svc, eps bool
 		for k := range s.Resume {
