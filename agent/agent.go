@@ -29,6 +29,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/agent/policychain"
 	"github.com/edgeproxy/edgeproxy/agent/prober"
 	"github.com/edgeproxy/edgeproxy/agent/runner"
+	"github.com/edgeproxy/edgeproxy/agent/snapshot"
 	"github.com/edgeproxy/edgeproxy/agent/source"
 	"github.com/edgeproxy/edgeproxy/agent/state"
 	"github.com/edgeproxy/edgeproxy/datapath"
@@ -108,7 +109,11 @@ type Agent struct {
 	// written or loaded; 0: none known.
 	snapAge      atomic.Int64
 	fromSnapshot atomic.Bool
-	probes       *probing // nil with health.mode: off
+	// loaded is the snapshot a reboot loaded before the source starts,
+	// until resumeFromSnapshot (which sets resumeAsked) has used it.
+	loaded      *snapshot.Snapshot
+	resumeAsked bool
+	probes      *probing // nil with health.mode: off
 	// nodeIneligible mirrors the last synced Node's Ineligible.
 	nodeIneligible atomic.Bool
 	// externalIPsWarned: Services already warned about ignored
@@ -254,6 +259,7 @@ func (a *Agent) Run(ctx context.Context) error {
 		g.run("http "+s.name, s.serve)
 	}
 	rebooted := a.startAfterReboot(gctx)
+	a.resumeFromSnapshot()
 	a.startParts(g)
 	a.log.Info("waiting for the source to list everything", "mode", a.backend.Name(), "node", a.Config().NodeName)
 	_ = a.notifier.Status("waiting for the API server")

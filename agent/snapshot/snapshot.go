@@ -66,6 +66,11 @@ type Snapshot struct {
 	Modules map[string]string `json:"modules,omitempty"`
 	// Plan is what was programmed.
 	Plan datapath.Plan `json:"plan"`
+	// Resume maps what an API informer reads (its resource, selectors
+	// and server) to the resourceVersion up to which Services and Slices
+	// hold every event of it: where a restart resumes its watch instead
+	// of listing (source.API.Resume). Empty for an informer without one.
+	Resume map[string]string `json:"resume,omitempty"`
 }
 
 // Path returns the snapshot file's path in dir.

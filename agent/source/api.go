@@ -15,10 +15,13 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/selection"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/edgeproxy/edgeproxy/agent/model"
@@ -37,7 +40,13 @@ type API struct {
 	synced    []cache.InformerSynced
 	svcInfs   []cache.SharedIndexInformer // one or two; a Service is in one, but for a moment while relabelled
 	epsInf    cache.SharedIndexInformer
-	svcMu     sync.Mutex // held while a Service's stores are read and the result handed on
+	// resumables: the Service and EndpointSlice informers' ListerWatchers,
+	// which can start from the snapshot (Resume) and keep where they are
+	// (ResumePoints); svcResumables in the order of svcInfs.
+	resumables    []*resumable
+	svcResumables []*resumable
+	epsResumable  *resumable
+	svcMu         sync.Mutex // held while a Service's stores are read and the result handed on
 	// clusterIPField: the Service lists and watches carry the field
 	// selector spec.clusterIP!=None. Cleared for good when the API server
 	// refuses it (older than 1.27); the converter skips headless Services
@@ -86,8 +95,11 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 	// or equal", so those come on a second watch, empty on most clusters.
 	// The converter still checks every object, whatever the server sent.
 	factory := func(tweak func(*metav1.ListOptions)) informers.SharedInformerFactory {
-		f := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithTransform(conv.Transform),
-			informers.WithTweakListOptions(tweak))
+		opts := []informers.SharedInformerOption{informers.WithTransform(conv.Transform)}
+		if tweak != nil {
+			opts = append(opts, informers.WithTweakListOptions(tweak))
+		}
+		f := informers.NewSharedInformerFactoryWithOptions(client, 0, opts...)
 		a.factories = append(a.factories, f)
 		return f
 	}
@@ -99,28 +111,96 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 			}
 		}
 	}
-	svcInfs := []cache.SharedIndexInformer{factory(services("!" + LabelServiceProxyName)).Core().V1().Services().Informer()}
-	if sel, ok := namedServices(conv.ProxyName); ok {
-		svcInfs = append(svcInfs, factory(services(sel)).Core().V1().Services().Informer())
+	server := serverOf(client)
+	// resumableInformer makes an informer of resource whose first list
+	// may come from the snapshot (Resume).
+	resumableInformer := func(f informers.SharedInformerFactory, resource string, example runtime.Object, tweak func(*metav1.ListOptions),
+		list func(context.Context, metav1.ListOptions) (runtime.Object, error), watchFn func(context.Context, metav1.ListOptions) (watch.Interface, error)) (cache.SharedIndexInformer, *resumable) {
+		r := &resumable{
+			inner: &cache.ListWatch{
+				ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+					tweak(&o)
+					return list(ctx, o)
+				},
+				WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+					tweak(&o)
+					return watchFn(ctx, o)
+				},
+			},
+			key: func() string {
+				var o metav1.ListOptions
+				tweak(&o)
+				return fmt.Sprintf("%s %s labelSelector=%q fieldSelector=%q proxyName=%q keepPrefix=%q",
+					server, resource, o.LabelSelector, o.FieldSelector, conv.ProxyName, conv.KeepPrefix)
+			},
+		}
+		a.resumables = append(a.resumables, r)
+		inf := f.InformerFor(example, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
+			return cache.NewSharedIndexInformer(r, example, 0, cache.Indexers{})
+		})
+		return inf, r
 	}
-	eps := factory(func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless }).Discovery().V1().EndpointSlices().Informer()
-	node := factory(func(o *metav1.ListOptions) {
+	svcInformer := func(label string) cache.SharedIndexInformer {
+		inf, r := resumableInformer(factory(nil), "services", &v1.Service{}, services(label),
+			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				return client.CoreV1().Services("").List(ctx, o)
+			},
+			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				return client.CoreV1().Services("").Watch(ctx, o)
+			})
+		a.svcResumables = append(a.svcResumables, r)
+		return inf
+	}
+	svcInfs := []cache.SharedIndexInformer{svcInformer("!" + LabelServiceProxyName)}
+	if sel, ok := namedServices(conv.ProxyName); ok {
+		svcInfs = append(svcInfs, svcInformer(sel))
+	}
+	eps, epsR := resumableInformer(factory(nil), "endpointslices", &discovery.EndpointSlice{},
+		func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless },
+		func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+			return client.DiscoveryV1().EndpointSlices("").List(ctx, o)
+		},
+		func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+			return client.DiscoveryV1().EndpointSlices("").Watch(ctx, o)
+		})
+	a.epsResumable = epsR
+	thisNode := func(o *metav1.ListOptions) {
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
-	}).Core().V1().Nodes().Informer()
+	}
+	node := factory(nil).InformerFor(&v1.Node{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
+		lw := longWatcher{&cache.ListWatch{
+			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
+				thisNode(&o)
+				return client.CoreV1().Nodes().List(ctx, o)
+			},
+			WatchFuncWithContext: func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
+				thisNode(&o)
+				return client.CoreV1().Nodes().Watch(ctx, o)
+			},
+		}}
+		return cache.NewSharedIndexInformer(lw, &v1.Node{}, 0, cache.Indexers{})
+	})
 	a.svcInfs, a.epsInf = svcInfs, eps
 	type watched struct {
 		inf cache.SharedIndexInformer
 		fn  func(key string, obj any)
+		r   *resumable // nil: the Node's, which always lists
 	}
-	ws := []watched{{eps, a.onSlice}, {node, a.onNode}}
-	for _, inf := range svcInfs {
-		ws = append(ws, watched{inf, a.serviceChanged})
+	ws := []watched{{eps, a.onSlice, epsR}, {node, a.onNode, nil}}
+	for i, inf := range svcInfs {
+		ws = append(ws, watched{inf, a.serviceChanged, a.svcResumables[i]})
 	}
 	for _, h := range ws {
-		fn := h.fn
+		fn, r := h.fn, h.r
+		// handed tells the informer's resume point that obj was handed on.
+		handed := func(obj any) {
+			if c, ok := obj.(*Converted); ok && r != nil {
+				r.mark.handed(c.Meta.ResourceVersion)
+			}
+		}
 		reg, err := h.inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
-			AddFunc:    func(obj any) { a.touch(); fn(keyOf(obj), obj) },
-			UpdateFunc: func(_, obj any) { a.touch(); fn(keyOf(obj), obj) },
+			AddFunc:    func(obj any) { a.touch(); fn(keyOf(obj), obj); handed(obj) },
+			UpdateFunc: func(_, obj any) { a.touch(); fn(keyOf(obj), obj); handed(obj) },
 			DeleteFunc: func(obj any) {
 				a.touch()
 				if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
@@ -128,6 +208,7 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 					return
 				}
 				fn(keyOf(obj), nil)
+				handed(obj)
 			},
 		})
 		if err != nil {
@@ -136,8 +217,14 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 		// Synced when our handler has been given every listed object, not
 		// merely when the informer's store holds them: the first sync must
 		// see the whole list, or it programs a part of it (services
-		// without their endpoints) until the next.
+		// without their endpoints) until the next. An informer resumed
+		// from the snapshot has been given the snapshot's objects at once:
+		// it is synced when the API server has answered its watch too.
 		a.synced = append(a.synced, reg.HasSynced)
+		if r != nil {
+			r.mark.synced = reg.HasSynced
+			a.synced = append(a.synced, r.answered.Load)
+		}
 		if err := h.inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 			if a.refusedField(err) {
 				log.Warn("the API server refuses the field selector "+notHeadless+"; listing headless Services too, and skipping them here", "err", err)
@@ -481,4 +568,16 @@ func (c *Converter) Transform(obj any) (any, error) {
 
 func keptMeta(m *metav1.ObjectMeta) Meta {
 	return Meta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
+}
+
+// serverOf names the API server client talks to, for the resume points:
+// a resourceVersion means something on its server only. Empty for a
+// client without a REST client (a fake).
+func serverOf(client kubernetes.Interface) string {
+	rc, ok := client.CoreV1().RESTClient().(*rest.RESTClient)
+	if !ok || rc == nil {
+		return ""
+	}
+	u := rc.Get().URL()
+	return u.Scheme + "://" + u.Host
 }

@@ -63,15 +63,16 @@ func (l *Link) Usage() LinkUsage {
 // WrapTransport counts the API client's reads of resources that the API
 // server answered (rest.Config.Wrap; not the ones that found no one): a
 // GET with watch=true is a watch, any other GET of an /api or /apis path
-// a list (the agent gets no single objects); /readyz and other paths are
-// not counted.
+// a list (the agent gets no single objects), its next pages (continue=)
+// not again; /readyz and other paths are not counted.
 func (l *Link) WrapTransport(rt http.RoundTripper) http.RoundTripper {
 	return roundTripFunc(func(r *http.Request) (*http.Response, error) {
 		resp, err := rt.RoundTrip(r)
 		if err == nil && r.Method == http.MethodGet && (strings.HasPrefix(r.URL.Path, "/api/") || strings.HasPrefix(r.URL.Path, "/apis/")) {
-			if r.URL.Query().Get("watch") == "true" {
+			switch q := r.URL.Query(); {
+			case q.Get("watch") == "true":
 				l.watches.Add(1)
-			} else {
+			case q.Get("continue") == "": // a next page is the same list
 				l.lists.Add(1)
 			}
 		}

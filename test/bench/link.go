@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/test/cluster"
@@ -38,6 +39,15 @@ type LinkPlan struct {
 	// (cluster.Churn), as in a busy cluster. The outage lasts Outage or
 	// until then, whichever is longer.
 	Gone bool
+	// Reboot restarts the proxy during the outage, after the Services
+	// are added: SIGKILL, every rule and table flushed (the blackhole
+	// put back), started again with the same state directory, as a node
+	// that reboots while its uplink is down.
+	Reboot bool
+	// Quiet, when set, is a window after the cold start in which nothing
+	// changes: what a quiet node's link moves (scaled to a day in the
+	// report).
+	Quiet time.Duration
 	// Rate, when set (a tc rate: "64kbit"), shapes both directions of the
 	// node's link with a token bucket (tbf) for the whole of L.
 	Rate string
@@ -60,6 +70,8 @@ type LinkResult struct {
 	// Cold: process start until 10 s after every endpoint is in the
 	// kernel; Seconds is start → every endpoint.
 	Cold LinkPhase `json:"coldStart"`
+	// Quiet: LinkPlan.Quiet with no change, after the cold start.
+	Quiet LinkPhase `json:"quiet,omitzero"`
 	// Outage: from the drop rule until 20 s after the Services added
 	// during the outage are in the kernel; Seconds is link back → all in.
 	Outage        LinkPhase `json:"outage"`
@@ -68,6 +80,7 @@ type LinkResult struct {
 	// GoneChanges is how many times each churn object changed before the
 	// resourceVersion at the drop was gone (LinkPlan.Gone).
 	GoneChanges int    `json:"goneChanges,omitempty"`
+	Reboot      bool   `json:"reboot,omitempty"`
 	Rate        string `json:"rate,omitempty"`
 	Error       string `json:"error,omitempty"`
 }
@@ -84,12 +97,21 @@ type LinkPhase struct {
 // Total is the bytes both ways.
 func (p LinkPhase) Total() int64 { return p.In + p.Out }
 
+// PerDay is Total scaled from Seconds to a day.
+func (p LinkPhase) PerDay() int64 {
+	if p.Seconds <= 0 {
+		return 0
+	}
+	return int64(float64(p.Total()) * 86400 / p.Seconds)
+}
+
 // Requests counts a client's reads of Services, EndpointSlices, Nodes and
 // ServiceCIDRs (kube-proxy watches them too):
 // full reads (a LIST, or a watch with sendInitialEvents: every object
 // again) and watches that resume from a resourceVersion.
 type Requests struct {
 	Lists      int `json:"lists"`
+	Pages      int `json:"pages,omitempty"` // a LIST's next pages (continue=)
 	WatchLists int `json:"watchLists"`
 	Watches    int `json:"watches"`
 	Gone       int `json:"gone"` // answered 410 Gone: too old a resourceVersion
@@ -117,6 +139,8 @@ func CountRequests(evs []cluster.AuditEvent) Requests {
 			q.Watches++
 		case "list":
 			q.Lists++
+		case "list-page":
+			q.Pages++
 		}
 	}
 	return q
@@ -236,7 +260,7 @@ func (r *Runner) link(ctx context.Context) ([]LinkResult, error) {
 	var out []LinkResult
 	for _, kind := range lp.Proxies {
 		res := LinkResult{Proxy: kind, Backend: lp.Backend, Services: lp.Services, Endpoints: lp.Endpoints,
-			Headless: lp.Headless, OtherProxy: lp.OtherProxy, Added: lp.Added, OutageSeconds: lp.Outage.Seconds(), Rate: lp.Rate}
+			Headless: lp.Headless, OtherProxy: lp.OtherProxy, Added: lp.Added, OutageSeconds: lp.Outage.Seconds(), Rate: lp.Rate, Reboot: lp.Reboot}
 		err := r.linkOne(ctx, drv, churn, &res)
 		if err != nil {
 			if ctx.Err() != nil {
@@ -291,6 +315,27 @@ func (r *Runner) linkOne(ctx context.Context, drv *Driver, churn *cluster.Churn,
 	}
 	log.Info("L cold start", "in", res.Cold.In, "out", res.Cold.Out, "seconds", res.Cold.Seconds, "requests", res.Cold.Requests)
 
+	if lp.Quiet > 0 {
+		tq := time.Now()
+		if err := sleep(ctx, lp.Quiet); err != nil {
+			return err
+		}
+		cq, err := w.LinkCount()
+		if err != nil {
+			return err
+		}
+		res.Quiet.In, res.Quiet.Out = cq.Since(c1)
+		res.Quiet.Seconds = time.Since(tq).Seconds()
+		if res.Quiet.Requests, err = r.requests(res.Proxy, tq); err != nil {
+			return err
+		}
+		c1 = cq
+		log.Info("L quiet", "in", res.Quiet.In, "out", res.Quiet.Out, "seconds", res.Quiet.Seconds, "perDay", res.Quiet.PerDay(), "requests", res.Quiet.Requests)
+		if err := x.p.Exited(); err != nil {
+			return err
+		}
+	}
+
 	// The outage: the drop rule, Services added a sixth of the way in,
 	// the link back, the added Services programmed, 20 s more.
 	t2 := time.Now()
@@ -317,6 +362,12 @@ func (r *Runner) linkOne(ctx context.Context, drv *Driver, churn *cluster.Churn,
 	}
 	if err := drv.Grow(ctx, lp.Services+lp.Added); err != nil {
 		return err
+	}
+	if lp.Reboot {
+		if err := r.reboot(x); err != nil {
+			return err
+		}
+		log.Info("L rebooted during the outage")
 	}
 	if churn != nil {
 		// The churn starts when every event up to rv is older than the
@@ -361,6 +412,30 @@ func (r *Runner) linkOne(ctx context.Context, drv *Driver, churn *cluster.Churn,
 	return x.p.Exited()
 }
 
+// reboot kills the proxy, flushes the node's tables (a reboot; the
+// blackhole with them, which it puts back) and starts the proxy again
+// with the same settings and state directory; its log so far is kept
+// beside.
+func (r *Runner) reboot(x *proxyRun) error {
+	w := r.World
+	_ = syscall.Kill(x.p.PID(), syscall.SIGKILL)
+	x.p.Stop() // waits
+	if err := w.Reset(); err != nil {
+		return err
+	}
+	if err := w.Blackhole(true); err != nil {
+		return err
+	}
+	log := filepath.Join(x.dir, string(x.p.Kind)+".log")
+	_ = os.Rename(log, log+".before-reboot")
+	p, err := w.Start(x.p.Kind, r.Bins, x.s, x.dir)
+	if err != nil {
+		return err
+	}
+	x.p = p
+	return nil
+}
+
 // requests counts the proxy's reads since t from the audit log (zero
 // when the cluster keeps none).
 func (r *Runner) requests(kind ProxyKind, since time.Time) (Requests, error) {
@@ -388,10 +463,26 @@ func (rep *Report) linkSection(p func(string, ...any)) {
 		p("")
 	}
 	for _, r := range rep.Link {
+		if r.Reboot {
+			p("%s: rebooted during the outage, after the Services were added: killed, every table flushed, started again with its state directory.", r.Proxy)
+			p("")
+		}
 		if r.GoneChanges > 0 {
 			p("%s: beyond the watch cache: a watch from the resourceVersion at the drop was answered 410 Gone after %d changes of each of a headless Service, its slice and a Node no proxy is sent; the outage lasted %.0f s.", r.Proxy, r.GoneChanges, r.OutageSeconds)
 			p("")
 		}
+	}
+	if l.Quiet.Seconds > 0 {
+		p("A quiet node: %.0f s after the cold start with no change; bytes both ways, and scaled to a day.", l.Quiet.Seconds)
+		p("")
+		p("| proxy | quiet bytes (in + out) | per day | full reads / watches |")
+		p("|---|---:|---:|---:|")
+		for _, r := range rep.Link {
+			if r.Quiet.Seconds > 0 {
+				p("| %s | %s (%s + %s) | %s | %d / %d |", r.Proxy, num(r.Quiet.Total()), num(r.Quiet.In), num(r.Quiet.Out), num(r.Quiet.PerDay()), r.Quiet.FullReads(), r.Quiet.Watches)
+			}
+		}
+		p("")
 	}
 	p("| proxy | cold start bytes (in + out) | vs kube-proxy | programmed | full reads / watches | outage bytes | vs kube-proxy | converged after the link is back | full reads / watches |")
 	p("|---|---:|---:|---:|---:|---:|---:|---:|---:|")

@@ -88,7 +88,8 @@ func (c *Cluster) AuditEvents(agent string, since time.Time) ([]AuditEvent, erro
 }
 
 // Read sorts a read of a resource: "list" (a LIST, counted when it
-// completes), "watch-list" (a watch with sendInitialEvents: every object
+// completes), "list-page" (a LIST's next page, continue=: the same
+// list), "watch-list" (a watch with sendInitialEvents: every object
 // again, as a list would), "watch" (a watch that starts from a
 // resourceVersion or from now), both counted when their response starts;
 // "" for anything else and for the other stages.
@@ -98,6 +99,8 @@ func (e AuditEvent) Read() string {
 		return "watch-list"
 	case e.Verb == "watch" && e.Stage == "ResponseStarted":
 		return "watch"
+	case e.Verb == "list" && e.Stage == "ResponseComplete" && strings.Contains(e.RequestURI, "continue="):
+		return "list-page"
 	case e.Verb == "list" && e.Stage == "ResponseComplete":
 		return "list"
 	}

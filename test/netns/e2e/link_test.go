@@ -117,6 +117,10 @@ type outageWorld struct {
 	ns      string
 	hostIP  netip.Addr
 	started time.Time // the agent's start
+	// The agent, and what restarts it.
+	ag                *agent
+	bin, cfg, logPath string
+	stateDir          string
 }
 
 // The endpoints of the outage tests' Services: keep's stays; change's
@@ -151,7 +155,8 @@ func newOutageWorld(t *testing.T) *outageWorld {
 
 	dir, cfg := apiAgentConfig(t, &apiWorld{c: cl, ctx: ctx, hostIP: hostIP, ns: w.ns}, "")
 	w.started = time.Now()
-	startAgent(t, node, bin, cfg, filepath.Join(dir, "agent.log"))
+	w.bin, w.cfg, w.logPath, w.stateDir = bin, cfg, filepath.Join(dir, "agent.log"), filepath.Join(dir, "state")
+	w.ag = startAgent(t, node, bin, cfg, w.logPath)
 	waitFor(t, 60*time.Second, "the rules before the outage", w.rules([]netip.Addr{outKeep, outChanged, outGone}, nil))
 	// The first read of each is a LIST, which the API server gzips, not
 	// a watch with initial events, which it does not (RATIONALE.md, "Why
@@ -420,7 +425,7 @@ func TestAPIOutageBeyondWatchCache(t *testing.T) {
 }
 
 // listsOnce counts reads' LISTs by what they ask for, without the
-// resourceVersion and limit they ask it at.
+// resourceVersion (and its match) and limit they ask it at.
 func listsOnce(reads map[string]int) map[string]int {
 	out := map[string]int{}
 	for k, n := range reads {
@@ -435,6 +440,7 @@ func listsOnce(reads map[string]int) map[string]int {
 		}
 		q := u.Query()
 		q.Del("resourceVersion")
+		q.Del("resourceVersionMatch")
 		q.Del("limit")
 		u.RawQuery = q.Encode()
 		out[u.String()] += n

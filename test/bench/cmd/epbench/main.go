@@ -59,6 +59,8 @@ func run() error {
 	linkAdded := flag.Int("link-added", 0, "L: services added during the outage (default: 1% of -link-services)")
 	linkProxies := flag.String("link-proxies", "kube-proxy,edgeproxy", "L: proxies to run, in order")
 	linkGone := flag.Bool("link-gone", false, "L: take the outage beyond the API server's watch cache (objects no proxy is sent change until the resourceVersions at the drop are gone, from 80 s in)")
+	linkQuiet := flag.Duration("link-quiet", 0, "L: a window after the cold start with no change, to measure a quiet node's link (0: none)")
+	linkReboot := flag.Bool("link-reboot", false, "L: reboot the proxy during the outage (killed, tables flushed, started again with its state directory)")
 	linkRate := flag.String("link-rate", "", "L: shape the node's link both ways to this tc rate (tbf), e.g. 64kbit")
 	linkTimeout := flag.Duration("link-timeout", 0, "L: cap of a proxy's wait for its endpoints, at the cold start and after the outage (default 15m)")
 	flag.Parse()
@@ -111,7 +113,7 @@ func run() error {
 	if *link || *linkOnly {
 		lp := &bench.LinkPlan{Services: *linkServices, Endpoints: *endpoints, Headless: *linkServices / 10, OtherProxy: *linkServices / 10,
 			Outage: *linkOutage, Added: or(*linkAdded, max(1, *linkServices/100)), Backend: "legacy",
-			Gone: *linkGone, Rate: *linkRate, Timeout: *linkTimeout}
+			Gone: *linkGone, Reboot: *linkReboot, Quiet: *linkQuiet, Rate: *linkRate, Timeout: *linkTimeout}
 		for _, p := range strings.Split(*linkProxies, ",") {
 			lp.Proxies = append(lp.Proxies, bench.ProxyKind(p))
 		}
