@@ -46,9 +46,15 @@ func settings(profile, backend string) proxies.Settings {
 		s.NodePortAddresses = []string{extNet4.String()}
 	case ProfilePrimary:
 		s.NodePortAddresses = []string{"primary"}
+	case ProfileNoIPv6:
+		s.ClusterCIDR, _, _ = strings.Cut(ClusterCIDR, ",")
 	}
 	return s
 }
+
+// healthzPort is where either proxy serves /healthz and /livez, on every
+// IPv4 address of the node.
+const healthzPort = 10256
 
 // metricsAddr is where either proxy serves /metrics in the node namespace.
 const metricsAddr = "127.0.0.1:10249"
@@ -75,7 +81,7 @@ func (w *World) start(kind proxies.Kind, bins Binaries, s proxies.Settings, dir 
 	if err != nil {
 		return nil, err
 	}
-	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: metricsAddr, HealthzAddr: "0.0.0.0:10256"}
+	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: metricsAddr, HealthzAddr: fmt.Sprintf("0.0.0.0:%d", healthzPort)}
 	var args []string
 	switch kind {
 	case proxies.KubeProxy:
@@ -281,6 +287,18 @@ func shape(name string) *Shape {
 // Run runs one proxy on one backend with one profile and probes cells.
 func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profile, backend string, cells []Cell) (map[string]Outcome, error) {
 	dir := filepath.Join(w.Dir, "runs", fmt.Sprintf("%s-%s-%s", kind, backend, profileName(profile)))
+	if profile == ProfileNoIPv6 {
+		// Before the proxy starts: both decide on IPv6 at start.
+		restore, err := w.withoutIPv6()
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := restore(); err != nil {
+				w.t.Errorf("%s on %s (%s): %v", kind, backend, profileName(profile), err)
+			}
+		}()
+	}
 	var p *proc
 	for start := 1; ; start++ {
 		var err error
