@@ -146,7 +146,7 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 		return netip.AddrPortFrom(a, hostDaemonPort), err
 	case FHostPortLo:
 		return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), hostDaemonPort), nil
-	case FHealthz, FLivez:
+	case FHealthz, FLivez, FHealthzDraining, FLivezDraining:
 		return netip.AddrPortFrom(nodeIP4, healthzPort), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("unknown frontend %q", c.Frontend)
@@ -178,8 +178,8 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	if c.Frontend == FHealth {
 		return Outcome{Text: w.health(from, dst)}
 	}
-	if c.Frontend == FHealthz || c.Frontend == FLivez {
-		return Outcome{Text: w.proxyHealth(from, dst, "/"+c.Frontend)}
+	if c.Frontend == FHealthz || c.Frontend == FLivez || draining(c.Frontend) {
+		return Outcome{Text: w.proxyHealth(from, dst, "/"+strings.TrimSuffix(c.Frontend, "-draining"))}
 	}
 	if c.Shape.AffinityTimeout > 0 {
 		return Outcome{Text: w.expiry(ctx, from, dst, c)}

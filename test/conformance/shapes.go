@@ -153,9 +153,10 @@ const changedPort = 81
 // are terminating (and serving). sa and sb are the change shapes' pods
 // (local). nr is not ready; tn is terminating and not serving (local).
 // rc is the client pod on node-b (position rpod), selected by no Service.
+// u1 lives there too but belongs to node-d, a Node without a zone.
 var (
 	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb", "nr", "tn"}
-	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "rc": "node-b", "z1": "node-c"}
+	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "rc": "node-b", "u1": "node-d", "z1": "node-c"}
 	terminal   = map[string]bool{"tl": true, "tr": true, "tn": true}
 	notReady   = map[string]bool{"nr": true, "tn": true}
 )
@@ -240,6 +241,10 @@ var Shapes = []Shape{
 	// PreferSameNode (GA and locked on since 1.35), whose node hints
 	// keep every client of this node on l1, outside ones included.
 	{Name: "cip-prefer-close", Type: cip, Proto: tcp, Families: "dual", Traffic: "PreferClose", Pods: []string{"l1", "z1", "r1"}},
+	// Slices without hints: u1's Node has no zone, so the controller
+	// hints l1 and r1 only, and a proxy must then ignore the hints it
+	// has (all endpoints, as without trafficDistribution).
+	{Name: "cip-zone-unhinted", Type: cip, Proto: tcp, Families: "dual", Traffic: "PreferSameZone", Pods: []string{"l1", "u1", "r1"}},
 	{Name: "np-prefer-same-node", Type: np, Proto: tcp, Families: "dual", Traffic: "PreferSameNode", Pods: []string{"l1", "r1"}},
 	// Names at the API's limit (63 characters; chain names are hashed
 	// from them), and one Service name in two namespaces, each with its
@@ -266,7 +271,7 @@ var (
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 1187, "nft": 1187, "ipvs": 1182}
+var CellCount = map[string]int{"legacy": 1199, "nft": 1199, "ipvs": 1194}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -421,6 +426,8 @@ var Anchors = map[string]string{
 	// clients, and outside ones through its NodePorts, on its endpoint.
 	"cip-prefer-close/clusterip/pod/v4/*":    "l1,z1 from cpod",
 	"cip-prefer-close/clusterip/pod/v6/*":    "l1,z1 from cpod",
+	"cip-zone-unhinted/clusterip/pod/v4/*":   "l1,r1,u1 from cpod",
+	"cip-zone-unhinted/clusterip/pod/v6/*":   "l1,r1,u1 from cpod",
 	"np-prefer-same-node/clusterip/pod/v4/*": "l1 from cpod",
 	"np-prefer-same-node/clusterip/pod/v6/*": "l1 from cpod",
 	"np-prefer-same-node/np/ext/v4/*":        "l1 from node/br",
@@ -438,6 +445,8 @@ var Anchors = map[string]string{
 	"cip-node-noipv6/clusterip/pod/v4/*":     "l1,l2 from cpod",
 	"cip-node-noipv6/clusterip/pod/v6/*":     "l1,l2 from cpod",
 	"proxy-health/healthz/ext/v4/*":          "http 200",
+	"proxy-health/healthz-draining/ext/v4/*": "http 503",
+	"proxy-health/livez-draining/ext/v4/*":   "http 200",
 	"proxy-health/livez/node/v4/*":           "http 200",
 }
 
@@ -477,6 +486,10 @@ const (
 	// The proxy's own health endpoints (healthzPort), HTTP.
 	FHealthz = "healthz"
 	FLivez   = "livez"
+	// The same on a draining node (its Node tainted toBeDeleted, after
+	// the run's other cells: World.Drained).
+	FHealthzDraining = "healthz-draining"
+	FLivezDraining   = "livez-draining"
 )
 
 // Families and backends. Backends are the iptables matrix's (TestMatrix);
@@ -516,7 +529,7 @@ func (c Cell) proto() corev1.Protocol { return c.Shape.ports()[c.Port].Proto }
 // ports (not the health check's or the node daemon's).
 func portFrontend(fe string) bool {
 	switch fe {
-	case FHealth, FHostPortCIP, FHostPortLB, FHostPortLo, FHealthz, FLivez:
+	case FHealth, FHostPortCIP, FHostPortLB, FHostPortLo, FHealthz, FLivez, FHealthzDraining, FLivezDraining:
 		return false
 	}
 	return true
@@ -531,7 +544,7 @@ func (s *Shape) frontends() []string {
 		return []string{FHostPortCIP, FHostPortLB, FHostPortLo}
 	}
 	if s.ProxyHealth {
-		return []string{FHealthz, FLivez}
+		return []string{FHealthz, FLivez, FHealthzDraining, FLivezDraining}
 	}
 	fs := []string{FClusterIP}
 	if s.Type == np || s.Type == lb {
@@ -577,7 +590,7 @@ func applies(s *Shape, frontend, position, family string) bool {
 		return family == "v4" && (position == "node" || position == "ext" && s.Change == "")
 	case FHostPortLo:
 		return family == "v4" && (position == "node" || position == "ext")
-	case FHealthz, FLivez:
+	case FHealthz, FLivez, FHealthzDraining, FLivezDraining:
 		// The proxies bind 0.0.0.0 (IPv4).
 		return family == "v4" && (position == "node" || position == "ext")
 	case FNodePortX:

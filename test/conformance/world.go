@@ -48,6 +48,8 @@ var (
 	remoteNode6   = netip.MustParseAddr("fd00:78::2")
 	nodeC4        = netip.MustParseAddr("192.168.78.3") // node-c's object only
 	nodeC6        = netip.MustParseAddr("fd00:78::3")
+	nodeD4        = netip.MustParseAddr("192.168.78.4") // node-d's object only
+	nodeD6        = netip.MustParseAddr("fd00:78::4")
 	remotePodNet  = netip.MustParsePrefix("10.244.1.0/24")
 	remotePodNet6 = netip.MustParsePrefix("fd00:244:1::/64")
 )
@@ -336,10 +338,19 @@ func (w *World) populate(ctx context.Context) error {
 		{NodeName, []netip.Addr{nodeIP4, nodeIP6}},
 		{"node-b", []netip.Addr{remoteNode4, remoteNode6}},
 		{"node-c", []netip.Addr{nodeC4, nodeC6}},
+		{"node-d", []netip.Addr{nodeD4, nodeD6}},
 	}
 	for _, n := range nodes {
-		if _, err := c.CreateNode(ctx, n.name, nodeZones[n.name], n.ips[0].String(), n.ips[1].String()); err != nil {
+		node, err := c.CreateNode(ctx, n.name, nodeZones[n.name], n.ips[0].String(), n.ips[1].String())
+		if err != nil {
 			return err
+		}
+		if nodeZones[n.name] == "" {
+			// No zone at all, not an empty one.
+			delete(node.Labels, cluster.ZoneLabel)
+			if _, err := w.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("node %s without a zone: %w", n.name, err)
+			}
 		}
 	}
 	for name, ip := range addrs {
@@ -532,7 +543,7 @@ func (w *World) waitSlices(ctx context.Context) error {
 }
 
 // nodeZones are the zones of the world's Nodes (populate).
-var nodeZones = map[string]string{NodeName: "zone-a", "node-b": "zone-b", "node-c": "zone-a"}
+var nodeZones = map[string]string{NodeName: "zone-a", "node-b": "zone-b", "node-c": "zone-a", "node-d": ""}
 
 // waitHints waits (bounded) until every endpoint of the Service of shape
 // name carries the hint the EndpointSlice controller writes for
@@ -556,6 +567,14 @@ func (w *World) waitHints(ctx context.Context, name string, forNodes bool) error
 					node = *e.NodeName
 				}
 				zone := nodeZones[node]
+				if zone == "" {
+					// The controller hints no endpoint whose Node has no zone.
+					if e.Hints != nil {
+						last = fmt.Sprintf("endpoint %v on %q (no zone): hints %+v, want none", e.Addresses, node, e.Hints)
+						return false, nil
+					}
+					continue
+				}
 				if e.Hints == nil || len(e.Hints.ForZones) != 1 || e.Hints.ForZones[0].Name != zone {
 					last = fmt.Sprintf("endpoint %v on %q: hints %+v, want for zone %q", e.Addresses, node, e.Hints, zone)
 					return false, nil
@@ -826,14 +845,22 @@ func (w *World) withoutIPv6() (restore func() error, err error) {
 	if err := errors.Join(errs...); err != nil {
 		return nil, errors.Join(fmt.Errorf("node without IPv6: %w", err), restore())
 	}
-	// The addresses are gone: only link-local ones are left.
-	addrs, err := nl.AddrList(nil, netlink.FAMILY_V6)
-	if err != nil {
-		return nil, errors.Join(err, restore())
-	}
-	for _, a := range addrs {
-		if !a.IP.IsLinkLocalUnicast() && !a.IP.IsLoopback() {
-			return nil, errors.Join(fmt.Errorf("node without IPv6: %s is left", a.IPNet), restore())
+	// The addresses are gone: only link-local ones are left on the
+	// node's links (a dummy link of the IPVS run before, emptied when the
+	// next proxy starts, may still hold Service addresses).
+	for _, a := range nodeIPv6 {
+		l, err := nl.LinkByName(a.link)
+		if err != nil {
+			return nil, errors.Join(err, restore())
+		}
+		addrs, err := nl.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return nil, errors.Join(err, restore())
+		}
+		for _, ad := range addrs {
+			if !ad.IP.IsLinkLocalUnicast() {
+				return nil, errors.Join(fmt.Errorf("node without IPv6: %s is left on %s", ad.IPNet, a.link), restore())
+			}
 		}
 	}
 	return restore, nil
