@@ -410,6 +410,7 @@ var Anchors = map[string]string{
 	"lb-source-ranges-node/lb/ext/v6/*":       "timeout",
 	"lb-source-ranges-node/lb/node/v4/legacy": "l1,r1 from node/br,node/remote-link",
 	"lb-source-ranges-node/lb/node/v6/nft":    "l1,r1 from node/br,node/remote-link",
+	"lb-source-ranges-node/lb/node/v4/ipvs":   "l1,r1 from node/br,node/remote-link",
 	// CVE-2020-8558: the node's loopback services stay closed to its
 	// neighbours (the world checks that the packets arrive).
 	"hostport/hostport-lo/ext/v4/*": "timeout",
