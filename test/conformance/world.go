@@ -789,9 +789,19 @@ var nodeIPv6 = []struct {
 // proxy's. restore puts the addresses back.
 func (w *World) withoutIPv6() (restore func() error, err error) {
 	nl := w.Node.Netlink()
-	routes, err := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
-	if err != nil {
-		return nil, fmt.Errorf("node routes: %w", err)
+	// The routes of the node's own links (not of an IPVS dummy link the
+	// next proxy's reset deletes).
+	var routes []netlink.Route
+	for _, a := range nodeIPv6 {
+		l, err := nl.LinkByName(a.link)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_MAIN, LinkIndex: l.Attrs().Index}, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF)
+		if err != nil {
+			return nil, fmt.Errorf("node routes on %s: %w", a.link, err)
+		}
+		routes = append(routes, rs...)
 	}
 	keep := func() error {
 		var errs []error
