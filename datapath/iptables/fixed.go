@@ -87,14 +87,24 @@ func staticRules(cfg *Config) (head, tail []topRule) {
 	return head, tail
 }
 
-// jumps is the static skeleton: where packets enter our chains. IPv6 has
-// no localnet martians to drop (no route_localnet).
+// jumps is the static skeleton: where packets enter our chains, in the
+// order they stand at the top of each built-in chain. IPv6 has no
+// localnet martians to drop (no route_localnet); in IPv4 they are dropped
+// first, as kube-proxy's KUBE-FIREWALL is: a neighbour's packet to
+// 127.0.0.1 must meet no other rule (a no-endpoints NodePort's reject
+// would answer it).
 func jumps(fam datapath.Family) []xtables.Jump {
 	newOnly := []xtables.Match{xtables.CtState("NEW")}
 	j := func(table, from string, cond []xtables.Match, to, why string) xtables.Jump {
 		return xtables.Jump{Table: table, Chain: from, Rule: xtables.Rule{Matches: cond, Comment: "edgeproxy " + why, Target: xtables.JumpTo(to)}}
 	}
-	out := []xtables.Jump{
+	var out []xtables.Jump
+	if fam == datapath.IPv4 {
+		out = append(out,
+			j(xtables.Filter, "INPUT", nil, chainLocalnet, "localnet martians"),
+			j(xtables.Filter, "OUTPUT", nil, chainLocalnet, "localnet martians"))
+	}
+	out = append(out, []xtables.Jump{
 		j(xtables.NAT, "PREROUTING", nil, chainServices, "service portals"),
 		j(xtables.NAT, "OUTPUT", nil, chainServices, "service portals"),
 		j(xtables.NAT, "POSTROUTING", nil, chainPostrouting, "postrouting rules"),
@@ -108,12 +118,7 @@ func jumps(fam datapath.Family) []xtables.Jump {
 		j(xtables.Filter, "OUTPUT", newOnly, chainServices, "service portals"),
 		j(xtables.Filter, "OUTPUT", newOnly, chainFirewall, "load balancer firewall"),
 		j(xtables.Filter, "INPUT", nil, chainNodePorts, "health check node ports"),
-	}
-	if fam == datapath.IPv4 {
-		out = append(out,
-			j(xtables.Filter, "INPUT", nil, chainLocalnet, "localnet martians"),
-			j(xtables.Filter, "OUTPUT", nil, chainLocalnet, "localnet martians"))
-	}
+	}...)
 	return out
 }
 

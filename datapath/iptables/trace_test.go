@@ -338,6 +338,11 @@ func TestPacketFlowsLocalhost(t *testing.T) {
 	runFlows(t, k, []netip.Addr{nodeIP4}, []flow{
 		{name: "node port on localhost", src: "127.0.0.1", dst: "127.0.0.1", port: 30080, want: "10.244.0.2:8080 masq, 10.244.0.3:8080 masq"},
 		{name: "localnet martian from the network is dropped", src: outside4, dst: "127.0.0.1", port: 22, want: "DROP"},
+		// Dropped before the no-endpoints reject: a neighbour learns
+		// nothing of the node's loopback (kube-proxy's KUBE-FIREWALL
+		// comes first in INPUT; the conformance matrix's
+		// np-no-endpoints/np-lo/ext cells showed the refusal).
+		{name: "no-endpoints node port on 127.0.0.1 from the network is dropped, not refused", src: outside4, dst: "127.0.0.1", port: 30030, want: "DROP"},
 		{name: "the node's own loopback traffic passes", src: "127.0.0.1", dst: "127.0.0.1", port: 22, want: "ACCEPT local"},
 	})
 }

@@ -205,7 +205,7 @@ func TestMatrixIPVSGuest(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, s := range Shapes {
-		svc, err := w.Client.CoreV1().Services(namespace).Get(ctx, s.Name, metav1.GetOptions{})
+		svc, err := w.Client.CoreV1().Services(s.ns()).Get(ctx, s.svcName(), metav1.GetOptions{})
 		if err != nil {
 			t.Fatalf("service %s: %v", s.Name, err)
 		}

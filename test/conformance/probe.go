@@ -94,6 +94,8 @@ func (w *World) client(position string) *netns.NS {
 		return w.Node.NS
 	case "ext":
 		return w.Ext
+	case "rpod":
+		return w.Pods["rc"].NS
 	}
 	panic("conformance: unknown position " + position)
 }
@@ -142,6 +144,10 @@ func (w *World) target(c Cell) (netip.AddrPort, error) {
 	case FHostPortLB:
 		a, err := pick(ingressIPs(svc))
 		return netip.AddrPortFrom(a, hostDaemonPort), err
+	case FHostPortLo:
+		return netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), hostDaemonPort), nil
+	case FHealthz, FLivez, FHealthzDraining, FLivezDraining:
+		return netip.AddrPortFrom(nodeIP4, healthzPort), nil
 	}
 	return netip.AddrPort{}, fmt.Errorf("unknown frontend %q", c.Frontend)
 }
@@ -171,6 +177,9 @@ func (w *World) Probe(ctx context.Context, c Cell) Outcome {
 	from := w.client(c.Position)
 	if c.Frontend == FHealth {
 		return Outcome{Text: w.health(from, dst)}
+	}
+	if c.Frontend == FHealthz || c.Frontend == FLivez || draining(c.Frontend) {
+		return Outcome{Text: w.proxyHealth(from, dst, "/"+strings.TrimSuffix(c.Frontend, "-draining"))}
 	}
 	if c.Shape.AffinityTimeout > 0 {
 		return Outcome{Text: w.expiry(ctx, from, dst, c)}
@@ -317,7 +326,7 @@ func linkTo(pod string) string {
 
 // candidates is how many different endpoints can answer a cell.
 func candidates(c Cell) int {
-	if c.Frontend == FHostPortCIP || c.Frontend == FHostPortLB {
+	if c.Frontend == FHostPortCIP || c.Frontend == FHostPortLB || c.Frontend == FHostPortLo {
 		return 1 // the host daemon
 	}
 	return len(c.Shape.Pods)
@@ -347,6 +356,31 @@ func (w *World) health(from *netns.NS, dst netip.AddrPort) string {
 	}
 	_ = json.Unmarshal(body, &v)
 	out := "http " + strconv.Itoa(resp.StatusCode) + " local=" + strconv.Itoa(v.LocalEndpoints)
+	if resent {
+		out += " + " + synResent
+	}
+	return out
+}
+
+// proxyHealth asks the proxy's own health server for path and returns
+// "http <code>" (the bodies hold timestamps, and each proxy its own
+// fields: the status is what load balancers and kubelets act on).
+func (w *World) proxyHealth(from *netns.NS, dst netip.AddrPort, path string) string {
+	conn, resent, err := dialTCP(from, dst, 0, w.timeout)
+	if err != nil {
+		return classify(err)
+	}
+	defer conn.Close()
+	_ = conn.SetDeadline(time.Now().Add(w.timeout))
+	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, dst); err != nil {
+		return classify(err)
+	}
+	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
+	if err != nil {
+		return classify(err)
+	}
+	resp.Body.Close()
+	out := "http " + strconv.Itoa(resp.StatusCode)
 	if resent {
 		out += " + " + synResent
 	}

@@ -17,6 +17,10 @@ import (
 	"syscall"
 	"time"
 
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/edgeproxy/edgeproxy/test/cluster"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
@@ -50,9 +54,15 @@ func settings(profile, backend string) proxies.Settings {
 		s.NodePortAddresses = []string{extNet4.String()}
 	case ProfilePrimary:
 		s.NodePortAddresses = []string{"primary"}
+	case ProfileNoIPv6:
+		s.ClusterCIDR, _, _ = strings.Cut(ClusterCIDR, ",")
 	}
 	return s
 }
+
+// healthzPort is where either proxy serves /healthz and /livez, on every
+// IPv4 address of the node.
+const healthzPort = 10256
 
 // metricsAddr is where either proxy serves /metrics in the node namespace.
 const metricsAddr = "127.0.0.1:10249"
@@ -79,7 +89,7 @@ func (w *World) start(kind proxies.Kind, bins Binaries, s proxies.Settings, dir 
 	if err != nil {
 		return nil, err
 	}
-	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: metricsAddr, HealthzAddr: "0.0.0.0:10256"}
+	node := proxies.Node{Name: NodeName, Kubeconfig: w.Kubeconfig, MetricsAddr: metricsAddr, HealthzAddr: fmt.Sprintf("0.0.0.0:%d", healthzPort)}
 	var args []string
 	switch kind {
 	case proxies.KubeProxy:
@@ -285,6 +295,18 @@ func shape(name string) *Shape {
 // Run runs one proxy on one backend with one profile and probes cells.
 func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profile, backend string, cells []Cell) (map[string]Outcome, error) {
 	dir := filepath.Join(w.Dir, "runs", fmt.Sprintf("%s-%s-%s", kind, backend, profileName(profile)))
+	if profile == ProfileNoIPv6 {
+		// Before the proxy starts: both decide on IPv6 at start.
+		restore, err := w.withoutIPv6()
+		if err != nil {
+			return nil, err
+		}
+		defer func() {
+			if err := restore(); err != nil {
+				w.t.Errorf("%s on %s (%s): %v", kind, backend, profileName(profile), err)
+			}
+		}()
+	}
 	var p *proc
 	for start := 1; ; start++ {
 		var err error
@@ -311,7 +333,7 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	defer p.Stop()
 	out := map[string]Outcome{}
 	var mu sync.Mutex
-	var changes []Cell
+	var changes, drains []Cell
 	work := make(chan []Cell)
 	var wg sync.WaitGroup
 	for range parallel {
@@ -335,6 +357,10 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 			changes = append(changes, c)
 			continue
 		}
+		if draining(c.Frontend) {
+			drains = append(drains, c)
+			continue
+		}
 		dst, _ := w.target(c) // an error is the cell's outcome
 		k := dst.String() + "/" + string(c.proto())
 		if _, ok := groups[k]; !ok {
@@ -349,6 +375,11 @@ func (w *World) Run(ctx context.Context, kind proxies.Kind, bins Binaries, profi
 	wg.Wait()
 	if len(changes) > 0 {
 		for k, o := range w.Changes(ctx, changes) {
+			out[k] = o
+		}
+	}
+	if len(drains) > 0 {
+		for k, o := range w.Drained(ctx, drains) {
 			out[k] = o
 		}
 	}
@@ -409,4 +440,73 @@ func profileName(p string) string {
 		return "default"
 	}
 	return p
+}
+
+// toBeDeleted is the taint the cluster autoscaler puts on a Node it is
+// about to remove: both proxies' /healthz then fail (kube-proxy's
+// nodeEligible, KEP-3836) so that load balancers drain the node, while
+// /livez stays up.
+const toBeDeleted = "ToBeDeletedByClusterAutoscaler"
+
+// draining reports whether a frontend is probed on a draining node.
+func draining(fe string) bool { return fe == FHealthzDraining || fe == FLivezDraining }
+
+// Drained probes cells with this node tainted toBeDeleted, after the
+// proxy's other cells: it taints the Node, waits (bounded) until the
+// proxy's /healthz answers 503, probes, and takes the taint off again
+// (and waits for 200) before it returns. A proxy that never notices shows
+// it in its cells: the wait ends, the cells are probed all the same.
+func (w *World) Drained(ctx context.Context, cells []Cell) map[string]Outcome {
+	out := map[string]Outcome{}
+	healthz := Cell{Shape: cells[0].Shape, Frontend: FHealthz, Position: "node", Family: "v4"}
+	wait := func(want string) {
+		deadline := time.Now().Add(30 * time.Second)
+		for time.Now().Before(deadline) && ctx.Err() == nil && w.Probe(ctx, healthz).String() != want {
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	if err := w.taint(ctx, true); err != nil {
+		for _, c := range cells {
+			out[c.Key()] = Outcome{Failures: []string{"harness: " + err.Error()}}
+		}
+		return out
+	}
+	wait("http 503")
+	for _, c := range cells {
+		out[c.Key()] = w.Probe(ctx, c)
+	}
+	if err := w.taint(ctx, false); err != nil {
+		for _, c := range cells {
+			out[c.Key()] = Outcome{Failures: []string{"harness: " + err.Error()}}
+		}
+		return out
+	}
+	wait("http 200")
+	return out
+}
+
+// taint puts the toBeDeleted taint on this node's Node object (on) or
+// takes it off, retrying on a conflict (bounded).
+func (w *World) taint(ctx context.Context, on bool) error {
+	var last error
+	err := cluster.WaitFor(ctx, 30*time.Second, func(ctx context.Context) (bool, error) {
+		n, err := w.Client.CoreV1().Nodes().Get(ctx, NodeName, metav1.GetOptions{})
+		if err != nil {
+			last = err
+			return false, nil
+		}
+		n.Spec.Taints = slices.DeleteFunc(n.Spec.Taints, func(t corev1.Taint) bool { return t.Key == toBeDeleted })
+		if on {
+			n.Spec.Taints = append(n.Spec.Taints, corev1.Taint{Key: toBeDeleted, Value: "1", Effect: corev1.TaintEffectNoSchedule})
+		}
+		if _, err := w.Client.CoreV1().Nodes().Update(ctx, n, metav1.UpdateOptions{}); err != nil {
+			last = err
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("taint node %s %s (on: %t): %v: %w", NodeName, toBeDeleted, on, last, err)
+	}
+	return nil
 }

@@ -25,6 +25,9 @@ const (
 	ProfileDefault = ""        // NodePorts on every node address
 	ProfileNPA     = "npa"     // nodePortAddresses: the node's client link (IPv4 only)
 	ProfilePrimary = "primary" // nodePortAddresses: [primary], the node's InternalIPs
+	// The node without global IPv6 addresses (World.withoutIPv6) and
+	// clusterCIDR IPv4 only: nothing tells of IPv6 but the kernel.
+	ProfileNoIPv6 = "noipv6"
 )
 
 // Profiles lists the profiles the shapes name, the default first.
@@ -52,11 +55,13 @@ type Shape struct {
 	// AffinityTimeout (seconds, with Affinity): the expiry check instead
 	// of plain probes (World.expiry), from the pod to the ClusterIP.
 	AffinityTimeout int32
-	ExternalIPs     bool   // spec.externalIPs
-	IPModeProxy     bool   // LoadBalancer ingress ipMode Proxy (must not be programmed)
-	SourceRange     bool   // loadBalancerSourceRanges: only the external client
-	Traffic         string // spec.trafficDistribution
-	Profile         string
+	ExternalIPs     bool // spec.externalIPs
+	IPModeProxy     bool // LoadBalancer ingress ipMode Proxy (must not be programmed)
+	// SourceRange is loadBalancerSourceRanges: SourceClient (only the
+	// external client) or SourceNode (only the node's InternalIPs).
+	SourceRange string
+	Traffic     string // spec.trafficDistribution
+	Profile     string
 	// Change makes the shape a UDP conntrack check instead of plain
 	// probes: established flows, the Service changed (Change*), the same
 	// flows again (World.change).
@@ -69,6 +74,37 @@ type Shape struct {
 	// the port ("clusterip:dns-tcp"). Unset: one port, servicePort to
 	// targetPort, protocol Proto, and frontends without a port name.
 	Ports []Port
+	// Namespace and Service are the Service's namespace and name when
+	// they are not namespace and Name (Name stays the cell's key): very
+	// long names, the same name in two namespaces.
+	Namespace, Service string
+	// ProxyHealth: instead of the Service, the proxy's own /healthz and
+	// /livez (healthzPort on the node's InternalIP), in the state the
+	// world is in while cells are probed (synced).
+	ProxyHealth bool
+}
+
+// Source ranges of a shape (Shape.SourceRange).
+const (
+	SourceClient = "client" // the external client's addresses
+	SourceNode   = "node"   // the node's InternalIPs
+)
+
+// ns is the namespace of the shape's Service (and of the Pod objects it
+// selects).
+func (s *Shape) ns() string {
+	if s.Namespace != "" {
+		return s.Namespace
+	}
+	return namespace
+}
+
+// svcName is the name of the shape's Service.
+func (s *Shape) svcName() string {
+	if s.Service != "" {
+		return s.Service
+	}
+	return s.Name
 }
 
 // Port is one port of a Service with several.
@@ -116,9 +152,11 @@ const changedPort = 81
 // z1. node-b and node-c pods live in one namespace behind a route. tl and tr
 // are terminating (and serving). sa and sb are the change shapes' pods
 // (local). nr is not ready; tn is terminating and not serving (local).
+// rc is the client pod on node-b (position rpod), selected by no Service.
+// u1 lives there too but belongs to node-d, a Node without a zone.
 var (
 	localPods  = []string{"l1", "l2", "tl", "cpod", "sa", "sb", "nr", "tn"}
-	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "z1": "node-c"}
+	remotePods = map[string]string{"r1": "node-b", "r2": "node-b", "tr": "node-b", "rc": "node-b", "u1": "node-d", "z1": "node-c"}
 	terminal   = map[string]bool{"tl": true, "tr": true, "tn": true}
 	notReady   = map[string]bool{"nr": true, "tn": true}
 )
@@ -164,7 +202,7 @@ var Shapes = []Shape{
 	{Name: "lb-etp-local", Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"l1", "r1"}},
 	{Name: "lb-etp-local-remote-only", Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"r1"}},
 	{Name: "lb-ipmode-proxy", Type: lb, Proto: tcp, Families: "dual", IPModeProxy: true, Pods: []string{"l1", "r1"}},
-	{Name: "lb-source-ranges", Type: lb, Proto: tcp, Families: "dual", SourceRange: true, Pods: []string{"l1", "r1"}},
+	{Name: "lb-source-ranges", Type: lb, Proto: tcp, Families: "dual", SourceRange: SourceClient, Pods: []string{"l1", "r1"}},
 	{Name: "extip", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, Pods: []string{"l1", "r1"}},
 	{Name: "extip-etp-local", Type: cip, Proto: tcp, Families: "dual", ExternalIPs: true, ETP: "Local", Pods: []string{"l1", "r1"}},
 	{Name: "udp-stale", Type: lb, Proto: udp, Families: "dual", ExternalIPs: true, Change: ChangeReplace, Pods: []string{"sa"}},
@@ -195,12 +233,45 @@ var Shapes = []Shape{
 	// ClientIP affinity through NodePorts and LB IPs, and its timeout.
 	{Name: "lb-affinity", Type: lb, Proto: tcp, Families: "dual", Affinity: true, Pods: []string{"l1", "l2", "r1"}},
 	{Name: "cip-affinity-timeout", Type: cip, Proto: tcp, Families: "dual", Affinity: true, AffinityTimeout: affinityTimeout, Pods: []string{"l1", "l2", "r1"}},
+	// Source ranges that hold the node's own addresses: the node's own
+	// requests to the LB IP pass (kube-proxy's allowFromNode), an outside
+	// client's do not.
+	{Name: "lb-source-ranges-node", Type: lb, Proto: tcp, Families: "dual", SourceRange: SourceNode, Pods: []string{"l1", "r1"}},
+	// trafficDistribution: PreferClose (PreferSameZone's older name) and
+	// PreferSameNode (GA and locked on since 1.35), whose node hints
+	// keep every client of this node on l1, outside ones included.
+	{Name: "cip-prefer-close", Type: cip, Proto: tcp, Families: "dual", Traffic: "PreferClose", Pods: []string{"l1", "z1", "r1"}},
+	// Slices without hints: u1's Node has no zone, so the controller
+	// hints l1 and r1 only, and a proxy must then ignore the hints it
+	// has (all endpoints, as without trafficDistribution).
+	{Name: "cip-zone-unhinted", Type: cip, Proto: tcp, Families: "dual", Traffic: "PreferSameZone", Pods: []string{"l1", "u1", "r1"}},
+	{Name: "np-prefer-same-node", Type: np, Proto: tcp, Families: "dual", Traffic: "PreferSameNode", Pods: []string{"l1", "r1"}},
+	// Names at the API's limit (63 characters; chain names are hashed
+	// from them), and one Service name in two namespaces, each with its
+	// own endpoint: a proxy that keys by name alone mixes them up.
+	{Name: "long-names", Namespace: longNamespace, Service: longService, Type: lb, Proto: tcp, Families: "dual", ETP: "Local", Pods: []string{"l1", "r1"}},
+	{Name: "twin-a", Service: "twin", Type: np, Proto: tcp, Families: "dual", Pods: []string{"l1"}},
+	{Name: "twin-b", Namespace: namespace + "-b", Service: "twin", Type: np, Proto: tcp, Families: "dual", Pods: []string{"r1"}},
+	// A node with link-local IPv6 addresses only: kube-proxy proxies IPv6
+	// whenever the kernel and ip6tables can (platformCheckSupported), so
+	// its IPv6 ClusterIP answers all the same. From the pod only: the
+	// node has no IPv6 source address of its own to send from.
+	{Name: "cip-node-noipv6", Type: cip, Proto: tcp, Families: "dual", Profile: ProfileNoIPv6, Pods: []string{"l1", "l2"}},
+	// The proxies' own /healthz and /livez.
+	{Name: "proxy-health", Type: cip, Proto: tcp, Families: "dual", ProxyHealth: true, Pods: []string{"l1"}},
 }
+
+// The long names' namespace and Service name: 63 characters each, the
+// most a DNS label (RFC 1123, RFC 1035) may have.
+var (
+	longNamespace = "conformance-" + strings.Repeat("n", 63-len("conformance-"))
+	longService   = "long-" + strings.Repeat("s", 63-len("long-"))
+)
 
 // CellCount pins the number of cells per backend (all profiles): a shape
 // or profile that stops producing cells, or a run that judges fewer,
 // fails instead of shrinking the matrix.
-var CellCount = map[string]int{"legacy": 944, "nft": 944, "nftables": 939, "ipvs": 939}
+var CellCount = map[string]int{"legacy": 1199, "nft": 1199, "nftables": 1194, "ipvs": 1194}
 
 // Anchors are outcomes kube-proxy's column must show in this world, at
 // least one for every shape on every backend (keys are cell patterns, as
@@ -345,6 +416,51 @@ var Anchors = map[string]string{
 	"udp-delete/clusterip/pod/v4/nftables":                "before sa, old flow after delete: sa",
 	"udp-port/clusterip/pod/v6/nftables":                  "before sa, old flow after port: sa",
 	"cip-affinity-timeout/clusterip/pod/v4/nftables":      expiryMoves,
+	// Source ranges holding the node: the outside client is dropped, the
+	// node's own requests pass.
+	"lb-source-ranges-node/lb/ext/v4/*":       "timeout",
+	"lb-source-ranges-node/lb/ext/v6/*":       "timeout",
+	"lb-source-ranges-node/lb/node/v4/legacy": "l1,r1 from node/br,node/remote-link",
+	"lb-source-ranges-node/lb/node/v6/nft":    "l1,r1 from node/br,node/remote-link",
+	"lb-source-ranges-node/lb/node/v4/ipvs":   "l1,r1 from node/br,node/remote-link",
+	// CVE-2020-8558: the node's loopback services stay closed to its
+	// neighbours (the world checks that the packets arrive).
+	"hostport/hostport-lo/ext/v4/*": "timeout",
+	// A neighbour's packet to 127.0.0.1:<NodePort> is DNATed before the
+	// localnet drop sees it, which lets DNATed packets pass: kube-proxy
+	// iptables serves it (IPVS mode: route_localnet stays off, dropped);
+	// without endpoints there is nothing to DNAT to and it is dropped.
+	"np/np-lo/ext/v4/legacy":         "l1,r1 from node/br,node/remote-link",
+	"np/np-lo/ext/v4/nft":            "l1,r1 from node/br,node/remote-link",
+	"np/np-lo/ext/v4/ipvs":           "timeout",
+	"np-no-endpoints/np-lo/ext/v4/*": "timeout",
+	"hostport/hostport-lo/node/v4/*": hostDaemon + " from node/lo",
+	// PreferClose is PreferSameZone; PreferSameNode keeps this node's
+	// clients, and outside ones through its NodePorts, on its endpoint.
+	"cip-prefer-close/clusterip/pod/v4/*":    "l1,z1 from cpod",
+	"cip-prefer-close/clusterip/pod/v6/*":    "l1,z1 from cpod",
+	"cip-zone-unhinted/clusterip/pod/v4/*":   "l1,r1,u1 from cpod",
+	"cip-zone-unhinted/clusterip/pod/v6/*":   "l1,r1,u1 from cpod",
+	"np-prefer-same-node/clusterip/pod/v4/*": "l1 from cpod",
+	"np-prefer-same-node/clusterip/pod/v6/*": "l1 from cpod",
+	"np-prefer-same-node/np/ext/v4/*":        "l1 from node/br",
+	"np-prefer-same-node/np/rpod/v6/*":       "l1 from node/br",
+	"np/np/rpod/v4/*":                        "l1,r1 from node/br,node/remote-link",
+	"lb/lb/rpod/v6/*":                        "l1,r1 from node/br,node/remote-link",
+	"long-names/clusterip/pod/v4/*":          "l1,r1 from cpod",
+	"long-names/clusterip/pod/v6/*":          "l1,r1 from cpod",
+	"long-names/lb/ext/v4/*":                 "l1 from ext",
+	"long-names/hc/ext/v4/*":                 "http 200 local=1",
+	"twin-a/clusterip/pod/v4/*":              "l1 from cpod",
+	"twin-b/clusterip/pod/v4/*":              "r1 from cpod",
+	"twin-a/np/ext/v6/*":                     "l1 from node/br",
+	"twin-b/np/ext/v6/*":                     "r1 from node/remote-link",
+	"cip-node-noipv6/clusterip/pod/v4/*":     "l1,l2 from cpod",
+	"cip-node-noipv6/clusterip/pod/v6/*":     "l1,l2 from cpod",
+	"proxy-health/healthz/ext/v4/*":          "http 200",
+	"proxy-health/healthz-draining/ext/v4/*": "http 503",
+	"proxy-health/livez-draining/ext/v4/*":   "http 200",
+	"proxy-health/livez/node/v4/*":           "http 200",
 }
 
 // Position is where a client stands.
@@ -359,6 +475,7 @@ var Positions = []Position{
 	{"node", "the node itself (host network)"},
 	{"ext", "an external client routed to the node's address"},
 	{"outpod", "a pod on this node whose source is outside clusterCIDR"},
+	{"rpod", "a pod on node-b, routed through this node to its NodePorts, LB IPs and externalIPs"},
 }
 
 // Frontends: how a cell reaches the Service.
@@ -374,6 +491,18 @@ const (
 	// The host daemon's port (not the Service's) on a Service address.
 	FHostPortCIP = "hostport-clusterip"
 	FHostPortLB  = "hostport-lb"
+	// The host daemon's port on 127.0.0.1: from the node, and from the
+	// outside client, whose 127.0.0.1 is routed to the node's link
+	// address (CVE-2020-8558: route_localnet must not open the node's
+	// loopback services to its neighbours).
+	FHostPortLo = "hostport-lo"
+	// The proxy's own health endpoints (healthzPort), HTTP.
+	FHealthz = "healthz"
+	FLivez   = "livez"
+	// The same on a draining node (its Node tainted toBeDeleted, after
+	// the run's other cells: World.Drained).
+	FHealthzDraining = "healthz-draining"
+	FLivezDraining   = "livez-draining"
 )
 
 // Families and backends. Backends are the host matrix's (TestMatrix):
@@ -422,7 +551,11 @@ func (c Cell) proto() corev1.Protocol { return c.Shape.ports()[c.Port].Proto }
 // portFrontend reports whether a frontend reaches one of the Service's
 // ports (not the health check's or the node daemon's).
 func portFrontend(fe string) bool {
-	return fe != FHealth && fe != FHostPortCIP && fe != FHostPortLB
+	switch fe {
+	case FHealth, FHostPortCIP, FHostPortLB, FHostPortLo, FHealthz, FLivez, FHealthzDraining, FLivezDraining:
+		return false
+	}
+	return true
 }
 
 // hasFamily reports whether the shape's Service has addresses of family.
@@ -431,7 +564,10 @@ func (s *Shape) hasFamily(f string) bool { return s.Families == "dual" || s.Fami
 // frontends lists the shape's frontends, by rule from its spec.
 func (s *Shape) frontends() []string {
 	if s.HostPort {
-		return []string{FHostPortCIP, FHostPortLB}
+		return []string{FHostPortCIP, FHostPortLB, FHostPortLo}
+	}
+	if s.ProxyHealth {
+		return []string{FHealthz, FLivez, FHealthzDraining, FLivezDraining}
 	}
 	fs := []string{FClusterIP}
 	if s.Type == np || s.Type == lb {
@@ -454,6 +590,16 @@ func (s *Shape) frontends() []string {
 
 // applies is the rule that leaves out cells that make no sense.
 func applies(s *Shape, frontend, position, family string) bool {
+	// A pod on node-b reaches this node's proxy only through addresses
+	// routed to it: its ClusterIPs are node-b's proxy's (none runs there).
+	// Not with eTP Local: both proxies send a pod's traffic to every
+	// endpoint unmasqueraded (kube-proxy's short-circuit), and node-b's
+	// endpoints answer rc straight, which drops the answer; whether a
+	// cell then shows "l1 from rc + timeout" or "timeout" is which
+	// endpoint its first two probes drew (noAnswerLimit), not a proxy's.
+	if position == "rpod" && (frontend != FNodePort && frontend != FLB && frontend != FExtIP || s.ETP == "Local") {
+		return false
+	}
 	switch frontend {
 	case FClusterIP, FLB, FExtIP, FHostPortCIP, FHostPortLB:
 		// The address exists only in the Service's families.
@@ -461,15 +607,22 @@ func applies(s *Shape, frontend, position, family string) bool {
 			return false
 		}
 	case FNodePortLo:
-		// Localhost NodePorts are IPv4 only and reachable from the node only.
-		return position == "node" && family == "v4"
+		// Localhost NodePorts are IPv4 only and meant for the node only;
+		// the outside client's 127.0.0.1 is routed to the node (not for
+		// the change cells: one flow each, from the node).
+		return family == "v4" && (position == "node" || position == "ext" && s.Change == "")
+	case FHostPortLo:
+		return family == "v4" && (position == "node" || position == "ext")
+	case FHealthz, FLivez, FHealthzDraining, FLivezDraining:
+		// The proxies bind 0.0.0.0 (IPv4).
+		return family == "v4" && (position == "node" || position == "ext")
 	case FNodePortX:
 		// The other address is the external client's: probe it from inside.
 		return position == "pod" || position == "node"
 	case FHealth:
 		return s.hasFamily(family) && (position == "ext" || position == "node")
 	}
-	if s.AffinityTimeout > 0 {
+	if s.AffinityTimeout > 0 || s.Profile == ProfileNoIPv6 {
 		return frontend == FClusterIP && position == "pod"
 	}
 	if s.Change != "" {

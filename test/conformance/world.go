@@ -2,6 +2,7 @@ package conformance
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"maps"
 	"net"
@@ -47,6 +48,8 @@ var (
 	remoteNode6   = netip.MustParseAddr("fd00:78::2")
 	nodeC4        = netip.MustParseAddr("192.168.78.3") // node-c's object only
 	nodeC6        = netip.MustParseAddr("fd00:78::3")
+	nodeD4        = netip.MustParseAddr("192.168.78.4") // node-d's object only
+	nodeD6        = netip.MustParseAddr("fd00:78::4")
 	remotePodNet  = netip.MustParsePrefix("10.244.1.0/24")
 	remotePodNet6 = netip.MustParsePrefix("fd00:244:1::/64")
 )
@@ -212,6 +215,7 @@ func newNet(t testing.TB) *World {
 			t.Fatalf("node daemon on %s: %+v, %v", a, r, err)
 		}
 	}
+	w.loopbackToNode()
 	for a, n := range map[netip.Addr]string{
 		w.Node.Gateway: "node/br", w.Node.Gateway6: "node/br",
 		w.Node.LinkIP: "node/ext-link", w.Node.LinkIP6: "node/ext-link",
@@ -224,6 +228,43 @@ func newNet(t testing.TB) *World {
 		w.names[a] = n
 	}
 	return w
+}
+
+// loopbackToNode routes the outside client's 127.0.0.1 to the node's
+// address on their link, for the CVE-2020-8558 cells (a neighbour sending
+// to 127.0.0.1:<port> of a node whose route_localnet is on): its own
+// loopback routes go, and its link takes replies from 127.0.0.1
+// (route_localnet, accept_local: the address is still on its lo). It then
+// checks the path: with the node's route_localnet on and no proxy, the
+// node's daemon answers there; the cells' timeouts are the proxies' drops,
+// not a world that never delivers.
+func (w *World) loopbackToNode() {
+	t := w.t
+	for _, args := range [][]string{
+		{"route", "del", "local", "127.0.0.0/8", "dev", "lo", "table", "local"},
+		{"route", "del", "local", "127.0.0.1", "dev", "lo", "table", "local"},
+		{"route", "add", "127.0.0.1/32", "via", nodeIP4.String(), "dev", "eth0"},
+	} {
+		if out, err := w.Ext.Run("ip", args...); err != nil {
+			t.Fatalf("ext: ip %v: %v: %s", args, err, out)
+		}
+	}
+	for _, k := range []string{"net/ipv4/conf/eth0/route_localnet", "net/ipv4/conf/eth0/accept_local"} {
+		if err := w.Ext.Sysctl(k, "1"); err != nil {
+			t.Fatalf("ext: %s: %v", k, err)
+		}
+	}
+	const localnet = "net/ipv4/conf/all/route_localnet"
+	if err := w.Node.Sysctl(localnet, "1"); err != nil {
+		t.Fatal(err)
+	}
+	r, err := w.Ext.TCP(netip.AddrPortFrom(netip.MustParseAddr("127.0.0.1"), hostDaemonPort), 10*time.Second)
+	if err := w.Node.Sysctl(localnet, "0"); err != nil {
+		t.Fatal(err)
+	}
+	if err != nil || r.Name != hostDaemon || r.Client.Addr() != client4 {
+		t.Fatalf("node daemon on 127.0.0.1 from the outside client, route_localnet on: %+v, %v", r, err)
+	}
 }
 
 func podNS(pods map[string]*netns.Pod) []*netns.NS {
@@ -297,10 +338,19 @@ func (w *World) populate(ctx context.Context) error {
 		{NodeName, []netip.Addr{nodeIP4, nodeIP6}},
 		{"node-b", []netip.Addr{remoteNode4, remoteNode6}},
 		{"node-c", []netip.Addr{nodeC4, nodeC6}},
+		{"node-d", []netip.Addr{nodeD4, nodeD6}},
 	}
 	for _, n := range nodes {
-		if _, err := c.CreateNode(ctx, n.name, nodeZones[n.name], n.ips[0].String(), n.ips[1].String()); err != nil {
+		node, err := c.CreateNode(ctx, n.name, nodeZones[n.name], n.ips[0].String(), n.ips[1].String())
+		if err != nil {
 			return err
+		}
+		if nodeZones[n.name] == "" {
+			// No zone at all, not an empty one.
+			delete(node.Labels, cluster.ZoneLabel)
+			if _, err := w.Client.CoreV1().Nodes().Update(ctx, node, metav1.UpdateOptions{}); err != nil {
+				return fmt.Errorf("node %s without a zone: %w", n.name, err)
+			}
 		}
 	}
 	for name, ip := range addrs {
@@ -334,6 +384,9 @@ func (w *World) populate(ctx context.Context) error {
 			}
 		}
 	}
+	if err := w.otherNamespaces(ctx); err != nil {
+		return err
+	}
 	for i := range Shapes {
 		s := &Shapes[i]
 		svc, err := w.createService(ctx, s, nil)
@@ -346,13 +399,55 @@ func (w *World) populate(ctx context.Context) error {
 	return w.waitSlices(ctx)
 }
 
+// otherNamespaces creates the namespaces of shapes that name one, each
+// with Pod objects for the pods its shapes select: the same pods (name,
+// node, addresses) as in namespace, since a Service selects Pods of its
+// own namespace only.
+func (w *World) otherNamespaces(ctx context.Context) error {
+	addrs := podAddrs()
+	pods := map[string]map[string]map[string]string{} // namespace → pod → labels
+	for _, s := range Shapes {
+		if s.ns() == namespace {
+			continue
+		}
+		if pods[s.ns()] == nil {
+			pods[s.ns()] = map[string]map[string]string{}
+		}
+		for _, p := range s.Pods {
+			if terminal[p] || notReady[p] {
+				return fmt.Errorf("shape %s: pod %s: only ready pods are made in another namespace", s.Name, p)
+			}
+			if pods[s.ns()][p] == nil {
+				pods[s.ns()][p] = map[string]string{}
+			}
+			pods[s.ns()][p]["s-"+s.Name] = "y"
+		}
+	}
+	for _, ns := range slices.Sorted(maps.Keys(pods)) {
+		if err := w.Cluster.CreateNamespace(ctx, ns); err != nil {
+			return err
+		}
+		for _, name := range slices.Sorted(maps.Keys(pods[ns])) {
+			node := NodeName
+			if r, ok := remotePods[name]; ok {
+				node = r
+			}
+			ip := addrs[name]
+			if _, err := w.Cluster.CreateReadyPodIPs(ctx, ns, name, node, []string{ip[0].String(), ip[1].String()}, pods[ns][name], podPorts[name]); err != nil {
+				return err
+			}
+		}
+	}
+	return nil
+}
+
 // createService creates the shape's Service; with prev (the one a change
 // cell deleted), at prev's addresses and NodePorts.
 func (w *World) createService(ctx context.Context, s *Shape, prev *corev1.Service) (*corev1.Service, error) {
-	client := w.Client.CoreV1().Services(namespace)
+	client := w.Client.CoreV1().Services(s.ns())
 	policy := map[string]corev1.IPFamilyPolicy{"dual": corev1.IPFamilyPolicyPreferDualStack, "v4": corev1.IPFamilyPolicySingleStack, "v6": corev1.IPFamilyPolicySingleStack}[s.Families]
 	svc := &corev1.Service{
-		ObjectMeta: metav1.ObjectMeta{Namespace: namespace, Name: s.Name},
+		ObjectMeta: metav1.ObjectMeta{Namespace: s.ns(), Name: s.svcName()},
 		Spec: corev1.ServiceSpec{
 			Type:           s.Type,
 			Selector:       map[string]string{"s-" + s.Name: "y"},
@@ -397,8 +492,11 @@ func (w *World) createService(ctx context.Context, s *Shape, prev *corev1.Servic
 			svc.Spec.ExternalIPs = append(svc.Spec.ExternalIPs, a.String())
 		}
 	}
-	if s.SourceRange {
+	switch s.SourceRange {
+	case SourceClient:
 		svc.Spec.LoadBalancerSourceRanges = []string{netip.PrefixFrom(client4, 32).String(), netip.PrefixFrom(client6, 128).String()}
+	case SourceNode:
+		svc.Spec.LoadBalancerSourceRanges = []string{netip.PrefixFrom(nodeIP4, 32).String(), netip.PrefixFrom(nodeIP6, 128).String()}
 	}
 	if prev != nil {
 		svc.Spec.ClusterIP, svc.Spec.ClusterIPs, svc.Spec.IPFamilies = prev.Spec.ClusterIP, prev.Spec.ClusterIPs, prev.Spec.IPFamilies
@@ -436,7 +534,7 @@ func (w *World) waitSlices(ctx context.Context) error {
 			return err
 		}
 		if s.Traffic != "" {
-			if err := w.waitHints(ctx, s.Name); err != nil {
+			if err := w.waitHints(ctx, s.Name, s.Traffic == string(corev1.ServiceTrafficDistributionPreferSameNode)); err != nil {
 				return err
 			}
 		}
@@ -445,17 +543,19 @@ func (w *World) waitSlices(ctx context.Context) error {
 }
 
 // nodeZones are the zones of the world's Nodes (populate).
-var nodeZones = map[string]string{NodeName: "zone-a", "node-b": "zone-b", "node-c": "zone-a"}
+var nodeZones = map[string]string{NodeName: "zone-a", "node-b": "zone-b", "node-c": "zone-a", "node-d": ""}
 
-// waitHints waits (bounded) until every endpoint of Service name carries
-// the hint the EndpointSlice controller writes for trafficDistribution:
-// for its own zone, the zone of its pod's Node. Without them both proxies
-// would send to every endpoint, and the zone cells would match for
+// waitHints waits (bounded) until every endpoint of the Service of shape
+// name carries the hint the EndpointSlice controller writes for
+// trafficDistribution: for its own zone, the zone of its pod's Node, and
+// with forNodes (PreferSameNode) for that Node too. Without them both
+// proxies would send to every endpoint, and the zone cells would match for
 // nothing; this is the world's half of their anchor.
-func (w *World) waitHints(ctx context.Context, name string) error {
+func (w *World) waitHints(ctx context.Context, name string, forNodes bool) error {
 	var last string
+	s := shape(name)
 	err := cluster.WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := w.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		list, err := w.Client.DiscoveryV1().EndpointSlices(s.ns()).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + s.svcName()})
 		if err != nil || len(list.Items) == 0 {
 			last = fmt.Sprintf("no slices (%v)", err)
 			return false, nil
@@ -467,8 +567,20 @@ func (w *World) waitHints(ctx context.Context, name string) error {
 					node = *e.NodeName
 				}
 				zone := nodeZones[node]
+				if zone == "" {
+					// The controller hints no endpoint whose Node has no zone.
+					if e.Hints != nil {
+						last = fmt.Sprintf("endpoint %v on %q (no zone): hints %+v, want none", e.Addresses, node, e.Hints)
+						return false, nil
+					}
+					continue
+				}
 				if e.Hints == nil || len(e.Hints.ForZones) != 1 || e.Hints.ForZones[0].Name != zone {
 					last = fmt.Sprintf("endpoint %v on %q: hints %+v, want for zone %q", e.Addresses, node, e.Hints, zone)
+					return false, nil
+				}
+				if forNodes && (len(e.Hints.ForNodes) != 1 || e.Hints.ForNodes[0].Name != node) {
+					last = fmt.Sprintf("endpoint %v on %q: hints %+v, want for node %q", e.Addresses, node, e.Hints, node)
 					return false, nil
 				}
 			}
@@ -481,11 +593,12 @@ func (w *World) waitHints(ctx context.Context, name string) error {
 	return nil
 }
 
-// waitEndpoints waits until the slices of Service name hold exactly the
-// addresses of pods (both families).
+// waitEndpoints waits until the slices of the Service of shape name hold
+// exactly the addresses of pods (both families).
 func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) error {
 	want := map[string]bool{}
 	svc := w.service(name)
+	s := shape(name)
 	addrs := podAddrs()
 	for _, p := range pods {
 		for _, f := range svc.Spec.IPFamilies {
@@ -497,7 +610,7 @@ func (w *World) waitEndpoints(ctx context.Context, name string, pods []string) e
 		}
 	}
 	err := cluster.WaitFor(ctx, time.Minute, func(ctx context.Context) (bool, error) {
-		list, err := w.Client.DiscoveryV1().EndpointSlices(namespace).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + name})
+		list, err := w.Client.DiscoveryV1().EndpointSlices(s.ns()).List(ctx, metav1.ListOptions{LabelSelector: discoveryv1.LabelServiceName + "=" + s.svcName()})
 		if err != nil {
 			return false, nil
 		}
@@ -572,7 +685,7 @@ func (w *World) applyChange(ctx context.Context, s *Shape, forward bool) error {
 		return w.waitEndpoints(ctx, s.Name, nil)
 	case ChangeDelete:
 		if forward {
-			if err := w.Client.CoreV1().Services(namespace).Delete(ctx, s.Name, metav1.DeleteOptions{}); err != nil {
+			if err := w.Client.CoreV1().Services(s.ns()).Delete(ctx, s.svcName(), metav1.DeleteOptions{}); err != nil {
 				return fmt.Errorf("delete service %s: %w", s.Name, err)
 			}
 			return nil
@@ -600,7 +713,7 @@ func (w *World) applyChange(ctx context.Context, s *Shape, forward bool) error {
 		}
 		svc := w.service(s.Name).DeepCopy()
 		svc.Spec.Ports[0].Port = port
-		updated, err := w.Client.CoreV1().Services(namespace).Update(ctx, svc, metav1.UpdateOptions{})
+		updated, err := w.Client.CoreV1().Services(s.ns()).Update(ctx, svc, metav1.UpdateOptions{})
 		if err != nil {
 			return fmt.Errorf("service %s: port %d: %w", s.Name, port, err)
 		}
@@ -656,4 +769,109 @@ func (w *World) name(a netip.Addr) string {
 		return n
 	}
 	return a.String()
+}
+
+// nodeIPv6 are the node's global IPv6 addresses and their links' names.
+var nodeIPv6 = []struct {
+	link string
+	addr netip.Prefix
+}{
+	{"br0", netip.MustParsePrefix("fd00:244::1/64")},
+	{"c-ext", netip.PrefixFrom(nodeIP6, 64)},
+	{"to-node-b", netip.PrefixFrom(nodeRemote6, 64)},
+}
+
+// withoutIPv6 takes the node's global IPv6 addresses away (profile
+// noipv6): it keeps only link-local ones, as a node whose IPv6 has not
+// come (or never comes) by SLAAC. Its neighbours keep their routes: the
+// node answers neighbour discovery for its old addresses (proxy NDP) and
+// keeps every IPv6 route it had, so that what an IPv6 cell shows is the
+// proxy's. restore puts the addresses back.
+func (w *World) withoutIPv6() (restore func() error, err error) {
+	nl := w.Node.Netlink()
+	// The routes of the node's own links (not of an IPVS dummy link the
+	// next proxy's reset deletes).
+	var routes []netlink.Route
+	for _, a := range nodeIPv6 {
+		l, err := nl.LinkByName(a.link)
+		if err != nil {
+			return nil, err
+		}
+		rs, err := nl.RouteListFiltered(netlink.FAMILY_V6, &netlink.Route{Table: unix.RT_TABLE_MAIN, LinkIndex: l.Attrs().Index}, netlink.RT_FILTER_TABLE|netlink.RT_FILTER_OIF)
+		if err != nil {
+			return nil, fmt.Errorf("node routes on %s: %w", a.link, err)
+		}
+		routes = append(routes, rs...)
+	}
+	keep := func() error {
+		var errs []error
+		for _, r := range routes {
+			if r.Dst != nil && (r.Dst.IP.IsLinkLocalUnicast() || r.Dst.IP.IsMulticast()) {
+				continue
+			}
+			r := r
+			if err := nl.RouteReplace(&r); err != nil {
+				errs = append(errs, fmt.Errorf("route %s: %w", r, err))
+			}
+		}
+		return errors.Join(errs...)
+	}
+	var errs []error
+	for _, a := range nodeIPv6 {
+		l, err := nl.LinkByName(a.link)
+		if err != nil {
+			return nil, err
+		}
+		addr := &netlink.Addr{IPNet: ipnet(a.addr), Flags: unix.IFA_F_NODAD}
+		if err := nl.AddrDel(l, addr); err != nil {
+			return nil, fmt.Errorf("address %s off %s: %w", a.addr, a.link, err)
+		}
+		for k, v := range map[string]string{"net/ipv6/conf/" + a.link + "/proxy_ndp": "1", "net/ipv6/neigh/" + a.link + "/proxy_delay": "0"} {
+			errs = append(errs, w.Node.Sysctl(k, v))
+		}
+		errs = append(errs, nl.NeighAdd(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V6, Flags: netlink.NTF_PROXY, IP: a.addr.Addr().AsSlice()}))
+	}
+	errs = append(errs, keep())
+	restore = func() error {
+		var errs []error
+		for _, a := range nodeIPv6 {
+			l, err := nl.LinkByName(a.link)
+			if err != nil {
+				errs = append(errs, err)
+				continue
+			}
+			errs = append(errs, nl.NeighDel(&netlink.Neigh{LinkIndex: l.Attrs().Index, Family: netlink.FAMILY_V6, Flags: netlink.NTF_PROXY, IP: a.addr.Addr().AsSlice()}))
+			errs = append(errs, w.Node.Sysctl("net/ipv6/conf/"+a.link+"/proxy_ndp", "0"))
+			if err := nl.AddrAdd(l, &netlink.Addr{IPNet: ipnet(a.addr), Flags: unix.IFA_F_NODAD}); err != nil {
+				errs = append(errs, fmt.Errorf("address %s on %s: %w", a.addr, a.link, err))
+			}
+		}
+		errs = append(errs, keep())
+		if err := errors.Join(errs...); err != nil {
+			return fmt.Errorf("node IPv6 back: %w", err)
+		}
+		return nil
+	}
+	if err := errors.Join(errs...); err != nil {
+		return nil, errors.Join(fmt.Errorf("node without IPv6: %w", err), restore())
+	}
+	// The addresses are gone: only link-local ones are left on the
+	// node's links (a dummy link of the IPVS run before, emptied when the
+	// next proxy starts, may still hold Service addresses).
+	for _, a := range nodeIPv6 {
+		l, err := nl.LinkByName(a.link)
+		if err != nil {
+			return nil, errors.Join(err, restore())
+		}
+		addrs, err := nl.AddrList(l, netlink.FAMILY_V6)
+		if err != nil {
+			return nil, errors.Join(err, restore())
+		}
+		for _, ad := range addrs {
+			if !ad.IP.IsLinkLocalUnicast() {
+				return nil, errors.Join(fmt.Errorf("node without IPv6: %s is left on %s", ad.IPNet, a.link), restore())
+			}
+		}
+	}
+	return restore, nil
 }
