@@ -14,9 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -101,7 +99,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	forwardAPI(t, node.NS, setup.APIPort)
+	vm.RelayToHost(t, node.NS, setup.APIPort)
 	if err := node.Do(func() error {
 		k, err := ipvs.Open()
 		if err != nil {
@@ -536,81 +534,4 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
-}
-
-// forwardAPI relays 127.0.0.1:port in ns to the host's API server,
-// 10.0.2.2:port on qemu's user network (the kubeconfig names
-// https://127.0.0.1:<port>). The relay and every connection through it
-// end with the test.
-func forwardAPI(t *testing.T, ns *netns.NS, port int) {
-	t.Helper()
-	var l net.Listener
-	if err := ns.Do(func() (err error) {
-		l, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		return err
-	}); err != nil {
-		t.Fatalf("relay to the API server: %v", err)
-	}
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		conns  = map[net.Conn]bool{}
-		closed bool
-	)
-	track := func(c net.Conn, on bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case on && closed:
-			c.Close()
-		case on:
-			conns[c] = true
-		default:
-			delete(conns, c)
-		}
-	}
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	upstream := net.JoinHostPort("10.0.2.2", strconv.Itoa(port))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer in.Close()
-				out, err := net.DialTimeout("tcp", upstream, 10*time.Second)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				track(in, true)
-				track(out, true)
-				defer track(in, false)
-				defer track(out, false)
-				done := make(chan struct{})
-				go func() {
-					_, _ = io.Copy(out, in)
-					out.Close()
-					close(done)
-				}()
-				_, _ = io.Copy(in, out)
-				in.Close()
-				<-done
-			}()
-		}
-	}()
 }
