@@ -281,7 +281,7 @@ func (n *NS) UDP(dst netip.AddrPort, srcPort uint16, timeout time.Duration) (Rep
 	buf := make([]byte, 512)
 	k, err := c.Read(buf)
 	if err != nil {
-		return Reply{}, fmt.Errorf("netns: read from %s: %w", dst, err)
+		return Reply{}, fmt.Errorf("netns: read from %s (sent from %s): %w", dst, c.LocalAddr(), err)
 	}
 	return parseReply(string(buf[:k]))
 }

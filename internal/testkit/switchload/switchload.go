@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,7 +89,12 @@ type Load struct {
 	udpBroken      atomic.Int64
 	exchanges      atomic.Int64
 	firstErr       atomic.Value
+	mu             sync.Mutex
+	failures       []string // after the switch, the first maxFailures
 }
+
+// maxFailures bounds the failures a Result lists.
+const maxFailures = 20
 
 // Result counts one switch's traffic: new connections before and after
 // the switch completed, those that reached the deleted endpoint, and the
@@ -99,6 +105,9 @@ type Result struct {
 	Held, HeldBroken, UDP, UDPBroken                         int
 	Exchanges                                                int64
 	FirstErr                                                 any
+	// Failures lists the first new connections that failed after the
+	// switch: when each started and ended, its protocol and error.
+	Failures []string
 }
 
 func (r Result) String() string {
@@ -151,6 +160,7 @@ func Start(t *testing.T, client *netns.NS, ports *SourcePorts, web, steady netip
 			// Read before the connection starts: one under way when
 			// the switch completes is not "after".
 			after := s.done.Load()
+			began := time.Now()
 			var r netns.Reply
 			var err error
 			proto := "tcp"
@@ -173,6 +183,12 @@ func Start(t *testing.T, client *netns.NS, ports *SourcePorts, web, steady netip
 				if after {
 					s.failedAfter.Add(1)
 					s.firstErr.CompareAndSwap(nil, fmt.Sprintf("%s at %s: %v", proto, time.Now().Format("15:04:05.000"), err))
+					s.mu.Lock()
+					if len(s.failures) < maxFailures {
+						s.failures = append(s.failures, fmt.Sprintf("%s %s–%s: %v", proto,
+							began.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), err))
+					}
+					s.mu.Unlock()
 				}
 			default:
 				s.newOK.Add(1)
@@ -326,5 +342,8 @@ func (s *Load) Stop() Result {
 		UDP: UDPFlows, UDPBroken: int(s.udpBroken.Load()), Exchanges: s.exchanges.Load(), FirstErr: s.firstErr.Load(),
 	}
 	r.FailedBefore = s.newFail.Load() - r.FailedAfter
+	s.mu.Lock()
+	r.Failures = slices.Clone(s.failures)
+	s.mu.Unlock()
 	return r
 }
