@@ -896,28 +896,37 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err != nil {
 		errs = append(errs, err)
 	}
+	deleted, left := 0, 0
 	for _, v := range vss {
 		_, applied := p.applied[v.Key()]
 		if p.opts.Leave != nil && p.opts.Leave(v.Key()) {
+			p.log.Debug("cleanup: leaving a virtual server kube-proxy claims", "virtualServer", v.Key())
+			left++
 			continue
 		}
 		if bound[v.Addr] || node[v.Addr] || applied {
+			p.log.Debug("cleanup: deleting a virtual server", "virtualServer", v.Key())
 			if err := p.k.DeleteVirtualServer(v); err != nil {
 				errs = append(errs, err)
+				continue
 			}
+			deleted++
 		}
 	}
 	p.applied = map[Key]*desiredServer{}
 	p.synced = false
 	p.terminating = map[Key]map[netip.AddrPort]time.Time{}
+	p.log.Debug("cleanup: removing the dummy link", "link", p.opts.Interface, "addresses", len(bound))
 	if err := p.link.remove(); err != nil {
 		errs = append(errs, err)
 	}
+	p.log.Debug("cleanup: removing the rules")
 	for _, t := range p.ipt {
 		if err := t.remove(ctx); err != nil {
 			errs = append(errs, err)
 		}
 	}
+	p.log.Debug("cleanup: destroying the sets")
 	names := slices.Clone(legacySets)
 	for _, s := range allSets() {
 		names = append(names, s.Name)
@@ -927,6 +936,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 			errs = append(errs, err)
 		}
 	}
+	p.log.Debug("cleanup: done", "virtualServersDeleted", deleted, "virtualServersLeft", left)
 	p.rulesOK = false
 	return errors.Join(errs...)
 }
