@@ -22,11 +22,12 @@ import (
 )
 
 // TestSwitchKubeProxyIPVS is the switch between kube-proxy's IPVS mode and
-// edgeproxy's on a live node, both ways, in one VM boot: the guest half
-// (test/vm/switchguest) builds the node, runs the proxies and the traffic
-// and judges; this half runs the control plane (TCG is too slow for it),
-// owns the API objects, and deletes and re-creates pod c when the guest
-// asks (a file in the shared directory: switchguest.Request).
+// edgeproxy's on a live node, both ways, then to edgeproxy's iptables
+// mode, in one VM boot: the guest half (test/vm/switchguest) builds the
+// node, runs the proxies and the traffic and judges; this half runs the
+// control plane (TCG is too slow for it), owns the API objects, and
+// deletes and re-creates pod c when the guest asks (a file in the shared
+// directory: switchguest.Request).
 func TestSwitchKubeProxyIPVS(t *testing.T) {
 	gate.Root(t)
 	if err := vm.Check(); err != nil {

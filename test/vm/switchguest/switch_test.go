@@ -2,6 +2,7 @@ package switchguest
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -15,6 +16,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,7 +41,8 @@ var sharedDir = flag.String("switch.dir", "", "run TestSwitchKubeProxyIPVSGuest 
 var userVS = ipvs.VirtualServer{Addr: netip.MustParseAddr("192.0.2.50"), Protocol: datapath.TCP, Port: 8000, Scheduler: "rr"}
 
 // TestSwitchKubeProxyIPVSGuest switches a live node from kube-proxy
-// --proxy-mode=ipvs to edgeproxy mode ipvs and back, as a user does:
+// --proxy-mode=ipvs to edgeproxy mode ipvs and back, then to edgeproxy
+// mode iptables, as a user does:
 //
 //   - kube-proxy → edgeproxy: kube-proxy is stopped (its virtual servers,
 //     kube-ipvs0, ipsets and chains stay and keep answering), edgeproxy
@@ -51,13 +54,18 @@ var userVS = ipvs.VirtualServer{Addr: netip.MustParseAddr("192.0.2.50"), Protoco
 //     of edgeproxy's and leaves kube-proxy's. (Cleaning up first, as in
 //     iptables mode, takes the service addresses off the node until
 //     kube-proxy's first sync: established flows stall for that long, and
-//     under TCG every one of them broke.)
+//     under TCG every one of them broke.);
+//   - kube-proxy → edgeproxy in iptables mode (a user who leaves IPVS as
+//     they switch): kube-proxy stopped, edgeproxy started; after its
+//     first sync it removes kube-proxy's chains, virtual servers,
+//     kube-ipvs0 and ipsets. The flows established through kube-proxy's
+//     virtual servers break (counted, not held: see below).
 //
 // While no proxy runs, pod c leaves web (the host deletes it; its server
 // stays up, so a connection that reaches it shows stale state). The
 // counts and the target are test/netns/e2e's TestSwitchKubeProxy's: per
-// direction, 0 new connections failed after the new proxy's first sync,
-// 0 to the deleted endpoint, 0 established flows broken.
+// switch, 0 new connections failed after the new proxy's first sync, 0 to
+// the deleted endpoint, 0 established flows broken (but iptables mode's).
 func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	vm.Guest(t)
 	gate.Root(t)
@@ -121,10 +129,18 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	}
 	pn := proxies.Node{Name: NodeName, Kubeconfig: filepath.Join(*sharedDir, "kubeconfig"), MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
 	settings := proxies.Settings{Mode: proxies.ModeIPVS, Backend: "nft", MinSync: 200 * time.Millisecond, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
-	cfg := filepath.Join(dir, "edgeproxy.yaml")
-	if err := os.WriteFile(cfg, []byte(proxies.EdgeProxyConfig(pn, settings, filepath.Join(dir, "state"))), 0o600); err != nil {
-		t.Fatal(err)
+	// edgeproxy's configuration per mode: IPVS, and iptables for a user
+	// who leaves IPVS as they switch.
+	cfgs := map[string]string{}
+	for _, mode := range []string{proxies.ModeIPVS, proxies.ModeIPTables} {
+		s := settings
+		s.Mode = mode
+		cfgs[mode] = filepath.Join(dir, "edgeproxy-"+mode+".yaml")
+		if err := os.WriteFile(cfgs[mode], []byte(proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+mode))), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
+	cfg := cfgs[proxies.ModeIPVS]
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, cmd := range [][]string{{"iptables-nft-save"}, {"ipvsadm", "-Ln"}, {"ipset", "list", "-n"}, {"ip", "addr"}} {
@@ -143,7 +159,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	}
 
 	runs := 0
-	startProxy := func(kind proxies.Kind) *proxies.Process {
+	startProxy := func(kind proxies.Kind, mode string) *proxies.Process {
 		t.Helper()
 		var args []string
 		switch kind {
@@ -153,9 +169,9 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			// leave an address range: a user with IPVS services of
 			// their own tells it.
 			args = append([]string{setup.KubeProxy}, proxies.KubeProxyArgs(pn, settings)...)
-			args = append(args, "--ipvs-exclude-cidrs="+netip.PrefixFrom(userVS.Addr, 32).String())
+			args = append(args, "--ipvs-exclude-cidrs="+netip.PrefixFrom(userVS.Addr, 32).String(), "--v=4")
 		case proxies.EdgeProxy:
-			args = []string{setup.EdgeProxy, "run", "--config", cfg}
+			args = []string{setup.EdgeProxy, "run", "--config", cfgs[mode]}
 		}
 		runs++
 		logPath := filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, kind))
@@ -224,8 +240,8 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 
 	t.Logf("world ready in %s", time.Since(start).Round(100*time.Millisecond))
 	first := time.Now()
-	cur := startProxy(proxies.KubeProxy)
-	curKind := proxies.KubeProxy
+	cur := startProxy(proxies.KubeProxy, proxies.ModeIPVS)
+	curKind, curMode := proxies.KubeProxy, proxies.ModeIPVS
 	synced(curKind, cur)
 	t.Logf("kube-proxy ipvs synced %s after its start", time.Since(first).Round(100*time.Millisecond))
 	reaches(WebVIP, "c")
@@ -235,9 +251,16 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	t.Logf("kube-proxy ipvs synced: %s", kernelSummary(t, node))
 	var report []string
 	srcPorts := switchload.NewSourcePorts(PodPort, HeldPort)
-	order := []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxy}
-	for i, next := range order {
-		what := fmt.Sprintf("%s ipvs → %s ipvs", curKind, next)
+	// kube-proxy IPVS → edgeproxy IPVS → kube-proxy IPVS (the way back)
+	// → edgeproxy iptables (a user who leaves IPVS as they switch).
+	type step struct {
+		kind proxies.Kind
+		mode string
+	}
+	order := []step{{proxies.EdgeProxy, proxies.ModeIPVS}, {proxies.KubeProxy, proxies.ModeIPVS}, {proxies.EdgeProxy, proxies.ModeIPTables}}
+	for i, st := range order {
+		next := st.kind
+		what := fmt.Sprintf("%s %s → %s %s", curKind, curMode, next, st.mode)
 		began := time.Now()
 		sw := switchload.Start(t, client, srcPorts, WebVIP, SteadyVIP, HeldPort)
 		sw.WaitNew(20)
@@ -245,25 +268,33 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		host("delete", "c")
 		sw.Deleted()
 		started := time.Now()
-		p := startProxy(next)
+		p := startProxy(next, st.mode)
 		synced(next, p)
 		phases := fmt.Sprintf("pod c deleted in %s, %s synced %s after its start",
 			started.Sub(began).Round(100*time.Millisecond), next, time.Since(started).Round(100*time.Millisecond))
+		var changes func() string
+		var ctStats string
 		if next != proxies.EdgeProxy {
 			// The way back: kube-proxy has synced (it adopted the
 			// virtual servers of the keys it programs), then
 			// `edgeproxy cleanup` removes the rest, under the stream.
 			sw.Switched()
+			// The kernel's route and address changes from here on,
+			// timestamped, to set against the failures' times.
+			changes = monitor(t, node.NS, "ip", "-ts", "monitor", "route", "address")
+			ctStats, _ = node.Run("conntrack", "-S")
 			cleanup := time.Now()
-			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), setup.EdgeProxy, "cleanup", "--config", cfg)
+			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), "EDGEPROXY_LOG_LEVEL=debug",
+				setup.EdgeProxy, "cleanup", "--config", cfg)
 			if err != nil {
 				t.Fatalf("edgeproxy cleanup: %v: %s", err, out)
 			}
-			phases += fmt.Sprintf(", edgeproxy cleanup %s", time.Since(cleanup).Round(100*time.Millisecond))
+			phases += fmt.Sprintf(", edgeproxy cleanup %s (%s to %s)", time.Since(cleanup).Round(100*time.Millisecond),
+				cleanup.Format("15:04:05.000"), time.Now().Format("15:04:05.000"))
 			t.Logf("edgeproxy cleanup (timed):\n%s", out)
 			assertNoEdgeProxyObjects(t, node)
 		} else {
-			assertNoKubeProxyObjects(t, node)
+			assertNoKubeProxyObjects(t, node, st.mode)
 			// Where the time went (under TCG: minutes, not seconds).
 			if out, err := os.ReadFile(p.Log); err == nil {
 				for _, l := range strings.Split(string(out), "\n") {
@@ -285,23 +316,61 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		sw.WaitNew(100)
 		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
 		res := sw.Stop()
+		if changes != nil {
+			t.Logf("%s: route and address changes from the cleanup on:\n%s", what, changes())
+			after, _ := node.Run("conntrack", "-S")
+			t.Logf("%s: conntrack statistics when kube-proxy had synced:\n%s\nand at the end:\n%s", what, ctStats, after)
+		}
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
 		t.Logf("%s: %s", what, res)
+		t.Logf("%s: the longest an established flow went without an exchange: %s, until %s", what,
+			res.MaxGap.Round(time.Millisecond), res.MaxGapEnd.Format("15:04:05.000"))
+		if len(res.Failures) > 0 {
+			t.Logf("%s: the failed new connections (started–ended):\n%s", what, strings.Join(res.Failures, "\n"))
+			if out, err := os.ReadFile(p.Log); err == nil {
+				var lines []string
+				for _, l := range strings.Split(string(out), "\n") {
+					if !strings.Contains(l, "flags.go") && !strings.Contains(l, "informer") && !strings.Contains(l, "reflector") {
+						lines = append(lines, l)
+					}
+				}
+				t.Logf("%s: the log of %s (tail, without flags and informers):\n%s", what, next, tail(strings.Join(lines, "\n"), 80))
+			}
+		}
 		t.Logf("%s: %s; %s in all; kernel after: %s", what, phases, time.Since(began).Round(100*time.Millisecond), kernelSummary(t, node))
-		// A known issue on the way back (deploy/README.md): while and
-		// just after `edgeproxy cleanup` runs, a few new connections fail
-		// (up to 6 of several hundred, in four of seven runs of 2026-11-26,
-		// the first each time a UDP reply; unique source ports did not help). It
-		// is held under 5% until its cause is found; the forward switch
-		// and every other count stay at 0.
+		// A known issue on the way back (deploy/README.md): for about
+		// 20 s from kube-proxy's first sync a few new connections fail
+		// (2 s timeouts, TCP and UDP: 4 to 7 of 400-2,700 in three of
+		// eight runs on 2026-11-26 evening, up to 6 in four of seven
+		// earlier). Not `edgeproxy cleanup`'s doing: in two of those three
+		// runs the first failure came before it changed anything in the
+		// kernel, and in all three they went on after it ended; it
+		// deletes no virtual server kube-proxy programs (its debug log),
+		// kube-ipvs0 keeps its local routes (assertNoEdgeProxyObjects),
+		// and the node did not stall (the established flows' longest
+		// gap stayed under 0.75 s). The cause is not found; it is held
+		// under 5%, and a run with failures logs their times and source
+		// ports, the kernel's route and address changes, conntrack's
+		// statistics and kube-proxy's log (--v=4) to find it.
 		failedOK := res.FailedAfter == 0 || next == proxies.KubeProxy && res.FailedAfter*20 <= res.NewAfter
 		if res.FailedAfter != 0 {
 			t.Logf("%s: %d of %d new connections failed after the switch (the known issue of the IPVS way back)", what, res.FailedAfter, res.NewAfter)
 		}
-		if !failedOK || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch (way back: under 5%%), 0 to the deleted endpoint, 0 established flows broken", what, res)
+		// Established flows through kube-proxy's virtual servers do not
+		// survive a takeover by iptables mode: their conntrack entries
+		// carry no NAT of their own (IPVS did it), and the virtual
+		// servers and kube-ipvs0 go (deploy/README.md). Measured, not
+		// held.
+		keepsFlows := st.mode == proxies.ModeIPVS
+		if !keepsFlows {
+			t.Logf("%s: established flows broken: %d of %d TCP, %d of %d UDP (iptables mode does not carry IPVS's connections over)",
+				what, res.HeldBroken, res.Held, res.UDPBroken, res.UDP)
 		}
-		cur, curKind = p, next
+		broken := res.HeldBroken != 0 || res.UDPBroken != 0
+		if !failedOK || res.GoneAfter != 0 || keepsFlows && broken || res.NewAfter < 100 {
+			t.Errorf("%s: %s; want 0 failed after the switch (way back: under 5%%), 0 to the deleted endpoint, 0 established flows broken (IPVS mode)", what, res)
+		}
+		cur, curKind, curMode = p, next, st.mode
 		if i < len(order)-1 { // c serves again for the next switch
 			host("add", "c")
 			reaches(WebVIP, "c")
@@ -392,10 +461,11 @@ func kernelSummary(t *testing.T, node *netns.Node) string {
 }
 
 // assertNoKubeProxyObjects fails t if anything of kube-proxy's is left in
-// the node after the takeover: a KUBE-* chain (either backend), kube-ipvs0,
-// a KUBE-* ipset, or a virtual server that is not edgeproxy's (on an
-// address of edgeproxy0) or the user's.
-func assertNoKubeProxyObjects(t *testing.T, node *netns.Node) {
+// the node after the takeover by edgeproxy in mode: a KUBE-* chain (either
+// backend), kube-ipvs0, a KUBE-* ipset, or a virtual server that is not
+// edgeproxy's (IPVS mode: on an address of edgeproxy0; iptables mode has
+// none) or the user's.
+func assertNoKubeProxyObjects(t *testing.T, node *netns.Node, mode string) {
 	t.Helper()
 	for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
 		out, err := node.Run(save)
@@ -421,8 +491,11 @@ func assertNoKubeProxyObjects(t *testing.T, node *netns.Node) {
 	for _, a := range k.links["edgeproxy0"] {
 		ours[a] = true
 	}
-	if !ours[WebVIP] || !ours[SteadyVIP] {
-		t.Errorf("edgeproxy0 holds %v, want %s and %s", k.links["edgeproxy0"], WebVIP, SteadyVIP)
+	switch as, ok := k.links["edgeproxy0"]; {
+	case mode == proxies.ModeIPVS && (!ours[WebVIP] || !ours[SteadyVIP]):
+		t.Errorf("edgeproxy0 holds %v, want %s and %s", as, WebVIP, SteadyVIP)
+	case mode != proxies.ModeIPVS && ok:
+		t.Errorf("edgeproxy0 (%v) in %s mode", as, mode)
 	}
 	for _, v := range k.servers {
 		if v.Key() != userVS.Key() && !ours[v.Addr] {
@@ -462,6 +535,17 @@ func assertNoEdgeProxyObjects(t *testing.T, node *netns.Node) {
 	}
 	if !kube[WebVIP] || !kube[SteadyVIP] {
 		t.Errorf("%s holds %v, want %s and %s", kubeproxy.KubeIPVSLink, k.links[kubeproxy.KubeIPVSLink], WebVIP, SteadyVIP)
+	}
+	// Each kube-ipvs0 address is still local: removing edgeproxy0, which
+	// held the same addresses, took only its own local routes.
+	local, err := node.Run("ip", "-4", "route", "show", "table", "local", "dev", kubeproxy.KubeIPVSLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a := range kube {
+		if a.Is4() && !strings.Contains(local, "local "+a.String()+" ") {
+			t.Errorf("%s's address %s has no local route after `edgeproxy cleanup`:\n%s", kubeproxy.KubeIPVSLink, a, local)
+		}
 	}
 	have := map[netip.Addr]bool{}
 	for _, v := range k.servers {
@@ -534,4 +618,41 @@ func tail(s string, n int) string {
 		lines = lines[len(lines)-n:]
 	}
 	return strings.Join(lines, "\n")
+}
+
+// monitor runs a command in ns until the test ends; the function it
+// returns stops it and returns its output.
+func monitor(t *testing.T, ns *netns.NS, name string, args ...string) func() string {
+	t.Helper()
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	cmd := exec.Command(name, args...)
+	w := &lockedWriter{w: &buf, mu: &mu}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := ns.Do(cmd.Start); err != nil {
+		t.Fatalf("%s: %v", name, err)
+	}
+	var once sync.Once
+	stop := func() string {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.String()
+	}
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
