@@ -2,7 +2,9 @@ package ipvs
 
 import (
 	"context"
+	"maps"
 	"net/netip"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -88,5 +90,31 @@ func TestReconfigure(t *testing.T) {
 	}
 	if !p.synced || p.opts.Scheduler != before.Scheduler || p.opts.MasqueradeBit != before.MasqueradeBit {
 		t.Errorf("a refused Reconfigure changed the settings: %+v", p.opts)
+	}
+}
+
+// New sets what IPVS needs, conn_reuse_mode only on a kernel that needs
+// the workaround, and the settings' own parameters.
+func TestNewSysctls(t *testing.T) {
+	base := []string{"net/ipv4/vs/conntrack", "net/ipv4/vs/expire_nodest_conn", "net/ipv4/vs/expire_quiescent_template", "net/ipv4/ip_forward"}
+	for _, c := range []struct {
+		name    string
+		opts    Options
+		release string
+		want    []string
+	}{
+		{"fixed kernel", Options{}, "6.1.0-56-amd64", base},
+		{"conn_reuse workaround", Options{}, "5.4.0-150-generic", append(slices.Clone(base), "net/ipv4/vs/conn_reuse_mode")},
+		{"strict ARP and IPv6", Options{StrictARP: true, IPv6: true}, "6.1.0",
+			append(slices.Clone(base), "net/ipv4/conf/all/arp_ignore", "net/ipv4/conf/all/arp_announce", "net/ipv6/conf/all/forwarding")},
+		{"IPv6 keeping forwarding", Options{IPv6: true, KeepIPv6Forwarding: true}, "6.1.0", base},
+	} {
+		got := c.opts.newSysctls(c.release)
+		if !slices.Equal(slices.Sorted(maps.Keys(got)), slices.Sorted(slices.Values(c.want))) {
+			t.Errorf("%s: %v, want the keys %v", c.name, got, c.want)
+		}
+		if v, ok := got["net/ipv4/vs/conn_reuse_mode"]; ok && v != "0" {
+			t.Errorf("%s: conn_reuse_mode %q, want 0", c.name, v)
+		}
 	}
 }

@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,7 +20,6 @@ import (
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
-	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/agenttest"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
@@ -65,7 +61,7 @@ func TestMatrixIPVS(t *testing.T) {
 	}
 	dir := sharedDir(t)
 	ep := filepath.Join(dir, "edgeproxy")
-	if err := copyFile(agenttest.Binary(t), ep); err != nil {
+	if err := vm.CopyBinary(agenttest.Binary(t), ep); err != nil {
 		t.Fatal(err)
 	}
 
@@ -141,23 +137,6 @@ func sharedDir(t *testing.T) string {
 	return dir
 }
 
-func copyFile(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("copy %s: %w", from, err)
-	}
-	return out.Close()
-}
-
 // TestMatrixIPVSGuest is the guest's half of TestMatrixIPVS.
 func TestMatrixIPVSGuest(t *testing.T) {
 	vm.Guest(t)
@@ -194,8 +173,8 @@ func TestMatrixIPVSGuest(t *testing.T) {
 	w.timeout = 3 * time.Second
 	// The kubeconfig names https://127.0.0.1:<port>: served in the test's
 	// namespace and in the node's by a relay to the host.
-	forwardAPI(t, nil, setup.APIPort)
-	forwardAPI(t, w.Node.NS, setup.APIPort)
+	vm.RelayToHost(t, nil, setup.APIPort)
+	vm.RelayToHost(t, w.Node.NS, setup.APIPort)
 	w.Kubeconfig = filepath.Join(*vmShared, "kubeconfig")
 	cfg, err := clientcmd.BuildConfigFromFlags("", w.Kubeconfig)
 	if err != nil {
@@ -217,90 +196,6 @@ func TestMatrixIPVSGuest(t *testing.T) {
 	rows := w.matrix(ctx, t, Binaries{KubeProxy: setup.KubeProxy, EdgeProxy: setup.EdgeProxy}, BackendIPVS, setup.Seed)
 	report(t, rows, diffs, bugs)
 	t.Logf("IPVS matrix: %d cells in %s", len(rows), time.Since(start).Round(time.Second))
-}
-
-// forwardAPI relays 127.0.0.1:port in ns (nil: the test's own namespace)
-// to the host's API server, 10.0.2.2:port on qemu's user network. The
-// relay and every connection through it end with the test.
-func forwardAPI(t *testing.T, ns *netns.NS, port int) {
-	t.Helper()
-	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
-	var l net.Listener
-	listen := func() (err error) {
-		l, err = net.Listen("tcp", addr)
-		return err
-	}
-	var err error
-	if ns != nil {
-		err = ns.Do(listen)
-	} else {
-		err = listen()
-	}
-	if err != nil {
-		t.Fatalf("relay to the API server: %v", err)
-	}
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		conns  = map[net.Conn]bool{}
-		closed bool
-	)
-	track := func(c net.Conn, on bool) {
-		mu.Lock()
-		defer mu.Unlock()
-		switch {
-		case on && closed:
-			c.Close()
-		case on:
-			conns[c] = true
-		default:
-			delete(conns, c)
-		}
-	}
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	upstream := net.JoinHostPort("10.0.2.2", strconv.Itoa(port))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer in.Close()
-				out, err := net.DialTimeout("tcp", upstream, 10*time.Second)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				track(in, true)
-				track(out, true)
-				defer track(in, false)
-				defer track(out, false)
-				done := make(chan struct{})
-				go func() {
-					_, _ = io.Copy(out, in)
-					out.Close()
-					close(done)
-				}()
-				_, _ = io.Copy(in, out)
-				in.Close()
-				<-done
-			}()
-		}
-	}()
 }
 
 func TestGuestPrintedMatrix(t *testing.T) {

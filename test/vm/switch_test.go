@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"os"
 	"path/filepath"
 	"strings"
@@ -23,11 +22,12 @@ import (
 )
 
 // TestSwitchKubeProxyIPVS is the switch between kube-proxy's IPVS mode and
-// edgeproxy's on a live node, both ways, in one VM boot: the guest half
-// (test/vm/switchguest) builds the node, runs the proxies and the traffic
-// and judges; this half runs the control plane (TCG is too slow for it),
-// owns the API objects, and deletes and re-creates pod c when the guest
-// asks (a file in the shared directory: switchguest.Request).
+// edgeproxy's on a live node, both ways, then to edgeproxy's iptables
+// mode, in one VM boot: the guest half (test/vm/switchguest) builds the
+// node, runs the proxies and the traffic and judges; this half runs the
+// control plane (TCG is too slow for it), owns the API objects, and
+// deletes and re-creates pod c when the guest asks (a file in the shared
+// directory: switchguest.Request).
 func TestSwitchKubeProxyIPVS(t *testing.T) {
 	gate.Root(t)
 	if err := vm.Check(); err != nil {
@@ -39,7 +39,7 @@ func TestSwitchKubeProxyIPVS(t *testing.T) {
 	}
 	dir := t.TempDir()
 	ep := filepath.Join(dir, "edgeproxy")
-	if err := copyBinary(agenttest.Binary(t), ep); err != nil {
+	if err := vm.CopyBinary(agenttest.Binary(t), ep); err != nil {
 		t.Fatal(err)
 	}
 	c := cluster.New(t, cluster.Options{ExtraSANs: []string{"10.0.2.2"}})
@@ -136,23 +136,4 @@ func guestPassed(name string) func([]byte) error {
 		}
 		return nil
 	}
-}
-
-// copyBinary copies the agent binary where the guest can read it (a
-// binary built under /tmp is not: the guest has its own /tmp).
-func copyBinary(from, to string) error {
-	in, err := os.Open(from)
-	if err != nil {
-		return err
-	}
-	defer in.Close()
-	out, err := os.OpenFile(to, os.O_CREATE|os.O_WRONLY|os.O_TRUNC, 0o755)
-	if err != nil {
-		return err
-	}
-	if _, err := io.Copy(out, in); err != nil {
-		out.Close()
-		return fmt.Errorf("copy %s: %w", from, err)
-	}
-	return out.Close()
 }

@@ -421,11 +421,12 @@ func runCleanup(args []string, stderr io.Writer) error {
 	if err := f.parse(args); err != nil {
 		return err
 	}
-	log := slog.New(slog.NewTextHandler(stderr, nil))
-	cfg, _, err := f.load(log)
+	cfg, _, err := f.load(slog.New(slog.NewTextHandler(stderr, nil)))
 	if err != nil {
 		return err
 	}
+	// The configured log level and format, as `run` logs.
+	log := newLogger(stderr, cfg, new(slog.LevelVar))
 	ctx, stop := signalContext()
 	defer stop()
 	return agent.Cleanup(ctx, cfg, log)

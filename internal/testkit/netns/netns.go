@@ -210,6 +210,7 @@ func (n *NS) NoTimeWait() error {
 type Reply struct {
 	Name   string         // the pod that answered
 	Client netip.AddrPort // the source address the pod saw
+	Local  netip.AddrPort // the probe's own address (UDP), also when no answer came
 }
 
 func parseReply(s string) (Reply, error) {
@@ -262,7 +263,8 @@ func readReply(c net.Conn, err error, dst netip.AddrPort, timeout time.Duration)
 }
 
 // UDP sends one datagram from this namespace to dst, from srcPort (0: any),
-// and waits for the echo reply.
+// and waits for the echo reply. Reply.Local is set even when it fails
+// after the socket was made.
 func (n *NS) UDP(dst netip.AddrPort, srcPort uint16, timeout time.Duration) (Reply, error) {
 	var c *net.UDPConn
 	err := n.Do(func() error {
@@ -274,16 +276,20 @@ func (n *NS) UDP(dst netip.AddrPort, srcPort uint16, timeout time.Duration) (Rep
 		return Reply{}, err
 	}
 	defer c.Close()
+	local := c.LocalAddr().(*net.UDPAddr).AddrPort()
+	local = netip.AddrPortFrom(local.Addr().Unmap(), local.Port())
 	_ = c.SetDeadline(time.Now().Add(timeout))
 	if _, err := c.Write([]byte("ping\n")); err != nil {
-		return Reply{}, fmt.Errorf("netns: send to %s: %w", dst, err)
+		return Reply{Local: local}, fmt.Errorf("netns: send to %s: %w", dst, err)
 	}
 	buf := make([]byte, 512)
 	k, err := c.Read(buf)
 	if err != nil {
-		return Reply{}, fmt.Errorf("netns: read from %s: %w", dst, err)
+		return Reply{Local: local}, fmt.Errorf("netns: read from %s (sent from %s): %w", dst, local, err)
 	}
-	return parseReply(string(buf[:k]))
+	r, err := parseReply(string(buf[:k]))
+	r.Local = local
+	return r, err
 }
 
 // Node is a "node" namespace with a bridge that pods hang off.

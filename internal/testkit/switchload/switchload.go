@@ -12,6 +12,7 @@ import (
 	"io"
 	"net"
 	"net/netip"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -88,7 +89,22 @@ type Load struct {
 	udpBroken      atomic.Int64
 	exchanges      atomic.Int64
 	firstErr       atomic.Value
+	mu             sync.Mutex
+	failures       []string // after the switch, the first maxFailures
+	maxGap         time.Duration
+	maxGapEnd      time.Time
+	// udpPorts is, per UDP source port the kernel chose, the last
+	// exchange from it: when, and which pod answered.
+	udpPorts map[uint16]portUse
 }
+
+type portUse struct {
+	at   time.Time
+	name string
+}
+
+// maxFailures bounds the failures a Result lists.
+const maxFailures = 20
 
 // Result counts one switch's traffic: new connections before and after
 // the switch completed, those that reached the deleted endpoint, and the
@@ -99,6 +115,16 @@ type Result struct {
 	Held, HeldBroken, UDP, UDPBroken                         int
 	Exchanges                                                int64
 	FirstErr                                                 any
+	// Failures lists the first new connections that failed after the
+	// switch: when each started and ended, its protocol and error.
+	Failures []string
+	// MaxGap is the longest time an established flow went between two
+	// exchanges (100 ms apart when nothing holds them up), and MaxGapEnd
+	// when it ended: a gap as long as a failed connection's timeout, at
+	// its time, says the whole node stalled, not the new connections'
+	// path.
+	MaxGap    time.Duration
+	MaxGapEnd time.Time
 }
 
 func (r Result) String() string {
@@ -114,7 +140,7 @@ const HeldFlows, UDPFlows = 4, 4
 // steady:80. It ends with Stop (or after five minutes).
 func Start(t *testing.T, client *netns.NS, ports *SourcePorts, web, steady netip.Addr, heldPort uint16) *Load {
 	t.Helper()
-	s := &Load{t: t, stopc: make(chan struct{})}
+	s := &Load{t: t, stopc: make(chan struct{}), udpPorts: map[uint16]portUse{}}
 	deadline := time.Now().Add(5 * time.Minute)
 	// Established TCP flows.
 	for i := range HeldFlows {
@@ -151,6 +177,7 @@ func Start(t *testing.T, client *netns.NS, ports *SourcePorts, web, steady netip
 			// Read before the connection starts: one under way when
 			// the switch completes is not "after".
 			after := s.done.Load()
+			began := time.Now()
 			var r netns.Reply
 			var err error
 			proto := "tcp"
@@ -164,6 +191,20 @@ func Start(t *testing.T, client *netns.NS, ports *SourcePorts, web, steady netip
 				proto = "udp"
 				r, err = client.UDP(netip.AddrPortFrom(web, 80), 0, 2*time.Second)
 			}
+			// What the source port last did: a failure from a port
+			// reused soon after a flow to an endpoint now gone points
+			// at state that outlived it (conntrack, IPVS connections).
+			reuse := ""
+			if port := r.Local.Port(); proto == "udp" && port != 0 {
+				s.mu.Lock()
+				if u, ok := s.udpPorts[port]; ok {
+					reuse = fmt.Sprintf(" (port %d last answered by %s at %s)", port, u.name, u.at.Format("15:04:05.000"))
+				}
+				if err == nil {
+					s.udpPorts[port] = portUse{at: time.Now(), name: r.Name}
+				}
+				s.mu.Unlock()
+			}
 			if after {
 				s.newAfter.Add(1)
 			}
@@ -173,6 +214,12 @@ func Start(t *testing.T, client *netns.NS, ports *SourcePorts, web, steady netip
 				if after {
 					s.failedAfter.Add(1)
 					s.firstErr.CompareAndSwap(nil, fmt.Sprintf("%s at %s: %v", proto, time.Now().Format("15:04:05.000"), err))
+					s.mu.Lock()
+					if len(s.failures) < maxFailures {
+						s.failures = append(s.failures, fmt.Sprintf("%s %s–%s: %v%s", proto,
+							began.Format("15:04:05.000"), time.Now().Format("15:04:05.000"), err, reuse))
+					}
+					s.mu.Unlock()
 				}
 			default:
 				s.newOK.Add(1)
@@ -249,6 +296,7 @@ func (s *Load) flow(c net.Conn, deadline time.Time, broken *atomic.Int64, what s
 		defer c.Close()
 		r := bufio.NewReader(c)
 		first := ""
+		last := time.Now()
 		for time.Now().Before(deadline) {
 			select {
 			case <-s.stopc:
@@ -273,6 +321,13 @@ func (s *Load) flow(c net.Conn, deadline time.Time, broken *atomic.Int64, what s
 				return
 			}
 			s.exchanges.Add(1)
+			now := time.Now()
+			s.mu.Lock()
+			if gap := now.Sub(last); gap > s.maxGap {
+				s.maxGap, s.maxGapEnd = gap, now
+			}
+			s.mu.Unlock()
+			last = now
 		}
 	}()
 }
@@ -326,5 +381,9 @@ func (s *Load) Stop() Result {
 		UDP: UDPFlows, UDPBroken: int(s.udpBroken.Load()), Exchanges: s.exchanges.Load(), FirstErr: s.firstErr.Load(),
 	}
 	r.FailedBefore = s.newFail.Load() - r.FailedAfter
+	s.mu.Lock()
+	r.Failures = slices.Clone(s.failures)
+	r.MaxGap, r.MaxGapEnd = s.maxGap, s.maxGapEnd
+	s.mu.Unlock()
 	return r
 }

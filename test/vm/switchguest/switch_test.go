@@ -2,6 +2,7 @@ package switchguest
 
 import (
 	"bufio"
+	"bytes"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -26,6 +27,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
+	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/switchload"
@@ -38,10 +40,14 @@ var sharedDir = flag.String("switch.dir", "", "run TestSwitchKubeProxyIPVSGuest 
 // userVS is a user's IPVS service, unrelated to Kubernetes, on an address
 // that is neither a service's nor the node's: neither the takeover nor
 // `edgeproxy cleanup` may touch it.
+// conntrackMax is kube-proxy's minimum conntrack table (conntrack.min).
+const conntrackMax = 131072
+
 var userVS = ipvs.VirtualServer{Addr: netip.MustParseAddr("192.0.2.50"), Protocol: datapath.TCP, Port: 8000, Scheduler: "rr"}
 
 // TestSwitchKubeProxyIPVSGuest switches a live node from kube-proxy
-// --proxy-mode=ipvs to edgeproxy mode ipvs and back, as a user does:
+// --proxy-mode=ipvs to edgeproxy mode ipvs and back, then to edgeproxy
+// mode iptables, as a user does:
 //
 //   - kube-proxy → edgeproxy: kube-proxy is stopped (its virtual servers,
 //     kube-ipvs0, ipsets and chains stay and keep answering), edgeproxy
@@ -53,13 +59,18 @@ var userVS = ipvs.VirtualServer{Addr: netip.MustParseAddr("192.0.2.50"), Protoco
 //     of edgeproxy's and leaves kube-proxy's. (Cleaning up first, as in
 //     iptables mode, takes the service addresses off the node until
 //     kube-proxy's first sync: established flows stall for that long, and
-//     under TCG every one of them broke.)
+//     under TCG every one of them broke.);
+//   - kube-proxy → edgeproxy in iptables mode (a user who leaves IPVS as
+//     they switch): kube-proxy stopped, edgeproxy started; after its
+//     first sync it removes kube-proxy's chains, virtual servers,
+//     kube-ipvs0 and ipsets. The flows established through kube-proxy's
+//     virtual servers break (counted, not held: see below).
 //
 // While no proxy runs, pod c leaves web (the host deletes it; its server
 // stays up, so a connection that reaches it shows stale state). The
 // counts and the target are test/netns/e2e's TestSwitchKubeProxy's: per
-// direction, 0 new connections failed after the new proxy's first sync,
-// 0 to the deleted endpoint, 0 established flows broken.
+// switch, 0 new connections failed after the new proxy's first sync, 0 to
+// the deleted endpoint, 0 established flows broken (but iptables mode's).
 func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	vm.Guest(t)
 	gate.Root(t)
@@ -76,6 +87,22 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		t.Fatalf("setup.json: %v", err)
 	}
 	start := time.Now()
+	// The conntrack table as both proxies size it on a node (32768 per
+	// core, at least 131072: kube-proxy's conntrack settings, edgeproxy's
+	// conntrack.maxPerCore and min); neither can here, where the node is a
+	// namespace and nf_conntrack_max belongs to the VM's host namespace.
+	// The kernel sizes it by the VM's 1 GiB to some 8,000 entries, which
+	// the stream (a TCP entry stays 2 minutes in TIME_WAIT) filled on the
+	// way back: conntrack counted early drops and drops, and a few new
+	// connections failed.
+	if out, err := exec.Command("modprobe", "nf_conntrack").CombinedOutput(); err != nil {
+		t.Fatalf("modprobe nf_conntrack: %v: %s", err, out)
+	}
+	was, _ := sysctl.Get("net/netfilter/nf_conntrack_max")
+	if err := sysctl.Set("net/netfilter/nf_conntrack_max", strconv.Itoa(conntrackMax)); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("nf_conntrack_max %d (the kernel's: %s)", conntrackMax, was)
 
 	node := netns.NewNode(t, "node")
 	pods := map[string]*netns.Pod{}
@@ -101,7 +128,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	forwardAPI(t, node.NS, setup.APIPort)
+	vm.RelayToHost(t, node.NS, setup.APIPort)
 	if err := node.Do(func() error {
 		k, err := ipvs.Open()
 		if err != nil {
@@ -123,10 +150,18 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	}
 	pn := proxies.Node{Name: NodeName, Kubeconfig: filepath.Join(*sharedDir, "kubeconfig"), MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
 	settings := proxies.Settings{Mode: proxies.ModeIPVS, Backend: "nft", MinSync: 200 * time.Millisecond, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
-	cfg := filepath.Join(dir, "edgeproxy.yaml")
-	if err := os.WriteFile(cfg, []byte(proxies.EdgeProxyConfig(pn, settings, filepath.Join(dir, "state"))), 0o600); err != nil {
-		t.Fatal(err)
+	// edgeproxy's configuration per mode: IPVS, and iptables for a user
+	// who leaves IPVS as they switch.
+	cfgs := map[string]string{}
+	for _, mode := range []string{proxies.ModeIPVS, proxies.ModeIPTables} {
+		s := settings
+		s.Mode = mode
+		cfgs[mode] = filepath.Join(dir, "edgeproxy-"+mode+".yaml")
+		if err := os.WriteFile(cfgs[mode], []byte(proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+mode))), 0o600); err != nil {
+			t.Fatal(err)
+		}
 	}
+	cfg := cfgs[proxies.ModeIPVS]
 	t.Cleanup(func() {
 		if t.Failed() {
 			for _, cmd := range [][]string{{"iptables-nft-save"}, {"ipvsadm", "-Ln"}, {"ipset", "list", "-n"}, {"ip", "addr"}} {
@@ -145,7 +180,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	}
 
 	runs := 0
-	startProxy := func(kind proxies.Kind) *proxies.Process {
+	startProxy := func(kind proxies.Kind, mode string) *proxies.Process {
 		t.Helper()
 		var args []string
 		switch kind {
@@ -155,9 +190,9 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			// leave an address range: a user with IPVS services of
 			// their own tells it.
 			args = append([]string{setup.KubeProxy}, proxies.KubeProxyArgs(pn, settings)...)
-			args = append(args, "--ipvs-exclude-cidrs="+netip.PrefixFrom(userVS.Addr, 32).String())
+			args = append(args, "--ipvs-exclude-cidrs="+netip.PrefixFrom(userVS.Addr, 32).String(), "--v=4")
 		case proxies.EdgeProxy:
-			args = []string{setup.EdgeProxy, "run", "--config", cfg}
+			args = []string{setup.EdgeProxy, "run", "--config", cfgs[mode]}
 		}
 		runs++
 		logPath := filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, kind))
@@ -226,8 +261,8 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 
 	t.Logf("world ready in %s", time.Since(start).Round(100*time.Millisecond))
 	first := time.Now()
-	cur := startProxy(proxies.KubeProxy)
-	curKind := proxies.KubeProxy
+	cur := startProxy(proxies.KubeProxy, proxies.ModeIPVS)
+	curKind, curMode := proxies.KubeProxy, proxies.ModeIPVS
 	synced(curKind, cur)
 	t.Logf("kube-proxy ipvs synced %s after its start", time.Since(first).Round(100*time.Millisecond))
 	reaches(WebVIP, "c")
@@ -237,9 +272,16 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 	t.Logf("kube-proxy ipvs synced: %s", kernelSummary(t, node))
 	var report []string
 	srcPorts := switchload.NewSourcePorts(PodPort, HeldPort)
-	order := []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxy}
-	for i, next := range order {
-		what := fmt.Sprintf("%s ipvs → %s ipvs", curKind, next)
+	// kube-proxy IPVS → edgeproxy IPVS → kube-proxy IPVS (the way back)
+	// → edgeproxy iptables (a user who leaves IPVS as they switch).
+	type step struct {
+		kind proxies.Kind
+		mode string
+	}
+	order := []step{{proxies.EdgeProxy, proxies.ModeIPVS}, {proxies.KubeProxy, proxies.ModeIPVS}, {proxies.EdgeProxy, proxies.ModeIPTables}}
+	for i, st := range order {
+		next := st.kind
+		what := fmt.Sprintf("%s %s → %s %s", curKind, curMode, next, st.mode)
 		began := time.Now()
 		sw := switchload.Start(t, client, srcPorts, WebVIP, SteadyVIP, HeldPort)
 		sw.WaitNew(20)
@@ -247,25 +289,33 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		host("delete", "c")
 		sw.Deleted()
 		started := time.Now()
-		p := startProxy(next)
+		p := startProxy(next, st.mode)
 		synced(next, p)
 		phases := fmt.Sprintf("pod c deleted in %s, %s synced %s after its start",
 			started.Sub(began).Round(100*time.Millisecond), next, time.Since(started).Round(100*time.Millisecond))
+		var changes func() string
+		var ctStats string
 		if next != proxies.EdgeProxy {
 			// The way back: kube-proxy has synced (it adopted the
 			// virtual servers of the keys it programs), then
 			// `edgeproxy cleanup` removes the rest, under the stream.
 			sw.Switched()
+			// The kernel's route and address changes from here on,
+			// timestamped, to set against the failures' times.
+			changes = monitor(t, node.NS, "ip", "-ts", "monitor", "route", "address")
+			ctStats, _ = node.Run("conntrack", "-S")
 			cleanup := time.Now()
-			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), setup.EdgeProxy, "cleanup", "--config", cfg)
+			out, err := node.Run("env", "PATH="+path+":"+os.Getenv("PATH"), "EDGEPROXY_LOG_LEVEL=debug",
+				setup.EdgeProxy, "cleanup", "--config", cfg)
 			if err != nil {
 				t.Fatalf("edgeproxy cleanup: %v: %s", err, out)
 			}
-			phases += fmt.Sprintf(", edgeproxy cleanup %s", time.Since(cleanup).Round(100*time.Millisecond))
+			phases += fmt.Sprintf(", edgeproxy cleanup %s (%s to %s)", time.Since(cleanup).Round(100*time.Millisecond),
+				cleanup.Format("15:04:05.000"), time.Now().Format("15:04:05.000"))
 			t.Logf("edgeproxy cleanup (timed):\n%s", out)
 			assertNoEdgeProxyObjects(t, node)
 		} else {
-			assertNoKubeProxyObjects(t, node)
+			assertNoKubeProxyObjects(t, node, st.mode)
 			// Where the time went (under TCG: minutes, not seconds).
 			if out, err := os.ReadFile(p.Log); err == nil {
 				for _, l := range strings.Split(string(out), "\n") {
@@ -287,23 +337,47 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		sw.WaitNew(100)
 		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
 		res := sw.Stop()
+		if changes != nil {
+			t.Logf("%s: route and address changes from the cleanup on:\n%s", what, changes())
+			after, _ := node.Run("conntrack", "-S")
+			t.Logf("%s: conntrack statistics when kube-proxy had synced:\n%s\nand at the end:\n%s", what, ctStats, after)
+		}
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
 		t.Logf("%s: %s", what, res)
+		t.Logf("%s: the longest an established flow went without an exchange: %s, until %s", what,
+			res.MaxGap.Round(time.Millisecond), res.MaxGapEnd.Format("15:04:05.000"))
+		if len(res.Failures) > 0 {
+			t.Logf("%s: the failed new connections (started–ended):\n%s", what, strings.Join(res.Failures, "\n"))
+			if out, err := os.ReadFile(p.Log); err == nil {
+				var lines []string
+				for _, l := range strings.Split(string(out), "\n") {
+					if !strings.Contains(l, "flags.go") && !strings.Contains(l, "informer") && !strings.Contains(l, "reflector") {
+						lines = append(lines, l)
+					}
+				}
+				t.Logf("%s: the log of %s (tail, without flags and informers):\n%s", what, next, tail(strings.Join(lines, "\n"), 80))
+			}
+		}
 		t.Logf("%s: %s; %s in all; kernel after: %s", what, phases, time.Since(began).Round(100*time.Millisecond), kernelSummary(t, node))
-		// A known issue on the way back (deploy/README.md): while and
-		// just after `edgeproxy cleanup` runs, a few new connections fail
-		// (up to 6 of several hundred, in four of seven runs of 2026-11-26,
-		// the first each time a UDP reply; unique source ports did not help). It
-		// is held under 5% until its cause is found; the forward switch
-		// and every other count stay at 0.
-		failedOK := res.FailedAfter == 0 || next == proxies.KubeProxy && res.FailedAfter*20 <= res.NewAfter
-		if res.FailedAfter != 0 {
-			t.Logf("%s: %d of %d new connections failed after the switch (the known issue of the IPVS way back)", what, res.FailedAfter, res.NewAfter)
+		// The way back failed a few new connections (4 to 7 of 400-2,700
+		// in three of nine runs) until the conntrack table above was
+		// sized as on a node: the failing runs counted conntrack drops.
+		// Every switch now holds 0.
+		// Established flows through kube-proxy's virtual servers do not
+		// survive a takeover by iptables mode: their conntrack entries
+		// carry no NAT of their own (IPVS did it), and the virtual
+		// servers and kube-ipvs0 go (deploy/README.md). Measured, not
+		// held.
+		keepsFlows := st.mode == proxies.ModeIPVS
+		if !keepsFlows {
+			t.Logf("%s: established flows broken: %d of %d TCP, %d of %d UDP (iptables mode does not carry IPVS's connections over)",
+				what, res.HeldBroken, res.Held, res.UDPBroken, res.UDP)
 		}
-		if !failedOK || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch (way back: under 5%%), 0 to the deleted endpoint, 0 established flows broken", what, res)
+		broken := res.HeldBroken != 0 || res.UDPBroken != 0
+		if res.FailedAfter != 0 || res.GoneAfter != 0 || keepsFlows && broken || res.NewAfter < 100 {
+			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken (IPVS mode)", what, res)
 		}
-		cur, curKind = p, next
+		cur, curKind, curMode = p, next, st.mode
 		if i < len(order)-1 { // c serves again for the next switch
 			host("add", "c")
 			reaches(WebVIP, "c")
@@ -394,10 +468,11 @@ func kernelSummary(t *testing.T, node *netns.Node) string {
 }
 
 // assertNoKubeProxyObjects fails t if anything of kube-proxy's is left in
-// the node after the takeover: a KUBE-* chain (either backend), kube-ipvs0,
-// a KUBE-* ipset, or a virtual server that is not edgeproxy's (on an
-// address of edgeproxy0) or the user's.
-func assertNoKubeProxyObjects(t *testing.T, node *netns.Node) {
+// the node after the takeover by edgeproxy in mode: a KUBE-* chain (either
+// backend), kube-ipvs0, a KUBE-* ipset, or a virtual server that is not
+// edgeproxy's (IPVS mode: on an address of edgeproxy0; iptables mode has
+// none) or the user's.
+func assertNoKubeProxyObjects(t *testing.T, node *netns.Node, mode string) {
 	t.Helper()
 	for _, save := range []string{"iptables-nft-save", "iptables-legacy-save"} {
 		out, err := node.Run(save)
@@ -423,8 +498,11 @@ func assertNoKubeProxyObjects(t *testing.T, node *netns.Node) {
 	for _, a := range k.links["edgeproxy0"] {
 		ours[a] = true
 	}
-	if !ours[WebVIP] || !ours[SteadyVIP] {
-		t.Errorf("edgeproxy0 holds %v, want %s and %s", k.links["edgeproxy0"], WebVIP, SteadyVIP)
+	switch as, ok := k.links["edgeproxy0"]; {
+	case mode == proxies.ModeIPVS && (!ours[WebVIP] || !ours[SteadyVIP]):
+		t.Errorf("edgeproxy0 holds %v, want %s and %s", as, WebVIP, SteadyVIP)
+	case mode != proxies.ModeIPVS && ok:
+		t.Errorf("edgeproxy0 (%v) in %s mode", as, mode)
 	}
 	for _, v := range k.servers {
 		if v.Key() != userVS.Key() && !ours[v.Addr] {
@@ -464,6 +542,17 @@ func assertNoEdgeProxyObjects(t *testing.T, node *netns.Node) {
 	}
 	if !kube[WebVIP] || !kube[SteadyVIP] {
 		t.Errorf("%s holds %v, want %s and %s", kubeproxy.KubeIPVSLink, k.links[kubeproxy.KubeIPVSLink], WebVIP, SteadyVIP)
+	}
+	// Each kube-ipvs0 address is still local: removing edgeproxy0, which
+	// held the same addresses, took only its own local routes.
+	local, err := node.Run("ip", "-4", "route", "show", "table", "local", "dev", kubeproxy.KubeIPVSLink)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for a := range kube {
+		if a.Is4() && !strings.Contains(local, "local "+a.String()+" ") {
+			t.Errorf("%s's address %s has no local route after `edgeproxy cleanup`:\n%s", kubeproxy.KubeIPVSLink, a, local)
+		}
 	}
 	have := map[netip.Addr]bool{}
 	for _, v := range k.servers {
@@ -538,79 +627,39 @@ func tail(s string, n int) string {
 	return strings.Join(lines, "\n")
 }
 
-// forwardAPI relays 127.0.0.1:port in ns to the host's API server,
-// 10.0.2.2:port on qemu's user network (the kubeconfig names
-// https://127.0.0.1:<port>). The relay and every connection through it
-// end with the test.
-func forwardAPI(t *testing.T, ns *netns.NS, port int) {
+// monitor runs a command in ns until the test ends; the function it
+// returns stops it and returns its output.
+func monitor(t *testing.T, ns *netns.NS, name string, args ...string) func() string {
 	t.Helper()
-	var l net.Listener
-	if err := ns.Do(func() (err error) {
-		l, err = net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(port)))
-		return err
-	}); err != nil {
-		t.Fatalf("relay to the API server: %v", err)
+	var buf bytes.Buffer
+	var mu sync.Mutex
+	cmd := exec.Command(name, args...)
+	w := &lockedWriter{w: &buf, mu: &mu}
+	cmd.Stdout, cmd.Stderr = w, w
+	if err := ns.Do(cmd.Start); err != nil {
+		t.Fatalf("%s: %v", name, err)
 	}
-	var (
-		wg     sync.WaitGroup
-		mu     sync.Mutex
-		conns  = map[net.Conn]bool{}
-		closed bool
-	)
-	track := func(c net.Conn, on bool) {
+	var once sync.Once
+	stop := func() string {
+		once.Do(func() {
+			_ = cmd.Process.Kill()
+			_ = cmd.Wait()
+		})
 		mu.Lock()
 		defer mu.Unlock()
-		switch {
-		case on && closed:
-			c.Close()
-		case on:
-			conns[c] = true
-		default:
-			delete(conns, c)
-		}
+		return buf.String()
 	}
-	t.Cleanup(func() {
-		l.Close()
-		mu.Lock()
-		closed = true
-		for c := range conns {
-			c.Close()
-		}
-		mu.Unlock()
-		wg.Wait()
-	})
-	upstream := net.JoinHostPort("10.0.2.2", strconv.Itoa(port))
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			in, err := l.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer in.Close()
-				out, err := net.DialTimeout("tcp", upstream, 10*time.Second)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				track(in, true)
-				track(out, true)
-				defer track(in, false)
-				defer track(out, false)
-				done := make(chan struct{})
-				go func() {
-					_, _ = io.Copy(out, in)
-					out.Close()
-					close(done)
-				}()
-				_, _ = io.Copy(in, out)
-				in.Close()
-				<-done
-			}()
-		}
-	}()
+	t.Cleanup(func() { stop() })
+	return stop
+}
+
+type lockedWriter struct {
+	w  io.Writer
+	mu *sync.Mutex
+}
+
+func (l *lockedWriter) Write(b []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(b)
 }
