@@ -11,6 +11,7 @@ import (
 	goipt "github.com/coreos/go-iptables/iptables"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/datapath/xtables"
 )
 
 // CleanupAll removes every chain and jump edgeproxy created, under both
@@ -24,6 +25,9 @@ func CleanupAll(ctx context.Context, log *slog.Logger) error {
 	var errs []error
 	for _, v := range []Variant{Legacy, NFT} {
 		for _, fam := range []datapath.Family{datapath.IPv4, datapath.IPv6} {
+			if v == Legacy && !xtables.LegacyTable(fam, xtables.NAT) && !xtables.LegacyTable(fam, xtables.Filter) {
+				continue // nothing of ours, and listing would create the tables
+			}
 			f, err := openFamily(v, fam, 5*time.Second, log)
 			if err != nil {
 				var ee *exec.Error

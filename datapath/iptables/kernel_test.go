@@ -1049,3 +1049,47 @@ func connect(ns *netns.NS, dst netip.AddrPort) error {
 		return err
 	})
 }
+
+// TestNFTNodeKeepsNoLegacyTables: on a node whose rules are in
+// iptables-nft, starting, applying and cleaning up never make the kernel's
+// legacy x_tables (listing one with iptables-legacy creates it), so
+// iptables-nft-save does not warn "iptables-legacy tables present" after
+// edgeproxy ran or left.
+func TestNFTNodeKeepsNoLegacyTables(t *testing.T) {
+	gate.Root(t)
+	gate.Binaries(t, "iptables-legacy", "iptables-nft", "iptables-nft-restore", "iptables-nft-save")
+	node := netns.NewNode(t, "node")
+	legacy := func(when string) {
+		t.Helper()
+		for _, f := range []string{"/proc/net/ip_tables_names", "/proc/net/ip6_tables_names"} {
+			out, err := node.Run("cat", f)
+			if err != nil {
+				continue // the module is not loaded: no table
+			}
+			if strings.TrimSpace(out) != "" {
+				t.Fatalf("%s: %s lists %q", when, f, strings.Fields(out))
+			}
+		}
+	}
+	legacy("a new namespace")
+	if err := node.Do(func() error {
+		p, err := iptables.New(iptables.Options{Variant: iptables.NFT, IPv6: true, MasqueradeBit: 14, NoConntrack: true})
+		if err != nil {
+			return err
+		}
+		return p.Apply(context.Background(), &datapath.Plan{Full: true})
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := node.Run("iptables-nft-save", "-t", "nat"); err != nil || !strings.Contains(out, iptables.Prefix) {
+		t.Fatalf("no edgeproxy chain under iptables-nft after an apply (%v):\n%s", err, out)
+	}
+	legacy("after New and Apply on iptables-nft")
+	if err := node.Do(func() error { return iptables.CleanupAll(context.Background(), nil) }); err != nil {
+		t.Fatal(err)
+	}
+	if out, err := node.Run("iptables-nft-save", "-t", "nat"); err != nil || strings.Contains(out, iptables.Prefix) {
+		t.Fatalf("iptables-nft-save after CleanupAll (%v):\n%s", err, out)
+	}
+	legacy("after CleanupAll")
+}

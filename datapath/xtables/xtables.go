@@ -17,7 +17,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -287,7 +289,7 @@ func (t *Tool) CheckOtherBackend(ctx context.Context, table, marker string, log 
 	if err != nil {
 		return nil //nolint:nilerr // not installed: it holds no chains
 	}
-	theirs := other.ChainExists(ctx, table, marker)
+	theirs := (other.Variant != Legacy || LegacyTable(t.Family, table)) && other.ChainExists(ctx, table, marker)
 	mine := t.ChainExists(ctx, table, marker)
 	switch {
 	case theirs && mine:
@@ -296,6 +298,24 @@ func (t *Tool) CheckOtherBackend(ctx context.Context, table, marker string, log 
 		log.Warn("edgeproxy chains exist under the other iptables backend; they stay until `edgeproxy cleanup`", "using", t.Variant, "other", other.Variant)
 	}
 	return nil
+}
+
+// LegacyTable reports whether the kernel's legacy x_tables of fam hold
+// table in the calling thread's network namespace. The kernel makes a
+// table on its first use, so asking iptables-legacy on a node that has
+// none leaves an empty legacy table behind, which iptables-nft-save then
+// warns of ("iptables-legacy tables present"); look here first. When it
+// cannot tell, it says yes.
+func LegacyTable(fam datapath.Family, table string) bool {
+	name := "ip_tables_names"
+	if fam == datapath.IPv6 {
+		name = "ip6_tables_names"
+	}
+	b, err := os.ReadFile("/proc/thread-self/net/" + name)
+	if err != nil {
+		return !errors.Is(err, os.ErrNotExist) // no module loaded: no table
+	}
+	return slices.Contains(strings.Fields(string(b)), table)
 }
 
 func run(ctx context.Context, name string, args ...string) (string, error) {
