@@ -27,7 +27,7 @@ func TestCascadeShares(t *testing.T) {
 			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
 			sum += float64(w)
 		}
-		rules := cascade(famIPv4, datapath.TCP, eps, 0)
+		rules := cascade(famIPv4, datapath.TCP, eps, 0, nil)
 		if len(rules) != len(eps) {
 			t.Fatalf("%v: %d rules for %d endpoints", ws, len(rules), len(eps))
 		}
@@ -68,8 +68,10 @@ func mustScan(t *testing.T, s, format string, args ...any) {
 func TestSupportedLeavesOutUnsupported(t *testing.T) {
 	svc, other := datapath.ServicePortName{Namespace: "ns", Name: "a"}, datapath.ServicePortName{Namespace: "ns", Name: "b"}
 	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Affinity: time.Hour}
-	if kept, errs := supported([]datapath.Frontend{ok}); len(kept) != 1 || errs != nil {
-		t.Fatalf("ClusterIP with affinity: kept %d, errors %v", len(kept), errs)
+	ok6 := ok
+	ok6.Addr, ok6.Family = netip.MustParseAddr("fd00::1"), datapath.IPv6
+	if kept, errs := supported([]datapath.Frontend{ok, ok6}); len(kept) != 2 || errs != nil {
+		t.Fatalf("ClusterIP with affinity in both families: kept %d, errors %v", len(kept), errs)
 	}
 	for _, tc := range []struct {
 		name string
@@ -77,9 +79,7 @@ func TestSupportedLeavesOutUnsupported(t *testing.T) {
 		want string
 	}{
 		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
-		{"IPv6 affinity", func(f *datapath.Frontend) {
-			f.Addr, f.Family = netip.MustParseAddr("fd00::1"), datapath.IPv6
-		}, "session affinity over IPv6"},
+		{"unknown protocol", func(f *datapath.Frontend) { f.Protocol = "Bogus" }, "protocol Bogus"},
 	} {
 		bad := ok
 		tc.mod(&bad)
