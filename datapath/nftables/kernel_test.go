@@ -600,6 +600,16 @@ func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapa
 		}
 		affinityOf[s] = affinity
 		p.Frontends = append(p.Frontends, clusterIP(s, proto, vip, 80, eps...))
+		if r.IntN(2) == 0 {
+			// Its IPv6 ClusterIP, the same endpoints over IPv6 (with
+			// affinity: a set per endpoint, created and deleted with it).
+			var eps6 []datapath.Endpoint
+			for _, e := range eps {
+				a := e.Addr.Addr().As4()
+				eps6 = append(eps6, datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0: 0xfd, 4: 2, 5: 0x44, 14: a[2], 15: a[3]}), 8080), Weight: e.Weight})
+			}
+			p.Frontends = append(p.Frontends, clusterIP(s, proto, fmt.Sprintf("fd00:96::1:%d", i+1), 80, eps6...))
+		}
 		// Traffic policy Local for the external frontends: half of the
 		// endpoints are local, the rest short-circuit only.
 		local := r.IntN(3) == 0
@@ -649,17 +659,17 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 1))
 	ctx := context.Background()
 	a, b := netns.New(t, "nftpartial"), netns.New(t, "nftfull")
-	o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}}
+	o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR, clusterCIDR6}, IPv6: true}
 	p := newProxier(t, a, o)
 	plan := randomPlan(r, 1, nil, nil)
 	plan.Full = true
 	if err := p.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	sawAffinity := map[bool]bool{}
+	sawAffinity, sawAff6 := map[bool]bool{}, false
 	defer func() {
-		if !t.Failed() && (!sawAffinity[true] || !sawAffinity[false]) {
-			t.Errorf("the sequence never went with and without session affinity: %v", sawAffinity)
+		if !t.Failed() && (!sawAffinity[true] || !sawAffinity[false] || !sawAff6) {
+			t.Errorf("the sequence never went with and without session affinity: %v (IPv6 affinity sets: %v)", sawAffinity, sawAff6)
 		}
 	}()
 	for step := range 80 {
@@ -682,6 +692,7 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 		plan = next
 		hasAffinity := strings.Contains(plan.String(), "affinity=")
 		sawAffinity[hasAffinity] = true
+		sawAff6 = sawAff6 || strings.Contains(list(t, a, "table", "ip6", TableName), "\tset aff-")
 		q := newProxier(t, b, o)
 		full := *plan
 		full.Full, full.Changed = true, nil
@@ -998,7 +1009,8 @@ func TestAffinity(t *testing.T) {
 }
 
 // Session affinity over IPv6: one set of client addresses per endpoint
-// of the Service. A client sticks to the endpoint it first got, in the
+// of the Service. A client sticks to the endpoint it first got (through
+// the cluster IP, and an outside client through the node port), in the
 // same apply as the IPv4 frontend of the Service (also sticky) and the
 // partial ones after it; the endpoint's set lists the client; when that
 // endpoint leaves the Service its set goes and the client moves,
@@ -1010,9 +1022,10 @@ func TestAffinityIPv6(t *testing.T) {
 	plan := func(gen uint64, pods ...int) *datapath.Plan {
 		f4 := clusterIP(aff, datapath.TCP, "10.96.0.60", 80, w.eps(0, 1)...)
 		f6 := clusterIP(aff, datapath.TCP, "fd00:96::60", 80, w.eps6(pods...)...)
+		np6 := nodePort(aff, datapath.TCP, datapath.IPv6, 30061, w.eps6(pods...)...)
 		s6 := clusterIP(short, datapath.TCP, "fd00:96::61", 80, w.eps6(0, 1)...)
-		f4.Affinity, f6.Affinity, s6.Affinity = time.Hour, time.Hour, time.Second
-		pl := newPlan(gen, f4, f6, s6, clusterIP(w.web6, datapath.TCP, "fd00:96::10", 80, w.eps6(0, 1)...))
+		f4.Affinity, f6.Affinity, np6.Affinity, s6.Affinity = time.Hour, time.Hour, time.Hour, time.Second
+		pl := newPlan(gen, f4, f6, np6, s6, clusterIP(w.web6, datapath.TCP, "fd00:96::10", 80, w.eps6(0, 1)...))
 		if gen > 1 {
 			pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{aff: true}
 		}
@@ -1040,6 +1053,10 @@ func TestAffinityIPv6(t *testing.T) {
 		}
 		if seen := reach(t, 20, pod3.NS, "[fd00:96::10]:80", false, pod3.IP6); len(seen) != 2 {
 			t.Fatalf("apply %d: IPv6 ClusterIP without affinity answered by %v, want both endpoints", gen, seen)
+		}
+		// The node port, from outside (masqueraded: the pods see the node).
+		if seen := reach(t, 20, w.client, "["+w.node.LinkIP6.String()+"]:30061", false, w.node.Gateway6); len(seen) != 1 {
+			t.Fatalf("apply %d: IPv6 node port with affinity answered by %v, want one endpoint every time", gen, seen)
 		}
 	}
 	firstIdx := slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == first })

@@ -25,7 +25,7 @@ const (
 	mapNoEndpoints   = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
 	mapNoEPPorts     = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
 	setHairpin       = "hairpin"               // ep . ep: an endpoint reaching itself
-	mapAffinity      = "affinity"              // saddr . daddr . proto . dport : ep . port (dynamic, timeouts)
+	mapAffinity      = "affinity"              // saddr . daddr . proto . dport : ep . port (dynamic, timeouts; ip only, see epAffinity)
 	setNodePortIPs   = "nodeport-ips"          // daddr: node-port addresses (nodePortAddresses)
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
