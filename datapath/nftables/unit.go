@@ -377,7 +377,11 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity, affSet)...)
 		if c.affinity > 0 && affSet != nil {
 			for _, e := range c.eps {
-				if n := affSet(e.Addr); !slices.Contains(u.affSets, n) {
+				n := affSet(e.Addr)
+				if len(n) >= maxChainLen {
+					return nil, fmt.Errorf("nftables: affinity set name %s is longer than %d bytes", n, maxChainLen-1)
+				}
+				if !slices.Contains(u.affSets, n) {
 					u.affSets = append(u.affSets, n)
 				}
 			}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -287,5 +288,34 @@ func TestBuildUnitSourceRangesHoldNode(t *testing.T) {
 	// Key: daddr . proto . dport, then the source: 172.30.0.1 (ac1e0001).
 	if got := allowed(true); len(got) != 2 || !strings.Contains(strings.Join(got, " "), "01bb0000ac1e0001-ac1e00010600000001bb0000ac1e0001") {
 		t.Errorf("ranges holding the node: %q, want the range and the source 172.30.0.1 alone", got)
+	}
+}
+
+// Per-endpoint affinity set names never collide: distinct service ports
+// and endpoints give distinct names, whatever their texts hold (an
+// unnamed port, an IPv4-mapped address whose text has dots, addresses
+// whose texts differ only in where the colons are), and every name is an
+// nft identifier (letters, digits, '/', '-', '_', '.').
+func TestAffinitySetNamesAreDistinct(t *testing.T) {
+	svcs := []datapath.ServicePortName{{Namespace: "ns", Name: "a"}, {Namespace: "ns", Name: "a", Port: "p"}, {Namespace: "ns", Name: "a-p"}, {Namespace: "ns-a", Name: "p"}}
+	var eps []netip.AddrPort
+	for _, a := range []string{"fd00::1", "fd00::1:0", "::ffff:1.2.3.4", "::ffff:1:2:3:4", "1::2:3", "1:0:0:2::3", "fd00:244::2"} {
+		for _, port := range []uint16{80, 8080, 1} {
+			eps = append(eps, netip.AddrPortFrom(netip.MustParseAddr(a), port))
+		}
+	}
+	ident := regexp.MustCompile(`^[A-Za-z][A-Za-z0-9/_.-]*$`)
+	seen := map[string]string{}
+	for _, s := range svcs {
+		for _, e := range eps {
+			n, who := affinitySetName(s, e), s.String()+" "+e.String()
+			if !ident.MatchString(n) {
+				t.Errorf("%s: %q is not an nft identifier", who, n)
+			}
+			if prev, ok := seen[n]; ok {
+				t.Errorf("%s and %s share the set name %q", prev, who, n)
+			}
+			seen[n] = who
+		}
 	}
 }
