@@ -2,7 +2,7 @@
 // datapath.Plan over netlink (github.com/google/nftables, no nft binary),
 // one transaction per Apply; the agent's `mode: nftables`. It leaves out,
 // by name, the frontends it does not program (ErrUnsupported: an unknown
-// frontend kind or protocol, session affinity over IPv6), each service
+// frontend kind or protocol), each service
 // port concerned returned as a *datapath.PortError (a refusal in status),
 // and programs the rest of the plan.
 //
@@ -40,8 +40,13 @@
 //
 //	svc- with session affinity: the dynamic map @affinity (client .
 //	             frontend : endpoint) looked up first, updated by the cascade
+//	             (ip6: a set of clients per endpoint, @aff-NS/NAME/ADDR/PORT,
+//	             "ip6 saddr @aff-… update … dnat to" first, updated by the
+//	             cascade: nft 1.0.6 cannot read an IPv6 concatenation back
+//	             in an update)
 //
-// Five maps and five sets, whatever the number of Services; a Service adds
+// Five maps and five sets, whatever the number of Services (and in the ip6
+// table one set per endpoint of a Service with affinity); a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and

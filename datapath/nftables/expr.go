@@ -336,6 +336,16 @@ func ruleDNAT(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32)
 // ruleDNATAffinity is ruleDNAT that, with a timeout, also remembers the
 // endpoint for the client (affinityUpdate) before the dnat.
 func ruleDNATAffinity(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32, affinity time.Duration) rule {
+	if affinity <= 0 {
+		return ruleDNATUpdate(f, proto, to, mod, w, nil, "")
+	}
+	u, t := affinityUpdate(f, to, affinity)
+	return ruleDNATUpdate(f, proto, to, mod, w, u, t)
+}
+
+// ruleDNATUpdate is ruleDNAT with the update statement upd (text t), if
+// any, between the numgen test and the dnat.
+func ruleDNATUpdate(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32, upd []expr.Any, t string) rule {
 	var ex []expr.Any
 	text := ""
 	switch {
@@ -352,9 +362,8 @@ func ruleDNATAffinity(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w
 			&expr.Cmp{Op: expr.CmpOpLt, Register: reg1, Data: beU32(w)})
 		text = fmt.Sprintf("numgen random mod %d < %d ", mod, w)
 	}
-	if affinity > 0 {
-		u, t := affinityUpdate(f, to, affinity)
-		ex = append(ex, u...)
+	if upd != nil {
+		ex = append(ex, upd...)
 		text += t + " "
 	}
 	port := binary.BigEndian.AppendUint16(nil, to.Port())
@@ -472,6 +481,34 @@ func affinityUpdate(f *fam, to netip.AddrPort, timeout time.Duration) ([]expr.An
 		&expr.Dynset{SrcRegKey: reg1, SrcRegData: free, SetName: mapAffinity, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout})
 	data := to.Addr().String() + " . " + fmt.Sprint(to.Port())
 	return ex, "update @" + mapAffinity + " { " + affinityKeyText(f) + " timeout " + nftTime(timeout) + " : " + data + " }"
+}
+
+// ruleAffinityCheck: "ip6 saddr @SET update @SET { ip6 saddr timeout T }
+// meta l4proto P dnat to ADDR:PORT": a client remembered in the
+// endpoint's affinity set (epAffinity) goes back to it, and its timeout
+// starts again (kube-proxy counts it from the last connection).
+func ruleAffinityCheck(f *fam, proto datapath.Protocol, to netip.AddrPort, set string, affinity time.Duration) rule {
+	r := ruleDNATAffinitySet(f, proto, to, 0, 0, affinity, set)
+	r.exprs = append([]expr.Any{loadAddr(f, false, reg1), &expr.Lookup{SourceRegister: reg1, SetName: set}}, r.exprs...)
+	r.text = addrWord(f, false) + " @" + set + " " + r.text
+	return r
+}
+
+// ruleDNATAffinitySet is ruleDNAT that, with a timeout, also remembers the
+// client in the endpoint's affinity set (epAffinity): "[numgen …] update
+// @SET { ip6 saddr timeout T } meta l4proto P dnat to ADDR:PORT". The key
+// is the address alone, no concatenation, which Debian 12's nft reads
+// back for IPv6 too.
+func ruleDNATAffinitySet(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32, affinity time.Duration, set string) rule {
+	if affinity <= 0 {
+		return ruleDNAT(f, proto, to, mod, w)
+	}
+	upd := []expr.Any{
+		loadAddr(f, false, reg1),
+		&expr.Dynset{SrcRegKey: reg1, SetName: set, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: affinity},
+	}
+	t := "update @" + set + " { " + addrWord(f, false) + " timeout " + nftTime(affinity) + " }"
+	return ruleDNATUpdate(f, proto, to, mod, w, upd, t)
 }
 
 // nftTime writes d as nft prints a timeout: days, hours, minutes,

@@ -140,7 +140,12 @@ func goldenPlan() *datapath.Plan {
 	fw.SourceRanges = []netip.Prefix{netip.MustParsePrefix("192.168.77.0/24"), netip.MustParsePrefix("10.1.2.3/32"), netip.MustParsePrefix("fd00:77::/64")}
 	locLB := external(loc, datapath.LoadBalancer, "198.51.100.40", 80)
 	locLB.LocalOnly, locLB.Cluster, locLB.Drop = true, all, true
-	return newPlan(1,
+	sticky6 := svcName("default", "sticky6", "")
+	eps6 := []datapath.Endpoint{ep("[fd00:244::2]:8080", 1), ep("[fd00:244::3]:8080", 1)}
+	aff6 := clusterIP(sticky6, datapath.TCP, "fd00:96::60", 80, eps6...)
+	aff6NP := nodePort(sticky6, datapath.TCP, datapath.IPv6, 30060, eps6...)
+	aff6.Affinity, aff6NP.Affinity = 3*time.Hour, 3*time.Hour
+	return newPlan(1, aff6, aff6NP,
 		clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), locNP, locLB, fw,
 		clusterIP(web, datapath.TCP, "10.96.0.10", 80, eps...),
 		nodePort(web, datapath.TCP, datapath.IPv4, 30080, eps...),
@@ -595,6 +600,16 @@ func randomPlan(r *rand.Rand, gen uint64, keep *datapath.Plan, change map[datapa
 		}
 		affinityOf[s] = affinity
 		p.Frontends = append(p.Frontends, clusterIP(s, proto, vip, 80, eps...))
+		if r.IntN(2) == 0 {
+			// Its IPv6 ClusterIP, the same endpoints over IPv6 (with
+			// affinity: a set per endpoint, created and deleted with it).
+			var eps6 []datapath.Endpoint
+			for _, e := range eps {
+				a := e.Addr.Addr().As4()
+				eps6 = append(eps6, datapath.Endpoint{Addr: netip.AddrPortFrom(netip.AddrFrom16([16]byte{0: 0xfd, 4: 2, 5: 0x44, 14: a[2], 15: a[3]}), 8080), Weight: e.Weight})
+			}
+			p.Frontends = append(p.Frontends, clusterIP(s, proto, fmt.Sprintf("fd00:96::1:%d", i+1), 80, eps6...))
+		}
 		// Traffic policy Local for the external frontends: half of the
 		// endpoints are local, the rest short-circuit only.
 		local := r.IntN(3) == 0
@@ -644,17 +659,17 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 	r := rand.New(rand.NewPCG(27, 1))
 	ctx := context.Background()
 	a, b := netns.New(t, "nftpartial"), netns.New(t, "nftfull")
-	o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}}
+	o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR, clusterCIDR6}, IPv6: true}
 	p := newProxier(t, a, o)
 	plan := randomPlan(r, 1, nil, nil)
 	plan.Full = true
 	if err := p.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	sawAffinity := map[bool]bool{}
+	sawAffinity, sawAff6 := map[bool]bool{}, false
 	defer func() {
-		if !t.Failed() && (!sawAffinity[true] || !sawAffinity[false]) {
-			t.Errorf("the sequence never went with and without session affinity: %v", sawAffinity)
+		if !t.Failed() && (!sawAffinity[true] || !sawAffinity[false] || !sawAff6) {
+			t.Errorf("the sequence never went with and without session affinity: %v (IPv6 affinity sets: %v)", sawAffinity, sawAff6)
 		}
 	}()
 	for step := range 80 {
@@ -677,6 +692,7 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 		plan = next
 		hasAffinity := strings.Contains(plan.String(), "affinity=")
 		sawAffinity[hasAffinity] = true
+		sawAff6 = sawAff6 || strings.Contains(list(t, a, "table", "ip6", TableName), "\tset aff-")
 		q := newProxier(t, b, o)
 		full := *plan
 		full.Full, full.Changed = true, nil
@@ -992,39 +1008,107 @@ func TestAffinity(t *testing.T) {
 	}
 }
 
-// A Service with session affinity in both families: its IPv6 frontend is
-// left out and reported as a PortError, while its IPv4 one (sticky) and
-// every other Service are programmed, in the same apply and the partial
-// ones after it.
-func TestAffinityIPv6LeftOut(t *testing.T) {
+// Session affinity over IPv6: one set of client addresses per endpoint
+// of the Service. A client sticks to the endpoint it first got (through
+// the cluster IP, and an outside client through the node port), in the
+// same apply as the IPv4 frontend of the Service (also sticky) and the
+// partial ones after it; the endpoint's set lists the client; when that
+// endpoint leaves the Service its set goes and the client moves,
+// although the old endpoint still answers. With a short timeout the
+// client's entry expires and it is placed anew.
+func TestAffinityIPv6(t *testing.T) {
 	w := newWorld(t)
-	aff := svcName("default", "sticky", "")
-	plan := func(gen uint64) *datapath.Plan {
+	aff, short := svcName("default", "sticky", ""), svcName("default", "short", "")
+	plan := func(gen uint64, pods ...int) *datapath.Plan {
 		f4 := clusterIP(aff, datapath.TCP, "10.96.0.60", 80, w.eps(0, 1)...)
-		f6 := clusterIP(aff, datapath.TCP, "fd00:96::60", 80, w.eps6(0, 1)...)
-		f4.Affinity, f6.Affinity = time.Hour, time.Hour
-		pl := newPlan(gen, f4, f6, clusterIP(w.web6, datapath.TCP, "fd00:96::10", 80, w.eps6(0, 1)...))
+		f6 := clusterIP(aff, datapath.TCP, "fd00:96::60", 80, w.eps6(pods...)...)
+		np6 := nodePort(aff, datapath.TCP, datapath.IPv6, 30061, w.eps6(pods...)...)
+		s6 := clusterIP(short, datapath.TCP, "fd00:96::61", 80, w.eps6(0, 1)...)
+		f4.Affinity, f6.Affinity, np6.Affinity, s6.Affinity = time.Hour, time.Hour, time.Hour, time.Second
+		pl := newPlan(gen, f4, f6, np6, s6, clusterIP(w.web6, datapath.TCP, "fd00:96::10", 80, w.eps6(0, 1)...))
 		if gen > 1 {
-			pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{aff: true, w.web6: true}
+			pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{aff: true}
 		}
 		return pl
 	}
+	ctx := context.Background()
 	pod3 := w.pods[2]
+	var first string
 	for gen := uint64(1); gen <= 2; gen++ {
-		err := w.p.Apply(context.Background(), plan(gen))
-		ports, rest := datapath.SplitPortErrors(err)
-		if rest != nil || len(ports) != 1 || ports[0].Service != aff || !errors.Is(err, ErrUnsupported) {
-			t.Fatalf("apply %d: %v, want only a PortError of %s wrapping ErrUnsupported", gen, err, aff)
+		if err := w.p.Apply(ctx, plan(gen, 0, 1)); err != nil {
+			t.Fatalf("apply %d: %v", gen, err)
 		}
 		if seen := reach(t, 10, pod3.NS, "10.96.0.60:80", false, pod3.IP); len(seen) != 1 {
 			t.Fatalf("apply %d: IPv4 affinity answered by %v, want one endpoint every time", gen, seen)
 		}
+		seen := reach(t, 20, pod3.NS, "[fd00:96::60]:80", false, pod3.IP6)
+		if len(seen) != 1 {
+			t.Fatalf("apply %d: IPv6 affinity answered by %v, want one endpoint every time", gen, seen)
+		}
+		for name := range seen {
+			if first != "" && name != first {
+				t.Fatalf("apply %d: answered by %s, before by %s", gen, name, first)
+			}
+			first = name
+		}
 		if seen := reach(t, 20, pod3.NS, "[fd00:96::10]:80", false, pod3.IP6); len(seen) != 2 {
-			t.Fatalf("apply %d: IPv6 ClusterIP answered by %v, want both endpoints", gen, seen)
+			t.Fatalf("apply %d: IPv6 ClusterIP without affinity answered by %v, want both endpoints", gen, seen)
 		}
-		if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "fd00:96::60") || strings.Contains(out, "map "+mapAffinity) {
-			t.Fatalf("apply %d: the ip6 table holds the left-out frontend:\n%s", gen, out)
+		// The node port, from outside (masqueraded: the pods see the node).
+		if seen := reach(t, 20, w.client, "["+w.node.LinkIP6.String()+"]:30061", false, w.node.Gateway6); len(seen) != 1 {
+			t.Fatalf("apply %d: IPv6 node port with affinity answered by %v, want one endpoint every time", gen, seen)
 		}
+	}
+	firstIdx := slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == first })
+	set := affinitySetName(aff, w.pods[firstIdx].AddrPort6(8080))
+	if out := list(t, w.node.NS, "set", "ip6", TableName, set); !strings.Contains(out, pod3.IP6.String()) {
+		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP6, out)
+	}
+	if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "map "+mapAffinity) {
+		t.Fatalf("the ip6 table has the affinity map:\n%s", out)
+	}
+
+	// The endpoint the client sticks to leaves the Service (it still
+	// answers): the client moves to the other one, and the set is gone.
+	other := 1 - firstIdx
+	if err := w.p.Apply(ctx, plan(3, other)); err != nil {
+		t.Fatal(err)
+	}
+	if seen := reach(t, 5, pod3.NS, "[fd00:96::60]:80", false, pod3.IP6); seen[w.pods[other].PodName] != 5 {
+		t.Fatalf("after the endpoint left, answered by %v, want %s", seen, w.pods[other].PodName)
+	}
+	if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "set "+set+" ") {
+		t.Fatalf("the set of the removed endpoint is still there:\n%s", out)
+	}
+	// Back: its set is created again, empty; the client stays where it is.
+	if err := w.p.Apply(ctx, plan(4, 0, 1)); err != nil {
+		t.Fatal(err)
+	}
+	if seen := reach(t, 10, pod3.NS, "[fd00:96::60]:80", false, pod3.IP6); seen[w.pods[other].PodName] != 10 {
+		t.Fatalf("after the endpoint came back, answered by %v, want %s every time", seen, w.pods[other].PodName)
+	}
+
+	// A timeout of 1s: the entry expires (the kernel lists no expired
+	// element), and a later connection may go to either endpoint; within
+	// at most 20 rounds (a chance of 2^-20 to stay on one), it moves.
+	var got []string
+	for round := range 20 {
+		r, err := pod3.NS.TCP(netip.MustParseAddrPort("[fd00:96::61]:80"), wait)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, r.Name)
+		if round > 0 && r.Name != got[0] {
+			break
+		}
+		time.Sleep(1500 * time.Millisecond)
+		s := affinitySetName(short, w.pods[slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == r.Name })].AddrPort6(8080))
+		if out := list(t, w.node.NS, "set", "ip6", TableName, s); strings.Contains(out, pod3.IP6.String()) {
+			t.Fatalf("round %d: the entry of %s outlived its timeout of 1s:\n%s", round, pod3.IP6, out)
+		}
+	}
+	if !slices.ContainsFunc(got, func(n string) bool { return n != got[0] }) {
+		t.Fatalf("after each timeout the client went to %v, never elsewhere", got)
 	}
 }
 

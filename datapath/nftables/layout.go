@@ -2,6 +2,8 @@ package nftables
 
 import (
 	"net/netip"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/google/nftables"
@@ -23,7 +25,7 @@ const (
 	mapNoEndpoints   = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
 	mapNoEPPorts     = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
 	setHairpin       = "hairpin"               // ep . ep: an endpoint reaching itself
-	mapAffinity      = "affinity"              // saddr . daddr . proto . dport : ep . port (dynamic, timeouts)
+	mapAffinity      = "affinity"              // saddr . daddr . proto . dport : ep . port (dynamic, timeouts; ip only, see epAffinity)
 	setNodePortIPs   = "nodeport-ips"          // daddr: node-port addresses (nodePortAddresses)
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
@@ -74,6 +76,12 @@ type fam struct {
 	addrType    nftables.SetDatatype
 	loopback    netip.Prefix
 	portUnreach uint8 // ICMP(v6) port unreachable, what reject sends
+	// epAffinity: session affinity in sets of client addresses, one per
+	// endpoint of a Service with affinity (see affinitySetName), instead
+	// of the one affinity map: Debian 12's nft aborts reading back an
+	// update whose key or data concatenates an IPv6 address with another
+	// field, and a single address is no concatenation.
+	epAffinity bool
 }
 
 var (
@@ -82,7 +90,7 @@ var (
 		loopback: netip.MustParsePrefix("127.0.0.0/8"), portUnreach: 3}
 	famIPv6 = &fam{family: datapath.IPv6, tf: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, name: "ip6",
 		addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr,
-		loopback: netip.MustParsePrefix("::1/128"), portUnreach: 4}
+		loopback: netip.MustParsePrefix("::1/128"), portUnreach: 4, epAffinity: true}
 )
 
 // chainName is the chain of one service port: "svc-" or "ext-" and
@@ -121,6 +129,19 @@ func (f *fam) allSets() []setSpec {
 	return append(f.sets(), setSpec{mapAffinity, []nftables.SetDatatype{f.addrType, f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false,
 		[]nftables.SetDatatype{f.addrType, nftables.TypeInetService}, true})
 }
+
+// affinitySetName names the set of the clients that stick to endpoint
+// ep of service port s (epAffinity): "aff-NS/NAME[/PORT]/ADDR/PORT", the
+// address's colons written as '-' (nft's identifiers allow letters,
+// digits, '/', '-', '_' and '.', not ':'). Kubernetes names keep it under
+// nf_tables' 256 bytes; the last two fields are read from the right, so
+// names never collide.
+func affinitySetName(s datapath.ServicePortName, ep netip.AddrPort) string {
+	return "aff-" + chainName("", s) + "/" + strings.ReplaceAll(ep.Addr().String(), ":", "-") + "/" + strconv.Itoa(int(ep.Port()))
+}
+
+// affinitySetSize bounds each per-endpoint affinity set (epAffinity).
+const affinitySetSize = 1 << 16
 
 func (f *fam) sets() []setSpec {
 	return []setSpec{

@@ -45,12 +45,36 @@ func (f *fam) features(bit uint32) []feature {
 		{"masquerade", ruleMasquerade()},
 		{"reject", ruleReject(f)},
 	}
-	if f.family == datapath.IPv4 {
+	if f.epAffinity {
+		out = append(out,
+			feature{"set lookups and dynamic set updates with timeouts (session affinity)", ruleAffinityCheck(f, datapath.TCP, to, probeAffSet, time.Hour)})
+	} else {
 		out = append(out,
 			feature{"map lookups with data (session affinity)", ruleAffinityLookup(f, datapath.TCP)},
 			feature{"dynamic set updates with timeouts (session affinity)", ruleDNATAffinity(f, datapath.TCP, to, 0, 0, time.Hour)})
 	}
 	return out
+}
+
+// probeAffSet is the per-endpoint affinity set (epAffinity) the probe
+// creates.
+const probeAffSet = "aff-probe"
+
+// probeSets are the sets the probe creates in f's table: the fixed ones,
+// and the affinity map or a per-endpoint affinity set (epAffinity).
+func (f *fam) probeSets() []string {
+	var sets []string
+	specs := f.allSets()
+	if f.epAffinity {
+		specs = f.sets()
+	}
+	for _, s := range specs {
+		sets = append(sets, s.name)
+	}
+	if f.epAffinity {
+		sets = append(sets, probeAffSet)
+	}
+	return sets
 }
 
 // probeBase are the base chain types the datapath hooks.
@@ -84,10 +108,7 @@ func (p *Proxier) probe(ctx context.Context, features func(*fam) []feature) erro
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		var sets []string
-		for _, s := range t.f.allSets() {
-			sets = append(sets, s.name)
-		}
+		sets := t.f.probeSets()
 		feats := features(t.f)
 		if p.probeOnce(t.f, probeSpec{sets, probeBase, feats}) == nil {
 			continue
@@ -129,7 +150,11 @@ func (p *Proxier) probeOnce(f *fam, spec probeSpec) error {
 	c.DelTable(ob.t)
 	c.AddTable(ob.t)
 	for _, s := range spec.sets {
-		if err := c.AddSet(ob.sets[s], nil); err != nil {
+		set := ob.sets[s]
+		if set == nil {
+			set = ob.affSet(f, s)
+		}
+		if err := c.AddSet(set, nil); err != nil {
 			c.DelTable(ob.t)
 			_ = c.Flush()
 			return err

@@ -54,6 +54,30 @@ func newObjects(f *fam) *objects {
 	return o
 }
 
+// affSet is the per-endpoint affinity set name (epAffinity): client
+// addresses, filled by the packet path with timeouts.
+func (o *objects) affSet(f *fam, name string) *nftables.Set {
+	return &nftables.Set{Table: o.t, Name: name, KeyType: f.addrType, Dynamic: true, HasTimeout: true, Size: affinitySetSize}
+}
+
+// addAffSets creates the per-endpoint affinity sets names, before the
+// rules that use them.
+func (b *batch) addAffSets(o *objects, f *fam, names []string) {
+	for _, n := range names {
+		set := o.affSet(f, n)
+		b.add(func() { _ = b.c.AddSet(set, nil) })
+	}
+}
+
+// delAffSets deletes the per-endpoint affinity sets names, after the
+// rules that used them.
+func (b *batch) delAffSets(o *objects, f *fam, names []string) {
+	for _, n := range names {
+		set := o.affSet(f, n)
+		b.add(func() { b.c.DelSet(set) })
+	}
+}
+
 func (o *objects) chain(c chainSpec) *nftables.Chain {
 	ch := &nftables.Chain{Name: c.name, Table: o.t}
 	if c.hook != nil {
@@ -166,6 +190,9 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 	slices.SortFunc(names, datapath.ServicePortName.Compare)
 	all := map[elemKey]target{}
 	for _, s := range names {
+		b.addAffSets(ob, t.f, pd.units[s].affSets)
+	}
+	for _, s := range names {
 		u := pd.units[s]
 		for _, c := range u.chains {
 			b.addChain(ob, c)
@@ -218,6 +245,7 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 	ob := newObjects(t.f)
 	del, add := map[elemKey]target{}, map[elemKey]target{}
 	var delChains, addChains, rewrite []chainSpec
+	var addSets, delSets []string
 	for s := range scope {
 		old := t.units[s]
 		if old == nil {
@@ -250,6 +278,16 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		for k, v := range nu.elems {
 			if ov, ok := oldElems[k]; !ok || ov != v {
 				add[k] = v
+			}
+		}
+		for _, n := range nu.affSets {
+			if !slices.Contains(old.affSets, n) {
+				addSets = append(addSets, n)
+			}
+		}
+		for _, n := range old.affSets {
+			if !slices.Contains(nu.affSets, n) {
+				delSets = append(delSets, n)
 			}
 		}
 		for i := len(old.chains) - 1; i >= 0; i-- {
@@ -314,6 +352,7 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 	for _, c := range delChains {
 		b.delChain(ob, c)
 	}
+	b.addAffSets(ob, t.f, addSets)
 	for _, c := range addChains {
 		b.addChain(ob, c)
 	}
@@ -324,6 +363,9 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		b.addRules(ob, c)
 	}
 	b.elems(ob, false, add)
+	// Per-endpoint affinity sets go once no rule uses them: their
+	// chains were rewritten or deleted above.
+	b.delAffSets(ob, t.f, delSets)
 	if t.affinity && !pd.affinity {
 		set := ob.sets[mapAffinity]
 		b.add(func() { b.c.DelSet(set) })

@@ -17,7 +17,7 @@ import (
 
 // ErrUnsupported is wrapped by the *datapath.PortError Apply returns for
 // a service port with a frontend this datapath cannot program (an unknown
-// kind or protocol, session affinity over IPv6): those frontends are left
+// kind or protocol): those frontends are left
 // out, the rest of the plan is programmed.
 var ErrUnsupported = errors.New("nftables: not supported yet")
 
@@ -28,12 +28,6 @@ var ErrUnsupported = errors.New("nftables: not supported yet")
 // affinity.
 func unsupported(f *datapath.Frontend) string {
 	switch {
-	case f.Affinity > 0 && f.Family == datapath.IPv6:
-		// Its update statement (a 40-byte key, an 18-byte value) works in
-		// the kernel, but Debian 12's nft aborts reading it back
-		// (netlink_gen_expr: "dreg < ctx->reg_low"): operators could
-		// not load what they list.
-		return "session affinity over IPv6"
 	case f.Kind != datapath.ClusterIP && f.Kind != datapath.NodePort && f.Kind != datapath.ExternalIP && f.Kind != datapath.LoadBalancer:
 		return "frontend kind " + string(f.Kind)
 	case f.Protocol.Number() == 0:
@@ -45,8 +39,8 @@ func unsupported(f *datapath.Frontend) string {
 // supported returns the frontends this datapath programs and, for each
 // service port with one it cannot, a *datapath.PortError wrapping
 // ErrUnsupported that says why and how many of its frontends are left
-// out. Only those frontends are: one Service with session affinity over
-// IPv6 must not stop every other Service, nor its own IPv4 frontends.
+// out. Only those frontends are: one Service with a frontend of an
+// unknown kind must not stop every other Service, nor its other frontends.
 // frontends itself is returned when nothing is left out.
 func supported(frontends []datapath.Frontend) ([]datapath.Frontend, []error) {
 	type refusal struct {
@@ -169,7 +163,8 @@ type unit struct {
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
 	counted []elemKey          // sorted
-	aff     []affFrontend      // frontends with session affinity
+	aff     []affFrontend      // frontends with session affinity (the affinity map)
+	affSets []string           // its per-endpoint affinity sets (epAffinity), sorted
 }
 
 // affFrontend is a frontend with session affinity, as the entries of the
@@ -193,7 +188,7 @@ func (a affFrontend) equal(b affFrontend) bool {
 
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, aff: u.aff}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, aff: u.aff, affSets: u.affSets}
 	for i, c := range u.chains {
 		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
 	}
@@ -324,7 +319,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				continue
 			}
 		}
-		if fr.Affinity > 0 {
+		if fr.Affinity > 0 && !f.epAffinity {
 			a := affFrontend{proto: fr.Protocol.Number(), port: fr.Port}
 			if fr.Kind != datapath.NodePort {
 				a.addr = fr.Addr
@@ -374,11 +369,27 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	}
 	proto := fs[0].Protocol
 	seen := map[netip.Addr]bool{}
+	var affSet func(netip.AddrPort) string
+	if f.epAffinity {
+		affSet = func(ep netip.AddrPort) string { return affinitySetName(fs[0].Service, ep) }
+	}
 	for _, c := range lbs {
-		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity)...)
+		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity, affSet)...)
+		if c.affinity > 0 && affSet != nil {
+			for _, e := range c.eps {
+				n := affSet(e.Addr)
+				if len(n) >= maxChainLen {
+					return nil, fmt.Errorf("nftables: affinity set name %s is longer than %d bytes", n, maxChainLen-1)
+				}
+				if !slices.Contains(u.affSets, n) {
+					u.affSets = append(u.affSets, n)
+				}
+			}
+		}
 		c.marks, c.eps = nil, nil
 		u.chains = append(u.chains, *c)
 	}
+	slices.Sort(u.affSets)
 	for _, fr := range fs {
 		// Never append to the plan's slices: a Backend does not modify
 		// the plan it is given.
@@ -418,8 +429,13 @@ func suffix(i int) string {
 // With session affinity (a timeout), a client goes back to the endpoint
 // remembered for it and this frontend in the affinity map; each rule of
 // the cascade remembers the endpoint it picks, and a last rule without
-// the update catches a client the full map could not take.
-func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration) []rule {
+// the update catches a client the full map could not take. With affSet
+// (epAffinity), the endpoint is remembered instead in its own set of
+// client addresses, affSet(endpoint), which the rules before the
+// cascade look up, one per endpoint, as kube-proxy's nftables mode
+// does: a client sticks to its endpoint across the service port's
+// frontends.
+func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration, affSet func(netip.AddrPort) string) []rule {
 	g := uint32(0)
 	for _, e := range eps {
 		g = gcd(g, max(e.Weight, 1))
@@ -429,16 +445,28 @@ func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity 
 		rest += max(e.Weight, 1) / g
 	}
 	out := make([]rule, 0, len(eps)+2)
-	if affinity > 0 {
+	dnat := func(to netip.AddrPort, mod, w uint32) rule {
+		if affSet != nil {
+			return ruleDNATAffinitySet(f, proto, to, mod, w, affinity, affSet(to))
+		}
+		return ruleDNATAffinity(f, proto, to, mod, w, affinity)
+	}
+	switch {
+	case affinity > 0 && affSet != nil:
+		out = slices.Grow(out, len(eps))
+		for _, e := range eps {
+			out = append(out, ruleAffinityCheck(f, proto, e.Addr, affSet(e.Addr), affinity))
+		}
+	case affinity > 0:
 		out = append(out, ruleAffinityLookup(f, proto))
 	}
 	for i, e := range eps {
 		w := max(e.Weight, 1) / g
 		if i == len(eps)-1 {
-			out = append(out, ruleDNATAffinity(f, proto, e.Addr, 0, 0, affinity))
+			out = append(out, dnat(e.Addr, 0, 0))
 			break
 		}
-		out = append(out, ruleDNATAffinity(f, proto, e.Addr, rest, w, affinity))
+		out = append(out, dnat(e.Addr, rest, w))
 		rest -= w
 	}
 	if affinity > 0 {

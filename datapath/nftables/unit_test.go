@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -27,7 +28,7 @@ func TestCascadeShares(t *testing.T) {
 			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
 			sum += float64(w)
 		}
-		rules := cascade(famIPv4, datapath.TCP, eps, 0)
+		rules := cascade(famIPv4, datapath.TCP, eps, 0, nil)
 		if len(rules) != len(eps) {
 			t.Fatalf("%v: %d rules for %d endpoints", ws, len(rules), len(eps))
 		}
@@ -68,8 +69,10 @@ func mustScan(t *testing.T, s, format string, args ...any) {
 func TestSupportedLeavesOutUnsupported(t *testing.T) {
 	svc, other := datapath.ServicePortName{Namespace: "ns", Name: "a"}, datapath.ServicePortName{Namespace: "ns", Name: "b"}
 	ok := datapath.Frontend{Service: svc, Kind: datapath.ClusterIP, Protocol: datapath.TCP, Addr: netip.MustParseAddr("10.96.0.1"), Family: datapath.IPv4, Port: 80, Affinity: time.Hour}
-	if kept, errs := supported([]datapath.Frontend{ok}); len(kept) != 1 || errs != nil {
-		t.Fatalf("ClusterIP with affinity: kept %d, errors %v", len(kept), errs)
+	ok6 := ok
+	ok6.Addr, ok6.Family = netip.MustParseAddr("fd00::1"), datapath.IPv6
+	if kept, errs := supported([]datapath.Frontend{ok, ok6}); len(kept) != 2 || errs != nil {
+		t.Fatalf("ClusterIP with affinity in both families: kept %d, errors %v", len(kept), errs)
 	}
 	for _, tc := range []struct {
 		name string
@@ -77,9 +80,7 @@ func TestSupportedLeavesOutUnsupported(t *testing.T) {
 		want string
 	}{
 		{"unknown kind", func(f *datapath.Frontend) { f.Kind = "Bogus" }, "frontend kind Bogus"},
-		{"IPv6 affinity", func(f *datapath.Frontend) {
-			f.Addr, f.Family = netip.MustParseAddr("fd00::1"), datapath.IPv6
-		}, "session affinity over IPv6"},
+		{"unknown protocol", func(f *datapath.Frontend) { f.Protocol = "Bogus" }, "protocol Bogus"},
 	} {
 		bad := ok
 		tc.mod(&bad)
@@ -287,5 +288,34 @@ func TestBuildUnitSourceRangesHoldNode(t *testing.T) {
 	// Key: daddr . proto . dport, then the source: 172.30.0.1 (ac1e0001).
 	if got := allowed(true); len(got) != 2 || !strings.Contains(strings.Join(got, " "), "01bb0000ac1e0001-ac1e00010600000001bb0000ac1e0001") {
 		t.Errorf("ranges holding the node: %q, want the range and the source 172.30.0.1 alone", got)
+	}
+}
+
+// Per-endpoint affinity set names never collide: distinct service ports
+// and endpoints give distinct names, whatever their texts hold (an
+// unnamed port, an IPv4-mapped address whose text has dots, addresses
+// whose texts differ only in where the colons are), and every name is an
+// nft identifier (letters, digits, '/', '-', '_', '.').
+func TestAffinitySetNamesAreDistinct(t *testing.T) {
+	svcs := []datapath.ServicePortName{{Namespace: "ns", Name: "a"}, {Namespace: "ns", Name: "a", Port: "p"}, {Namespace: "ns", Name: "a-p"}, {Namespace: "ns-a", Name: "p"}}
+	var eps []netip.AddrPort
+	for _, a := range []string{"fd00::1", "fd00::1:0", "::ffff:1.2.3.4", "::ffff:1:2:3:4", "1::2:3", "1:0:0:2::3", "fd00:244::2"} {
+		for _, port := range []uint16{80, 8080, 1} {
+			eps = append(eps, netip.AddrPortFrom(netip.MustParseAddr(a), port))
+		}
+	}
+	ident := regexp.MustCompile(`^[A-Za-z][A-Za-z0-9/_.-]*$`)
+	seen := map[string]string{}
+	for _, s := range svcs {
+		for _, e := range eps {
+			n, who := affinitySetName(s, e), s.String()+" "+e.String()
+			if !ident.MatchString(n) {
+				t.Errorf("%s: %q is not an nft identifier", who, n)
+			}
+			if prev, ok := seen[n]; ok {
+				t.Errorf("%s and %s share the set name %q", prev, who, n)
+			}
+			seen[n] = who
+		}
 	}
 }
