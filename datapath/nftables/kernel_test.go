@@ -174,44 +174,7 @@ func TestGoldenRuleset(t *testing.T) {
 	if err := p.Apply(context.Background(), goldenPlan()); err != nil {
 		t.Fatal(err)
 	}
-	got := list(t, ns, "ruleset")
-	golden := filepath.Join("testdata", "ruleset.golden")
-	if *update {
-		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	want, err := os.ReadFile(golden)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got != string(want) {
-		t.Fatalf("nft list ruleset:\n%s\nwant (%s):\n%s", got, golden, want)
-	}
-
-	text := netns.New(t, "nfttext")
-	if _, err := text.Run("nft", "-f", golden); err != nil {
-		t.Fatal(err)
-	}
-	if back := list(t, text, "ruleset"); back != got {
-		t.Errorf("golden loaded with nft -f lists as:\n%s", back)
-	}
-
-	js, err := ns.Run("nft", "-j", "list", "ruleset")
-	if err != nil {
-		t.Fatal(err)
-	}
-	jf := filepath.Join(t.TempDir(), "ruleset.json")
-	if err := os.WriteFile(jf, chainsFirst(t, js), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	jsonNS := netns.New(t, "nftjson")
-	if _, err := jsonNS.Run("nft", "-j", "-f", jf); err != nil {
-		t.Fatal(err)
-	}
-	if back := list(t, jsonNS, "ruleset"); back != got {
-		t.Errorf("nft -j list ruleset loaded with nft -j -f lists as:\n%s", back)
-	}
+	roundTrip(t, ns, "ruleset.golden")
 
 	for _, tb := range p.tables {
 		chains := tb.f.fixedChains(&p.opts, tb.npIPs != nil)
@@ -1168,4 +1131,50 @@ func TestTampered(t *testing.T) {
 			t.Fatalf("after the rewrite answered by %v, want both endpoints", seen)
 		}
 	}
+}
+
+// roundTrip checks the ruleset of ns against testdata/name (rewritten with
+// -update) and that it survives Debian's nft both ways: the golden text
+// loaded with `nft -f`, and the JSON of `nft -j list ruleset` loaded with
+// `nft -j -f` (chains moved first, see chainsFirst), each into an empty
+// namespace, list as the golden again. It returns the listing.
+func roundTrip(t *testing.T, ns *netns.NS, name string) string {
+	t.Helper()
+	got := list(t, ns, "ruleset")
+	golden := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(golden, []byte(got), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(golden)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != string(want) {
+		t.Fatalf("nft list ruleset:\n%s\nwant (%s):\n%s", got, golden, want)
+	}
+	text := netns.New(t, "nfttext")
+	if _, err := text.Run("nft", "-f", golden); err != nil {
+		t.Fatal(err)
+	}
+	if back := list(t, text, "ruleset"); back != got {
+		t.Errorf("golden loaded with nft -f lists as:\n%s", back)
+	}
+	js, err := ns.Run("nft", "-j", "list", "ruleset")
+	if err != nil {
+		t.Fatal(err)
+	}
+	jf := filepath.Join(t.TempDir(), "ruleset.json")
+	if err := os.WriteFile(jf, chainsFirst(t, js), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	jsonNS := netns.New(t, "nftjson")
+	if _, err := jsonNS.Run("nft", "-j", "-f", jf); err != nil {
+		t.Fatal(err)
+	}
+	if back := list(t, jsonNS, "ruleset"); back != got {
+		t.Errorf("nft -j list ruleset loaded with nft -j -f lists as:\n%s", back)
+	}
+	return got
 }
