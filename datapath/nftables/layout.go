@@ -78,16 +78,18 @@ type fam struct {
 	portUnreach uint8 // ICMP(v6) port unreachable, what reject sends
 	// epAffinity: session affinity in sets of client addresses, one per
 	// endpoint of a Service with affinity (see affinitySetName), instead
-	// of the one affinity map: Debian 12's nft aborts reading back an
-	// update whose key or data concatenates an IPv6 address with another
-	// field, and a single address is no concatenation.
+	// of the one affinity map. Both families use them: the map's lookup
+	// cannot renew an entry's timeout in a form Debian 12's nft reads
+	// back (kube-proxy counts the timeout from the last connection, the
+	// map from the first), and nft aborts reading back an update whose
+	// key or data concatenates an IPv6 address with another field.
 	epAffinity bool
 }
 
 var (
 	famIPv4 = &fam{family: datapath.IPv4, tf: nftables.TableFamilyIPv4, nfproto: unix.NFPROTO_IPV4, name: "ip",
 		addrLen: 4, saddrOff: 12, daddrOff: 16, addrType: nftables.TypeIPAddr,
-		loopback: netip.MustParsePrefix("127.0.0.0/8"), portUnreach: 3}
+		loopback: netip.MustParsePrefix("127.0.0.0/8"), portUnreach: 3, epAffinity: true}
 	famIPv6 = &fam{family: datapath.IPv6, tf: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, name: "ip6",
 		addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr,
 		loopback: netip.MustParsePrefix("::1/128"), portUnreach: 4, epAffinity: true}
