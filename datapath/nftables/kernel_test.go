@@ -905,9 +905,6 @@ func TestAffinity(t *testing.T) {
 	if out := list(t, w.node.NS, "set", "ip", TableName, set); !strings.Contains(out, pod3.IP.String()+" timeout 3h expires") {
 		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP, out)
 	}
-	if out := list(t, w.node.NS, "table", "ip", TableName); strings.Contains(out, "map "+mapAffinity) {
-		t.Fatalf("the ip table has the affinity map:\n%s", out)
-	}
 
 	// Rule texts are nft's lines; the ruleset reloads as text.
 	u, err := buildUnit(famIPv4, &w.p.opts, plan(1, 0, 1).Frontends[:1])
@@ -1011,9 +1008,6 @@ func TestAffinityIPv6(t *testing.T) {
 	set := affinitySetName(aff, w.pods[firstIdx].AddrPort6(8080))
 	if out := list(t, w.node.NS, "set", "ip6", TableName, set); !strings.Contains(out, pod3.IP6.String()) {
 		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP6, out)
-	}
-	if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "map "+mapAffinity) {
-		t.Fatalf("the ip6 table has the affinity map:\n%s", out)
 	}
 
 	// The endpoint the client sticks to leaves the Service (it still
