@@ -145,7 +145,9 @@ func goldenPlan() *datapath.Plan {
 	aff6 := clusterIP(sticky6, datapath.TCP, "fd00:96::60", 80, eps6...)
 	aff6NP := nodePort(sticky6, datapath.TCP, datapath.IPv6, 30060, eps6...)
 	aff6.Affinity, aff6NP.Affinity = 3*time.Hour, 3*time.Hour
-	return newPlan(1, aff6, aff6NP,
+	aff4 := clusterIP(svcName("default", "sticky", ""), datapath.TCP, "10.96.0.60", 80, eps[:2]...)
+	aff4.Affinity = 10 * time.Second
+	return newPlan(1, aff4, aff6, aff6NP,
 		clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), locNP, locLB, fw,
 		clusterIP(web, datapath.TCP, "10.96.0.10", 80, eps...),
 		nodePort(web, datapath.TCP, datapath.IPv4, 30080, eps...),
