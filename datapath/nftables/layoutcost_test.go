@@ -263,3 +263,160 @@ func TestElementOnlyLayoutCost(t *testing.T) {
 		t.Logf("reload with nft -f: %v", err)
 	}
 }
+
+// TestSlotLayoutCost measures the layout RATIONALE.md sketches ("What
+// does read back"): each Service chain keeps its numgen cascade of 10
+// rules, and rule i takes its endpoint's address from map ep-I, keyed by
+// the frontend (daddr . proto . dport), the port in the rule; so a
+// replaced endpoint is one element of one map. Built in one batch; then
+// single batches, medians of 9, against the rewrite of a chain's 10 rules
+// (today's change) in the same table. Opt-in like
+// TestElementOnlyLayoutCost: EDGEPROXY_NFT_LAYOUT=slots (and
+// EDGEPROXY_NFT_LAYOUT_ORDERED=1 to add the elements after every rule).
+func TestSlotLayoutCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT") != "slots" || n <= 0 {
+		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT=slots and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
+	}
+	kernel(t)
+	const k = 10
+	ns := netns.New(t, "nftslots")
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "slots"})
+	disp := &nftables.Set{Table: tb, Name: "service-ips", IsMap: true, Concatenation: true, DataType: nftables.TypeVerdict,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+	if err := c.AddSet(disp, nil); err != nil {
+		t.Fatal(err)
+	}
+	slot := make([]*nftables.Set, k)
+	for i := range slot {
+		slot[i] = &nftables.Set{Table: tb, Name: fmt.Sprintf("ep-%d", i), IsMap: true, Concatenation: true, DataType: nftables.TypeIPAddr,
+			KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+		if err := c.AddSet(slot[i], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svcs := c.AddChain(&nftables.Chain{Table: tb, Name: "services"})
+	for _, h := range []*nftables.ChainHook{nftables.ChainHookPrerouting, nftables.ChainHookOutput} {
+		b := c.AddChain(&nftables.Chain{Table: tb, Name: fmt.Sprint("nat-", *h), Type: nftables.ChainTypeNAT, Hooknum: h, Priority: nftables.ChainPriorityNATDest})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: b, Exprs: []expr.Any{verdict(expr.VerdictJump, "services")}})
+	}
+	c.AddRule(&nftables.Rule{Table: tb, Chain: svcs, Exprs: dispatchExprs(famIPv4, true, "service-ips")})
+	// rule i of the cascade: numgen random mod (k-i) 0, then the address
+	// from ep-i, the port 8080.
+	cascadeRule := func(i int) []expr.Any {
+		var ex []expr.Any
+		if i < k-1 {
+			ex = append(ex, &expr.Numgen{Register: reg1, Modulus: uint32(k - i), Type: unix.NFT_NG_RANDOM},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)})
+		}
+		regs := concatRegs(4, 1, 2)
+		return append(ex,
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
+			loadAddr(famIPv4, true, regs[0]),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+			&expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: slot[i].Name},
+			&expr.Immediate{Register: reg2, Data: []byte{0x1f, 0x90}},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg1, RegProtoMin: reg2, Specified: true})
+	}
+	vip := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}) }
+	key := func(i int) []byte { return []byte(keyAddrProtoPort(vip(i), datapath.TCP, 80)) }
+	ep := func(i, j, gen int) []byte { return []byte{10, byte(100 + (gen+j)%100), byte(i >> 8), byte(i)} }
+	// A rule that looks a map up makes the kernel check every element of
+	// the map as it binds (nf_tables_bind_set): in one batch, the
+	// elements go after all the rules (ordered) or with each Service.
+	ordered := os.Getenv("EDGEPROXY_NFT_LAYOUT_ORDERED") != ""
+	addElems := func(i int) {
+		for j := range k {
+			if err := c.SetAddElements(slot[j], []nftables.SetElement{{Key: key(i), Val: ep(i, j, 0)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	addService := func(i int, name string) {
+		ch := c.AddChain(&nftables.Chain{Table: tb, Name: name})
+		for j := range k {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: cascadeRule(j)})
+		}
+		if !ordered {
+			addElems(i)
+		}
+		if err := c.SetAddElements(disp, []nftables.SetElement{{Key: key(i), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: name}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	for i := range n {
+		addService(i, fmt.Sprintf("svc-%d", i))
+	}
+	if ordered {
+		for i := range n {
+			addElems(i)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("n=%d slots: built in one batch (elements last: %v) in %v", n, ordered, time.Since(start))
+	med := func(name string, fn func(r int)) {
+		var ds []time.Duration
+		for r := range 9 {
+			fn(r)
+			s := time.Now()
+			if err := c.Flush(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			ds = append(ds, time.Since(s))
+		}
+		slices.Sort(ds)
+		t.Logf("n=%d %-44s median %8v  min %8v  max %8v", n, name, ds[4], ds[0], ds[8])
+	}
+	svc := n / 2
+	med("replace one endpoint (ep-3 element del+add)", func(r int) {
+		if err := c.SetDeleteElements(slot[3], []nftables.SetElement{{Key: key(svc)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetAddElements(slot[3], []nftables.SetElement{{Key: key(svc), Val: ep(svc, 3, r+1)}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	med("rewrite a chain's 10 rules (today's change)", func(r int) {
+		ch := &nftables.Chain{Table: tb, Name: fmt.Sprintf("svc-%d", svc+1)}
+		c.FlushChain(ch)
+		for j := range k {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: cascadeRule(j)})
+		}
+	})
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT_LIST") != "" {
+		out, err := ns.Run("nft", "list", "chain", "ip", "slots", "svc-0")
+		t.Logf("nft list chain: %v\n%s", err, out)
+		rs, err := ns.Run("nft", "list", "ruleset")
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := ns.Run("nft", "-j", "list", "ruleset")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		for _, f := range []struct{ name, body string }{{"r.nft", rs}, {"r.json", string(chainsFirst(t, js))}} {
+			p := dir + "/" + f.name
+			if err := os.WriteFile(p, []byte(f.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			back := netns.New(t, "nftslots2")
+			args := []string{"-f", p}
+			if f.name == "r.json" {
+				args = []string{"-j", "-f", p}
+			}
+			_, err := back.Run("nft", args...)
+			got, _ := back.Run("nft", "list", "ruleset")
+			t.Logf("%s loaded back: err %v, lists the same: %v", f.name, err, canonical(normalize(got)) == canonical(normalize(rs)))
+		}
+	}
+}
