@@ -330,17 +330,7 @@ func ruleGoto(chain string) rule {
 // (byteorder), as nft itself writes it. mod 0 means no test: the last
 // endpoint takes what is left.
 func ruleDNAT(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32) rule {
-	return ruleDNATAffinity(f, proto, to, mod, w, 0)
-}
-
-// ruleDNATAffinity is ruleDNAT that, with a timeout, also remembers the
-// endpoint for the client (affinityUpdate) before the dnat.
-func ruleDNATAffinity(f *fam, proto datapath.Protocol, to netip.AddrPort, mod, w uint32, affinity time.Duration) rule {
-	if affinity <= 0 {
-		return ruleDNATUpdate(f, proto, to, mod, w, nil, "")
-	}
-	u, t := affinityUpdate(f, to, affinity)
-	return ruleDNATUpdate(f, proto, to, mod, w, u, t)
+	return ruleDNATUpdate(f, proto, to, mod, w, nil, "")
 }
 
 // ruleDNATUpdate is ruleDNAT with the update statement upd (text t), if
@@ -432,60 +422,9 @@ func ruleFirewall(f *fam, ips, allow string) rule {
 	return rule{text: "ct state new " + key + " @" + ips + " " + key + " . " + addrWord(f, false) + " != @" + allow + " drop", exprs: ex}
 }
 
-// affinityKeyRegs loads "ip saddr . ip daddr . meta l4proto . th dport",
-// the key of the affinity map, from NFT_REG_1 on; it returns the
-// expressions and the first free 32-bit register after the key.
-func affinityKey(f *fam) ([]expr.Any, uint32) {
-	regs := concatRegs(f.addrLen, f.addrLen, 1, 2)
-	ex := []expr.Any{
-		loadAddr(f, false, regs[0]),
-		loadAddr(f, true, regs[1]),
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[2]},
-		&expr.Payload{DestRegister: regs[3], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
-	}
-	return ex, regs[3] + 1
-}
-
-func affinityKeyText(f *fam) string {
-	return addrWord(f, false) + " . " + addrWord(f, true) + " . meta l4proto . th dport"
-}
-
-// ruleAffinityLookup: "dnat ip to ip saddr . ip daddr . meta l4proto .
-// tcp dport map @affinity": a client that has an endpoint
-// remembered for this frontend goes back to it. A miss ends the rule.
-func ruleAffinityLookup(f *fam, proto datapath.Protocol) rule {
-	ex := []expr.Any{
-		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
-		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto.Number()}},
-	}
-	key, _ := affinityKey(f)
-	ex = append(ex, key...)
-	portReg := reg32 + f.addrLen/4 // the data: address from NFT_REG_1, then the port
-	ex = append(ex,
-		&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: mapAffinity},
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto, RegAddrMin: reg1, RegProtoMin: portReg, Specified: true})
-	// nft folds the protocol match into the key's port: "tcp dport".
-	p := strings.ToLower(string(proto))
-	k := addrWord(f, false) + " . " + addrWord(f, true) + " . meta l4proto . " + p + " dport"
-	return rule{text: "dnat " + f.name + " to " + k + " map @" + mapAffinity, exprs: ex}
-}
-
-// affinityUpdate: "update @affinity { KEY timeout T : ADDR . PORT }",
-// remembering the endpoint chosen for the client and this frontend.
-func affinityUpdate(f *fam, to netip.AddrPort, timeout time.Duration) ([]expr.Any, string) {
-	ex, free := affinityKey(f)
-	portReg := free + f.addrLen/4
-	ex = append(ex,
-		&expr.Immediate{Register: free, Data: to.Addr().AsSlice()},
-		&expr.Immediate{Register: portReg, Data: binary.BigEndian.AppendUint16(nil, to.Port())},
-		&expr.Dynset{SrcRegKey: reg1, SrcRegData: free, SetName: mapAffinity, Operation: unix.NFT_DYNSET_OP_UPDATE, Timeout: timeout})
-	data := to.Addr().String() + " . " + fmt.Sprint(to.Port())
-	return ex, "update @" + mapAffinity + " { " + affinityKeyText(f) + " timeout " + nftTime(timeout) + " : " + data + " }"
-}
-
 // ruleAffinityCheck: "ip6 saddr @SET update @SET { ip6 saddr timeout T }
 // meta l4proto P dnat to ADDR:PORT": a client remembered in the
-// endpoint's affinity set (epAffinity) goes back to it, and its timeout
+// endpoint's affinity set goes back to it, and its timeout
 // starts again (kube-proxy counts it from the last connection).
 func ruleAffinityCheck(f *fam, proto datapath.Protocol, to netip.AddrPort, set string, affinity time.Duration) rule {
 	r := ruleDNATAffinitySet(f, proto, to, 0, 0, affinity, set)
@@ -495,7 +434,7 @@ func ruleAffinityCheck(f *fam, proto datapath.Protocol, to netip.AddrPort, set s
 }
 
 // ruleDNATAffinitySet is ruleDNAT that, with a timeout, also remembers the
-// client in the endpoint's affinity set (epAffinity): "[numgen …] update
+// client in the endpoint's affinity set: "[numgen …] update
 // @SET { ip6 saddr timeout T } meta l4proto P dnat to ADDR:PORT". The key
 // is the address alone, no concatenation, which Debian 12's nft reads
 // back for IPv6 too.

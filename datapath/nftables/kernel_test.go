@@ -145,7 +145,9 @@ func goldenPlan() *datapath.Plan {
 	aff6 := clusterIP(sticky6, datapath.TCP, "fd00:96::60", 80, eps6...)
 	aff6NP := nodePort(sticky6, datapath.TCP, datapath.IPv6, 30060, eps6...)
 	aff6.Affinity, aff6NP.Affinity = 3*time.Hour, 3*time.Hour
-	return newPlan(1, aff6, aff6NP,
+	aff4 := clusterIP(svcName("default", "sticky", ""), datapath.TCP, "10.96.0.60", 80, eps[:2]...)
+	aff4.Affinity = 10 * time.Second
+	return newPlan(1, aff4, aff6, aff6NP,
 		clusterIP(loc, datapath.TCP, "10.96.0.40", 80, all...), locNP, locLB, fw,
 		clusterIP(web, datapath.TCP, "10.96.0.10", 80, eps...),
 		nodePort(web, datapath.TCP, datapath.IPv4, 30080, eps...),
@@ -869,11 +871,12 @@ func TestNodePortAddresses(t *testing.T) {
 	}
 }
 
-// Session affinity: one dynamic map for every Service. A client sticks to
-// the endpoint it first got, the map holds the entry nft lists, the rules'
-// texts are nft's lines, and the ruleset reloads with nft -f. When that
-// endpoint leaves the Service, its entries are swept after the apply and
-// the client moves, although the old endpoint still answers.
+// Session affinity: one set of client addresses per endpoint of a
+// Service with affinity, as kube-proxy's nftables mode. A client sticks
+// to the endpoint it first got, the endpoint's set lists it, the rules'
+// texts are nft's lines, and the ruleset reloads with nft -f and lists
+// as JSON. When that endpoint leaves the Service, its set goes with it
+// and the client moves, although the old endpoint still answers.
 func TestAffinity(t *testing.T) {
 	w := newWorld(t)
 	aff := svcName("default", "sticky", "")
@@ -900,10 +903,9 @@ func TestAffinity(t *testing.T) {
 		first = name
 	}
 	firstIdx := slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == first })
-	out := list(t, w.node.NS, "map", "ip", TableName, mapAffinity)
-	want := pod3.IP.String() + " . 10.96.0.60 . tcp . 80 "
-	if !strings.Contains(out, want) || !strings.Contains(out, w.pods[firstIdx].IP.String()+" . 8080") {
-		t.Fatalf("affinity map lacks %q -> %s:\n%s", want, first, out)
+	set := affinitySetName(aff, w.pods[firstIdx].AddrPort(8080))
+	if out := list(t, w.node.NS, "set", "ip", TableName, set); !strings.Contains(out, pod3.IP.String()+" timeout 3h expires") {
+		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP, out)
 	}
 
 	// Rule texts are nft's lines; the ruleset reloads as text.
@@ -919,7 +921,7 @@ func TestAffinity(t *testing.T) {
 	}
 	text := netns.New(t, "nftafftext")
 	rs := list(t, w.node.NS, "ruleset")
-	rs = regexp.MustCompile(`(?s)(map affinity \{.*?flags dynamic,timeout\n)\t\telements = \{[^}]*\}\n`).ReplaceAllString(rs, "$1")
+	rs = regexp.MustCompile(`(?m)^\t\telements = \{[^}]*expires[^}]*\}\n`).ReplaceAllString(rs, "")
 	f := filepath.Join(t.TempDir(), "ruleset.nft")
 	if err := os.WriteFile(f, []byte(rs), 0o644); err != nil {
 		t.Fatal(err)
@@ -930,35 +932,17 @@ func TestAffinity(t *testing.T) {
 	if back := list(t, text, "ruleset"); canonical(back) != canonical(rs) {
 		t.Errorf("reloaded with nft -f:\n%s\nwant:\n%s", back, rs)
 	}
-
-	// As JSON, Debian 12's nft (1.0.6) lists all but the affinity
-	// updates: it has no JSON for the map statement and says so, once
-	// per statement; and it cannot load a map whose data is a
-	// concatenation back ("Invalid map type"), its own listings too. Any
-	// other problem fails here.
+	// As JSON, Debian 12's nft (1.0.6) lists every rule, the updates too.
 	js, err := w.node.Run("nft", "-j", "list", "ruleset")
 	if err != nil {
 		t.Fatal(err)
 	}
-	const known = "warning: stmt ops map have no json callback"
-	var warned int
-	var doc []string
-	for _, l := range strings.Split(js, "\n") {
-		if strings.TrimSpace(l) == known {
-			warned++
-		} else {
-			doc = append(doc, l)
-		}
-	}
-	if !json.Valid([]byte(strings.Join(doc, "\n"))) || !strings.Contains(js, `"name": "affinity"`) {
+	if !json.Valid([]byte(js)) || !strings.Contains(js, `"name": "`+set+`"`) || !strings.Contains(js, `"update"`) {
 		t.Fatalf("nft -j list ruleset: %s", js)
-	}
-	if warned != 2 {
-		t.Logf("nft -j warned %d times about the map statement (2 updates in the chain): a newer nft?", warned)
 	}
 
 	// The endpoint the client sticks to leaves the Service (it still
-	// answers): the client moves to the other one.
+	// answers): the client moves to the other one, and the set is gone.
 	other := 1 - firstIdx
 	if err := w.p.Apply(ctx, plan(2, other)); err != nil {
 		t.Fatal(err)
@@ -966,8 +950,8 @@ func TestAffinity(t *testing.T) {
 	if seen := reach(t, 5, pod3.NS, "10.96.0.60:80", false, pod3.IP); seen[w.pods[other].PodName] != 5 {
 		t.Fatalf("after the endpoint left, answered by %v, want %s", seen, w.pods[other].PodName)
 	}
-	if out := list(t, w.node.NS, "map", "ip", TableName, mapAffinity); strings.Contains(out, w.pods[firstIdx].IP.String()+" . 8080") {
-		t.Fatalf("the affinity map still names the removed endpoint:\n%s", out)
+	if out := list(t, w.node.NS, "table", "ip", TableName); strings.Contains(out, "set "+set+" ") {
+		t.Fatalf("the set of the removed endpoint is still there:\n%s", out)
 	}
 }
 
@@ -1026,9 +1010,6 @@ func TestAffinityIPv6(t *testing.T) {
 	set := affinitySetName(aff, w.pods[firstIdx].AddrPort6(8080))
 	if out := list(t, w.node.NS, "set", "ip6", TableName, set); !strings.Contains(out, pod3.IP6.String()) {
 		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP6, out)
-	}
-	if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "map "+mapAffinity) {
-		t.Fatalf("the ip6 table has the affinity map:\n%s", out)
 	}
 
 	// The endpoint the client sticks to leaves the Service (it still
@@ -1177,4 +1158,83 @@ func roundTrip(t *testing.T, ns *netns.NS, name string) string {
 		t.Errorf("nft -j list ruleset loaded with nft -j -f lists as:\n%s", back)
 	}
 	return got
+}
+
+// Session affinity counts its timeout from the client's last connection,
+// as kube-proxy's does (its update refreshes the entry on every hit), not
+// from the first: a client that keeps connecting stays on its endpoint
+// past the timeout, in both families. The client first reaches the
+// Service while it has one endpoint A; then a second endpoint B comes
+// with 1000 times A's weight, so that a client whose entry expired would
+// almost surely (999/1000) be placed on B. Only pairs of connections
+// closer together than the timeout (measured from the start of one to
+// the end of the next, so load that delays a connection cannot make the
+// test fail) must land on the same endpoint; the test needs one run of
+// such connections, on A, spanning more than twice the timeout.
+func TestAffinityRenewed(t *testing.T) {
+	w := newWorld(t)
+	s := svcName("default", "renew", "")
+	const timeout = 2 * time.Second
+	gen := uint64(0)
+	apply := func(eps4, eps6 []datapath.Endpoint) {
+		t.Helper()
+		f4 := clusterIP(s, datapath.TCP, "10.96.0.70", 80, eps4...)
+		f6 := clusterIP(s, datapath.TCP, "fd00:96::70", 80, eps6...)
+		f4.Affinity, f6.Affinity = timeout, timeout
+		gen++
+		pl := newPlan(gen, f4, f6)
+		if gen > 1 {
+			pl.Full, pl.Changed = false, map[datapath.ServicePortName]bool{s: true}
+		}
+		if err := w.p.Apply(context.Background(), pl); err != nil {
+			t.Fatalf("apply %d: %v", gen, err)
+		}
+	}
+	heavy := func(eps []datapath.Endpoint) []datapath.Endpoint {
+		eps[1].Weight = 1000
+		return eps
+	}
+	pod3, a := w.pods[2], w.pods[0].PodName
+	for _, fam := range []struct {
+		dst  string
+		from netip.Addr
+	}{{"10.96.0.70:80", pod3.IP}, {"[fd00:96::70]:80", pod3.IP6}} {
+		t.Run(fam.dst, func(t *testing.T) {
+			apply(w.eps(0), w.eps6(0))
+			dst := netip.MustParseAddrPort(fam.dst)
+			prevStart := time.Now()
+			if seen := reach(t, 1, pod3.NS, fam.dst, false, fam.from); seen[a] != 1 {
+				t.Fatalf("with one endpoint answered by %v, want %s", seen, a)
+			}
+			apply(heavy(w.eps(0, 1)), heavy(w.eps6(0, 1)))
+			runStart := prevStart // the start of the run of connections on A
+			for i := range 80 {
+				time.Sleep(timeout / 8)
+				start := time.Now()
+				r, err := pod3.NS.TCP(dst, wait)
+				if err != nil {
+					t.Fatal(err)
+				}
+				end := time.Now()
+				tight := end.Sub(prevStart) < timeout
+				switch {
+				case r.Name == a && tight && start.Sub(runStart) > 2*timeout:
+					return // stayed on A for more than twice the timeout
+				case r.Name == a && tight:
+				case tight:
+					t.Fatalf("connection %d, %v after the one before began, went to %s: the entry on %s expired about %v after the run began although the client kept connecting",
+						i, end.Sub(prevStart).Round(time.Millisecond), r.Name, a, start.Sub(runStart).Round(100*time.Millisecond))
+				case r.Name == a:
+					// Load kept the client away longer than the timeout:
+					// its entry may have expired; the run starts again.
+					runStart = start
+				default:
+					t.Skipf("the machine is too loaded to connect every %v: connection %d came %v after the one before began and left %s",
+						timeout/8, i, end.Sub(prevStart).Round(time.Millisecond), a)
+				}
+				prevStart = start
+			}
+			t.Skipf("the machine is too loaded to connect every %v for %v", timeout/8, 2*timeout)
+		})
+	}
 }

@@ -16,16 +16,17 @@ import (
 // Cleanup removes exactly these tables.
 const TableName = "edgeproxy"
 
-// Fixed objects of each table. These maps and sets are the only sets:
-// their number does not grow with the number of Services (the issue's
-// measurements: the number of sets, not nftables, is the cost).
+// Fixed objects of each table. These maps and sets are the only sets but
+// the affinity sets of endpoints of Services with session affinity
+// (affinitySetName): their number does not grow with the number of
+// Services (the measurements: the number of sets, not nftables,
+// is the cost).
 const (
 	mapServiceIPs    = "service-ips"           // daddr . proto . dport : goto svc-/ext- chain
 	mapNodePorts     = "service-nodeports"     // proto . dport : goto ext- chain (local daddr)
 	mapNoEndpoints   = "no-endpoint-services"  // daddr . proto . dport : goto reject-chain | drop
 	mapNoEPPorts     = "no-endpoint-nodeports" // proto . dport : goto reject-chain | drop
 	setHairpin       = "hairpin"               // ep . ep: an endpoint reaching itself
-	mapAffinity      = "affinity"              // saddr . daddr . proto . dport : ep . port (dynamic, timeouts; ip only, see epAffinity)
 	setNodePortIPs   = "nodeport-ips"          // daddr: node-port addresses (nodePortAddresses)
 	setFirewallIPs   = "firewall-ips"          // daddr . proto . dport: LB frontends with source ranges
 	setFirewallAllow = "firewall-allow"        // daddr . proto . dport . saddr (interval): who may reach them
@@ -76,12 +77,6 @@ type fam struct {
 	addrType    nftables.SetDatatype
 	loopback    netip.Prefix
 	portUnreach uint8 // ICMP(v6) port unreachable, what reject sends
-	// epAffinity: session affinity in sets of client addresses, one per
-	// endpoint of a Service with affinity (see affinitySetName), instead
-	// of the one affinity map: Debian 12's nft aborts reading back an
-	// update whose key or data concatenates an IPv6 address with another
-	// field, and a single address is no concatenation.
-	epAffinity bool
 }
 
 var (
@@ -90,7 +85,7 @@ var (
 		loopback: netip.MustParsePrefix("127.0.0.0/8"), portUnreach: 3}
 	famIPv6 = &fam{family: datapath.IPv6, tf: nftables.TableFamilyIPv6, nfproto: unix.NFPROTO_IPV6, name: "ip6",
 		addrLen: 16, saddrOff: 8, daddrOff: 24, addrType: nftables.TypeIP6Addr,
-		loopback: netip.MustParsePrefix("::1/128"), portUnreach: 4, epAffinity: true}
+		loopback: netip.MustParsePrefix("::1/128"), portUnreach: 4}
 )
 
 // chainName is the chain of one service port: "svc-" or "ext-" and
@@ -106,32 +101,17 @@ func chainName(prefix string, s datapath.ServicePortName) string {
 	return n
 }
 
-// setSpec is one of the fixed maps or sets.
+// setSpec is one of the fixed maps (of verdicts) or sets.
 type setSpec struct {
 	name     string
 	key      []nftables.SetDatatype
 	isMap    bool
 	interval bool
-	data     []nftables.SetDatatype // a map's data when not a verdict
-	dynamic  bool                   // filled by the packet path, with timeouts
-}
-
-// affinitySize bounds the affinity map (client and frontend pairs on
-// this node). When it is full, new clients get no affinity: the cascade
-// falls through to its last rule, which has no update.
-const affinitySize = 1 << 20
-
-// sets are the fixed sets every table has; allSets adds the affinity
-// map, created only once a Service has session affinity (as kube-proxy
-// creates affinity sets only then; and Debian 12's nft cannot load the
-// JSON of a map whose data is a concatenation, its own listings too).
-func (f *fam) allSets() []setSpec {
-	return append(f.sets(), setSpec{mapAffinity, []nftables.SetDatatype{f.addrType, f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false,
-		[]nftables.SetDatatype{f.addrType, nftables.TypeInetService}, true})
 }
 
 // affinitySetName names the set of the clients that stick to endpoint
-// ep of service port s (epAffinity): "aff-NS/NAME[/PORT]/ADDR/PORT", the
+// ep of service port s (session affinity, as kube-proxy's nftables mode:
+// a set of client addresses per endpoint; see RATIONALE.md): "aff-NS/NAME[/PORT]/ADDR/PORT", the
 // address's colons written as '-' (nft's identifiers allow letters,
 // digits, '/', '-', '_' and '.', not ':'). Kubernetes names keep it under
 // nf_tables' 256 bytes; the last two fields are read from the right, so
@@ -140,20 +120,22 @@ func affinitySetName(s datapath.ServicePortName, ep netip.AddrPort) string {
 	return "aff-" + chainName("", s) + "/" + strings.ReplaceAll(ep.Addr().String(), ":", "-") + "/" + strconv.Itoa(int(ep.Port()))
 }
 
-// affinitySetSize bounds each per-endpoint affinity set (epAffinity).
+// affinitySetSize bounds each per-endpoint affinity set. When it is
+// full, new clients get no affinity: the cascade falls through to its
+// last rule, which has no update.
 const affinitySetSize = 1 << 16
 
 func (f *fam) sets() []setSpec {
 	return []setSpec{
-		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
-		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
-		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
-		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false, nil, false},
-		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false, false, nil, false},
-		{setNodePortIPs, []nftables.SetDatatype{f.addrType}, false, false, nil, false},
-		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false, nil, false},
-		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true, nil, false},
-		{setClusterIPs, []nftables.SetDatatype{f.addrType}, false, false, nil, false},
+		{mapServiceIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{mapNodePorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{mapNoEndpoints, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{mapNoEPPorts, []nftables.SetDatatype{nftables.TypeInetProto, nftables.TypeInetService}, true, false},
+		{setHairpin, []nftables.SetDatatype{f.addrType, f.addrType}, false, false},
+		{setNodePortIPs, []nftables.SetDatatype{f.addrType}, false, false},
+		{setFirewallIPs, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService}, false, false},
+		{setFirewallAllow, []nftables.SetDatatype{f.addrType, nftables.TypeInetProto, nftables.TypeInetService, f.addrType}, false, true},
+		{setClusterIPs, []nftables.SetDatatype{f.addrType}, false, false},
 	}
 }
 

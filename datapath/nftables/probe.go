@@ -44,37 +44,22 @@ func (f *fam) features(bit uint32) []feature {
 		{"interval sets of concatenations (loadBalancerSourceRanges)", ruleFirewall(f, setFirewallIPs, setFirewallAllow)},
 		{"masquerade", ruleMasquerade()},
 		{"reject", ruleReject(f)},
-	}
-	if f.epAffinity {
-		out = append(out,
-			feature{"set lookups and dynamic set updates with timeouts (session affinity)", ruleAffinityCheck(f, datapath.TCP, to, probeAffSet, time.Hour)})
-	} else {
-		out = append(out,
-			feature{"map lookups with data (session affinity)", ruleAffinityLookup(f, datapath.TCP)},
-			feature{"dynamic set updates with timeouts (session affinity)", ruleDNATAffinity(f, datapath.TCP, to, 0, 0, time.Hour)})
+		{"set lookups and dynamic set updates with timeouts (session affinity)", ruleAffinityCheck(f, datapath.TCP, to, probeAffSet, time.Hour)},
 	}
 	return out
 }
 
-// probeAffSet is the per-endpoint affinity set (epAffinity) the probe
-// creates.
+// probeAffSet is the per-endpoint affinity set the probe creates.
 const probeAffSet = "aff-probe"
 
-// probeSets are the sets the probe creates in f's table: the fixed ones,
-// and the affinity map or a per-endpoint affinity set (epAffinity).
+// probeSets are the sets the probe creates in f's table: the fixed ones
+// and a per-endpoint affinity set.
 func (f *fam) probeSets() []string {
 	var sets []string
-	specs := f.allSets()
-	if f.epAffinity {
-		specs = f.sets()
-	}
-	for _, s := range specs {
+	for _, s := range f.sets() {
 		sets = append(sets, s.name)
 	}
-	if f.epAffinity {
-		sets = append(sets, probeAffSet)
-	}
-	return sets
+	return append(sets, probeAffSet)
 }
 
 // probeBase are the base chain types the datapath hooks.

@@ -241,11 +241,6 @@ type table struct {
 	// Node ports: restricted to npIPs (@nodeport-ips), or on every local
 	// address (fib) when npIPs is nil.
 	npIPs []netip.Addr
-	// affinity: the affinity map exists (while some Service has session
-	// affinity: affUnits counts them); affDirty: its entries need a sweep
-	// (a Service with affinity changed, or a sweep failed).
-	affinity, affDirty bool
-	affUnits           int
 	// pods is how the rules written tell pods: a change rewrites the
 	// table.
 	pods podMatch
@@ -419,17 +414,6 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	for i, t := range p.tables {
 		pend[i].commit(t)
 		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
-		if t.affDirty {
-			// Entries that name an endpoint the frontend no longer has
-			// would send its clients there: they go in a second
-			// transaction, after the rules stopped making them. A
-			// failure is retried after the next apply.
-			if err := p.sweepAffinity(t); err != nil {
-				p.log.Warn("session affinity: removing entries of removed endpoints failed; retried next sync", "family", t.f.name, "err", err)
-			} else {
-				t.affDirty = false
-			}
-		}
 	}
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are
@@ -464,16 +448,11 @@ type pending struct {
 	counted map[elemKey]int // the new counts (replace) or the deltas
 	n       int             // service ports compared
 	npIPs   []netip.Addr
-	// affinity: the affinity map exists after the batch; sweep: a
-	// Service with affinity changed, its stale entries must go.
-	affinity, sweep bool
-	affUnits        int // the table's count after the batch
-	pods            podMatch
+	pods    podMatch
 }
 
 func (pd *pending) commit(t *table) {
-	t.npIPs, t.affinity, t.affUnits, t.pods = pd.npIPs, pd.affinity, pd.affUnits, pd.pods
-	t.affDirty = t.affDirty || pd.sweep
+	t.npIPs, t.pods = pd.npIPs, pd.pods
 	if pd.replace {
 		t.units, t.counted = pd.units, pd.counted
 		t.written, t.needFull = true, false

@@ -2,8 +2,7 @@ package nftables
 
 // Unchanged reports whether every table is as the last apply left it, as
 // far as a cheap look tells: each was written and its last apply did not
-// fail, no affinity sweep is owed, node ports do not follow the node's
-// addresses (those are read at every apply), and the ruleset generation
+// fail, node ports do not follow the node's addresses (those are read at every apply), and the ruleset generation
 // is the one Tampered last verified (so nothing was committed since,
 // ours included, that Tampered has not looked at). The agent then skips
 // the periodic compare of a quiet node, which renders every Service port
@@ -16,7 +15,7 @@ func (p *Proxier) Unchanged() bool {
 		return false
 	}
 	for _, t := range p.tables {
-		if !t.written || t.needFull || t.affDirty || t.npIPs != nil {
+		if !t.written || t.needFull || t.npIPs != nil {
 			return false
 		}
 	}

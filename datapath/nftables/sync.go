@@ -37,24 +37,18 @@ type objects struct {
 
 func newObjects(f *fam) *objects {
 	o := &objects{t: &nftables.Table{Family: f.tf, Name: TableName}, sets: map[string]*nftables.Set{}}
-	for _, s := range f.allSets() {
+	for _, s := range f.sets() {
 		set := &nftables.Set{Table: o.t, Name: s.name, IsMap: s.isMap, Concatenation: len(s.key) > 1, Interval: s.interval}
 		set.KeyType = nftables.MustConcatSetType(s.key...)
-		switch {
-		case s.data != nil:
-			set.DataType = nftables.MustConcatSetType(s.data...)
-		case s.isMap:
+		if s.isMap {
 			set.DataType = nftables.TypeVerdict
-		}
-		if s.dynamic {
-			set.Dynamic, set.HasTimeout, set.Size = true, true, affinitySize
 		}
 		o.sets[s.name] = set
 	}
 	return o
 }
 
-// affSet is the per-endpoint affinity set name (epAffinity): client
+// affSet is the per-endpoint affinity set name: client
 // addresses, filled by the packet path with timeouts.
 func (o *objects) affSet(f *fam, name string) *nftables.Set {
 	return &nftables.Set{Table: o.t, Name: name, KeyType: f.addrType, Dynamic: true, HasTimeout: true, Size: affinitySetSize}
@@ -156,12 +150,6 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		}
 	}
 	pd.n = len(groups)
-	for _, u := range pd.units {
-		if len(u.aff) > 0 {
-			pd.affUnits++
-		}
-	}
-	pd.affinity = pd.affUnits > 0
 	ob := newObjects(t.f)
 	b.add(func() {
 		b.c.AddTable(ob.t)
@@ -170,10 +158,6 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 	})
 	for _, s := range t.f.sets() {
 		set := ob.sets[s.name]
-		b.add(func() { _ = b.c.AddSet(set, nil) })
-	}
-	if pd.affinity {
-		set := ob.sets[mapAffinity]
 		b.add(func() { _ = b.c.AddSet(set, nil) })
 	}
 	// Rules look sets up by name, those of this transaction too.
@@ -227,7 +211,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // rules of new and rewritten chains added, and new elements added last:
 // nothing ever points at a missing chain.
 func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
-	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}, npIPs: npIPs, affUnits: t.affUnits}
+	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}, npIPs: npIPs}
 	scope := map[datapath.ServicePortName]bool{}
 	if plan.Full {
 		for s := range t.units {
@@ -256,13 +240,6 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			return nil, err
 		}
 		oldElems := old.elemMap()
-		if len(old.aff) > 0 {
-			pd.affUnits--
-		}
-		if len(nu.aff) > 0 {
-			pd.affUnits++
-		}
-		pd.sweep = pd.sweep || len(old.aff) > 0 && !slices.EqualFunc(old.aff, nu.aff, affFrontend.equal)
 		if len(nu.chains) == 0 && len(nu.elems) == 0 {
 			if len(old.chains) > 0 || len(oldElems) > 0 {
 				pd.units[s] = nil
@@ -332,16 +309,6 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			del[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
 		}
 	}
-	// The affinity map exists while a Service has affinity: created before
-	// the rules that use it, deleted after the last of them.
-	pd.affinity = pd.affUnits > 0
-	if pd.affinity && !t.affinity {
-		set := ob.sets[mapAffinity]
-		b.add(func() { _ = b.c.AddSet(set, nil) })
-	}
-	if !pd.affinity {
-		pd.sweep = false
-	}
 	// Order matters: a chain can be deleted only once nothing points at
 	// it, neither an element nor a rule of a chain being rewritten; a
 	// rule can jump only to a chain that exists.
@@ -366,9 +333,5 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 	// Per-endpoint affinity sets go once no rule uses them: their
 	// chains were rewritten or deleted above.
 	b.delAffSets(ob, t.f, delSets)
-	if t.affinity && !pd.affinity {
-		set := ob.sets[mapAffinity]
-		b.add(func() { b.c.DelSet(set) })
-	}
 	return pd, nil
 }

@@ -163,18 +163,7 @@ type unit struct {
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
 	counted []elemKey          // sorted
-	aff     []affFrontend      // frontends with session affinity (the affinity map)
-	affSets []string           // its per-endpoint affinity sets (epAffinity), sorted
-}
-
-// affFrontend is a frontend with session affinity, as the entries of the
-// affinity map name it (a node port by protocol and port only), and the
-// endpoints its entries may hold.
-type affFrontend struct {
-	addr  netip.Addr // invalid for a node port
-	proto uint8
-	port  uint16
-	eps   []netip.AddrPort
+	affSets []string           // its per-endpoint affinity sets, sorted
 }
 
 type elemEntry struct {
@@ -182,13 +171,9 @@ type elemEntry struct {
 	t target
 }
 
-func (a affFrontend) equal(b affFrontend) bool {
-	return a.addr == b.addr && a.proto == b.proto && a.port == b.port && slices.Equal(a.eps, b.eps)
-}
-
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, aff: u.aff, affSets: u.affSets}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets}
 	for i, c := range u.chains {
 		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
 	}
@@ -319,16 +304,6 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				continue
 			}
 		}
-		if fr.Affinity > 0 && !f.epAffinity {
-			a := affFrontend{proto: fr.Protocol.Number(), port: fr.Port}
-			if fr.Kind != datapath.NodePort {
-				a.addr = fr.Addr
-			}
-			for _, e := range append(slices.Clip(fr.Endpoints), fr.Cluster...) {
-				a.eps = append(a.eps, e.Addr)
-			}
-			u.aff = append(u.aff, a)
-		}
 		if !fr.Kind.External() {
 			c := withAffinity(fr.Endpoints, fr)
 			u.elems[key] = target{kind: expr.VerdictGoto, chain: c.name}
@@ -369,13 +344,10 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	}
 	proto := fs[0].Protocol
 	seen := map[netip.Addr]bool{}
-	var affSet func(netip.AddrPort) string
-	if f.epAffinity {
-		affSet = func(ep netip.AddrPort) string { return affinitySetName(fs[0].Service, ep) }
-	}
+	affSet := func(ep netip.AddrPort) string { return affinitySetName(fs[0].Service, ep) }
 	for _, c := range lbs {
 		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity, affSet)...)
-		if c.affinity > 0 && affSet != nil {
+		if c.affinity > 0 {
 			for _, e := range c.eps {
 				n := affSet(e.Addr)
 				if len(n) >= maxChainLen {
@@ -426,15 +398,13 @@ func suffix(i int) string {
 // are divided by their greatest common divisor first, so equal weights
 // give "numgen random mod n 0" rules and no byte-order conversion.
 //
-// With session affinity (a timeout), a client goes back to the endpoint
-// remembered for it and this frontend in the affinity map; each rule of
-// the cascade remembers the endpoint it picks, and a last rule without
-// the update catches a client the full map could not take. With affSet
-// (epAffinity), the endpoint is remembered instead in its own set of
-// client addresses, affSet(endpoint), which the rules before the
-// cascade look up, one per endpoint, as kube-proxy's nftables mode
-// does: a client sticks to its endpoint across the service port's
-// frontends.
+// With session affinity (a timeout), as kube-proxy's nftables mode: each
+// endpoint has its own set of client addresses, affSet(endpoint), which
+// the rules before the cascade look up, one per endpoint, renewing the
+// client's timeout on every hit; each rule of the cascade remembers the
+// client in the set of the endpoint it picks, and a last rule without
+// the update catches a client the full set could not take. A client
+// sticks to its endpoint across the service port's frontends.
 func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration, affSet func(netip.AddrPort) string) []rule {
 	g := uint32(0)
 	for _, e := range eps {
@@ -446,19 +416,16 @@ func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity 
 	}
 	out := make([]rule, 0, len(eps)+2)
 	dnat := func(to netip.AddrPort, mod, w uint32) rule {
-		if affSet != nil {
+		if affinity > 0 {
 			return ruleDNATAffinitySet(f, proto, to, mod, w, affinity, affSet(to))
 		}
-		return ruleDNATAffinity(f, proto, to, mod, w, affinity)
+		return ruleDNAT(f, proto, to, mod, w)
 	}
-	switch {
-	case affinity > 0 && affSet != nil:
+	if affinity > 0 {
 		out = slices.Grow(out, len(eps))
 		for _, e := range eps {
 			out = append(out, ruleAffinityCheck(f, proto, e.Addr, affSet(e.Addr), affinity))
 		}
-	case affinity > 0:
-		out = append(out, ruleAffinityLookup(f, proto))
 	}
 	for i, e := range eps {
 		w := max(e.Weight, 1) / g

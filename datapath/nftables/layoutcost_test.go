@@ -1,0 +1,422 @@
+package nftables
+
+import (
+	"encoding/binary"
+	"fmt"
+	"net/netip"
+	"os"
+	"slices"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"golang.org/x/sys/unix"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+)
+
+// ngMod is the random space of the concatenated-range layout.
+const ngMod = 1 << 30
+
+// TestElementOnlyLayoutCost is the experiment behind RATIONALE.md, "Why an
+// endpoint change still writes rules": what a transaction costs the kernel
+// in a layout where a Service's endpoints are elements of one global data
+// map that the Service chain's one rule looks up (dnat ip to KEY map
+// @endpoints), against a table of N Services × 10 endpoints, medians of 9
+// batches. It asserts nothing and runs only when asked:
+//
+//	EDGEPROXY_NFT_LAYOUT=hash|rbtree|pipapo EDGEPROXY_NFT_LAYOUT_SERVICES=5000 \
+//	  go test -run TestElementOnlyLayoutCost -v ./datapath/nftables
+//
+// hash: key daddr . proto . dport . numgen random mod 16 (16 slots per
+// Service); rbtree: key numgen random mod 65536 offset (Service << 17), one
+// interval per endpoint; pipapo: key daddr . proto . dport . numgen random
+// mod 2^30, one concatenated range per endpoint. EDGEPROXY_NFT_LAYOUT_LIST=1
+// also lists the table with Debian's nft and reloads the listing.
+func TestElementOnlyLayoutCost(t *testing.T) {
+	layout := os.Getenv("EDGEPROXY_NFT_LAYOUT")
+	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
+	if layout == "" || n <= 0 {
+		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
+	}
+	kernel(t)
+	interval := layout != "hash"
+	one := layout == "rbtree"
+	ns := netns.New(t, "nftlayout")
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "layout"})
+	disp := &nftables.Set{Table: tb, Name: "service-ips", IsMap: true, Concatenation: true, DataType: nftables.TypeVerdict,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+	keyT := []nftables.SetDatatype{nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService, nftables.TypeMark}
+	eps := &nftables.Set{Table: tb, Name: "endpoints", IsMap: true, Concatenation: true, Interval: interval,
+		KeyType: nftables.MustConcatSetType(keyT...), DataType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)}
+	if one {
+		eps = &nftables.Set{Table: tb, Name: "endpoints", IsMap: true, Interval: true,
+			KeyType: nftables.TypeInteger, KeyByteOrder: binaryutil.BigEndian, DataType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)}
+	}
+	if err := c.AddSet(disp, nil); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.AddSet(eps, nil); err != nil {
+		t.Fatal(err)
+	}
+	svcs := c.AddChain(&nftables.Chain{Table: tb, Name: "services"})
+	for _, h := range []*nftables.ChainHook{nftables.ChainHookPrerouting, nftables.ChainHookOutput} {
+		b := c.AddChain(&nftables.Chain{Table: tb, Name: fmt.Sprint("nat-", *h), Type: nftables.ChainTypeNAT, Hooknum: h, Priority: nftables.ChainPriorityNATDest})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: b, Exprs: []expr.Any{verdict(expr.VerdictJump, "services")}})
+	}
+	c.AddRule(&nftables.Rule{Table: tb, Chain: svcs, Exprs: dispatchExprs(famIPv4, true, "service-ips")})
+	mod := uint32(ngMod)
+	if !interval {
+		mod = 16
+	}
+	svcRule := func() []expr.Any {
+		if one {
+			return []expr.Any{
+				&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{6}},
+				&expr.Numgen{Register: reg1, Modulus: 1 << 16, Type: unix.NFT_NG_RANDOM, Offset: 0x10000},
+				&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+				&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: "endpoints"},
+				&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg1, RegProtoMin: reg32 + 1, Specified: true},
+			}
+		}
+		regs := concatRegs(4, 1, 2, 4)
+		return []expr.Any{
+			loadAddr(famIPv4, true, regs[0]),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+			&expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Numgen{Register: regs[3], Modulus: mod, Type: unix.NFT_NG_RANDOM},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: "endpoints"},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg1, RegProtoMin: reg32 + 1, Specified: true},
+		}
+	}
+	vip := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}) }
+	epAddr := func(i, j, gen int) netip.Addr {
+		return netip.AddrFrom4([4]byte{10, byte(100 + gen), byte(i >> 8), byte(i)})
+	}
+	key := func(i int, v uint32) []byte {
+		if one {
+			return binaryutil.BigEndian.PutUint32(uint32(i)<<17 + v>>14)
+		}
+		b := []byte(keyAddrProtoPort(vip(i), datapath.TCP, 80))
+		return binary.BigEndian.AppendUint32(b, v)
+	}
+	// elements of service i with k endpoints: each owns an equal range.
+	elems := func(i, k, gen int) []nftables.SetElement {
+		var out []nftables.SetElement
+		if !interval {
+			for s := range 16 {
+				e := epAddr(i, s%k, gen+s%k)
+				out = append(out, nftables.SetElement{Key: key(i, uint32(s)), Val: append(e.AsSlice(), 0x1f, 0x90, 0, 0)})
+			}
+			return out
+		}
+		step := uint32(ngMod / k)
+		for j := range k {
+			lo, hi := uint32(j)*step, uint32(j+1)*step-1
+			if j == k-1 {
+				hi = ngMod - 1
+			}
+			e := epAddr(i, j, gen+j)
+			if one {
+				out = append(out, nftables.SetElement{Key: key(i, lo), Val: append(e.AsSlice(), 0x1f, 0x90, 0, 0)},
+					nftables.SetElement{Key: key(i, hi+1), IntervalEnd: true})
+				continue
+			}
+			out = append(out, nftables.SetElement{Key: key(i, lo), KeyEnd: key(i, hi), Val: append(e.AsSlice(), 0x1f, 0x90, 0, 0)})
+		}
+		return out
+	}
+	start := time.Now()
+	for i := range n {
+		ch := c.AddChain(&nftables.Chain{Table: tb, Name: fmt.Sprintf("svc-%d", i)})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: svcRule()})
+		if err := c.SetAddElements(disp, []nftables.SetElement{{Key: []byte(keyAddrProtoPort(vip(i), datapath.TCP, 80)),
+			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name}}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetAddElements(eps, elems(i, 10, 0)); err != nil {
+			t.Fatal(err)
+		}
+		if i%500 == 499 {
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("n=%d interval=%v built in %v", n, interval, time.Since(start))
+	med := func(name string, fn func(k int)) {
+		var ds []time.Duration
+		for k := range 9 {
+			fn(k)
+			s := time.Now()
+			if err := c.Flush(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			ds = append(ds, time.Since(s))
+		}
+		slices.Sort(ds)
+		t.Logf("n=%d %-44s median %8v  min %8v  max %8v", n, name, ds[4], ds[0], ds[8])
+	}
+	svc := n / 2
+	cur := 0
+	med("replace one endpoint (1 element del+add)", func(k int) {
+		old := elems(svc, 10, cur)
+		cur++
+		nu := elems(svc, 10, cur)
+		lo, hi := 3, 4
+		if one {
+			lo, hi = 6, 7 // the start element; its end stays
+		}
+		if err := c.SetDeleteElements(eps, old[lo:hi]); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetAddElements(eps, nu[lo:hi]); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if !one {
+		med("add one element (new key)", func(k int) {
+			e := elems(n+100+k, 10, 0)
+			if one {
+				e = e[2:]
+			}
+			if err := c.SetAddElements(eps, e[:1]); err != nil {
+				t.Fatal(err)
+			}
+		})
+		med("delete one element", func(k int) {
+			e := elems(n+100+k, 10, 0)
+			if one {
+				e = e[2:]
+			}
+			if err := c.SetDeleteElements(eps, e[:1]); err != nil {
+				t.Fatal(err)
+			}
+		})
+	}
+	med("add one dispatch verdict elem (goto existing)", func(k int) {
+		_ = c.SetAddElements(disp, []nftables.SetElement{{Key: []byte(keyAddrProtoPort(vip(n+200+k), datapath.TCP, 80)),
+			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: "svc-1"}}})
+	})
+	med("delete one dispatch verdict elem", func(k int) {
+		_ = c.SetDeleteElements(disp, []nftables.SetElement{{Key: []byte(keyAddrProtoPort(vip(n+200+k), datapath.TCP, 80))}})
+	})
+	med("flush a chain of 1 rule", func(k int) {
+		c.FlushChain(&nftables.Chain{Table: tb, Name: fmt.Sprintf("svc-%d", k)})
+	})
+	k := 10
+	med("endpoint count 10<->9 (all elements rewritten)", func(_ int) {
+		old := elems(svc, k, cur)
+		if k == 10 {
+			k = 9
+		} else {
+			k = 10
+		}
+		cur++
+		if err := c.SetDeleteElements(eps, old); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetAddElements(eps, elems(svc, k, cur)); err != nil {
+			t.Fatal(err)
+		}
+	})
+	med("new chain + 1 rule (today's change)", func(k int) {
+		ch := c.AddChain(&nftables.Chain{Table: tb, Name: fmt.Sprintf("new-%d", k)})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: svcRule()})
+	})
+	med("new Service: chain, rule, dispatch elem, 10 elems", func(k int) {
+		i := n + k
+		ch := c.AddChain(&nftables.Chain{Table: tb, Name: fmt.Sprintf("svc-%d", i)})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: svcRule()})
+		_ = c.SetAddElements(disp, []nftables.SetElement{{Key: []byte(keyAddrProtoPort(vip(i), datapath.TCP, 80)),
+			VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name}}})
+		_ = c.SetAddElements(eps, elems(i, 10, 0))
+	})
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT_LIST") != "" {
+		out, err := ns.Run("nft", "list", "chain", "ip", "layout", "svc-0")
+		t.Logf("list: %v\n%s", err, out)
+		s := time.Now()
+		out, err = ns.Run("nft", "list", "ruleset")
+		t.Logf("nft list ruleset: %d bytes, %v, err %v", len(out), time.Since(s), err)
+		s = time.Now()
+		out, err = ns.Run("nft", "-j", "list", "ruleset")
+		t.Logf("nft -j list ruleset: %d bytes, %v, err %v", len(out), time.Since(s), err)
+		f := t.TempDir() + "/r.nft"
+		out, _ = ns.Run("nft", "list", "ruleset")
+		if err := os.WriteFile(f, []byte(out), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		ns2 := netns.New(t, "nftlayout2")
+		_, err = ns2.Run("nft", "-f", f)
+		t.Logf("reload with nft -f: %v", err)
+	}
+}
+
+// TestSlotLayoutCost measures the layout RATIONALE.md sketches ("What
+// does read back"): each Service chain keeps its numgen cascade of 10
+// rules, and rule i takes its endpoint's address from map ep-I, keyed by
+// the frontend (daddr . proto . dport), the port in the rule; so a
+// replaced endpoint is one element of one map. Built in one batch; then
+// single batches, medians of 9, against the rewrite of a chain's 10 rules
+// (today's change) in the same table. Opt-in like
+// TestElementOnlyLayoutCost: EDGEPROXY_NFT_LAYOUT=slots (and
+// EDGEPROXY_NFT_LAYOUT_ORDERED=1 to add the elements after every rule).
+func TestSlotLayoutCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT") != "slots" || n <= 0 {
+		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT=slots and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
+	}
+	kernel(t)
+	const k = 10
+	ns := netns.New(t, "nftslots")
+	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle())))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tb := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: "slots"})
+	disp := &nftables.Set{Table: tb, Name: "service-ips", IsMap: true, Concatenation: true, DataType: nftables.TypeVerdict,
+		KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+	if err := c.AddSet(disp, nil); err != nil {
+		t.Fatal(err)
+	}
+	slot := make([]*nftables.Set, k)
+	for i := range slot {
+		slot[i] = &nftables.Set{Table: tb, Name: fmt.Sprintf("ep-%d", i), IsMap: true, Concatenation: true, DataType: nftables.TypeIPAddr,
+			KeyType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetProto, nftables.TypeInetService)}
+		if err := c.AddSet(slot[i], nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	svcs := c.AddChain(&nftables.Chain{Table: tb, Name: "services"})
+	for _, h := range []*nftables.ChainHook{nftables.ChainHookPrerouting, nftables.ChainHookOutput} {
+		b := c.AddChain(&nftables.Chain{Table: tb, Name: fmt.Sprint("nat-", *h), Type: nftables.ChainTypeNAT, Hooknum: h, Priority: nftables.ChainPriorityNATDest})
+		c.AddRule(&nftables.Rule{Table: tb, Chain: b, Exprs: []expr.Any{verdict(expr.VerdictJump, "services")}})
+	}
+	c.AddRule(&nftables.Rule{Table: tb, Chain: svcs, Exprs: dispatchExprs(famIPv4, true, "service-ips")})
+	// rule i of the cascade: numgen random mod (k-i) 0, then the address
+	// from ep-i, the port 8080.
+	cascadeRule := func(i int) []expr.Any {
+		var ex []expr.Any
+		if i < k-1 {
+			ex = append(ex, &expr.Numgen{Register: reg1, Modulus: uint32(k - i), Type: unix.NFT_NG_RANDOM},
+				&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: hostU32(0)})
+		}
+		regs := concatRegs(4, 1, 2)
+		return append(ex,
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{unix.IPPROTO_TCP}},
+			loadAddr(famIPv4, true, regs[0]),
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: regs[1]},
+			&expr.Payload{DestRegister: regs[2], Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Lookup{SourceRegister: reg1, DestRegister: reg1, IsDestRegSet: true, SetName: slot[i].Name},
+			&expr.Immediate{Register: reg2, Data: []byte{0x1f, 0x90}},
+			&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: reg1, RegProtoMin: reg2, Specified: true})
+	}
+	vip := func(i int) netip.Addr { return netip.AddrFrom4([4]byte{10, 96, byte(i >> 8), byte(i)}) }
+	key := func(i int) []byte { return []byte(keyAddrProtoPort(vip(i), datapath.TCP, 80)) }
+	ep := func(i, j, gen int) []byte { return []byte{10, byte(100 + (gen+j)%100), byte(i >> 8), byte(i)} }
+	// A rule that looks a map up makes the kernel check every element of
+	// the map as it binds (nf_tables_bind_set): in one batch, the
+	// elements go after all the rules (ordered) or with each Service.
+	ordered := os.Getenv("EDGEPROXY_NFT_LAYOUT_ORDERED") != ""
+	addElems := func(i int) {
+		for j := range k {
+			if err := c.SetAddElements(slot[j], []nftables.SetElement{{Key: key(i), Val: ep(i, j, 0)}}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	addService := func(i int, name string) {
+		ch := c.AddChain(&nftables.Chain{Table: tb, Name: name})
+		for j := range k {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: cascadeRule(j)})
+		}
+		if !ordered {
+			addElems(i)
+		}
+		if err := c.SetAddElements(disp, []nftables.SetElement{{Key: key(i), VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: name}}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	start := time.Now()
+	for i := range n {
+		addService(i, fmt.Sprintf("svc-%d", i))
+	}
+	if ordered {
+		for i := range n {
+			addElems(i)
+		}
+	}
+	if err := c.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("n=%d slots: built in one batch (elements last: %v) in %v", n, ordered, time.Since(start))
+	med := func(name string, fn func(r int)) {
+		var ds []time.Duration
+		for r := range 9 {
+			fn(r)
+			s := time.Now()
+			if err := c.Flush(); err != nil {
+				t.Fatalf("%s: %v", name, err)
+			}
+			ds = append(ds, time.Since(s))
+		}
+		slices.Sort(ds)
+		t.Logf("n=%d %-44s median %8v  min %8v  max %8v", n, name, ds[4], ds[0], ds[8])
+	}
+	svc := n / 2
+	med("replace one endpoint (ep-3 element del+add)", func(r int) {
+		if err := c.SetDeleteElements(slot[3], []nftables.SetElement{{Key: key(svc)}}); err != nil {
+			t.Fatal(err)
+		}
+		if err := c.SetAddElements(slot[3], []nftables.SetElement{{Key: key(svc), Val: ep(svc, 3, r+1)}}); err != nil {
+			t.Fatal(err)
+		}
+	})
+	med("rewrite a chain's 10 rules (today's change)", func(r int) {
+		ch := &nftables.Chain{Table: tb, Name: fmt.Sprintf("svc-%d", svc+1)}
+		c.FlushChain(ch)
+		for j := range k {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: cascadeRule(j)})
+		}
+	})
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT_LIST") != "" {
+		out, err := ns.Run("nft", "list", "chain", "ip", "slots", "svc-0")
+		t.Logf("nft list chain: %v\n%s", err, out)
+		rs, err := ns.Run("nft", "list", "ruleset")
+		if err != nil {
+			t.Fatal(err)
+		}
+		js, err := ns.Run("nft", "-j", "list", "ruleset")
+		if err != nil {
+			t.Fatal(err)
+		}
+		dir := t.TempDir()
+		for _, f := range []struct{ name, body string }{{"r.nft", rs}, {"r.json", string(chainsFirst(t, js))}} {
+			p := dir + "/" + f.name
+			if err := os.WriteFile(p, []byte(f.body), 0o644); err != nil {
+				t.Fatal(err)
+			}
+			back := netns.New(t, "nftslots2")
+			args := []string{"-f", p}
+			if f.name == "r.json" {
+				args = []string{"-j", "-f", p}
+			}
+			_, err := back.Run("nft", args...)
+			got, _ := back.Run("nft", "list", "ruleset")
+			t.Logf("%s loaded back: err %v, lists the same: %v", f.name, err, canonical(normalize(got)) == canonical(normalize(rs)))
+		}
+	}
+}
