@@ -98,8 +98,10 @@ type Health struct {
 
 // HealthNow computes health with kube-proxy's meaning: unhealthy when a
 // change has been waiting for longer than the health timeout, or when the
-// first programming has not happened within it. An unreachable API server
-// alone does not make the proxy unhealthy: its rules are still in force.
+// first programming has not happened within it, or (with an API source)
+// before both the first programming and the API server's first answer.
+// An unreachable API server alone does not make a proxy that has
+// programmed the kernel unhealthy: its rules are still in force.
 // NodeEligible is false while the Node is being deleted or tainted
 // ToBeDeletedByClusterAutoscaler; only /healthz counts it, not Healthy.
 func (a *Agent) HealthNow(now time.Time) Health {
@@ -124,6 +126,13 @@ func (a *Agent) HealthNow(now time.Time) Health {
 		pending = a.startTime
 	}
 	h.Healthy = pending.IsZero() || now.Sub(pending) < a.Config().Sync.HealthTimeout
+	if st.LastSuccess.IsZero() && a.api != nil && h.APIServerLastContact.IsZero() {
+		// kube-proxy serves no health at all until it has read its Node
+		// from the API server: a health checker sees a closed port. With
+		// nothing programmed and no answer from the API server yet, we
+		// are as unhealthy (test/conformance/DIFFERENCES.md, "Health").
+		h.Healthy = false
+	}
 	return h
 }
 
