@@ -10,13 +10,14 @@ import (
 )
 
 // guestPackages are the packages whose kernel tests need the VM (IPVS,
-// dummy links, SCTP). They all run in one boot. Of datapath/iptables only
-// the SCTP test, of datapath/kubeproxy only the IPVS one: their other
-// kernel tests run on the host.
+// dummy links, SCTP). They all run in one boot. Of datapath/iptables and
+// datapath/nftables only the SCTP test, of datapath/kubeproxy only the
+// IPVS one: their other kernel tests run on the host.
 var guestPackages = []vm.GoTest{
 	{Package: "./datapath/ipvs"},
 	{Package: "./datapath/ipset"},
 	{Package: "./datapath/iptables", Args: []string{"-test.run=SCTP"}},
+	{Package: "./datapath/nftables", Args: []string{"-test.run=SCTP"}},
 	// What kube-proxy's IPVS mode leaves, found and removed.
 	{Package: "./datapath/kubeproxy", Args: []string{"-test.run=IPVS"}},
 }
