@@ -112,12 +112,19 @@ type Result struct {
 	// them).
 	node  *model.Node
 	ports map[model.ServicePortName]*state.Port
-	plans map[model.ServicePortName]*portPlan
+	plans []*portPlan // sorted by name
 }
 
 type portPlan struct {
-	retry     bool // weigh again next time: the policy fell back
-	frontends []datapath.Frontend
+	name model.ServicePortName
+	svc  *model.Service
+	// retry: weigh again next time, the policy fell back.
+	retry bool
+	// frontends are in the order the port lays them out (explanations
+	// show them so); sorted holds them in the plan's order
+	// (datapath.Compare) when that order differs, nil when it does not.
+	// The plan is the ports' sorted frontends in the order of their names.
+	frontends, sorted []datapath.Frontend
 	// weighed is the policy's verdict for each family planned, in
 	// selectPort's order: what an explanation cannot compute again.
 	weighed []Weighing
@@ -132,7 +139,12 @@ type Planner struct {
 	opts   Options
 	policy Policy
 	ports  map[model.ServicePortName]*portPlan
-	gen    uint64
+	// order holds the values of ports sorted by name, so that a Build
+	// lays out the plan in its canonical order without sorting every
+	// frontend again: it is updated in place for the ports a Build
+	// recomputes, and sorted again only when ports come or go.
+	order []*portPlan
+	gen   uint64
 	// unsettled: the cache was invalidated, or some port asked to be
 	// weighed again, since the last Build.
 	unsettled bool
@@ -153,7 +165,7 @@ func (p *Planner) SetOptions(opts Options) {
 
 // Invalidate forgets every cached port, e.g. after the policy changed, so
 // the next Build recomputes all of them.
-func (p *Planner) Invalidate() { clear(p.ports); p.unsettled = true }
+func (p *Planner) Invalidate() { clear(p.ports); p.order = nil; p.unsettled = true }
 
 // Settled reports whether a Build of an unchanged snapshot would compute
 // nothing: no invalidation and no port waiting to be weighed again since
@@ -165,10 +177,12 @@ func (p *Planner) Settled() bool { return !p.unsettled }
 func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	res := &Result{HealthChecks: make(map[uint16]HealthCheck), node: snap.Node, ports: snap.Ports}
 	changed := make(map[model.ServicePortName]bool)
+	reorder := false // ports came or went: p.order is sorted again
 	for name := range p.ports {
 		if _, ok := snap.Ports[name]; !ok {
 			changed[name] = true
 			delete(p.ports, name)
+			reorder = true
 		}
 	}
 	var work []*portWork
@@ -192,8 +206,16 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			changed[name] = true
 		}
 		p.ports[name] = pp
+		if cached && !reorder {
+			p.order[p.index(name)] = pp
+		} else {
+			reorder = true
+		}
 		p.unsettled = p.unsettled || pp.retry
 		res.Evaluated++
+	}
+	if reorder || len(p.order) != len(p.ports) {
+		p.order = slices.SortedFunc(maps.Values(p.ports), func(a, b *portPlan) int { return a.name.Compare(b.name) })
 	}
 
 	p.gen++
@@ -203,9 +225,20 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	// dual-stack proxiers each report their family's count to one health
 	// server (a dual-stack pod is one endpoint, not two).
 	local := make(map[HealthCheck][2][][]model.PortEndpoint) // by Namespace and Name only
-	for name, pp := range p.ports {
-		plan.Frontends = append(plan.Frontends, pp.frontends...)
-		svc := snap.Ports[name].Service
+	n := 0
+	for _, pp := range p.order {
+		n += len(pp.frontends)
+	}
+	// The ports in name order, each port's frontends in the plan's order:
+	// the plan's canonical order (datapath.Plan.Sort) without a sort.
+	plan.Frontends = make([]datapath.Frontend, 0, n)
+	for _, pp := range p.order {
+		if pp.sorted != nil {
+			plan.Frontends = append(plan.Frontends, pp.sorted...)
+		} else {
+			plan.Frontends = append(plan.Frontends, pp.frontends...)
+		}
+		svc := pp.svc
 		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
 			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
 		}
@@ -233,10 +266,25 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	plan.HealthCheckPorts = slices.Sorted(maps.Keys(res.HealthChecks))
 	slices.Sort(res.ExternalIPsIgnored)
 	res.ExternalIPsIgnored = slices.Compact(res.ExternalIPsIgnored)
-	plan.Sort()
 	res.Plan = plan
-	res.plans = maps.Clone(p.ports)
+	// The next Build replaces entries of p.order in place.
+	res.plans = slices.Clone(p.order)
 	return res
+}
+
+// index returns where the port named name is in p.order.
+func (p *Planner) index(name model.ServicePortName) int {
+	i, _ := slices.BinarySearchFunc(p.order, name, func(pp *portPlan, n model.ServicePortName) int { return pp.name.Compare(n) })
+	return i
+}
+
+// plan returns the plan of the port named name, or nil.
+func (r *Result) plan(name model.ServicePortName) *portPlan {
+	i, ok := slices.BinarySearchFunc(r.plans, name, func(pp *portPlan, n model.ServicePortName) int { return pp.name.Compare(n) })
+	if !ok {
+		return nil
+	}
+	return r.plans[i]
 }
 
 // Explain returns how port name was planned, one Explain per IP family it
@@ -245,7 +293,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 // and takes the policy's verdicts and the frontends from the port's plan,
 // so it shows what the Build that planned the port saw.
 func (r *Result) Explain(name model.ServicePortName) []Explain {
-	pp, port := r.plans[name], r.ports[name]
+	pp, port := r.plan(name), r.ports[name]
 	if pp == nil || port == nil {
 		return nil
 	}
@@ -267,9 +315,9 @@ func (r *Result) Explain(name model.ServicePortName) []Explain {
 // accepts, or of all of them when keep is nil.
 func (r *Result) Explains(keep func(model.ServicePortName) bool) map[model.ServicePortName][]Explain {
 	out := make(map[model.ServicePortName][]Explain)
-	for name := range r.plans {
-		if keep == nil || keep(name) {
-			out[name] = r.Explain(name)
+	for _, pp := range r.plans {
+		if keep == nil || keep(pp.name) {
+			out[pp.name] = r.Explain(pp.name)
 		}
 	}
 	return out
@@ -402,7 +450,7 @@ func (w *weigher) wait() {
 }
 
 func (p *Planner) planPort(pw *portWork) *portPlan {
-	pp := &portPlan{}
+	pp := &portPlan{name: pw.port.Name, svc: pw.port.Service}
 	for i := range pw.fams {
 		fw := &pw.fams[i]
 		pp.retry = pp.retry || fw.w.Retry
@@ -415,6 +463,10 @@ func (p *Planner) planPort(pw *portWork) *portPlan {
 		} else {
 			pp.epsV6 = fw.eps
 		}
+	}
+	cmp := func(a, b datapath.Frontend) int { return datapath.Compare(&a, &b) }
+	if !slices.IsSortedFunc(pp.frontends, cmp) {
+		pp.sorted = slices.SortedFunc(slices.Values(pp.frontends), cmp)
 	}
 	return pp
 }
