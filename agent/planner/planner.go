@@ -145,6 +145,13 @@ type Planner struct {
 	// recomputes, and sorted again only when ports come or go.
 	order []*portPlan
 	gen   uint64
+	// built is the generation of the snapshot the last Build planned
+	// whole (inStep: ports then held every port of it, each as planned
+	// for it). A Build of the next generation then needs to look only
+	// at its Changed ports and at retries, not at every port.
+	built   uint64
+	inStep  bool
+	retries map[model.ServicePortName]bool
 	// unsettled: the cache was invalidated, or some port asked to be
 	// weighed again, since the last Build.
 	unsettled bool
@@ -152,7 +159,7 @@ type Planner struct {
 
 // New returns a planner; policy may be nil.
 func New(opts Options, policy Policy) *Planner {
-	return &Planner{opts: opts, policy: policy, ports: make(map[model.ServicePortName]*portPlan)}
+	return &Planner{opts: opts, policy: policy, ports: make(map[model.ServicePortName]*portPlan), retries: make(map[model.ServicePortName]bool)}
 }
 
 // SetOptions changes the options and forgets cached results when they differ.
@@ -165,7 +172,11 @@ func (p *Planner) SetOptions(opts Options) {
 
 // Invalidate forgets every cached port, e.g. after the policy changed, so
 // the next Build recomputes all of them.
-func (p *Planner) Invalidate() { clear(p.ports); p.order = nil; p.unsettled = true }
+func (p *Planner) Invalidate() {
+	clear(p.ports)
+	clear(p.retries)
+	p.order, p.inStep, p.unsettled = nil, false, true
+}
 
 // Settled reports whether a Build of an unchanged snapshot would compute
 // nothing: no invalidation and no port waiting to be weighed again since
@@ -176,18 +187,50 @@ func (p *Planner) Settled() bool { return !p.unsettled }
 // unless the node changed or the cache was invalidated.
 func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	res := &Result{HealthChecks: make(map[uint16]HealthCheck), node: snap.Node, ports: snap.Ports}
-	changed := make(map[model.ServicePortName]bool)
+	return p.build(ctx, snap, res, make(map[model.ServicePortName]bool))
+}
+
+// build is Build, with the ports found changed so far.
+func (p *Planner) build(ctx context.Context, snap *state.Snapshot, res *Result, changed map[model.ServicePortName]bool) *Result {
 	reorder := false // ports came or went: p.order is sorted again
-	for name := range p.ports {
-		if _, ok := snap.Ports[name]; !ok {
-			changed[name] = true
-			delete(p.ports, name)
-			reorder = true
+	// The ports that may need planning: every port, unless this snapshot
+	// follows the last one planned (then its Changed ports and retries).
+	next := p.inStep && !snap.NodeChanged &&
+		(snap.Generation == p.built+1 || snap.Generation == p.built && len(snap.Changed) == 0)
+	candidates := func(yield func(model.ServicePortName) bool) {
+		for name := range snap.Changed {
+			if !yield(name) {
+				return
+			}
+		}
+		for name := range p.retries {
+			if !snap.Changed[name] && !yield(name) {
+				return
+			}
+		}
+	}
+	if !next {
+		candidates = maps.Keys(snap.Ports)
+		for name := range p.ports {
+			if _, ok := snap.Ports[name]; !ok {
+				changed[name] = true
+				p.forget(name)
+				reorder = true
+			}
 		}
 	}
 	var work []*portWork
 	wg := p.startWeigher(ctx)
-	for name, port := range snap.Ports {
+	for name := range candidates {
+		port, ok := snap.Ports[name]
+		if !ok { // removed (only a Changed port can be)
+			if _, cached := p.ports[name]; cached {
+				changed[name] = true
+				p.forget(name)
+				reorder = true
+			}
+			continue
+		}
 		old, cached := p.ports[name]
 		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
@@ -206,6 +249,11 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			changed[name] = true
 		}
 		p.ports[name] = pp
+		if pp.retry {
+			p.retries[name] = true
+		} else {
+			delete(p.retries, name)
+		}
 		if cached && !reorder {
 			p.order[p.index(name)] = pp
 		} else {
@@ -214,6 +262,14 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 		p.unsettled = p.unsettled || pp.retry
 		res.Evaluated++
 	}
+	if len(p.ports) != len(snap.Ports) {
+		// Not the snapshot that follows the last one planned after all
+		// (a port came without being marked changed): plan it whole.
+		// The ports planned so far stay changed.
+		p.inStep, p.order = false, nil
+		return p.build(ctx, snap, res, changed)
+	}
+	p.built, p.inStep = snap.Generation, true
 	if reorder || len(p.order) != len(p.ports) {
 		p.order = slices.SortedFunc(maps.Values(p.ports), func(a, b *portPlan) int { return a.name.Compare(b.name) })
 	}
@@ -270,6 +326,12 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	// The next Build replaces entries of p.order in place.
 	res.plans = slices.Clone(p.order)
 	return res
+}
+
+// forget drops the port named name.
+func (p *Planner) forget(name model.ServicePortName) {
+	delete(p.ports, name)
+	delete(p.retries, name)
 }
 
 // index returns where the port named name is in p.order.

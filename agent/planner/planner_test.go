@@ -471,6 +471,26 @@ func TestPartialBuildsKeepPlanOrder(t *testing.T) {
 	set(12, 12)
 	st.SetService("ns/s014", nil)
 	check("added, removed and changed at once")
+	if got := p.Build(context.Background(), st.Snapshot()); got.Evaluated != 0 || len(got.Plan.Changed) != 0 {
+		t.Errorf("unchanged snapshot: evaluated %d, changed %v", got.Evaluated, got.Plan.Changed)
+	}
+
+	// A snapshot that claims to follow the last one planned but brings a
+	// port it does not mark changed is planned whole.
+	snap := st.Snapshot()
+	p.Build(context.Background(), snap)
+	set(50, 50)
+	extra := st.Snapshot()
+	lying := &state.Snapshot{Generation: snap.Generation + 1, Node: extra.Node, Ports: extra.Ports, Changed: map[model.ServicePortName]bool{}}
+	got := p.Build(context.Background(), lying).Plan
+	want := planner.New(planner.Options{}, nil).Build(context.Background(), lying).Plan
+	if got.String() != want.String() {
+		t.Fatalf("unmarked port: plan\n%s\nwant\n%s", got, want)
+	}
+	if name := (model.ServicePortName{Namespace: "ns", Name: "s050", Port: "a"}); !got.Changed[name] {
+		t.Errorf("unmarked new port %s not in Changed %v", name, got.Changed)
+	}
+
 	p.Invalidate()
 	check("invalidated")
 }
