@@ -113,16 +113,25 @@ func frontendProblems(f *Frontend) []string {
 	if len(f.Cluster) > 0 && !f.LocalOnly {
 		out = append(out, "a short-circuit set on a frontend that is not LocalOnly")
 	}
-	for _, e := range slices.Concat(f.Endpoints, f.Cluster) {
-		if e.Weight == 0 || e.Weight > MaxWeight {
-			out = append(out, fmt.Sprintf("endpoint %s: weight %d out of range 1..%d", e.Addr, e.Weight, MaxWeight))
-		}
-		if !e.Addr.Addr().IsValid() || FamilyOf(e.Addr.Addr()) != f.Family {
-			out = append(out, fmt.Sprintf("endpoint %s is not IPv%d", e.Addr, f.Family))
-		}
-		if e.Addr.Port() == 0 {
-			out = append(out, fmt.Sprintf("endpoint %s has port 0", e.Addr))
-		}
+	for _, e := range f.Endpoints {
+		out = endpointProblems(out, f, e)
+	}
+	for _, e := range f.Cluster {
+		out = endpointProblems(out, f, e)
+	}
+	return out
+}
+
+// endpointProblems appends what is wrong with endpoint e of f to out.
+func endpointProblems(out []string, f *Frontend, e Endpoint) []string {
+	if e.Weight == 0 || e.Weight > MaxWeight {
+		out = append(out, fmt.Sprintf("endpoint %s: weight %d out of range 1..%d", e.Addr, e.Weight, MaxWeight))
+	}
+	if !e.Addr.Addr().IsValid() || FamilyOf(e.Addr.Addr()) != f.Family {
+		out = append(out, fmt.Sprintf("endpoint %s is not IPv%d", e.Addr, f.Family))
+	}
+	if e.Addr.Port() == 0 {
+		out = append(out, fmt.Sprintf("endpoint %s has port 0", e.Addr))
 	}
 	return out
 }
@@ -155,15 +164,21 @@ func (p *Plan) Sanitize(first func(a, b ServicePortName) bool) []Refusal {
 		}
 	}
 	owner := make(map[Key]int, len(p.Frontends))
+	dups := false
 	for i := range p.Frontends {
 		f := &p.Frontends[i]
 		if bad[f.Service] {
 			continue
 		}
 		k := f.Key()
-		if j, dup := owner[k]; !dup || (p.Frontends[j].Service != f.Service && first(f.Service, p.Frontends[j].Service)) {
+		j, dup := owner[k]
+		dups = dups || dup
+		if !dup || (p.Frontends[j].Service != f.Service && first(f.Service, p.Frontends[j].Service)) {
 			owner[k] = i
 		}
+	}
+	if len(bad) == 0 && !dups {
+		return nil // nothing to take out: the plan stays as it is
 	}
 	fs := make([]Frontend, 0, len(p.Frontends))
 	for i := range p.Frontends {

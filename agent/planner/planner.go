@@ -112,12 +112,19 @@ type Result struct {
 	// them).
 	node  *model.Node
 	ports map[model.ServicePortName]*state.Port
-	plans map[model.ServicePortName]*portPlan
+	plans []*portPlan // sorted by name
 }
 
 type portPlan struct {
-	retry     bool // weigh again next time: the policy fell back
-	frontends []datapath.Frontend
+	name model.ServicePortName
+	svc  *model.Service
+	// retry: weigh again next time, the policy fell back.
+	retry bool
+	// frontends are in the order the port lays them out (explanations
+	// show them so); sorted holds them in the plan's order
+	// (datapath.Compare) when that order differs, nil when it does not.
+	// The plan is the ports' sorted frontends in the order of their names.
+	frontends, sorted []datapath.Frontend
 	// weighed is the policy's verdict for each family planned, in
 	// selectPort's order: what an explanation cannot compute again.
 	weighed []Weighing
@@ -132,7 +139,19 @@ type Planner struct {
 	opts   Options
 	policy Policy
 	ports  map[model.ServicePortName]*portPlan
-	gen    uint64
+	// order holds the values of ports sorted by name, so that a Build
+	// lays out the plan in its canonical order without sorting every
+	// frontend again: it is updated in place for the ports a Build
+	// recomputes, and sorted again only when ports come or go.
+	order []*portPlan
+	gen   uint64
+	// built is the generation of the snapshot the last Build planned
+	// whole (inStep: ports then held every port of it, each as planned
+	// for it). A Build of the next generation then needs to look only
+	// at its Changed ports and at retries, not at every port.
+	built   uint64
+	inStep  bool
+	retries map[model.ServicePortName]bool
 	// unsettled: the cache was invalidated, or some port asked to be
 	// weighed again, since the last Build.
 	unsettled bool
@@ -140,7 +159,7 @@ type Planner struct {
 
 // New returns a planner; policy may be nil.
 func New(opts Options, policy Policy) *Planner {
-	return &Planner{opts: opts, policy: policy, ports: make(map[model.ServicePortName]*portPlan)}
+	return &Planner{opts: opts, policy: policy, ports: make(map[model.ServicePortName]*portPlan), retries: make(map[model.ServicePortName]bool)}
 }
 
 // SetOptions changes the options and forgets cached results when they differ.
@@ -153,7 +172,11 @@ func (p *Planner) SetOptions(opts Options) {
 
 // Invalidate forgets every cached port, e.g. after the policy changed, so
 // the next Build recomputes all of them.
-func (p *Planner) Invalidate() { clear(p.ports); p.unsettled = true }
+func (p *Planner) Invalidate() {
+	clear(p.ports)
+	clear(p.retries)
+	p.order, p.inStep, p.unsettled = nil, false, true
+}
 
 // Settled reports whether a Build of an unchanged snapshot would compute
 // nothing: no invalidation and no port waiting to be weighed again since
@@ -164,16 +187,50 @@ func (p *Planner) Settled() bool { return !p.unsettled }
 // unless the node changed or the cache was invalidated.
 func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	res := &Result{HealthChecks: make(map[uint16]HealthCheck), node: snap.Node, ports: snap.Ports}
-	changed := make(map[model.ServicePortName]bool)
-	for name := range p.ports {
-		if _, ok := snap.Ports[name]; !ok {
-			changed[name] = true
-			delete(p.ports, name)
+	return p.build(ctx, snap, res, make(map[model.ServicePortName]bool))
+}
+
+// build is Build, with the ports found changed so far.
+func (p *Planner) build(ctx context.Context, snap *state.Snapshot, res *Result, changed map[model.ServicePortName]bool) *Result {
+	reorder := false // ports came or went: p.order is sorted again
+	// The ports that may need planning: every port, unless this snapshot
+	// follows the last one planned (then its Changed ports and retries).
+	next := p.inStep && !snap.NodeChanged &&
+		(snap.Generation == p.built+1 || snap.Generation == p.built && len(snap.Changed) == 0)
+	candidates := func(yield func(model.ServicePortName) bool) {
+		for name := range snap.Changed {
+			if !yield(name) {
+				return
+			}
+		}
+		for name := range p.retries {
+			if !snap.Changed[name] && !yield(name) {
+				return
+			}
+		}
+	}
+	if !next {
+		candidates = maps.Keys(snap.Ports)
+		for name := range p.ports {
+			if _, ok := snap.Ports[name]; !ok {
+				changed[name] = true
+				p.forget(name)
+				reorder = true
+			}
 		}
 	}
 	var work []*portWork
 	wg := p.startWeigher(ctx)
-	for name, port := range snap.Ports {
+	for name := range candidates {
+		port, ok := snap.Ports[name]
+		if !ok { // removed (only a Changed port can be)
+			if _, cached := p.ports[name]; cached {
+				changed[name] = true
+				p.forget(name)
+				reorder = true
+			}
+			continue
+		}
 		old, cached := p.ports[name]
 		if cached && !old.retry && !snap.NodeChanged && !snap.Changed[name] {
 			continue
@@ -192,8 +249,29 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 			changed[name] = true
 		}
 		p.ports[name] = pp
+		if pp.retry {
+			p.retries[name] = true
+		} else {
+			delete(p.retries, name)
+		}
+		if cached && !reorder {
+			p.order[p.index(name)] = pp
+		} else {
+			reorder = true
+		}
 		p.unsettled = p.unsettled || pp.retry
 		res.Evaluated++
+	}
+	if len(p.ports) != len(snap.Ports) {
+		// Not the snapshot that follows the last one planned after all
+		// (a port came without being marked changed): plan it whole.
+		// The ports planned so far stay changed.
+		p.inStep, p.order = false, nil
+		return p.build(ctx, snap, res, changed)
+	}
+	p.built, p.inStep = snap.Generation, true
+	if reorder || len(p.order) != len(p.ports) {
+		p.order = slices.SortedFunc(maps.Values(p.ports), func(a, b *portPlan) int { return a.name.Compare(b.name) })
 	}
 
 	p.gen++
@@ -203,9 +281,20 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	// dual-stack proxiers each report their family's count to one health
 	// server (a dual-stack pod is one endpoint, not two).
 	local := make(map[HealthCheck][2][][]model.PortEndpoint) // by Namespace and Name only
-	for name, pp := range p.ports {
-		plan.Frontends = append(plan.Frontends, pp.frontends...)
-		svc := snap.Ports[name].Service
+	n := 0
+	for _, pp := range p.order {
+		n += len(pp.frontends)
+	}
+	// The ports in name order, each port's frontends in the plan's order:
+	// the plan's canonical order (datapath.Plan.Sort) without a sort.
+	plan.Frontends = make([]datapath.Frontend, 0, n)
+	for _, pp := range p.order {
+		if pp.sorted != nil {
+			plan.Frontends = append(plan.Frontends, pp.sorted...)
+		} else {
+			plan.Frontends = append(plan.Frontends, pp.frontends...)
+		}
+		svc := pp.svc
 		if !p.opts.ExternalIPs && len(svc.ExternalIPs) > 0 {
 			res.ExternalIPsIgnored = append(res.ExternalIPsIgnored, svc.Namespace+"/"+svc.Name)
 		}
@@ -233,10 +322,31 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 	plan.HealthCheckPorts = slices.Sorted(maps.Keys(res.HealthChecks))
 	slices.Sort(res.ExternalIPsIgnored)
 	res.ExternalIPsIgnored = slices.Compact(res.ExternalIPsIgnored)
-	plan.Sort()
 	res.Plan = plan
-	res.plans = maps.Clone(p.ports)
+	// The next Build replaces entries of p.order in place.
+	res.plans = slices.Clone(p.order)
 	return res
+}
+
+// forget drops the port named name.
+func (p *Planner) forget(name model.ServicePortName) {
+	delete(p.ports, name)
+	delete(p.retries, name)
+}
+
+// index returns where the port named name is in p.order.
+func (p *Planner) index(name model.ServicePortName) int {
+	i, _ := slices.BinarySearchFunc(p.order, name, func(pp *portPlan, n model.ServicePortName) int { return pp.name.Compare(n) })
+	return i
+}
+
+// plan returns the plan of the port named name, or nil.
+func (r *Result) plan(name model.ServicePortName) *portPlan {
+	i, ok := slices.BinarySearchFunc(r.plans, name, func(pp *portPlan, n model.ServicePortName) int { return pp.name.Compare(n) })
+	if !ok {
+		return nil
+	}
+	return r.plans[i]
 }
 
 // Explain returns how port name was planned, one Explain per IP family it
@@ -245,7 +355,7 @@ func (p *Planner) Build(ctx context.Context, snap *state.Snapshot) *Result {
 // and takes the policy's verdicts and the frontends from the port's plan,
 // so it shows what the Build that planned the port saw.
 func (r *Result) Explain(name model.ServicePortName) []Explain {
-	pp, port := r.plans[name], r.ports[name]
+	pp, port := r.plan(name), r.ports[name]
 	if pp == nil || port == nil {
 		return nil
 	}
@@ -267,9 +377,9 @@ func (r *Result) Explain(name model.ServicePortName) []Explain {
 // accepts, or of all of them when keep is nil.
 func (r *Result) Explains(keep func(model.ServicePortName) bool) map[model.ServicePortName][]Explain {
 	out := make(map[model.ServicePortName][]Explain)
-	for name := range r.plans {
-		if keep == nil || keep(name) {
-			out[name] = r.Explain(name)
+	for _, pp := range r.plans {
+		if keep == nil || keep(pp.name) {
+			out[pp.name] = r.Explain(pp.name)
 		}
 	}
 	return out
@@ -402,7 +512,7 @@ func (w *weigher) wait() {
 }
 
 func (p *Planner) planPort(pw *portWork) *portPlan {
-	pp := &portPlan{}
+	pp := &portPlan{name: pw.port.Name, svc: pw.port.Service}
 	for i := range pw.fams {
 		fw := &pw.fams[i]
 		pp.retry = pp.retry || fw.w.Retry
@@ -415,6 +525,10 @@ func (p *Planner) planPort(pw *portWork) *portPlan {
 		} else {
 			pp.epsV6 = fw.eps
 		}
+	}
+	cmp := func(a, b datapath.Frontend) int { return datapath.Compare(&a, &b) }
+	if !slices.IsSortedFunc(pp.frontends, cmp) {
+		pp.sorted = slices.SortedFunc(slices.Values(pp.frontends), cmp)
 	}
 	return pp
 }

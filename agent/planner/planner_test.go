@@ -415,3 +415,82 @@ func TestSourceRangesHoldNode(t *testing.T) {
 		t.Errorf("primary address 192.168.2.10 outside the ranges: %q, want only the ranges", got)
 	}
 }
+
+// TestPartialBuildsKeepPlanOrder: the planner lays out a plan from the
+// ports it kept and the ports it recomputed without sorting the whole plan
+// again. After every kind of change (endpoints moved, ports added and
+// removed, a Service whose frontends are not laid out in the plan's order)
+// its plan must be the one a new planner builds, in datapath.Plan.Sort's
+// order.
+func TestPartialBuildsKeepPlanOrder(t *testing.T) {
+	st := state.New(nil)
+	set := func(i, epByte int) {
+		name := fmt.Sprintf("s%03d", i)
+		svc := &model.Service{Namespace: "ns", Name: name,
+			ClusterIPs: []netip.Addr{netip.AddrFrom4([4]byte{10, 96, 0, byte(i)}), netip.MustParseAddr(fmt.Sprintf("fd00::%x", i))},
+			// Laid out LoadBalancer after NodePort, in this order: not
+			// the plan's.
+			LoadBalancerIPs: []netip.Addr{netip.AddrFrom4([4]byte{192, 0, 2, byte(200 - i)}), netip.AddrFrom4([4]byte{192, 0, 2, byte(i)})},
+			Ports:           []model.ServicePort{{Name: "b", Protocol: "TCP", Port: 80, NodePort: uint16(30000 + i)}, {Name: "a", Protocol: "UDP", Port: 53}}}
+		st.SetService("ns/"+name, svc)
+		sl := &model.EndpointSlice{Namespace: "ns", Name: name + "-1", Service: name, Family: model.IPv4,
+			Ports: []model.EndpointPort{{Name: "b", Protocol: "TCP", Port: 8080}, {Name: "a", Protocol: "UDP", Port: 5353}}}
+		for j := range 3 {
+			sl.Endpoints = append(sl.Endpoints, model.Endpoint{Addr: netip.AddrFrom4([4]byte{10, 244, byte(epByte), byte(j)}), Ready: true, Serving: true})
+		}
+		st.SetSlice("ns/"+name+"-1", sl)
+	}
+	for i := 10; i < 40; i += 2 {
+		set(i, i)
+	}
+	p := planner.New(planner.Options{}, nil)
+	check := func(step string) {
+		t.Helper()
+		snap := st.Snapshot()
+		got := p.Build(context.Background(), snap).Plan
+		want := planner.New(planner.Options{}, nil).Build(context.Background(), snap).Plan
+		sorted := slices.Clone(got.Frontends)
+		(&datapath.Plan{Frontends: sorted}).Sort()
+		if got.String() != want.String() || got.String() != (&datapath.Plan{Frontends: sorted}).String() {
+			t.Fatalf("%s: plan\n%s\nwant\n%s", step, got, want)
+		}
+		if len(got.Frontends) == 0 {
+			t.Fatalf("%s: empty plan", step)
+		}
+	}
+	check("first")
+	set(20, 99)
+	check("endpoints moved")
+	set(21, 21)
+	set(9, 9)
+	check("services added")
+	st.SetService("ns/s030", nil)
+	check("service removed")
+	set(30, 1)
+	st.SetService("ns/s012", nil)
+	set(12, 12)
+	st.SetService("ns/s014", nil)
+	check("added, removed and changed at once")
+	if got := p.Build(context.Background(), st.Snapshot()); got.Evaluated != 0 || len(got.Plan.Changed) != 0 {
+		t.Errorf("unchanged snapshot: evaluated %d, changed %v", got.Evaluated, got.Plan.Changed)
+	}
+
+	// A snapshot that claims to follow the last one planned but brings a
+	// port it does not mark changed is planned whole.
+	snap := st.Snapshot()
+	p.Build(context.Background(), snap)
+	set(50, 50)
+	extra := st.Snapshot()
+	lying := &state.Snapshot{Generation: snap.Generation + 1, Node: extra.Node, Ports: extra.Ports, Changed: map[model.ServicePortName]bool{}}
+	got := p.Build(context.Background(), lying).Plan
+	want := planner.New(planner.Options{}, nil).Build(context.Background(), lying).Plan
+	if got.String() != want.String() {
+		t.Fatalf("unmarked port: plan\n%s\nwant\n%s", got, want)
+	}
+	if name := (model.ServicePortName{Namespace: "ns", Name: "s050", Port: "a"}); !got.Changed[name] {
+		t.Errorf("unmarked new port %s not in Changed %v", name, got.Changed)
+	}
+
+	p.Invalidate()
+	check("invalidated")
+}
