@@ -30,11 +30,29 @@ import (
 // directory: switchguest.Request).
 func TestSwitchKubeProxyIPVS(t *testing.T) {
 	gate.Root(t)
-	if err := vm.Check(); err != nil {
-		gate.Skip(t, err.Error())
-	}
 	kp, err := cluster.BinPath(cluster.KubeProxyBinary)
 	if err != nil {
+		gate.Skip(t, err.Error())
+	}
+	runSwitchGuest(t, "TestSwitchKubeProxyIPVSGuest", kp)
+}
+
+// TestSwitchNFTablesIPVS is the switch between edgeproxy's nftables and
+// IPVS modes on a live node, both ways, in one VM boot (the only place
+// with IPVS): the guest half is switchguest's TestSwitchNFTablesIPVSGuest,
+// this half is TestSwitchKubeProxyIPVS's.
+func TestSwitchNFTablesIPVS(t *testing.T) {
+	gate.Root(t)
+	runSwitchGuest(t, "TestSwitchNFTablesIPVSGuest", "")
+}
+
+// runSwitchGuest runs the control plane and the switch world's API
+// objects, boots the VM into the guest test named guest with the world's
+// setup (kube-proxy's binary kp, if the guest runs it), and serves the
+// guest's requests until it is done.
+func runSwitchGuest(t *testing.T, guest, kp string) {
+	t.Helper()
+	if err := vm.Check(); err != nil {
 		gate.Skip(t, err.Error())
 	}
 	dir := t.TempDir()
@@ -120,11 +138,11 @@ func TestSwitchKubeProxyIPVS(t *testing.T) {
 	}()
 	start := time.Now()
 	vm.RunGoTestsIn(t, dir, 15*time.Minute, vm.GoTest{Package: "./test/vm/switchguest",
-		Args:  []string{"-test.run=^TestSwitchKubeProxyIPVSGuest$", "-switch.dir=" + dir},
-		Check: guestPassed("TestSwitchKubeProxyIPVSGuest")})
+		Args:  []string{"-test.run=^" + guest + "$", "-switch.dir=" + dir},
+		Check: guestPassed(guest)})
 	cancel()
 	<-served
-	t.Logf("IPVS switch: %s in all (VM boot included)", time.Since(start).Round(time.Second))
+	t.Logf("%s: %s in all (VM boot included)", guest, time.Since(start).Round(time.Second))
 }
 
 // guestPassed checks that the guest test ran and passed: a skip, or a
