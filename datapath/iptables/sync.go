@@ -153,6 +153,9 @@ func (f *family) apply(ctx context.Context, plan *datapath.Plan, mode syncMode) 
 		// A periodic rewrite: the jumps are checked one by one.
 		err = f.ensureJumps()
 	}
+	if err == nil && (listed || mode == modeRewrite) {
+		err = f.orderJumps()
+	}
 	if err != nil {
 		f.needFull = true
 		st.fatal = true
