@@ -86,22 +86,8 @@ func TestSwitchNFTablesIPVSGuest(t *testing.T) {
 		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
 		res := sw.Stop()
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		t.Logf("%s: the longest an established flow went without an exchange: %s, until %s", what,
-			res.MaxGap.Round(time.Millisecond), res.MaxGapEnd.Format("15:04:05.000"))
-		if len(res.Failures) > 0 {
-			t.Logf("%s: the failed new connections (started–ended):\n%s", what, strings.Join(res.Failures, "\n"))
-		}
 		t.Logf("%s: %s; %s in all; kernel after: %s", what, phases, time.Since(began).Round(100*time.Millisecond), kernelSummary(t, w.node))
-		keepsFlows := prev == proxies.ModeNFTables
-		if !keepsFlows {
-			t.Logf("%s: established flows broken: %d of %d TCP, %d of %d UDP (nftables mode does not carry IPVS's connections over)",
-				what, res.HeldBroken, res.Held, res.UDPBroken, res.UDP)
-		}
-		broken := res.HeldBroken != 0 || res.UDPBroken != 0
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || keepsFlows && broken || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken (from nftables mode)", what, res)
-		}
+		judge(t, what, res, prev == proxies.ModeNFTables, "nftables mode does not carry IPVS's connections over")
 		cur, prev = p, next
 		if i == 0 { // c serves again for the next switch
 			w.host("add", "c")

@@ -147,11 +147,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			t.Logf("%s: conntrack statistics when kube-proxy had synced:\n%s\nand at the end:\n%s", what, ctStats, after)
 		}
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		t.Logf("%s: the longest an established flow went without an exchange: %s, until %s", what,
-			res.MaxGap.Round(time.Millisecond), res.MaxGapEnd.Format("15:04:05.000"))
 		if len(res.Failures) > 0 {
-			t.Logf("%s: the failed new connections (started–ended):\n%s", what, strings.Join(res.Failures, "\n"))
 			if out, err := os.ReadFile(p.Log); err == nil {
 				var lines []string
 				for _, l := range strings.Split(string(out), "\n") {
@@ -172,15 +168,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		// carry no NAT of their own (IPVS did it), and the virtual
 		// servers and kube-ipvs0 go (deploy/README.md). Measured, not
 		// held.
-		keepsFlows := st.mode == proxies.ModeIPVS
-		if !keepsFlows {
-			t.Logf("%s: established flows broken: %d of %d TCP, %d of %d UDP (iptables mode does not carry IPVS's connections over)",
-				what, res.HeldBroken, res.Held, res.UDPBroken, res.UDP)
-		}
-		broken := res.HeldBroken != 0 || res.UDPBroken != 0
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || keepsFlows && broken || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken (IPVS mode)", what, res)
-		}
+		judge(t, what, res, st.mode == proxies.ModeIPVS, "iptables mode does not carry IPVS's connections over")
 		cur, curKind, curMode = p, next, st.mode
 		if i < len(order)-1 { // c serves again for the next switch
 			host("add", "c")

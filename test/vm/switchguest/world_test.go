@@ -261,3 +261,24 @@ func logPhases(t *testing.T, what, log string) {
 		}
 	}
 }
+
+// judge logs one switch's counts and fails t unless, after the switch, no
+// new connection failed, none reached the deleted endpoint and at least
+// 100 were made, and, where keepsFlows, no established flow broke (else
+// the broken ones are logged: why says why they may break).
+func judge(t *testing.T, what string, res switchload.Result, keepsFlows bool, why string) {
+	t.Helper()
+	t.Logf("%s: %s", what, res)
+	t.Logf("%s: the longest an established flow went without an exchange: %s, until %s", what,
+		res.MaxGap.Round(time.Millisecond), res.MaxGapEnd.Format("15:04:05.000"))
+	if len(res.Failures) > 0 {
+		t.Logf("%s: the failed new connections (started–ended):\n%s", what, strings.Join(res.Failures, "\n"))
+	}
+	if !keepsFlows {
+		t.Logf("%s: established flows broken: %d of %d TCP, %d of %d UDP (%s)", what, res.HeldBroken, res.Held, res.UDPBroken, res.UDP, why)
+	}
+	broken := res.HeldBroken != 0 || res.UDPBroken != 0
+	if res.FailedAfter != 0 || res.GoneAfter != 0 || keepsFlows && broken || res.NewAfter < 100 {
+		t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, at least 100 after it, and 0 established flows broken (unless %s)", what, res, why)
+	}
+}
