@@ -241,15 +241,7 @@ func TestNFTablesSwitch(t *testing.T) {
 		} else {
 			assertNoNFTablesMode(t, node)
 		}
-		sw.Switched()
-		sw.WaitNew(100)
-		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
-		res := sw.Stop()
-		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
-		}
+		report = append(report, finishSwitch(t, sw, what))
 		cur, prev = p, next
 		sn.addPod("c")
 		sn.reaches("c")

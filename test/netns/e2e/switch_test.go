@@ -158,20 +158,30 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
 				}
 			}
 		}
-		sw.Switched()
-		sw.WaitNew(100)
-		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
-		res := sw.Stop()
-		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
-		}
+		report = append(report, finishSwitch(t, sw, what))
 		cur, curKind = p, next
 		addPod("c")
 		reaches("c")
 	}
 	t.Logf("switch summary:\n  %s", strings.Join(report, "\n  "))
+}
+
+// finishSwitch marks sw's switch complete, lets 100 new connections and
+// five exchanges a flow follow, stops the traffic, and fails t unless none
+// of the connections after the switch failed or reached the deleted
+// endpoint and no established flow broke. It returns the switch's line
+// for the summary.
+func finishSwitch(t *testing.T, sw *switchload.Load, what string) string {
+	t.Helper()
+	sw.Switched()
+	sw.WaitNew(100)
+	sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
+	res := sw.Stop()
+	t.Logf("%s: %s", what, res)
+	if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
+		t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
+	}
+	return fmt.Sprintf("%s: %s", what, res)
 }
 
 // switchNode is the world of the switch tests: a node with pods a, b and c
