@@ -72,7 +72,7 @@ func runSwitchGuest(t *testing.T, guest, kp string) {
 	if _, err := c.CreateNode(ctx, switchguest.NodeName, "zone-a", switchguest.NodeIP.String()); err != nil {
 		t.Fatal(err)
 	}
-	addPod := func(name string) error {
+	addPod := func(ctx context.Context, name string) error {
 		labels := map[string]string{"app": "web"}
 		if name != "c" {
 			labels["steady"] = "yes"
@@ -85,7 +85,7 @@ func runSwitchGuest(t *testing.T, guest, kp string) {
 		return err
 	}
 	for _, name := range []string{"a", "b", "c"} {
-		if err := addPod(name); err != nil {
+		if err := addPod(ctx, name); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -122,16 +122,21 @@ func runSwitchGuest(t *testing.T, guest, kp string) {
 		t.Fatal(err)
 	}
 
-	// Serve the guest's requests until the VM is done.
+	// Serve the guest's requests until the VM is done. Not within ctx's
+	// 25 minutes: the VM may first wait that long for another's to end
+	// (vm.Run's lock; 30 minutes once), and a request then found the
+	// host gone. The VM run bounds it.
+	serving, stop := context.WithCancel(context.Background())
+	defer stop()
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		switchguest.Serve(ctx, dir, func(r switchguest.Request) error {
+		switchguest.Serve(serving, dir, func(r switchguest.Request) error {
 			switch r.Op {
 			case "delete":
-				return switchguest.DeletePod(ctx, c.Client(), ns, r.Pod)
+				return switchguest.DeletePod(serving, c.Client(), ns, r.Pod)
 			case "add":
-				return addPod(r.Pod)
+				return addPod(serving, r.Pod)
 			}
 			return fmt.Errorf("unknown request %q", r.Op)
 		})
@@ -140,7 +145,7 @@ func runSwitchGuest(t *testing.T, guest, kp string) {
 	vm.RunGoTestsIn(t, dir, 15*time.Minute, vm.GoTest{Package: "./test/vm/switchguest",
 		Args:  []string{"-test.run=^" + guest + "$", "-switch.dir=" + dir},
 		Check: guestPassed(guest)})
-	cancel()
+	stop()
 	<-served
 	t.Logf("%s: %s in all (VM boot included)", guest, time.Since(start).Round(time.Second))
 }
