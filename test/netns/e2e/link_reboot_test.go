@@ -171,42 +171,12 @@ func TestAPIOutageRebootBeyondWatchCache(t *testing.T) {
 	w.unreachable(t)
 	w.logReadsOnFailure(t, outage)
 
-	time.Sleep(time.Until(rvRead.Add(80 * time.Second)))
-	churn, err := w.cl.NewChurn(w.ctx, w.ns, "churn")
-	if err != nil {
-		t.Fatal(err)
-	}
-	changes, err := churn.UntilGone(w.ctx, rv, 100, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("watches from %s answered 410 Gone after %d changes of each resource, %v into the outage", rv, changes, time.Since(outage).Round(time.Second))
+	w.churnPastWatchCache(t, rv, rvRead, outage)
 	if err := w.rules([]netip.Addr{outKeep, outChanged, outGone}, []netip.Addr{outMoved, outAdded})(); err != nil {
 		t.Fatalf("during the outage after the reboot: %v, want the snapshot's rules", err)
 	}
 
-	end()
-	back := time.Now()
-	w.changed(t, 150*time.Second)
-	t.Logf("outage %v; rules right %v after the link came back", back.Sub(outage).Round(time.Second), time.Since(back).Round(100*time.Millisecond))
-	waitFor(t, 150*time.Second, "a LIST of each informer", func() error {
-		if lists := listsOnce(w.reads(t, back)); len(lists) < len(atStart) {
-			return fmt.Errorf("%d informers of %d listed: %v", len(lists), len(atStart), lists)
-		}
-		return nil
-	})
-	after := w.reads(t, back)
-	lists := listsOnce(after)
-	if after["watch-list"] != 0 || after["watch"] == 0 || len(lists) != len(atStart) {
-		t.Errorf("reads after the outage: %v, want one LIST per informer (%d), then watches", after, len(atStart))
-	}
-	for q, n := range lists {
-		if n != 1 || atStart[q] != 1 {
-			t.Errorf("after the outage %d LISTs of %s (%d at the start), want 1", n, q, atStart[q])
-		}
-	}
-	t.Logf("reads of the agent since the link came back: %v", after)
-	w.statusReads(t)
+	w.relistedOnce(t, end, outage, atStart)
 }
 
 // logReadsOnFailure logs the agent's requests since since from the audit

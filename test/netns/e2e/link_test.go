@@ -381,8 +381,16 @@ func TestAPIOutageBeyondWatchCache(t *testing.T) {
 	w.unreachable(t)
 	w.changeAll(t)
 
-	// Every event up to rv is older than the watch caches' 75 s when the
-	// churn starts, so the churn evicts them instead of growing the caches.
+	w.churnPastWatchCache(t, rv, rvRead, outage)
+	w.relistedOnce(t, end, outage, atStart)
+}
+
+// churnPastWatchCache waits until every event up to rv (read at rvRead) is
+// older than the watch caches' 75 s, so that the churn evicts them instead
+// of growing the caches, then changes other objects until a watch from rv
+// is answered 410 Gone for each resource.
+func (w *outageWorld) churnPastWatchCache(t *testing.T, rv string, rvRead, outage time.Time) {
+	t.Helper()
 	time.Sleep(time.Until(rvRead.Add(80 * time.Second)))
 	churn, err := w.cl.NewChurn(w.ctx, w.ns, "churn")
 	if err != nil {
@@ -393,7 +401,14 @@ func TestAPIOutageBeyondWatchCache(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf("watches from %s answered 410 Gone after %d changes of each resource, %v into the outage", rv, changes, time.Since(outage).Round(time.Second))
+}
 
+// relistedOnce ends the outage (end) that began at outage and checks what
+// follows: the rules hold the changes made during it, and the agent reads
+// each resource again once, with a LIST per informer, the same ones as at
+// its start (atStart), then watches.
+func (w *outageWorld) relistedOnce(t *testing.T, end func(), outage time.Time, atStart map[string]int) {
+	t.Helper()
 	end()
 	back := time.Now()
 	// The reflectors' retries wait up to 60 s (client-go's backoff: 30 s,

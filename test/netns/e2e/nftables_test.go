@@ -181,43 +181,8 @@ func TestNFTablesAgent(t *testing.T) {
 func TestNFTablesSwitch(t *testing.T) {
 	bin := rootAgent(t, "nft", "iptables-nft", "iptables-nft-save", "iptables-legacy-save")
 
-	node := netns.NewNode(t, "node")
-	pods := map[string]*netns.Pod{}
-	for _, name := range []string{"a", "b", "c"} {
-		p := node.AddPod(name)
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-		if err := switchload.ServeHeld(t, p, heldPort); err != nil {
-			t.Fatal(err)
-		}
-		pods[name] = p
-	}
-	client := node.AddClient("client")
-	for _, n := range []*netns.NS{node.NS, pods["a"].NS, pods["b"].NS, pods["c"].NS, client} {
-		if err := n.NoTimeWait(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	w := newAPIWorld(t, node, "switch", 10*time.Minute)
-	ports := append(podPorts(true), corev1.ContainerPort{Name: "held", ContainerPort: heldPort, Protocol: corev1.ProtocolTCP})
-	addPod := func(name string) {
-		t.Helper()
-		labels := map[string]string{"app": "web"}
-		if name != "c" {
-			labels["steady"] = "yes"
-		}
-		w.readyPod(t, name, pods[name], labels, ports)
-	}
-	for _, name := range []string{"a", "b", "c"} {
-		addPod(name)
-	}
-	webVIP, steadyVIP := netip.MustParseAddr("10.96.100.10"), netip.MustParseAddr("10.96.100.11")
-	w.createService(t, clusterIPService("web", webVIP, map[string]string{"app": "web"},
-		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
-	w.createService(t, clusterIPService("steady", steadyVIP, map[string]string{"steady": "yes"},
-		servicePort("held", corev1.ProtocolTCP, heldPort, heldPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
-
+	sn := newSwitchNode(t, 10*time.Minute)
+	node, client, w := sn.node, sn.client, sn.api
 	dir := t.TempDir()
 	path, err := proxies.BackendPath(dir, "nft")
 	if err != nil {
@@ -232,14 +197,6 @@ func TestNFTablesSwitch(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, cmd := range [][]string{{"iptables-nft-save"}, {"iptables-legacy-save"}, {"nft", "list", "ruleset"}} {
-				out, _ := node.Run(cmd[0], cmd[1:]...)
-				t.Logf("%s in the node:\n%s", strings.Join(cmd, " "), out)
-			}
-		}
-	})
 	runs := 0
 	start := func(mode string) *proxies.Process {
 		t.Helper()
@@ -266,26 +223,14 @@ func TestNFTablesSwitch(t *testing.T) {
 		})
 		return p
 	}
-	reaches := func(name string) {
-		t.Helper()
-		waitFor(t, 60*time.Second, "web reaches "+name, func() error {
-			for range 30 {
-				if r, err := client.TCP(netip.AddrPortFrom(webVIP, 80), time.Second); err == nil && r.Name == name {
-					return nil
-				}
-			}
-			return fmt.Errorf("no connection reached %s", name)
-		})
-	}
-
 	cur := start("iptables")
-	reaches("c")
+	sn.reaches("c")
 	var report []string
 	srcPorts := switchload.NewSourcePorts(podPort, heldPort)
 	prev := "iptables"
 	for _, next := range []string{"nftables", "iptables"} {
 		what := fmt.Sprintf("edgeproxy %s → %s", prev, next)
-		sw := switchload.Start(t, client, srcPorts, webVIP, steadyVIP, heldPort)
+		sw := switchload.Start(t, client, srcPorts, switchWebVIP, switchSteadyVIP, heldPort)
 		sw.WaitNew(20)
 		cur.Stop()
 		deletePod(w.ctx, t, w.c, w.ns, "c")
@@ -296,18 +241,10 @@ func TestNFTablesSwitch(t *testing.T) {
 		} else {
 			assertNoNFTablesMode(t, node)
 		}
-		sw.Switched()
-		sw.WaitNew(100)
-		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
-		res := sw.Stop()
-		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
-		}
+		report = append(report, finishSwitch(t, sw, what))
 		cur, prev = p, next
-		addPod("c")
-		reaches("c")
+		sn.addPod("c")
+		sn.reaches("c")
 	}
 	t.Logf("switch summary:\n  %s", strings.Join(report, "\n  "))
 }
@@ -329,75 +266,14 @@ func assertNoNFTablesMode(t *testing.T, node *netns.Node) {
 // TestNFTablesReloadDatapathSettings: in nftables mode, the datapath
 // settings of the config file (clusterCIDR, masqueradeAll,
 // iptables.masqueradeBit, nodePortAddresses) edited while the agent runs
-// change the rules and the traffic without a restart, as in iptables
-// mode (TestIPTablesReloadDatapathSettings).
+// change the rules and the traffic without a restart, and a bad edit
+// keeps the rules, as in iptables mode (TestIPTablesReloadDatapathSettings,
+// the same body).
 func TestNFTablesReloadDatapathSettings(t *testing.T) {
-	bin := rootAgent(t, "nft")
-
-	node := netns.NewNode(t, "node")
-	a, b := node.AddPod("a"), node.AddPod("b")
-	client := node.AddClient("client")
-	serve(t, a)
-	m := newManifestsAgent(t)
-	m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
-	config := func(extra string) {
-		t.Helper()
-		writeFile(t, m.cfg, strings.Replace(m.config("sync: {minPeriod: 200ms, period: 30s}\n"+extra), "mode: iptables\n", "mode: nftables\n", 1))
-	}
-	config("clusterCIDR: 10.244.0.0/16\n")
-	logOnFailure(t, node, "nft", "list", "ruleset")
-	ag := m.start(t, node, bin)
-	pid := ag.cmd.Process.Pid
-
-	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
-	nodePort := netip.AddrPortFrom(node.LinkIP, 30080)
-	seen := func(what string, src netip.Addr) {
-		t.Helper()
-		waitFor(t, 30*time.Second, what, func() error {
-			r, err := b.TCP(vip, time.Second)
-			if err == nil && (r.Name != "a" || r.Client.Addr() != src) {
-				err = fmt.Errorf("answered by %s, which saw %s; want a seeing %s", r.Name, r.Client.Addr(), src)
-			}
-			return err
-		})
-	}
-	table := func() string {
-		t.Helper()
-		out, err := node.Run("nft", "list", "table", "ip", "edgeproxy")
-		if err != nil {
-			t.Fatal(err)
-		}
-		return out
-	}
-	seen("b -> ClusterIP, b inside clusterCIDR: not masqueraded", b.IP)
-	waitFor(t, 30*time.Second, "client -> NodePort", func() error { _, err := client.TCP(nodePort, time.Second); return err })
-
-	config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: true\niptables: {masqueradeBit: 12}\n")
-	seen("b -> ClusterIP with masqueradeAll: masqueraded", node.Gateway)
-	if rules := table(); !strings.Contains(rules, "0x00001000") || strings.Contains(rules, "0x00004000") {
-		t.Fatalf("rules after masqueradeBit 14 -> 12: want mark 0x00001000 only:\n%s", rules)
-	}
-
-	// A clusterCIDR that b is not in: masqueraded without masqueradeAll;
-	// node ports on no address of the node's.
-	config("clusterCIDR: 10.250.0.0/16\nnodePortAddresses: [10.99.0.0/16]\n")
-	waitFor(t, 30*time.Second, "mark 0x00004000 and 10.250.0.0/16 in the rules", func() error {
-		if rules := table(); !strings.Contains(rules, "0x00004000") || !strings.Contains(rules, "10.250.0.0/16") {
-			return fmt.Errorf("not yet:\n%s", rules)
-		}
-		return nil
+	reloadDatapathSettings(t, reloadMode{
+		mode:     "nftables",
+		binaries: []string{"nft"},
+		list:     []string{"nft", "list", "table", "ip", "edgeproxy"},
+		mark:     func(bit int) string { return fmt.Sprintf("0x%08x", 1<<bit) },
 	})
-	seen("b -> ClusterIP, b outside clusterCIDR: masqueraded", node.Gateway)
-	waitRefused(t, client, nodePort, "NodePort closed outside nodePortAddresses")
-
-	config("clusterCIDR: 10.244.0.0/16\n")
-	seen("b -> ClusterIP, b inside clusterCIDR again: not masqueraded", b.IP)
-	waitFor(t, 30*time.Second, "client -> NodePort again", func() error { _, err := client.TCP(nodePort, time.Second); return err })
-
-	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Fields(string(stat))[2] == "Z" {
-		t.Fatalf("the agent (pid %d) is gone: %s %v", pid, stat, err)
-	}
-	if out, _ := os.ReadFile(ag.log); !strings.Contains(string(out), "datapath settings changed") {
-		t.Errorf("the agent never logged a datapath settings change")
-	}
 }

@@ -17,22 +17,45 @@ import (
 // the traffic without a restart (kube-proxy restarts for that); a bad
 // edit keeps the rules of the running config.
 func TestIPTablesReloadDatapathSettings(t *testing.T) {
-	bin := rootAgent(t, "iptables", "iptables-restore", "iptables-save")
+	reloadDatapathSettings(t, reloadMode{
+		mode:     "iptables",
+		binaries: []string{"iptables", "iptables-restore", "iptables-save"},
+		list:     []string{"iptables-save", "-t", "nat"},
+		mark:     func(bit int) string { return fmt.Sprintf("%#x/%#x", 1<<bit, 1<<bit) },
+	})
+}
+
+// reloadMode is what reloadDatapathSettings needs to know of a mode: the
+// programs it needs, the command that lists its rules, and how a
+// masquerade mark of bit shows in that listing.
+type reloadMode struct {
+	mode     string
+	binaries []string
+	list     []string
+	mark     func(bit int) string
+}
+
+// reloadDatapathSettings is TestIPTablesReloadDatapathSettings's body in
+// mode m: one agent, its config file edited five times (one of them a
+// bad edit), the rules and pod b's connections to the ClusterIP and the
+// client's to the NodePort checked after each.
+func reloadDatapathSettings(t *testing.T, m reloadMode) {
+	bin := rootAgent(t, m.binaries...)
 
 	node := netns.NewNode(t, "node")
 	a, b := node.AddPod("a"), node.AddPod("b")
 	client := node.AddClient("client")
 	serve(t, a)
-	m := newManifestsAgent(t)
-	m.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
+	ma := newManifestsAgent(t)
+	ma.manifest(t, "web.yaml", webManifest(a.IP, nodeName))
 	// Each step's settings after the same sync settings.
 	config := func(extra string) {
 		t.Helper()
-		m.writeConfig(t, "sync: {minPeriod: 200ms, period: 30s}\n"+extra)
+		writeFile(t, ma.cfg, strings.Replace(ma.config("sync: {minPeriod: 200ms, period: 30s}\n"+extra), "mode: iptables\n", "mode: "+m.mode+"\n", 1))
 	}
 	config("clusterCIDR: 10.244.0.0/16\n")
-	logOnFailure(t, node, "iptables-save", "-t", "nat")
-	ag := m.start(t, node, bin)
+	logOnFailure(t, node, m.list[0], m.list[1:]...)
+	ag := ma.start(t, node, bin)
 	pid := ag.cmd.Process.Pid
 
 	vip := netip.AddrPortFrom(netip.MustParseAddr("10.96.100.10"), 80)
@@ -49,9 +72,9 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 			return err
 		})
 	}
-	nat := func() string {
+	rules := func() string {
 		t.Helper()
-		out, err := node.Run("iptables-save", "-t", "nat")
+		out, err := node.Run(m.list[0], m.list[1:]...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -63,12 +86,12 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 	// masqueradeAll and another mark bit.
 	config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: true\niptables: {masqueradeBit: 12}\n")
 	seen("b -> ClusterIP with masqueradeAll: masqueraded", node.Gateway)
-	if rules := nat(); !strings.Contains(rules, "0x1000/0x1000") || strings.Contains(rules, "0x4000") {
-		t.Fatalf("nat rules after masqueradeBit 14 -> 12: want mark 0x1000 only:\n%s", rules)
+	if r := rules(); !strings.Contains(r, m.mark(12)) || strings.Contains(r, m.mark(14)) {
+		t.Fatalf("rules after masqueradeBit 14 -> 12: want mark %s only:\n%s", m.mark(12), r)
 	}
 
 	// A bad edit is refused whole: the rules stay.
-	before := nat()
+	before := rules()
 	config("clusterCIDR: 10.244.0.0/16\nmasqueradeAll: false\niptables: {masqueradeBit: 40}\n")
 	waitFor(t, 30*time.Second, "the bad edit logged", func() error {
 		out, _ := os.ReadFile(ag.log)
@@ -78,7 +101,7 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 		return nil
 	})
 	time.Sleep(time.Second) // a sync the edit would have caused (minPeriod 200ms)
-	if after := nat(); stripCounters(after) != stripCounters(before) {
+	if after := rules(); stripCounters(after) != stripCounters(before) {
 		t.Fatalf("a refused edit changed the rules:\n--- before\n%s\n--- after\n%s", before, after)
 	}
 	seen("b -> ClusterIP after the refused edit: still masqueraded", node.Gateway)
@@ -86,9 +109,9 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 	// A clusterCIDR that b is not in: masqueraded without masqueradeAll;
 	// node ports on no address of the node's.
 	config("clusterCIDR: 10.250.0.0/16\nnodePortAddresses: [10.99.0.0/16]\n")
-	waitFor(t, 30*time.Second, "mark 0x4000 back", func() error {
-		if !strings.Contains(nat(), "0x4000/0x4000") {
-			return fmt.Errorf("no mark 0x4000")
+	waitFor(t, 30*time.Second, "mark "+m.mark(14)+" and 10.250.0.0/16 in the rules", func() error {
+		if r := rules(); !strings.Contains(r, m.mark(14)) || !strings.Contains(r, "10.250.0.0/16") {
+			return fmt.Errorf("not yet:\n%s", r)
 		}
 		return nil
 	})
@@ -104,6 +127,9 @@ func TestIPTablesReloadDatapathSettings(t *testing.T) {
 	// and it is still running.
 	if stat, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid)); err != nil || strings.Fields(string(stat))[2] == "Z" {
 		t.Fatalf("the agent (pid %d) is gone: %s %v", pid, stat, err)
+	}
+	if out, _ := os.ReadFile(ag.log); !strings.Contains(string(out), "datapath settings changed") {
+		t.Errorf("the agent never logged a datapath settings change")
 	}
 }
 

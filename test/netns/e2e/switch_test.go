@@ -61,46 +61,10 @@ func TestSwitchKubeProxy(t *testing.T) {
 // backend (kube-proxy's nftables mode is nft's whatever it is), edgeproxy
 // in edgeMode (iptables or nftables).
 func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
-
-	node := netns.NewNode(t, "node")
-	pods := map[string]*netns.Pod{}
-	for _, name := range []string{"a", "b", "c"} {
-		p := node.AddPod(name)
-		if err := p.Serve(podPort); err != nil {
-			t.Fatal(err)
-		}
-		if err := switchload.ServeHeld(t, p, heldPort); err != nil {
-			t.Fatal(err)
-		}
-		pods[name] = p
-	}
-	client := node.AddClient("client")
-	// Thousands of connections to three servers: no stall from a tuple
-	// still in TIME_WAIT may count as a failed switch.
-	for _, n := range []*netns.NS{node.NS, pods["a"].NS, pods["b"].NS, pods["c"].NS, client} {
-		if err := n.NoTimeWait(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	w := newAPIWorld(t, node, "switch", 15*time.Minute)
+	sn := newSwitchNode(t, 15*time.Minute)
+	node, client, w := sn.node, sn.client, sn.api
 	c, ctx, ns := w.c, w.ctx, w.ns
-	ports := append(podPorts(true), corev1.ContainerPort{Name: "held", ContainerPort: heldPort, Protocol: corev1.ProtocolTCP})
-	addPod := func(name string) {
-		t.Helper()
-		labels := map[string]string{"app": "web"}
-		if name != "c" {
-			labels["steady"] = "yes"
-		}
-		w.readyPod(t, name, pods[name], labels, ports)
-	}
-	for _, name := range []string{"a", "b", "c"} {
-		addPod(name)
-	}
-	webVIP, steadyVIP := netip.MustParseAddr("10.96.100.10"), netip.MustParseAddr("10.96.100.11")
-	w.createService(t, clusterIPService("web", webVIP, map[string]string{"app": "web"},
-		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
-	w.createService(t, clusterIPService("steady", steadyVIP, map[string]string{"steady": "yes"},
-		servicePort("held", corev1.ProtocolTCP, heldPort, heldPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
+	addPod, reaches := sn.addPod, sn.reaches
 
 	dir := t.TempDir()
 	kubeconfig := w.kubeconfig(t, dir)
@@ -116,14 +80,6 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
 	if err := os.WriteFile(cfg, []byte(proxies.EdgeProxyConfig(pn, edge, filepath.Join(dir, "state"))), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, cmd := range [][]string{{"iptables-nft-save"}, {"iptables-legacy-save"}, {"nft", "list", "ruleset"}} {
-				out, _ := node.Run(cmd[0], cmd[1:]...)
-				t.Logf("%s in the node:\n%s", strings.Join(cmd, " "), out)
-			}
-		}
-	})
 
 	runs := 0
 	start := func(kind proxies.Kind) *proxies.Process {
@@ -162,19 +118,6 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
 			return nil
 		})
 	}
-	// reaches waits until a new connection to web lands on pod name.
-	reaches := func(name string) {
-		t.Helper()
-		waitFor(t, 60*time.Second, "web reaches "+name, func() error {
-			for range 30 {
-				if r, err := client.TCP(netip.AddrPortFrom(webVIP, 80), time.Second); err == nil && r.Name == name {
-					return nil
-				}
-			}
-			return fmt.Errorf("no connection reached %s", name)
-		})
-	}
-
 	cur := start(proxies.KubeProxy)
 	curKind := proxies.KubeProxy
 	synced(curKind, cur)
@@ -183,7 +126,7 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
 	srcPorts := switchload.NewSourcePorts(podPort, heldPort)
 	for _, next := range []proxies.Kind{proxies.EdgeProxy, proxies.KubeProxyNFTables, proxies.EdgeProxy, proxies.KubeProxy} {
 		what := fmt.Sprintf("%s → %s", curKind, next)
-		sw := switchload.Start(t, client, srcPorts, webVIP, steadyVIP, heldPort)
+		sw := switchload.Start(t, client, srcPorts, switchWebVIP, switchSteadyVIP, heldPort)
 		sw.WaitNew(20)
 		cur.Stop()
 		// No proxy runs: c leaves the Service; the old rules still send
@@ -215,20 +158,111 @@ func switchKubeProxy(t *testing.T, bin, kubeProxy, backend, edgeMode string) {
 				}
 			}
 		}
-		sw.Switched()
-		sw.WaitNew(100)
-		sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
-		res := sw.Stop()
-		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
-		}
+		report = append(report, finishSwitch(t, sw, what))
 		cur, curKind = p, next
 		addPod("c")
 		reaches("c")
 	}
 	t.Logf("switch summary:\n  %s", strings.Join(report, "\n  "))
+}
+
+// finishSwitch marks sw's switch complete, lets 100 new connections and
+// five exchanges a flow follow, stops the traffic, and fails t unless none
+// of the connections after the switch failed or reached the deleted
+// endpoint and no established flow broke. It returns the switch's line
+// for the summary.
+func finishSwitch(t *testing.T, sw *switchload.Load, what string) string {
+	t.Helper()
+	sw.Switched()
+	sw.WaitNew(100)
+	sw.WaitExchanges(5 * (switchload.HeldFlows + switchload.UDPFlows))
+	res := sw.Stop()
+	t.Logf("%s: %s", what, res)
+	if res.FailedAfter != 0 || res.GoneAfter != 0 || res.HeldBroken != 0 || res.UDPBroken != 0 || res.NewAfter < 100 {
+		t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken", what, res)
+	}
+	return fmt.Sprintf("%s: %s", what, res)
+}
+
+// switchNode is the world of the switch tests: a node with pods a, b and c
+// (each serving podPort and heldPort) and a client, all without
+// TIME_WAIT; on the API server, Services web (a, b and c: TCP and UDP on
+// port 80) at switchWebVIP and steady (a and b: heldPort and UDP on port
+// 80) at switchSteadyVIP. A failed test logs the node's iptables and
+// nftables rules.
+type switchNode struct {
+	t      *testing.T
+	node   *netns.Node
+	pods   map[string]*netns.Pod
+	client *netns.NS
+	api    *apiWorld
+}
+
+var switchWebVIP, switchSteadyVIP = netip.MustParseAddr("10.96.100.10"), netip.MustParseAddr("10.96.100.11")
+
+func newSwitchNode(t *testing.T, timeout time.Duration) *switchNode {
+	t.Helper()
+	sn := &switchNode{t: t, node: netns.NewNode(t, "node"), pods: map[string]*netns.Pod{}}
+	for _, name := range []string{"a", "b", "c"} {
+		p := sn.node.AddPod(name)
+		if err := p.Serve(podPort); err != nil {
+			t.Fatal(err)
+		}
+		if err := switchload.ServeHeld(t, p, heldPort); err != nil {
+			t.Fatal(err)
+		}
+		sn.pods[name] = p
+	}
+	sn.client = sn.node.AddClient("client")
+	// Thousands of connections to three servers: no stall from a tuple
+	// still in TIME_WAIT may count as a failed switch.
+	for _, n := range []*netns.NS{sn.node.NS, sn.pods["a"].NS, sn.pods["b"].NS, sn.pods["c"].NS, sn.client} {
+		if err := n.NoTimeWait(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	sn.api = newAPIWorld(t, sn.node, "switch", timeout)
+	for _, name := range []string{"a", "b", "c"} {
+		sn.addPod(name)
+	}
+	sn.api.createService(t, clusterIPService("web", switchWebVIP, map[string]string{"app": "web"},
+		servicePort("tcp", corev1.ProtocolTCP, 80, podPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
+	sn.api.createService(t, clusterIPService("steady", switchSteadyVIP, map[string]string{"steady": "yes"},
+		servicePort("held", corev1.ProtocolTCP, heldPort, heldPort), servicePort("udp", corev1.ProtocolUDP, 80, podPort)))
+	t.Cleanup(func() {
+		if t.Failed() {
+			for _, cmd := range [][]string{{"iptables-nft-save"}, {"iptables-legacy-save"}, {"nft", "list", "ruleset"}} {
+				out, _ := sn.node.Run(cmd[0], cmd[1:]...)
+				t.Logf("%s in the node:\n%s", strings.Join(cmd, " "), out)
+			}
+		}
+	})
+	return sn
+}
+
+// addPod makes pod name ready on the API server: in web, and in steady
+// but for c.
+func (sn *switchNode) addPod(name string) {
+	sn.t.Helper()
+	labels := map[string]string{"app": "web"}
+	if name != "c" {
+		labels["steady"] = "yes"
+	}
+	ports := append(podPorts(true), corev1.ContainerPort{Name: "held", ContainerPort: heldPort, Protocol: corev1.ProtocolTCP})
+	sn.api.readyPod(sn.t, name, sn.pods[name], labels, ports)
+}
+
+// reaches waits until a new connection to web lands on pod name.
+func (sn *switchNode) reaches(name string) {
+	sn.t.Helper()
+	waitFor(sn.t, 60*time.Second, "web reaches "+name, func() error {
+		for range 30 {
+			if r, err := sn.client.TCP(netip.AddrPortFrom(switchWebVIP, 80), time.Second); err == nil && r.Name == name {
+				return nil
+			}
+		}
+		return fmt.Errorf("no connection reached %s", name)
+	})
 }
 
 const heldPort = 9090

@@ -3,8 +3,6 @@ package switchguest
 import (
 	"bufio"
 	"bytes"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -13,9 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -27,22 +23,20 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/ipset"
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
-	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
-	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/switchload"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
-var sharedDir = flag.String("switch.dir", "", "run TestSwitchKubeProxyIPVSGuest with the host's world in this directory")
+var sharedDir = flag.String("switch.dir", "", "run a switch test with the host's world in this directory")
+
+// conntrackMax is kube-proxy's minimum conntrack table (conntrack.min).
+const conntrackMax = 131072
 
 // userVS is a user's IPVS service, unrelated to Kubernetes, on an address
 // that is neither a service's nor the node's: neither the takeover nor
 // `edgeproxy cleanup` may touch it.
-// conntrackMax is kube-proxy's minimum conntrack table (conntrack.min).
-const conntrackMax = 131072
-
 var userVS = ipvs.VirtualServer{Addr: netip.MustParseAddr("192.0.2.50"), Protocol: datapath.TCP, Port: 8000, Scheduler: "rr"}
 
 // TestSwitchKubeProxyIPVSGuest switches a live node from kube-proxy
@@ -72,198 +66,17 @@ var userVS = ipvs.VirtualServer{Addr: netip.MustParseAddr("192.0.2.50"), Protoco
 // switch, 0 new connections failed after the new proxy's first sync, 0 to
 // the deleted endpoint, 0 established flows broken (but iptables mode's).
 func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
-	vm.Guest(t)
-	gate.Root(t)
-	if *sharedDir == "" {
-		t.Skip("started by test/vm's TestSwitchKubeProxyIPVS, with -switch.dir")
-	}
-	gate.Binaries(t, "iptables-nft", "iptables-nft-save", "iptables-legacy-save", "ipset")
-	b, err := os.ReadFile(filepath.Join(*sharedDir, "setup.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	var setup Setup
-	if err := json.Unmarshal(b, &setup); err != nil {
-		t.Fatalf("setup.json: %v", err)
-	}
-	start := time.Now()
-	// The conntrack table as both proxies size it on a node (32768 per
-	// core, at least 131072: kube-proxy's conntrack settings, edgeproxy's
-	// conntrack.maxPerCore and min); neither can here, where the node is a
-	// namespace and nf_conntrack_max belongs to the VM's host namespace.
-	// The kernel sizes it by the VM's 1 GiB to some 8,000 entries, which
-	// the stream (a TCP entry stays 2 minutes in TIME_WAIT) filled on the
-	// way back: conntrack counted early drops and drops, and a few new
-	// connections failed.
-	if out, err := exec.Command("modprobe", "nf_conntrack").CombinedOutput(); err != nil {
-		t.Fatalf("modprobe nf_conntrack: %v: %s", err, out)
-	}
-	was, _ := sysctl.Get("net/netfilter/nf_conntrack_max")
-	if err := sysctl.Set("net/netfilter/nf_conntrack_max", strconv.Itoa(conntrackMax)); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("nf_conntrack_max %d (the kernel's: %s)", conntrackMax, was)
-
-	node := netns.NewNode(t, "node")
-	pods := map[string]*netns.Pod{}
-	for _, name := range []string{"a", "b", "c"} {
-		p := node.AddPod(name)
-		if p.IP != PodIPs[name] {
-			t.Fatalf("pod %s has %s, the host made it %s", name, p.IP, PodIPs[name])
-		}
-		if err := p.Serve(PodPort); err != nil {
-			t.Fatal(err)
-		}
-		if err := switchload.ServeHeld(t, p, HeldPort); err != nil {
-			t.Fatal(err)
-		}
-		pods[name] = p
-	}
-	client := node.AddClient("client")
-	if node.LinkIP != NodeIP {
-		t.Fatalf("node link %s, the host's Node says %s", node.LinkIP, NodeIP)
-	}
-	for _, n := range []*netns.NS{node.NS, pods["a"].NS, pods["b"].NS, pods["c"].NS, client} {
-		if err := n.NoTimeWait(); err != nil {
-			t.Fatal(err)
-		}
-	}
-	vm.RelayToHost(t, node.NS, setup.APIPort)
-	if err := node.Do(func() error {
-		k, err := ipvs.Open()
-		if err != nil {
-			return err
-		}
-		defer k.Close()
-		if err := k.AddVirtualServer(userVS); err != nil {
-			return err
-		}
-		return k.AddRealServer(userVS, ipvs.RealServer{Addr: pods["a"].AddrPort(PodPort), Weight: 1})
-	}); err != nil {
-		t.Fatalf("the user's virtual server: %v", err)
-	}
-
-	dir := t.TempDir()
-	path, err := proxies.BackendPath(dir, "nft")
-	if err != nil {
-		t.Fatal(err)
-	}
-	pn := proxies.Node{Name: NodeName, Kubeconfig: filepath.Join(*sharedDir, "kubeconfig"), MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
-	settings := proxies.Settings{Mode: proxies.ModeIPVS, Backend: "nft", MinSync: 200 * time.Millisecond, Sync: 30 * time.Second, ClusterCIDR: "10.244.0.0/16"}
-	// edgeproxy's configuration per mode: IPVS, and iptables for a user
-	// who leaves IPVS as they switch.
-	cfgs := map[string]string{}
-	for _, mode := range []string{proxies.ModeIPVS, proxies.ModeIPTables} {
-		s := settings
-		s.Mode = mode
-		cfgs[mode] = filepath.Join(dir, "edgeproxy-"+mode+".yaml")
-		if err := os.WriteFile(cfgs[mode], []byte(proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+mode))), 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-	cfg := cfgs[proxies.ModeIPVS]
-	t.Cleanup(func() {
-		if t.Failed() {
-			for _, cmd := range [][]string{{"iptables-nft-save"}, {"ipvsadm", "-Ln"}, {"ipset", "list", "-n"}, {"ip", "addr"}} {
-				out, _ := node.Run(cmd[0], cmd[1:]...)
-				t.Logf("%s in the node:\n%s", strings.Join(cmd, " "), out)
-			}
-		}
-	})
-	requests := 0
-	host := func(op, pod string) {
-		t.Helper()
-		requests++
-		if err := ask(*sharedDir, requests, Request{Op: op, Pod: pod}, 2*time.Minute); err != nil {
-			t.Fatal(err)
-		}
-	}
-
-	runs := 0
-	startProxy := func(kind proxies.Kind, mode string) *proxies.Process {
-		t.Helper()
-		var args []string
-		switch kind {
-		case proxies.KubeProxy:
-			// kube-proxy deletes every virtual server of the node it
-			// does not program (cleanLegacyService) unless told to
-			// leave an address range: a user with IPVS services of
-			// their own tells it.
-			args = append([]string{setup.KubeProxy}, proxies.KubeProxyArgs(pn, settings)...)
-			args = append(args, "--ipvs-exclude-cidrs="+netip.PrefixFrom(userVS.Addr, 32).String(), "--v=4")
-		case proxies.EdgeProxy:
-			args = []string{setup.EdgeProxy, "run", "--config", cfgs[mode]}
-		}
-		runs++
-		logPath := filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, kind))
-		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			f.Close()
-			if t.Failed() {
-				out, _ := os.ReadFile(logPath)
-				t.Logf("%s log (tail):\n%s", kind, tail(string(out), 60))
-			}
-		})
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.Stdout, cmd.Stderr = f, f
-		cmd.Env = guestEnv(path)
-		var p *proxies.Process
-		if err := node.Do(func() (err error) { p, err = proxies.Start(string(kind), cmd, logPath); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Stop)
-		return p
-	}
-	// synced waits until the proxy has finished a sync: kube-proxy has
-	// observed a whole IPv4 sync (the duration metric is observed when
-	// syncProxyRules returns, after its conntrack cleanup), edgeproxy's
-	// status reports its takeover.
-	synced := func(kind proxies.Kind, p *proxies.Process) {
-		t.Helper()
-		waitFor(t, 4*time.Minute, string(kind)+" synced", func() error {
-			if err := p.Exited(); err != nil {
-				t.Fatal(err)
-			}
-			if kind == proxies.EdgeProxy {
-				body, err := nodeGET(node, "127.0.0.1:10249", "/debug/status")
-				if err != nil {
-					return err
-				}
-				if !strings.Contains(body, `"kubeProxy"`) {
-					return errors.New("no takeover in the status yet")
-				}
-				return nil
-			}
-			body, err := nodeGET(node, "127.0.0.1:10249", "/metrics")
-			if err != nil {
-				return err
-			}
-			if !kubeProxySynced(body) {
-				return errors.New("no whole IPv4 sync in kube-proxy's metrics yet")
-			}
-			return nil
-		})
-	}
-	reaches := func(vip netip.Addr, name string) {
-		t.Helper()
-		waitFor(t, 90*time.Second, fmt.Sprintf("%s reaches %s", vip, name), func() error {
-			for range 30 {
-				if r, err := client.TCP(netip.AddrPortFrom(vip, 80), 2*time.Second); err == nil && r.Name == name {
-					return nil
-				}
-			}
-			return fmt.Errorf("no connection reached %s", name)
-		})
-	}
+	w := newWorld(t, proxies.ModeIPVS, proxies.ModeIPTables)
+	node, client, setup, start := w.node, w.client, w.setup, w.start
+	cfg := w.configs[proxies.ModeIPVS]
+	path := w.path
+	host, startProxy, synced, reaches := w.host, w.startProxy, w.synced, w.reaches
 
 	t.Logf("world ready in %s", time.Since(start).Round(100*time.Millisecond))
 	first := time.Now()
 	cur := startProxy(proxies.KubeProxy, proxies.ModeIPVS)
 	curKind, curMode := proxies.KubeProxy, proxies.ModeIPVS
-	synced(curKind, cur)
+	synced(curKind, curMode, cur)
 	t.Logf("kube-proxy ipvs synced %s after its start", time.Since(first).Round(100*time.Millisecond))
 	reaches(WebVIP, "c")
 	// kube-proxy answers the externalIP: what its leftovers would go on
@@ -290,7 +103,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		sw.Deleted()
 		started := time.Now()
 		p := startProxy(next, st.mode)
-		synced(next, p)
+		synced(next, st.mode, p)
 		phases := fmt.Sprintf("pod c deleted in %s, %s synced %s after its start",
 			started.Sub(began).Round(100*time.Millisecond), next, time.Since(started).Round(100*time.Millisecond))
 		var changes func() string
@@ -316,16 +129,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			assertNoEdgeProxyObjects(t, node)
 		} else {
 			assertNoKubeProxyObjects(t, node, st.mode)
-			// Where the time went (under TCG: minutes, not seconds).
-			if out, err := os.ReadFile(p.Log); err == nil {
-				for _, l := range strings.Split(string(out), "\n") {
-					for _, m := range []string{"edgeproxy starting", "waiting for the source", "first sync done", "took over from kube-proxy"} {
-						if strings.Contains(l, m) {
-							t.Logf("%s: %s", what, l)
-						}
-					}
-				}
-			}
+			logPhases(t, what, p.Log)
 			// The externalIP kube-proxy served is answered no more:
 			// edgeproxy leaves externalIPs off, and kube-proxy's
 			// virtual server and address are gone.
@@ -343,11 +147,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 			t.Logf("%s: conntrack statistics when kube-proxy had synced:\n%s\nand at the end:\n%s", what, ctStats, after)
 		}
 		report = append(report, fmt.Sprintf("%s: %s", what, res))
-		t.Logf("%s: %s", what, res)
-		t.Logf("%s: the longest an established flow went without an exchange: %s, until %s", what,
-			res.MaxGap.Round(time.Millisecond), res.MaxGapEnd.Format("15:04:05.000"))
 		if len(res.Failures) > 0 {
-			t.Logf("%s: the failed new connections (started–ended):\n%s", what, strings.Join(res.Failures, "\n"))
 			if out, err := os.ReadFile(p.Log); err == nil {
 				var lines []string
 				for _, l := range strings.Split(string(out), "\n") {
@@ -368,15 +168,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 		// carry no NAT of their own (IPVS did it), and the virtual
 		// servers and kube-ipvs0 go (deploy/README.md). Measured, not
 		// held.
-		keepsFlows := st.mode == proxies.ModeIPVS
-		if !keepsFlows {
-			t.Logf("%s: established flows broken: %d of %d TCP, %d of %d UDP (iptables mode does not carry IPVS's connections over)",
-				what, res.HeldBroken, res.Held, res.UDPBroken, res.UDP)
-		}
-		broken := res.HeldBroken != 0 || res.UDPBroken != 0
-		if res.FailedAfter != 0 || res.GoneAfter != 0 || keepsFlows && broken || res.NewAfter < 100 {
-			t.Errorf("%s: %s; want 0 failed after the switch, 0 to the deleted endpoint, 0 established flows broken (IPVS mode)", what, res)
-		}
+		judge(t, what, res, st.mode == proxies.ModeIPVS, "iptables mode does not carry IPVS's connections over")
 		cur, curKind, curMode = p, next, st.mode
 		if i < len(order)-1 { // c serves again for the next switch
 			host("add", "c")

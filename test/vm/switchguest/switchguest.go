@@ -1,7 +1,8 @@
-// Package switchguest is the guest half of test/vm's
-// TestSwitchKubeProxyIPVS: a live node switched from kube-proxy's IPVS mode
-// to edgeproxy's and back, under a stream of new connections and a set of
-// established flows. This file holds what both halves share: the world's
+// Package switchguest is the guest half of test/vm's switch tests:
+// TestSwitchKubeProxyIPVS, a live node switched from kube-proxy's IPVS
+// mode to edgeproxy's and back, and TestSwitchNFTablesIPVS, between
+// edgeproxy's nftables and IPVS modes, each under a stream of new
+// connections and a set of established flows. This file holds what both halves share: the world's
 // names and addresses, the setup the host hands the guest, and the
 // requests the guest makes of the host (which owns the API objects)
 // through files in the shared directory.
@@ -45,7 +46,7 @@ var (
 
 // Setup is setup.json in the shared directory.
 type Setup struct {
-	KubeProxy string // the kube-proxy binary (readable in the guest)
+	KubeProxy string // the kube-proxy binary (readable in the guest); empty when the guest runs none
 	EdgeProxy string // the edgeproxy binary, copied into the shared directory
 	APIPort   int    // the API server's port on the host's loopback (10.0.2.2 from the guest)
 }
