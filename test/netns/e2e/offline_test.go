@@ -64,16 +64,20 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 		}
 	}
 	t.Logf("first start with the API server up: first answered connection %s after the agent started", time.Since(firstStart).Round(10*time.Millisecond))
-	waitFor(t, 30*time.Second, "snapshot written", func() error {
-		raw, err := os.ReadFile(filepath.Join(stateDir, "snapshot.json"))
-		if err != nil {
-			return err
+	// snapshotHolds: the snapshot on disk names the pod's address.
+	snapshotHolds := func(p *netns.Pod) func() error {
+		return func() error {
+			raw, err := os.ReadFile(filepath.Join(stateDir, "snapshot.json"))
+			if err != nil {
+				return err
+			}
+			if !strings.Contains(string(raw), p.IP.String()) {
+				return fmt.Errorf("snapshot lacks pod %s", p.PodName)
+			}
+			return nil
 		}
-		if !strings.Contains(string(raw), a.IP.String()) {
-			return errors.New("snapshot lacks pod a")
-		}
-		return nil
-	})
+	}
+	waitFor(t, 30*time.Second, "snapshot written", snapshotHolds(a))
 
 	// The node dies (SIGKILL: no clean shutdown). The cluster changes
 	// while it is down: pod b becomes ready behind the service. Then the
@@ -165,6 +169,12 @@ func TestIPTablesOfflineRestart(t *testing.T) {
 	if err := healthz(node); err != nil {
 		t.Errorf("agent after converging: %v", err)
 	}
+
+	// The snapshot is written beside the sync loop: a write still running
+	// when b's sync landed leaves it dirty until the next sync, at most
+	// sync.period (30 s) later. Killed before that, the agent would leave
+	// a snapshot without b (2 of 13 runs did before this wait).
+	waitFor(t, 60*time.Second, "snapshot written after converging", snapshotHolds(b))
 
 	// Another reboot while offline, this time with a corrupt snapshot: it
 	// is refused whole, with a log line, and nothing of it is programmed.
