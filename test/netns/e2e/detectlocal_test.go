@@ -93,25 +93,35 @@ func TestIPTablesDetectLocalModes(t *testing.T) {
 	}
 }
 
-// edgeModes are the modes of edgeproxy that TestDetectLocalAgainstKubeProxy
-// holds to kube-proxy.
-var edgeModes = []string{"iptables", "nftables"}
+// detectLocalBackends are the iptables backends TestDetectLocalAgainstKubeProxy
+// runs both proxies on, each with the modes of edgeproxy it holds to
+// kube-proxy in iptables mode on that backend (nftables mode uses no
+// iptables program: once is enough).
+var detectLocalBackends = []struct {
+	backend, save string
+	modes         []string
+}{
+	{"nft", "iptables-nft-save", []string{"iptables", "nftables"}},
+	{"legacy", "iptables-legacy-save", []string{"iptables"}},
+}
 
 // TestDetectLocalAgainstKubeProxy: for each local-traffic detection
 // setting — kube-proxy's four --detect-local-mode values,
-// --masquerade-all, and no --cluster-cidr — kube-proxy in iptables mode
-// and then edgeproxy (iptables mode, then nftables mode) run in one
-// dual-stack node world, one after the
-// other (the node's rules and conntrack table emptied between), and the
-// same probes go to a ClusterIP and a NodePort, in both families, from a
-// pod in this node's range, a pod on the bridge in another node's range,
-// a pod in no range, the outside client and the node itself. A probe's outcome is the
-// source address the endpoint saw (kept or masqueraded), or no answer;
-// edgeproxy's must be kube-proxy's for every probe. kube-proxy's column
-// is anchored on what its settings mean, so that a world in which
-// detection never mattered fails instead of matching itself.
+// --masquerade-all, and no --cluster-cidr — and each iptables backend
+// (iptables-nft, iptables-legacy), kube-proxy in iptables mode and then
+// edgeproxy (iptables mode; on iptables-nft nftables mode too) run in one
+// dual-stack node world, one after the other (the node's rules and
+// conntrack table emptied between, and the conntrack table checked
+// empty), and the same probes go to a ClusterIP and a NodePort, TCP and
+// UDP, in both families, from a pod in this node's range, a pod on the
+// bridge in another node's range, a pod in no range, the outside client
+// and the node itself. A probe's outcome is the source address the
+// endpoint saw (kept or masqueraded), or no answer; edgeproxy's must be
+// kube-proxy's for every probe. kube-proxy's column is anchored on what
+// its settings mean, so that a world in which detection never mattered
+// fails instead of matching itself.
 func TestDetectLocalAgainstKubeProxy(t *testing.T) {
-	bin := rootAgent(t, "iptables-nft", "iptables-nft-restore", "iptables-nft-save", "iptables-legacy", "nft")
+	bin := rootAgent(t, "iptables-nft", "iptables-nft-restore", "iptables-nft-save", "iptables-legacy", "iptables-legacy-restore", "iptables-legacy-save", "nft", "conntrack")
 	kubeProxy := kubeProxyBinary(t)
 
 	node := netns.NewNode(t, "node")
@@ -124,7 +134,7 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 	// ranges, b's addresses and the Service in both families.
 	hostIP, _ := node.LinkHost()
 	w := &apiWorld{c: cluster.New(t, cluster.Options{BindAddress: hostIP.String(), ServiceCIDR: "10.96.0.0/16,fd00:96::/112"}), hostIP: hostIP, ns: "detect"}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	t.Cleanup(cancel)
 	w.ctx = ctx
 	if err := w.c.CreateNamespace(ctx, w.ns); err != nil {
@@ -156,12 +166,7 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 
 	dir := t.TempDir()
 	kubeconfig := w.kubeconfig(t, dir)
-	path, err := proxies.BackendPath(dir, "nft")
-	if err != nil {
-		t.Fatal(err)
-	}
 	pn := proxies.Node{Name: nodeName, Kubeconfig: kubeconfig, MetricsAddr: "127.0.0.1:10249", HealthzAddr: "0.0.0.0:10256"}
-	logOnFailure(t, node, "iptables-nft-save", "-t", "nat")
 
 	froms := []struct {
 		name      string
@@ -186,24 +191,40 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 		{"ClusterIP6", netip.AddrPortFrom(vip6, 80), false, node.Gateway6},
 		{"NodePort6", netip.AddrPortFrom(node.LinkIP6, 30080), true, node.Gateway6},
 	}
-	// Between two proxies, proxies.Reset empties the node's tables of
-	// both iptables backends, nftables and conntrack: more than
-	// kube-proxy --cleanup or edgeproxy cleanup remove.
+	protos := []string{"tcp", "udp"}
+	// at is the index of a probe's outcome in what probe returns.
+	at := func(p, d, f int) int { return (p*len(dsts)+d)*len(froms) + f }
 
-	// probe is the outcome of each probe, dsts by froms: the address b
-	// saw, "no answer", or "answered by" another.
+	// Each UDP probe has a source port of its own (below the ephemeral
+	// range, never one a TCP probe takes), so that no probe meets a
+	// conntrack entry an earlier one left: each shows the rules in place.
+	nextUDP := 0
+	udpPort := func() uint16 { nextUDP++; return uint16(20000 + nextUDP%10000) }
+	// send is one probe: the address b saw, "no answer", or "answered
+	// by" another.
+	send := func(proto string, from *netns.NS, dst netip.AddrPort, timeout time.Duration) string {
+		var r netns.Reply
+		var err error
+		if proto == "udp" {
+			r, err = from.UDP(dst, udpPort(), timeout)
+		} else {
+			r, err = from.TCP(dst, timeout)
+		}
+		switch {
+		case err != nil:
+			return "no answer"
+		case r.Name != "b":
+			return "answered by " + r.Name
+		}
+		return r.Client.Addr().String()
+	}
+	// probe is the outcome of each probe, protos by dsts by froms.
 	probe := func() []string {
 		var out []string
-		for _, dst := range dsts {
-			for _, f := range froms {
-				r, err := f.ns.TCP(dst.addr, 2*time.Second)
-				switch {
-				case err != nil:
-					out = append(out, "no answer")
-				case r.Name != "b":
-					out = append(out, "answered by "+r.Name)
-				default:
-					out = append(out, r.Client.Addr().String())
+		for _, proto := range protos {
+			for _, dst := range dsts {
+				for _, f := range froms {
+					out = append(out, send(proto, f.ns, dst.addr, 2*time.Second))
 				}
 			}
 		}
@@ -211,33 +232,73 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 	}
 
 	// answered waits until the node-range pod reaches every destination
-	// through proxy p.
-	answered := func(p *proxies.Process, what string) {
+	// by every protocol through proxy p.
+	answered := func(t *testing.T, p *proxies.Process, what string) {
 		t.Helper()
 		waitFor(t, 60*time.Second, what+": node-range pod -> every destination answered", func() error {
 			if err := p.Exited(); err != nil {
 				t.Fatal(err)
 			}
-			for _, dst := range dsts {
-				if _, err := a.TCP(dst.addr, time.Second); err != nil {
-					return fmt.Errorf("%s: %w", dst.name, err)
+			for _, proto := range protos {
+				for _, dst := range dsts {
+					if got := send(proto, a.NS, dst.addr, time.Second); got == "no answer" {
+						return fmt.Errorf("%s %s: no answer", proto, dst.name)
+					}
 				}
 			}
 			return nil
 		})
 	}
 
+	// probeEntries are the node's conntrack entries of probes: to or from
+	// a Service address, the NodePort or b.
+	marks := []string{"dst=" + vip.String() + " ", "dst=" + vip6.String() + " ", "dport=30080 ", "src=" + b.IP.String() + " ", "src=" + b.IP6.String() + " "}
+	probeEntries := func(t *testing.T) []string {
+		t.Helper()
+		var entries []string
+		for _, fam := range []string{"ipv4", "ipv6"} {
+			out, err := node.Run("conntrack", "-L", "-f", fam)
+			if err != nil {
+				t.Fatalf("conntrack -L -f %s: %v", fam, err)
+			}
+			for _, l := range strings.Split(out, "\n") {
+				if slices.ContainsFunc(marks, func(m string) bool { return strings.Contains(l, m) }) {
+					entries = append(entries, l)
+				}
+			}
+		}
+		return entries
+	}
+	// reset empties the node for the next proxy: proxies.Reset removes
+	// more than kube-proxy --cleanup or edgeproxy cleanup do, both
+	// iptables backends, nftables and conntrack. Then no conntrack entry
+	// of a probe may be left, or the next proxy's probes could be
+	// answered by the last one's NAT; after a proxy's probes (probed)
+	// their entries must have been seen before, or the check proves
+	// nothing.
+	reset := func(t *testing.T, probed bool) {
+		t.Helper()
+		if before := probeEntries(t); probed && len(before) == 0 {
+			t.Fatal("conntrack -L showed no entry of the probes just sent: it cannot show that the reset emptied the table")
+		}
+		if err := proxies.Reset(node.Run); err != nil {
+			t.Fatal(err)
+		}
+		if left := probeEntries(t); len(left) > 0 {
+			t.Fatalf("conntrack entries of probes outlived the reset:\n%s", strings.Join(left, "\n"))
+		}
+	}
+
 	// Both families; other's fd00:244:1::9 is in the IPv6 range, not in
 	// the Node's fd00:244::/64.
 	cidr := "10.244.0.0/16,fd00:244::/32"
-	var table []string
-	for _, c := range []struct {
+	settings := []struct {
 		name string
 		s    proxies.Settings
 		// masqClusterIP is kube-proxy's anchor: which sources (froms
-		// order) it masquerades to the ClusterIP, in both families.
-		// Every NodePort probe is masqueraded (externalTrafficPolicy
-		// Cluster).
+		// order) it masquerades to the ClusterIP, in both families and
+		// both protocols. Every NodePort probe is masqueraded
+		// (externalTrafficPolicy Cluster).
 		masqClusterIP [5]bool
 	}{
 		{"ClusterCIDR", proxies.Settings{DetectLocalMode: "ClusterCIDR", ClusterCIDR: cidr}, [5]bool{false, false, true, true, true}},
@@ -246,74 +307,86 @@ func TestDetectLocalAgainstKubeProxy(t *testing.T) {
 		{"InterfaceNamePrefix", proxies.Settings{DetectLocalMode: "InterfaceNamePrefix", PodInterfaceNamePrefix: "br", ClusterCIDR: cidr}, [5]bool{false, false, false, true, true}},
 		{"masqueradeAll", proxies.Settings{MasqueradeAll: true, ClusterCIDR: cidr}, [5]bool{true, true, true, true, true}},
 		{"no clusterCIDR", proxies.Settings{}, [5]bool{false, false, false, false, false}},
-	} {
-		s := c.s
-		s.Backend, s.MinSync, s.Sync = "nft", 200*time.Millisecond, 30*time.Second
-		slug := strings.ReplaceAll(c.name, " ", "-")
-
-		// kube-proxy first: its outcomes are the reference.
-		kp := startProxy(t, node, "kube-proxy "+c.name, filepath.Join(dir, "kube-proxy-"+slug+".log"), path,
-			append([]string{kubeProxy}, proxies.KubeProxyArgs(pn, s)...)...)
-		waitKubeProxySynced(t, node, kp, pn.MetricsAddr, "kube-proxy "+c.name+" synced")
-		answered(kp, "kube-proxy "+c.name) // its IPv6 rules too
-		want := probe()
-		kp.Stop()
-		if err := proxies.Reset(node.Run); err != nil {
-			t.Fatal(err)
-		}
-		for j, dst := range dsts {
-			for i, f := range froms {
-				wantMasq := c.masqClusterIP[i] || dst.nodePort
-				fsrc := f.src
-				if dst.addr.Addr().Is6() {
-					fsrc = f.src6
-				}
-				got := want[j*len(froms)+i]
-				src, err := netip.ParseAddr(got)
-				if err != nil || (src == dst.masq) != wantMasq || (src != dst.masq && src != fsrc) {
-					t.Errorf("%s: kube-proxy: %s -> %s: b saw %s, want masqueraded %v (this world does not show the setting)", c.name, f.name, dst.name, got, wantMasq)
-				}
-			}
-		}
-
-		// Then edgeproxy in each mode, until its outcomes are
-		// kube-proxy's (its first sync may come before it has read the
-		// Node).
-		gots := map[string][]string{}
-		for _, mode := range edgeModes {
-			s.Mode = mode
-			cfg := filepath.Join(dir, "edgeproxy-"+mode+"-"+slug+".yaml")
-			writeFile(t, cfg, proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+mode+"-"+slug)))
-			ep := startProxy(t, node, "edgeproxy "+mode+" "+c.name, filepath.Join(dir, "edgeproxy-"+mode+"-"+slug+".log"), path, bin, "run", "--config", cfg)
-			answered(ep, "edgeproxy "+mode+" "+c.name)
-			var got []string
-			same := false
-			for deadline := time.Now().Add(30 * time.Second); !same && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-				got = probe()
-				same = slices.Equal(got, want)
-			}
-			ep.Stop()
-			if err := proxies.Reset(node.Run); err != nil {
+	}
+	for _, be := range detectLocalBackends {
+		t.Run(be.backend, func(t *testing.T) {
+			path, err := proxies.BackendPath(dir, be.backend)
+			if err != nil {
 				t.Fatal(err)
 			}
-			gots[mode] = got
-		}
-		for j, dst := range dsts {
-			for i, f := range froms {
-				k := j*len(froms) + i
-				line := fmt.Sprintf("%-19s %-10s %-15s kube-proxy %-14s", c.name, dst.name, f.name, want[k])
-				for _, mode := range edgeModes {
-					got := gots[mode]
-					mark := "="
-					if got[k] != want[k] {
-						mark = "≠"
-						t.Errorf("%s: %s -> %s: edgeproxy %s: b saw %s, kube-proxy: %s", c.name, f.name, dst.name, mode, got[k], want[k])
+			logOnFailure(t, node, be.save, "-t", "nat")
+			reset(t, false) // what the last backend's run left
+			var table []string
+			for _, c := range settings {
+				s := c.s
+				s.Backend, s.MinSync, s.Sync = be.backend, 200*time.Millisecond, 30*time.Second
+				slug := be.backend + "-" + strings.ReplaceAll(c.name, " ", "-")
+
+				// kube-proxy first: its outcomes are the reference.
+				kp := startProxy(t, node, "kube-proxy "+c.name, filepath.Join(dir, "kube-proxy-"+slug+".log"), path,
+					append([]string{kubeProxy}, proxies.KubeProxyArgs(pn, s)...)...)
+				waitKubeProxySynced(t, node, kp, pn.MetricsAddr, "kube-proxy "+c.name+" synced")
+				answered(t, kp, "kube-proxy "+c.name) // its IPv6 rules too
+				want := probe()
+				kp.Stop()
+				reset(t, true)
+				for p, proto := range protos {
+					for j, dst := range dsts {
+						for i, f := range froms {
+							wantMasq := c.masqClusterIP[i] || dst.nodePort
+							fsrc := f.src
+							if dst.addr.Addr().Is6() {
+								fsrc = f.src6
+							}
+							got := want[at(p, j, i)]
+							src, err := netip.ParseAddr(got)
+							if err != nil || (src == dst.masq) != wantMasq || (src != dst.masq && src != fsrc) {
+								t.Errorf("%s: kube-proxy: %s %s -> %s: b saw %s, want masqueraded %v (this world does not show the setting)", c.name, proto, f.name, dst.name, got, wantMasq)
+							}
+						}
 					}
-					line += fmt.Sprintf(" %s edgeproxy %s %-14s", mark, mode, got[k])
 				}
-				table = append(table, strings.TrimSpace(line))
+
+				// Then edgeproxy in each mode, until its outcomes are
+				// kube-proxy's (its first sync may come before it has
+				// read the Node).
+				gots := map[string][]string{}
+				for _, mode := range be.modes {
+					s.Mode = mode
+					cfg := filepath.Join(dir, "edgeproxy-"+mode+"-"+slug+".yaml")
+					writeFile(t, cfg, proxies.EdgeProxyConfig(pn, s, filepath.Join(dir, "state-"+mode+"-"+slug)))
+					ep := startProxy(t, node, "edgeproxy "+mode+" "+c.name, filepath.Join(dir, "edgeproxy-"+mode+"-"+slug+".log"), path, bin, "run", "--config", cfg)
+					answered(t, ep, "edgeproxy "+mode+" "+c.name)
+					var got []string
+					same := false
+					for deadline := time.Now().Add(30 * time.Second); !same && time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
+						got = probe()
+						same = slices.Equal(got, want)
+					}
+					ep.Stop()
+					reset(t, true)
+					gots[mode] = got
+				}
+				for p, proto := range protos {
+					for j, dst := range dsts {
+						for i, f := range froms {
+							k := at(p, j, i)
+							line := fmt.Sprintf("%-19s %s %-10s %-15s kube-proxy %-14s", c.name, proto, dst.name, f.name, want[k])
+							for _, mode := range be.modes {
+								got := gots[mode]
+								mark := "="
+								if got[k] != want[k] {
+									mark = "≠"
+									t.Errorf("%s: %s %s -> %s: edgeproxy %s: b saw %s, kube-proxy: %s", c.name, proto, f.name, dst.name, mode, got[k], want[k])
+								}
+								line += fmt.Sprintf(" %s edgeproxy %s %-14s", mark, mode, got[k])
+							}
+							table = append(table, strings.TrimSpace(line))
+						}
+					}
+				}
 			}
-		}
+			t.Logf("outcomes on iptables-%s (b's address seen; %s and %s are masqueraded):\n%s", be.backend, node.Gateway, node.Gateway6, strings.Join(table, "\n"))
+		})
 	}
-	t.Logf("outcomes (b's address seen; %s and %s are masqueraded):\n%s", node.Gateway, node.Gateway6, strings.Join(table, "\n"))
 }
