@@ -47,6 +47,12 @@ type Options struct {
 	TCPBeLiberal bool
 	// IPv6 also programs the ip6 table; off, IPv6 frontends are ignored.
 	IPv6 bool
+	// KeepIPv6Forwarding leaves net.ipv6.conf.all.forwarding alone;
+	// otherwise IPv6 turns it on (net.ipv4.ip_forward is always turned
+	// on), as in the iptables mode: turning it on makes every interface
+	// with accept_ra=1 ignore Router Advertisements, so the agent keeps
+	// it on a node that does not route IPv6 yet.
+	KeepIPv6Forwarding bool
 	// NodePortAddresses restricts node ports to the node's own addresses
 	// inside these prefixes, looked up at every apply; a family with no
 	// prefix here (and no primary address, see NodePortPrimary) answers
@@ -169,9 +175,10 @@ type Proxier struct {
 
 	m *metrics
 
-	mu     sync.Mutex
-	tables []*table
-	stats  Stats
+	mu        sync.Mutex
+	sysctlErr error
+	tables    []*table
+	stats     Stats
 	// The ruleset generation at which Tampered last found our tables as
 	// written (verified false: never, or not since).
 	verified    bool
@@ -302,6 +309,7 @@ func New(o Options) (*Proxier, error) {
 	if o.IPv6 {
 		p.tables = append(p.tables, newTable(famIPv6))
 	}
+	p.setSysctls()
 	return p, nil
 }
 
@@ -317,8 +325,8 @@ func (p *Proxier) Close() error { return p.conn.CloseLasting() }
 
 // Reconfigure takes the settings of opts that a reload of the agent's
 // config may change: the masquerade bit and masqueradeAll, how pods are
-// told (ClusterCIDRs, NodePodCIDRs, PodInterface), TCPBeLiberal and the
-// node-port addresses. The next Apply rewrites the tables with them, in
+// told (ClusterCIDRs, NodePodCIDRs, PodInterface), TCPBeLiberal, the
+// node-port addresses and KeepIPv6Forwarding (the sysctls are set again). The next Apply rewrites the tables with them, in
 // one transaction as always. What New alone sets stays (IPv6, NetNS,
 // LocalAddrs, the conntrack cleaner, the logger). A value New would
 // refuse is refused and nothing changes.
@@ -332,6 +340,8 @@ func (p *Proxier) Reconfigure(opts Options) error {
 	o.MasqueradeBit, o.MasqueradeAll, o.TCPBeLiberal = opts.MasqueradeBit, opts.MasqueradeAll, opts.TCPBeLiberal
 	o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface = opts.ClusterCIDRs, opts.NodePodCIDRs, opts.PodInterface
 	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
+	o.KeepIPv6Forwarding = opts.KeepIPv6Forwarding
+	p.setSysctls()
 	for _, t := range p.tables {
 		t.needFull = true
 	}
