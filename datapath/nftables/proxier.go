@@ -183,17 +183,22 @@ type Proxier struct {
 	// written (verified false: never, or not since).
 	verified    bool
 	verifiedGen uint32
+	// coldBatch bounds a cold start's transactions (coldBatchMessages).
+	coldBatch int
 }
 
 var _ datapath.Backend = (*Proxier)(nil)
 
 // Stats describe the last successful Apply.
 type Stats struct {
-	Rebuilt  bool          `json:"rebuilt"`  // the tables were written from scratch
-	Units    int           `json:"units"`    // service ports compared (in the family with most)
-	Messages int           `json:"messages"` // operations in the transaction (one per chain, rule, set's element list)
-	Duration time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
-	At       time.Time     `json:"at"`       // when it ended
+	Rebuilt  bool `json:"rebuilt"`  // the tables were written from scratch
+	Units    int  `json:"units"`    // service ports compared (in the family with most)
+	Messages int  `json:"messages"` // operations in the transactions (one per chain, rule, set's element list)
+	// Transactions is how many nf_tables transactions the apply sent: one,
+	// or more for a cold start sent in bounded parts (see coldChunks).
+	Transactions int           `json:"transactions"`
+	Duration     time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
+	At           time.Time     `json:"at"`       // when it ended
 }
 
 // Status is what the datapath shows in the agent's status: its last
@@ -258,6 +263,10 @@ type table struct {
 	pods podMatch
 	// unitChains counts the units' chains (the fixed ones are not).
 	unitChains int
+	// partial: the kernel's table is what a cold start that failed
+	// half-way left (no base chain, see coldStart): the next apply writes
+	// it as a cold start again.
+	partial bool
 }
 
 // chainCount is the number of chains in the table as last written.
@@ -292,7 +301,7 @@ func New(o Options) (*Proxier, error) {
 		_ = c.CloseLasting()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m, coldBatch: coldBatchMessages}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -384,8 +393,10 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	b := &batch{c: p.conn}
 	var pend []*pending
+	// rest: the transactions of a table's cold start after the first.
+	rest := make([]func(*nftables.Conn) (int, int, error), len(p.tables))
 	st := Stats{}
-	for _, t := range p.tables {
+	for i, t := range p.tables {
 		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
 		if err != nil {
 			return fmt.Errorf("nftables: node-port addresses: %w", err)
@@ -397,10 +408,25 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
+		cold := false
 		if rebuild {
 			st.Rebuilt = true
+			// A table that holds nothing in use is written in bounded
+			// transactions; one that serves traffic is replaced in one.
+			if cold = t.partial; !cold {
+				held, err := p.holds(t)
+				if err != nil {
+					return err
+				}
+				cold = !held
+			}
+		}
+		switch {
+		case cold:
+			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
+		case rebuild:
 			pd, err = t.rebuild(b, &p.opts, groups, ips)
-		} else {
+		default:
 			pd, err = t.update(b, &p.opts, groups, plan, ips)
 		}
 		if err != nil {
@@ -410,13 +436,43 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		st.Units = max(st.Units, pd.n)
 		pend = append(pend, pd)
 	}
+	// Our own transactions need no look by Tampered: when the tables
+	// were verified at the generation before the apply, and the apply's
+	// transactions are all that moved it, they stay verified.
+	gen0, trust := p.genVerified()
 	st.Messages = b.run()
+	if st.Messages > 0 {
+		st.Transactions = 1
+	}
 	if err := p.conn.Flush(); err != nil {
 		for _, t := range p.tables {
 			t.needFull = true
 		}
 		p.m.failures.Inc()
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
+	}
+	var coldErr error
+	for i, t := range p.tables {
+		if rest[i] == nil {
+			continue
+		}
+		msgs, txs, err := rest[i](p.conn)
+		st.Messages, st.Transactions = st.Messages+msgs, st.Transactions+txs
+		t.partial = err != nil
+		if err != nil {
+			t.needFull = true
+			pend[i] = nil
+			coldErr = errors.Join(coldErr, err)
+		}
+	}
+	if coldErr != nil {
+		for i, t := range p.tables {
+			if pend[i] != nil {
+				pend[i].commit(t)
+			}
+		}
+		p.m.failures.Inc()
+		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, coldErr)
 	}
 	st.At = time.Now()
 	st.Duration = st.At.Sub(start)
@@ -426,10 +482,12 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		p.m.partialDuration.Observe(st.Duration.Seconds())
 	}
 	p.m.ops.Set(float64(st.Messages))
+	swept := false
 	for i, t := range p.tables {
 		pend[i].commit(t)
 		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 		if t.affDirty {
+			swept = true
 			// Entries that name an endpoint the frontend no longer has
 			// would send its clients there: they go in a second
 			// transaction, after the rules stopped making them. A
@@ -440,6 +498,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 				t.affDirty = false
 			}
 		}
+	}
+	if trust && !swept {
+		p.trustOwn(gen0, st.Transactions)
 	}
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are

@@ -10,8 +10,9 @@ import (
 )
 
 // Unchanged vouches for the tables only once Tampered verified them at
-// the current ruleset generation: not before an apply, not after our own
-// commit until Tampered looked, not after another's commit (any table),
+// the current ruleset generation, or an apply from verified tables moved
+// it by its own transactions only: not before an apply, not after a
+// first apply until Tampered looked, not after another's commit (any table),
 // not while a failed apply owes a rebuild, and never while node ports
 // follow the node's addresses.
 func TestUnchanged(t *testing.T) {
@@ -43,18 +44,31 @@ func TestUnchanged(t *testing.T) {
 	if !p.Unchanged() || !p.Unchanged() {
 		t.Fatal("not Unchanged after a passing check")
 	}
-	// Our own partial apply commits: Unchanged waits for the next look.
+	// Our own partial apply from verified tables: the generation moved
+	// by its one transaction only, so the tables stay verified.
 	next := newPlan(2, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.3:8080")))
 	next.Full, next.Changed = false, map[datapath.ServicePortName]bool{web: true}
 	if err := p.Apply(ctx, next); err != nil {
 		t.Fatal(err)
 	}
+	if !p.Unchanged() {
+		t.Fatal("our own apply from verified tables took Unchanged away")
+	}
+	// Another's commit before our apply: the apply does not vouch for it.
+	if _, err := ns.Run("nft", "add", "table", "ip", "someone-before"); err != nil {
+		t.Fatal(err)
+	}
+	back := newPlan(3, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.2:8080")))
+	back.Full, back.Changed = false, map[datapath.ServicePortName]bool{web: true}
+	if err := p.Apply(ctx, back); err != nil {
+		t.Fatal(err)
+	}
 	if p.Unchanged() {
-		t.Fatal("Unchanged right after a commit nobody looked at")
+		t.Fatal("Unchanged right after our apply on top of a commit nobody looked at")
 	}
 	verify()
 	// A compare that finds nothing to send commits nothing.
-	same := newPlan(3, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.3:8080")))
+	same := newPlan(4, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.2:8080")))
 	if err := p.Apply(ctx, same); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +97,7 @@ func TestUnchanged(t *testing.T) {
 	if p.Unchanged() {
 		t.Fatal("Unchanged while a rebuild is owed")
 	}
-	same.Generation = 4
+	same.Generation = 5
 	if err := p.Apply(ctx, same); err != nil {
 		t.Fatal(err)
 	}
