@@ -49,9 +49,10 @@ func (p *Proxier) holds(t *table) (bool, error) {
 // only). A failure leaves a table without base chains: the next apply
 // starts again from b.
 //
-// rest sends the transactions on c and fills pd as they succeed; it
-// returns how many messages and transactions it sent.
-func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(c *nftables.Conn) (msgs, txs int, err error)) {
+// rest queues the transactions on c, sends each with flush and fills pd
+// as they succeed; it returns how many messages and transactions it
+// sent.
+func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(c *nftables.Conn, flush func() error) (msgs, txs int, err error)) {
 	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
 	ob := newObjects(t.f)
 	b.add(func() {
@@ -70,7 +71,7 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 			b.addRules(ob, c)
 		}
 	}
-	rest = func(c *nftables.Conn) (msgs, txs int, err error) {
+	rest = func(c *nftables.Conn, flush func() error) (msgs, txs int, err error) {
 		names := make([]datapath.ServicePortName, 0, len(groups))
 		for s := range groups {
 			names = append(names, s)
@@ -90,7 +91,7 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 				return nil
 			}
 			msgs += n
-			if err := c.Flush(); err != nil {
+			if err := flush(); err != nil {
 				return fmt.Errorf("nftables: cold start of the %s table, transaction %d: %w", t.f.name, txs+2, err)
 			}
 			txs++

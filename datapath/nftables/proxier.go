@@ -80,6 +80,9 @@ type Options struct {
 
 	// nodePods are the plan's pod ranges (NodePodCIDRs), one per family.
 	nodePods []netip.Prefix
+	// sockOpts replace google/nftables' sizing of the socket's buffers
+	// (tests: a receive buffer too small for a transaction's answers).
+	sockOpts []nftables.SockOption
 }
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
@@ -289,6 +292,9 @@ func New(o Options) (*Proxier, error) {
 		o.LocalAddrs = interfaceAddrs
 	}
 	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if o.sockOpts != nil {
+		opts = append(opts, nftables.WithSockOptions(o.sockOpts...))
+	}
 	if o.NetNS != 0 {
 		opts = append(opts, nftables.WithNetNSFd(o.NetNS))
 	}
@@ -394,7 +400,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	b := &batch{c: p.conn}
 	var pend []*pending
 	// rest: the transactions of a table's cold start after the first.
-	rest := make([]func(*nftables.Conn) (int, int, error), len(p.tables))
+	rest := make([]func(*nftables.Conn, func() error) (int, int, error), len(p.tables))
 	st := Stats{}
 	for i, t := range p.tables {
 		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
@@ -444,7 +450,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if st.Messages > 0 {
 		st.Transactions = 1
 	}
-	if err := p.conn.Flush(); err != nil {
+	if err := p.flush(); err != nil {
 		for _, t := range p.tables {
 			t.needFull = true
 		}
@@ -456,7 +462,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		if rest[i] == nil {
 			continue
 		}
-		msgs, txs, err := rest[i](p.conn)
+		msgs, txs, err := rest[i](p.conn, p.flush)
 		st.Messages, st.Transactions = st.Messages+msgs, st.Transactions+txs
 		t.partial = err != nil
 		if err != nil {
@@ -589,4 +595,30 @@ func interfaceAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// flush sends the queued messages as one transaction. Its answers (the
+// kernel echoes every rule added, and acknowledges errors) are read from
+// a receive buffer google/nftables sizes to the transaction (1 KiB a
+// message, forced past net.core.rmem_max as root; with the bounded
+// transactions of a cold start, about 8 MiB at most). Should they overrun
+// it all the same, the read reports ENOBUFS though the transaction may
+// have committed: the kernel sends the echoes only once it committed, and
+// an error aborts the whole batch. So an ENOBUFS is looked into with the
+// ruleset generation: moved by exactly one since before the send, the
+// transaction committed (counted in MetricOverruns); otherwise the error
+// stands, and the next apply rewrites the tables.
+func (p *Proxier) flush() error {
+	before, gerr := p.conn.GetGen()
+	err := p.conn.Flush()
+	if err == nil || gerr != nil || !errors.Is(err, unix.ENOBUFS) {
+		return err
+	}
+	after, aerr := p.conn.GetGen()
+	if aerr != nil || after.ID != before.ID+1 {
+		return err
+	}
+	p.m.overruns.Inc()
+	p.log.Debug("the answers to a transaction overran the receive buffer; the ruleset generation shows it committed", "err", err)
+	return nil
 }
