@@ -188,6 +188,8 @@ type Proxier struct {
 	verifiedGen uint32
 	// coldBatch bounds a cold start's transactions (coldBatchMessages).
 	coldBatch int
+	// nodeIPs are the last applied plan's NodeIPs, for Unchanged.
+	nodeIPs []netip.Addr
 }
 
 var _ datapath.Backend = (*Proxier)(nil)
@@ -508,6 +510,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	if trust && !swept {
 		p.trustOwn(gen0, st.Transactions)
 	}
+	p.nodeIPs = slices.Clone(plan.NodeIPs)
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are
 	// right, the cleaner counts the failure, and the next sync tries

@@ -13,8 +13,8 @@ import (
 // the current ruleset generation, or an apply from verified tables moved
 // it by its own transactions only: not before an apply, not after a
 // first apply until Tampered looked, not after another's commit (any table),
-// not while a failed apply owes a rebuild, and never while node ports
-// follow the node's addresses.
+// not while a failed apply owes a rebuild, and not once the node-port
+// addresses looked up now differ from those written.
 func TestUnchanged(t *testing.T) {
 	kernel(t)
 	ns := netns.New(t, "nftquiet")
@@ -106,11 +106,12 @@ func TestUnchanged(t *testing.T) {
 		t.Fatal("not Unchanged after the rebuild was looked at")
 	}
 
-	// Node ports restricted to the node's addresses: those are read at
-	// every apply, so the periodic compare never rests.
+	// Node ports restricted to the node's addresses: Unchanged while the
+	// addresses looked up now are those written, not once they moved.
 	ns2 := netns.New(t, "nftquiet2")
+	local := []netip.Addr{netip.MustParseAddr("192.0.2.1")}
 	q := newProxier(t, ns2, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.0.2.1")}, nil }})
+		LocalAddrs: func() ([]netip.Addr, error) { return local, nil }})
 	np := newPlan(1, nodePort(web, datapath.TCP, datapath.IPv4, 30080, ep("10.244.1.3:8080")))
 	if err := q.Apply(ctx, np); err != nil {
 		t.Fatal(err)
@@ -118,7 +119,31 @@ func TestUnchanged(t *testing.T) {
 	if bad, err := q.Tampered(ctx); err != nil || bad {
 		t.Fatalf("Tampered = %v, %v", bad, err)
 	}
+	if !q.Unchanged() {
+		t.Fatal("not Unchanged with the node-port addresses as written")
+	}
+	local = []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.7")}
 	if q.Unchanged() {
-		t.Fatal("Unchanged with node ports that follow the node's addresses")
+		t.Fatal("Unchanged after the node gained a node-port address")
+	}
+	// The Node's primary addresses (the mode's default): the same, with
+	// the plan's NodeIPs.
+	ns3 := netns.New(t, "nftquiet3")
+	local = []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	pr := newProxier(t, ns3, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortPrimary: true,
+		LocalAddrs: func() ([]netip.Addr, error) { return local, nil }})
+	np.NodeIPs = []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	if err := pr.Apply(ctx, np); err != nil {
+		t.Fatal(err)
+	}
+	if bad, err := pr.Tampered(ctx); err != nil || bad {
+		t.Fatalf("Tampered = %v, %v", bad, err)
+	}
+	if !pr.Unchanged() {
+		t.Fatal("not Unchanged with the primary address as written")
+	}
+	local = nil // the address left the node
+	if pr.Unchanged() {
+		t.Fatal("Unchanged after the primary address left the node")
 	}
 }
