@@ -87,13 +87,15 @@ func nftablesOptions(cfg *config.Config, log *slog.Logger, reg prometheus.Regist
 func nftablesSettings(cfg *config.Config, log *slog.Logger) nftables.Options {
 	pods := detectLocal(cfg, log)
 	return nftables.Options{
-		MasqueradeBit:     cfg.IPTables.MasqueradeBit,
-		ClusterCIDRs:      pods.cidrs,
-		NodePodCIDRs:      pods.node,
-		PodInterface:      pods.iface,
-		MasqueradeAll:     cfg.MasqueradeAll,
-		TCPBeLiberal:      cfg.Conntrack.TCPBeLiberal,
-		NodePortAddresses: parsePrefixes(cfg.NodePortAddresses...),
+		// As in iptables mode (see routesIPv6).
+		KeepIPv6Forwarding: !routesIPv6(cfg, log),
+		MasqueradeBit:      cfg.IPTables.MasqueradeBit,
+		ClusterCIDRs:       pods.cidrs,
+		NodePodCIDRs:       pods.node,
+		PodInterface:       pods.iface,
+		MasqueradeAll:      cfg.MasqueradeAll,
+		TCPBeLiberal:       cfg.Conntrack.TCPBeLiberal,
+		NodePortAddresses:  parsePrefixes(cfg.NodePortAddresses...),
 		// Unset, it is [primary] in this mode, as kube-proxy's nftables
 		// mode defaults it (platformApplyDefaults): NodePorts answer on
 		// the Node's InternalIPs only, not on every local address.

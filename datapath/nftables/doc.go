@@ -51,5 +51,6 @@
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and
 // never reads the table back; the first Apply and the one after a failure
-// replace the tables whole, in one transaction.
+// replace the tables whole, in one transaction, or in bounded ones when
+// the kernel holds no table of ours (coldStart).
 package nftables

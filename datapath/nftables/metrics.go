@@ -14,11 +14,13 @@ const (
 	MetricSyncFailures    = "kubeproxy_sync_proxy_rules_nftables_sync_failures_total"
 	MetricOperations      = "edgeproxy_nftables_sync_netlink_operations"
 	MetricChains          = "edgeproxy_nftables_chains"
+	MetricOverruns        = "edgeproxy_nftables_receive_overruns_total"
 )
 
 type metrics struct {
 	fullDuration, partialDuration prometheus.Histogram
 	failures                      prometheus.Counter
+	overruns                      prometheus.Counter
 	ops                           prometheus.Gauge
 	chains                        *prometheus.GaugeVec
 }
@@ -32,13 +34,15 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricPartialDuration, Help: "Duration of the applies that sent the differences of the changed service ports.", Buckets: buckets}),
 		failures: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: MetricSyncFailures, Help: "nf_tables transactions of an apply that the kernel refused."}),
+		overruns: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricOverruns, Help: "Transactions whose answers overran the netlink socket's receive buffer (ENOBUFS) and that the ruleset generation showed committed."}),
 		ops: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: MetricOperations, Help: "Operations in the last apply's transaction (a chain, a rule, a set's element list each)."}),
 		chains: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricChains, Help: "Chains in edgeproxy's nftables table, per family (ip, ip6)."}, []string{"family"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.fullDuration, m.partialDuration, m.failures, m.ops, m.chains} {
+		for _, c := range []prometheus.Collector{m.fullDuration, m.partialDuration, m.failures, m.overruns, m.ops, m.chains} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("nftables: register metrics: %w", err)
 			}

@@ -47,6 +47,12 @@ type Options struct {
 	TCPBeLiberal bool
 	// IPv6 also programs the ip6 table; off, IPv6 frontends are ignored.
 	IPv6 bool
+	// KeepIPv6Forwarding leaves net.ipv6.conf.all.forwarding alone;
+	// otherwise IPv6 turns it on (net.ipv4.ip_forward is always turned
+	// on), as in the iptables mode: turning it on makes every interface
+	// with accept_ra=1 ignore Router Advertisements, so the agent keeps
+	// it on a node that does not route IPv6 yet.
+	KeepIPv6Forwarding bool
 	// NodePortAddresses restricts node ports to the node's own addresses
 	// inside these prefixes, looked up at every apply; a family with no
 	// prefix here (and no primary address, see NodePortPrimary) answers
@@ -74,6 +80,9 @@ type Options struct {
 
 	// nodePods are the plan's pod ranges (NodePodCIDRs), one per family.
 	nodePods []netip.Prefix
+	// sockOpts replace google/nftables' sizing of the socket's buffers
+	// (tests: a receive buffer too small for a transaction's answers).
+	sockOpts []nftables.SockOption
 }
 
 // ConntrackCleaner removes stale UDP conntrack entries after an apply.
@@ -169,24 +178,32 @@ type Proxier struct {
 
 	m *metrics
 
-	mu     sync.Mutex
-	tables []*table
-	stats  Stats
+	mu        sync.Mutex
+	sysctlErr error
+	tables    []*table
+	stats     Stats
 	// The ruleset generation at which Tampered last found our tables as
 	// written (verified false: never, or not since).
 	verified    bool
 	verifiedGen uint32
+	// coldBatch bounds a cold start's transactions (coldBatchMessages).
+	coldBatch int
+	// nodeIPs are the last applied plan's NodeIPs, for Unchanged.
+	nodeIPs []netip.Addr
 }
 
 var _ datapath.Backend = (*Proxier)(nil)
 
 // Stats describe the last successful Apply.
 type Stats struct {
-	Rebuilt  bool          `json:"rebuilt"`  // the tables were written from scratch
-	Units    int           `json:"units"`    // service ports compared (in the family with most)
-	Messages int           `json:"messages"` // operations in the transaction (one per chain, rule, set's element list)
-	Duration time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
-	At       time.Time     `json:"at"`       // when it ended
+	Rebuilt  bool `json:"rebuilt"`  // the tables were written from scratch
+	Units    int  `json:"units"`    // service ports compared (in the family with most)
+	Messages int  `json:"messages"` // operations in the transactions (one per chain, rule, set's element list)
+	// Transactions is how many nf_tables transactions the apply sent: one,
+	// or more for a cold start sent in bounded parts (see coldChunks).
+	Transactions int           `json:"transactions"`
+	Duration     time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
+	At           time.Time     `json:"at"`       // when it ended
 }
 
 // Status is what the datapath shows in the agent's status: its last
@@ -246,6 +263,10 @@ type table struct {
 	pods podMatch
 	// unitChains counts the units' chains (the fixed ones are not).
 	unitChains int
+	// partial: the kernel's table is what a cold start that failed
+	// half-way left (no base chain, see coldStart): the next apply writes
+	// it as a cold start again.
+	partial bool
 }
 
 // chainCount is the number of chains in the table as last written.
@@ -268,6 +289,9 @@ func New(o Options) (*Proxier, error) {
 		o.LocalAddrs = interfaceAddrs
 	}
 	opts := []nftables.ConnOption{nftables.AsLasting()}
+	if o.sockOpts != nil {
+		opts = append(opts, nftables.WithSockOptions(o.sockOpts...))
+	}
 	if o.NetNS != 0 {
 		opts = append(opts, nftables.WithNetNSFd(o.NetNS))
 	}
@@ -280,7 +304,7 @@ func New(o Options) (*Proxier, error) {
 		_ = c.CloseLasting()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m, coldBatch: coldBatchMessages}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -297,6 +321,7 @@ func New(o Options) (*Proxier, error) {
 	if o.IPv6 {
 		p.tables = append(p.tables, newTable(famIPv6))
 	}
+	p.setSysctls()
 	return p, nil
 }
 
@@ -312,8 +337,8 @@ func (p *Proxier) Close() error { return p.conn.CloseLasting() }
 
 // Reconfigure takes the settings of opts that a reload of the agent's
 // config may change: the masquerade bit and masqueradeAll, how pods are
-// told (ClusterCIDRs, NodePodCIDRs, PodInterface), TCPBeLiberal and the
-// node-port addresses. The next Apply rewrites the tables with them, in
+// told (ClusterCIDRs, NodePodCIDRs, PodInterface), TCPBeLiberal, the
+// node-port addresses and KeepIPv6Forwarding (the sysctls are set again). The next Apply rewrites the tables with them, in
 // one transaction as always. What New alone sets stays (IPv6, NetNS,
 // LocalAddrs, the conntrack cleaner, the logger). A value New would
 // refuse is refused and nothing changes.
@@ -327,6 +352,8 @@ func (p *Proxier) Reconfigure(opts Options) error {
 	o.MasqueradeBit, o.MasqueradeAll, o.TCPBeLiberal = opts.MasqueradeBit, opts.MasqueradeAll, opts.TCPBeLiberal
 	o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface = opts.ClusterCIDRs, opts.NodePodCIDRs, opts.PodInterface
 	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
+	o.KeepIPv6Forwarding = opts.KeepIPv6Forwarding
+	p.setSysctls()
 	for _, t := range p.tables {
 		t.needFull = true
 	}
@@ -369,8 +396,10 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	b := &batch{c: p.conn}
 	var pend []*pending
+	// rest: the transactions of a table's cold start after the first.
+	rest := make([]func(*nftables.Conn, func() error) (int, int, error), len(p.tables))
 	st := Stats{}
-	for _, t := range p.tables {
+	for i, t := range p.tables {
 		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
 		if err != nil {
 			return fmt.Errorf("nftables: node-port addresses: %w", err)
@@ -382,10 +411,25 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
+		cold := false
 		if rebuild {
 			st.Rebuilt = true
+			// A table that holds nothing in use is written in bounded
+			// transactions; one that serves traffic is replaced in one.
+			if cold = t.partial; !cold {
+				held, err := p.holds(t)
+				if err != nil {
+					return err
+				}
+				cold = !held
+			}
+		}
+		switch {
+		case cold:
+			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
+		case rebuild:
 			pd, err = t.rebuild(b, &p.opts, groups, ips)
-		} else {
+		default:
 			pd, err = t.update(b, &p.opts, groups, plan, ips)
 		}
 		if err != nil {
@@ -395,13 +439,43 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		st.Units = max(st.Units, pd.n)
 		pend = append(pend, pd)
 	}
+	// Our own transactions need no look by Tampered: when the tables
+	// were verified at the generation before the apply, and the apply's
+	// transactions are all that moved it, they stay verified.
+	gen0, trust := p.genVerified()
 	st.Messages = b.run()
-	if err := p.conn.Flush(); err != nil {
+	if st.Messages > 0 {
+		st.Transactions = 1
+	}
+	if err := p.flush(); err != nil {
 		for _, t := range p.tables {
 			t.needFull = true
 		}
 		p.m.failures.Inc()
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
+	}
+	var coldErr error
+	for i, t := range p.tables {
+		if rest[i] == nil {
+			continue
+		}
+		msgs, txs, err := rest[i](p.conn, p.flush)
+		st.Messages, st.Transactions = st.Messages+msgs, st.Transactions+txs
+		t.partial = err != nil
+		if err != nil {
+			t.needFull = true
+			pend[i] = nil
+			coldErr = errors.Join(coldErr, err)
+		}
+	}
+	if coldErr != nil {
+		for i, t := range p.tables {
+			if pend[i] != nil {
+				pend[i].commit(t)
+			}
+		}
+		p.m.failures.Inc()
+		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, coldErr)
 	}
 	st.At = time.Now()
 	st.Duration = st.At.Sub(start)
@@ -415,6 +489,10 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		pend[i].commit(t)
 		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 	}
+	if trust {
+		p.trustOwn(gen0, st.Transactions)
+	}
+	p.nodeIPs = slices.Clone(plan.NodeIPs)
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are
 	// right, the cleaner counts the failure, and the next sync tries
@@ -497,4 +575,30 @@ func interfaceAddrs() ([]netip.Addr, error) {
 		}
 	}
 	return out, nil
+}
+
+// flush sends the queued messages as one transaction. Its answers (the
+// kernel echoes every rule added, and acknowledges errors) are read from
+// a receive buffer google/nftables sizes to the transaction (1 KiB a
+// message, forced past net.core.rmem_max as root; with the bounded
+// transactions of a cold start, about 8 MiB at most). Should they overrun
+// it all the same, the read reports ENOBUFS though the transaction may
+// have committed: the kernel sends the echoes only once it committed, and
+// an error aborts the whole batch. So an ENOBUFS is looked into with the
+// ruleset generation: moved by exactly one since before the send, the
+// transaction committed (counted in MetricOverruns); otherwise the error
+// stands, and the next apply rewrites the tables.
+func (p *Proxier) flush() error {
+	before, gerr := p.conn.GetGen()
+	err := p.conn.Flush()
+	if err == nil || gerr != nil || !errors.Is(err, unix.ENOBUFS) {
+		return err
+	}
+	after, aerr := p.conn.GetGen()
+	if aerr != nil || after.ID != before.ID+1 {
+		return err
+	}
+	p.m.overruns.Inc()
+	p.log.Debug("the answers to a transaction overran the receive buffer; the ruleset generation shows it committed", "err", err)
+	return nil
 }

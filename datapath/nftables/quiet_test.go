@@ -10,10 +10,11 @@ import (
 )
 
 // Unchanged vouches for the tables only once Tampered verified them at
-// the current ruleset generation: not before an apply, not after our own
-// commit until Tampered looked, not after another's commit (any table),
-// not while a failed apply owes a rebuild, and never while node ports
-// follow the node's addresses.
+// the current ruleset generation, or an apply from verified tables moved
+// it by its own transactions only: not before an apply, not after a
+// first apply until Tampered looked, not after another's commit (any table),
+// not while a failed apply owes a rebuild, and not once the node-port
+// addresses looked up now differ from those written.
 func TestUnchanged(t *testing.T) {
 	kernel(t)
 	ns := netns.New(t, "nftquiet")
@@ -43,18 +44,31 @@ func TestUnchanged(t *testing.T) {
 	if !p.Unchanged() || !p.Unchanged() {
 		t.Fatal("not Unchanged after a passing check")
 	}
-	// Our own partial apply commits: Unchanged waits for the next look.
+	// Our own partial apply from verified tables: the generation moved
+	// by its one transaction only, so the tables stay verified.
 	next := newPlan(2, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.3:8080")))
 	next.Full, next.Changed = false, map[datapath.ServicePortName]bool{web: true}
 	if err := p.Apply(ctx, next); err != nil {
 		t.Fatal(err)
 	}
+	if !p.Unchanged() {
+		t.Fatal("our own apply from verified tables took Unchanged away")
+	}
+	// Another's commit before our apply: the apply does not vouch for it.
+	if _, err := ns.Run("nft", "add", "table", "ip", "someone-before"); err != nil {
+		t.Fatal(err)
+	}
+	back := newPlan(3, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.2:8080")))
+	back.Full, back.Changed = false, map[datapath.ServicePortName]bool{web: true}
+	if err := p.Apply(ctx, back); err != nil {
+		t.Fatal(err)
+	}
 	if p.Unchanged() {
-		t.Fatal("Unchanged right after a commit nobody looked at")
+		t.Fatal("Unchanged right after our apply on top of a commit nobody looked at")
 	}
 	verify()
 	// A compare that finds nothing to send commits nothing.
-	same := newPlan(3, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.3:8080")))
+	same := newPlan(4, clusterIP(web, datapath.TCP, "10.96.0.10", 80, ep("10.244.1.2:8080")))
 	if err := p.Apply(ctx, same); err != nil {
 		t.Fatal(err)
 	}
@@ -83,7 +97,7 @@ func TestUnchanged(t *testing.T) {
 	if p.Unchanged() {
 		t.Fatal("Unchanged while a rebuild is owed")
 	}
-	same.Generation = 4
+	same.Generation = 5
 	if err := p.Apply(ctx, same); err != nil {
 		t.Fatal(err)
 	}
@@ -92,11 +106,12 @@ func TestUnchanged(t *testing.T) {
 		t.Fatal("not Unchanged after the rebuild was looked at")
 	}
 
-	// Node ports restricted to the node's addresses: those are read at
-	// every apply, so the periodic compare never rests.
+	// Node ports restricted to the node's addresses: Unchanged while the
+	// addresses looked up now are those written, not once they moved.
 	ns2 := netns.New(t, "nftquiet2")
+	local := []netip.Addr{netip.MustParseAddr("192.0.2.1")}
 	q := newProxier(t, ns2, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
-		LocalAddrs: func() ([]netip.Addr, error) { return []netip.Addr{netip.MustParseAddr("192.0.2.1")}, nil }})
+		LocalAddrs: func() ([]netip.Addr, error) { return local, nil }})
 	np := newPlan(1, nodePort(web, datapath.TCP, datapath.IPv4, 30080, ep("10.244.1.3:8080")))
 	if err := q.Apply(ctx, np); err != nil {
 		t.Fatal(err)
@@ -104,7 +119,31 @@ func TestUnchanged(t *testing.T) {
 	if bad, err := q.Tampered(ctx); err != nil || bad {
 		t.Fatalf("Tampered = %v, %v", bad, err)
 	}
+	if !q.Unchanged() {
+		t.Fatal("not Unchanged with the node-port addresses as written")
+	}
+	local = []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.7")}
 	if q.Unchanged() {
-		t.Fatal("Unchanged with node ports that follow the node's addresses")
+		t.Fatal("Unchanged after the node gained a node-port address")
+	}
+	// The Node's primary addresses (the mode's default): the same, with
+	// the plan's NodeIPs.
+	ns3 := netns.New(t, "nftquiet3")
+	local = []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	pr := newProxier(t, ns3, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortPrimary: true,
+		LocalAddrs: func() ([]netip.Addr, error) { return local, nil }})
+	np.NodeIPs = []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	if err := pr.Apply(ctx, np); err != nil {
+		t.Fatal(err)
+	}
+	if bad, err := pr.Tampered(ctx); err != nil || bad {
+		t.Fatalf("Tampered = %v, %v", bad, err)
+	}
+	if !pr.Unchanged() {
+		t.Fatal("not Unchanged with the primary address as written")
+	}
+	local = nil // the address left the node
+	if pr.Unchanged() {
+		t.Fatal("Unchanged after the primary address left the node")
 	}
 }

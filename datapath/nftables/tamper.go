@@ -70,3 +70,30 @@ func (t *table) chainNames(o *Options) []string {
 	slices.Sort(out)
 	return out
 }
+
+// genVerified returns the ruleset generation, and whether the tables were
+// verified at it: then an apply's own transactions can keep them verified
+// (trustOwn).
+func (p *Proxier) genVerified() (uint32, bool) {
+	if !p.verified {
+		return 0, false
+	}
+	gen, err := p.conn.GetGen()
+	if err != nil || gen.ID != p.verifiedGen {
+		return 0, false
+	}
+	return gen.ID, true
+}
+
+// trustOwn keeps the tables verified across an apply that started from
+// verified tables at generation gen0 and committed txs transactions, when
+// the generation moved by exactly that: then no one else committed in
+// between, and Tampered, asked after the commits the watch announced,
+// need not list the chains again (at 10k Services, a dump of 10k names
+// after each of our own applies). Anything else is left to Tampered.
+func (p *Proxier) trustOwn(gen0 uint32, txs int) {
+	gen, err := p.conn.GetGen()
+	if err == nil && gen.ID == gen0+uint32(txs) {
+		p.verifiedGen = gen.ID
+	}
+}

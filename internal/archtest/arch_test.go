@@ -61,7 +61,7 @@ var rules = []rule{
 	{pkgs: []string{"datapath"}},
 	{pkgs: []string{"datapath/iptables", "datapath/ipvs", "datapath/ipset", "datapath/conntrack", "datapath/sysctl", "datapath/recorder"},
 		may: join([]string{"datapath", "datapath/...", prometheus}, kernel)},
-	{pkgs: []string{"datapath/nftables"}, may: []string{"datapath", "datapath/conntrack", "github.com/google/nftables/...", prometheus, unix}},
+	{pkgs: []string{"datapath/nftables"}, may: []string{"datapath", "datapath/conntrack", "datapath/nfgen", "datapath/sysctl", "github.com/google/nftables/...", prometheus, unix}},
 	{pkgs: []string{"datapath/nfgen"}, may: []string{"github.com/mdlayher/netlink/...", unix}},
 	{pkgs: []string{"datapath/kubeproxy"}, may: join([]string{"datapath", "datapath/xtables", "datapath/ipvs", "datapath/ipset"}, kernel)},
 	{pkgs: []string{"datapath/xtables"}, may: []string{"datapath"}},

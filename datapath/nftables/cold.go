@@ -1,0 +1,137 @@
+package nftables
+
+import (
+	"fmt"
+	"net/netip"
+	"slices"
+
+	"github.com/google/nftables"
+
+	"github.com/edgeproxy/edgeproxy/datapath"
+)
+
+// coldBatchMessages bounds the messages of each transaction of a cold
+// start (coldStart; tests lower it with Proxier.coldBatch): about 400 bytes each in the shape of issue 27 (a
+// Service chain's rule per endpoint), so about 3 MB a transaction,
+// whatever the number of Services. What one transaction costs in memory
+// is its messages, held three times while it is sent (google/nftables
+// keeps each marshalled message, then copies them into one buffer for
+// sendmsg, growing it by appends), so a whole 10k-Service table as one
+// transaction (48 MB) made a cold start's peak resident set 738 MiB.
+const coldBatchMessages = 8192
+
+// holds reports whether the kernel has a table of ours in t's family (a
+// dump of table names only).
+func (p *Proxier) holds(t *table) (bool, error) {
+	tables, err := p.conn.ListTablesOfFamily(t.f.tf)
+	if err != nil {
+		return false, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+	}
+	return slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == TableName }), nil
+}
+
+// coldStart writes a table that holds nothing in use — none in the kernel
+// (a boot, a table deleted by hand), or one that only an earlier cold
+// start that failed half-way wrote — in transactions of at most
+// coldBatchMessages messages, so that the memory a start needs does not
+// grow with the number of Services.
+//
+// The table has no base chain until the last transaction: b (the
+// apply's first transaction) replaces the table with one holding the
+// sets and the regular fixed chains; the transactions of rest add the
+// service ports' chains, rules, elements and per-endpoint affinity sets,
+// a bounded batch of service ports each; the last adds the node-port addresses and the base chains. Until then no
+// hook leads into the table, so no packet sees part of it (the state
+// after each transaction is the table absent, as far as traffic goes),
+// and the kernel validates the chains reachable from the hooks once, in
+// the last transaction, not in each (it walks them from the base chains
+// only). A failure leaves a table without base chains: the next apply
+// starts again from b.
+//
+// rest queues the transactions on c, sends each with flush and fills pd
+// as they succeed; it returns how many messages and transactions it
+// sent.
+func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(c *nftables.Conn, flush func() error) (msgs, txs int, err error)) {
+	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
+	ob := newObjects(t.f)
+	b.add(func() {
+		b.c.AddTable(ob.t)
+		b.c.DelTable(ob.t)
+		b.c.AddTable(ob.t)
+	})
+	for _, s := range t.f.sets() {
+		set := ob.sets[s.name]
+		b.add(func() { _ = b.c.AddSet(set, nil) })
+	}
+	fixed := t.f.fixedChains(o, npIPs != nil)
+	for _, c := range fixed {
+		if c.hook == nil {
+			b.addChain(ob, c)
+			b.addRules(ob, c)
+		}
+	}
+	rest = func(c *nftables.Conn, flush func() error) (msgs, txs int, err error) {
+		names := make([]datapath.ServicePortName, 0, len(groups))
+		for s := range groups {
+			names = append(names, s)
+		}
+		slices.SortFunc(names, datapath.ServicePortName.Compare)
+		cb := &batch{c: c}
+		elems := map[elemKey]target{}
+		// send ends a transaction: the elements of its service ports
+		// after their chains, then one Flush. A new batch drops the
+		// rules the sent one held.
+		send := func() error {
+			cb.elems(ob, false, elems)
+			clear(elems)
+			n := cb.run()
+			cb = &batch{c: c}
+			if n == 0 {
+				return nil
+			}
+			msgs += n
+			if err := flush(); err != nil {
+				return fmt.Errorf("nftables: cold start of the %s table, transaction %d: %w", t.f.name, txs+2, err)
+			}
+			txs++
+			return nil
+		}
+		for _, s := range names {
+			u, err := buildUnit(t.f, o, groups[s])
+			if err != nil {
+				return msgs, txs, err
+			}
+			cb.addAffSets(ob, t.f, u.affSets)
+			for _, ch := range u.chains {
+				cb.addChain(ob, ch)
+				cb.addRules(ob, ch)
+			}
+			for k, v := range u.elems {
+				elems[k] = v
+			}
+			for _, k := range u.counted {
+				if pd.counted[k] == 0 {
+					elems[k] = target{}
+				}
+				pd.counted[k]++
+			}
+			pd.units[s] = u.summary()
+			if len(cb.ops)+len(elems)/64 >= limit {
+				if err := send(); err != nil {
+					return msgs, txs, err
+				}
+			}
+		}
+		for _, a := range npIPs {
+			elems[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+		}
+		for _, ch := range fixed {
+			if ch.hook != nil {
+				cb.addChain(ob, ch)
+				cb.addRules(ob, ch)
+			}
+		}
+		return msgs, txs, send()
+	}
+	return pd, rest
+}
