@@ -162,7 +162,7 @@ func TestNativeLayoutAndFloor(t *testing.T) {
 	if orig != copied {
 		t.Fatalf("the copy differs from the table:\n--- table\n%s\n--- copy\n%s", orig, copied)
 	}
-	for _, want := range []string{"numgen random mod", "dnat to 10.128.0.9:8080", "@service-ips", "198.51.100.0/24", "affinity"} {
+	for _, want := range []string{"numgen random mod", "dnat to 10.128.0.9:8080", "@service-ips", "198.51.100.0/24", "update @aff-"} {
 		if !strings.Contains(copied, want) {
 			t.Errorf("the copy lacks %q:\n%s", want, copied)
 		}
