@@ -38,15 +38,13 @@
 //	filter-prerouting/output-pre-dnat (dstnat-10): load balancers with source ranges,
 //	             @firewall-ips and the interval set @firewall-allow
 //
-//	svc- with session affinity: the dynamic map @affinity (client .
-//	             frontend : endpoint) looked up first, updated by the cascade
-//	             (ip6: a set of clients per endpoint, @aff-NS/NAME/ADDR/PORT,
-//	             "ip6 saddr @aff-… update … dnat to" first, updated by the
-//	             cascade: nft 1.0.6 cannot read an IPv6 concatenation back
-//	             in an update)
+//	svc- with session affinity: a set of clients per endpoint,
+//	             @aff-NS/NAME/ADDR/PORT, "ip saddr @aff-… update … dnat to"
+//	             first (every hit renews the timeout), updated by the
+//	             cascade rule that picks, as kube-proxy's nftables mode
 //
-// Five maps and five sets, whatever the number of Services (and in the ip6
-// table one set per endpoint of a Service with affinity); a Service adds
+// Five maps and five sets, whatever the number of Services (and one set
+// per endpoint of a Service with affinity); a Service adds
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and
