@@ -42,20 +42,6 @@ K8S_BIN=$("$repo/test/cluster/build.sh") || die "test/cluster/build.sh failed"
 UPSTREAM=$("$here/build.sh") || die "test/upstream/build.sh failed"
 make -C "$repo" build >&2 || die "make build failed"
 export K8S_BIN UPSTREAM
-# The server image of "[sig-network] Conntrack proxy implementation should
-# not be vulnerable to the invalid conntrack state bug" (two nodes), which
-# build.sh does not make yet: test/images/regression-issue-74839 of the
-# same Kubernetes module (Go, standard library only) on the Debian layer.
-regression_image=$out/regression-issue-74839.tar
-mkdir -p "$out"
-r=$(mktemp -d)
-mkdir -p "$r/root"
-CGO_ENABLED=0 go -C "$here/build" build -trimpath -o "$r/root/regression-issue-74839" \
-	k8s.io/kubernetes/test/images/regression-issue-74839 || die "building regression-issue-74839 failed"
-tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$r/root" -cf "$r/layer.tar" .
-"$here/image.sh" "$regression_image" registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 \
-	'["/regression-issue-74839"]' null "$UPSTREAM/images/base.tar" "$r/layer.tar"
-rm -rf "$r"
 log "built in $(($(date +%s) - t0))s"
 failed=""
 
@@ -262,7 +248,6 @@ for proxy in $PROXIES; do
 	t=$(date +%s)
 	"$here/cluster.sh" up "$dir" || die "cluster up ($proxy) failed; logs in $dir/logs"
 	log "cluster up in $(($(date +%s) - t))s"
-	import_image "$regression_image"
 	t=$(date +%s)
 	case $proxy in
 	kube-proxy | switch) install_kube_proxy || die "kube-proxy did not roll out" ;;
