@@ -143,7 +143,7 @@ func probeKVM(ctx context.Context, p parts) accel {
 	defer cancel()
 	args := append(kvm.args(1), "-m", "256", "-nographic", "-no-reboot", "-nodefaults", "-serial", "stdio",
 		"-kernel", p.kernel, "-initrd", p.initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=1 mitigations=off edd=off epprobe=1")
+		"-append", "console=ttyS0 panic=-1 loglevel=1 mitigations=off edd=off no_timer_check epprobe=1")
 	cmd := exec.CommandContext(ctx, p.qemu, args...)
 	cmd.WaitDelay = 5 * time.Second
 	var out bytes.Buffer
