@@ -16,7 +16,11 @@
 #            agnhost), registry.k8s.io/pause:3.10.2,
 #            registry.k8s.io/e2e-test-images/busybox:1.37.0-1 (Debian's
 #            busybox-static), registry.k8s.io/kube-proxy:v1.36.3 and
-#            edgeproxy.test/coredns:v1.15.0; base.tar is the Debian layer
+#            edgeproxy.test/coredns:v1.15.0,
+#            registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 (the
+#            server of the Conntrack invalid-state test, from
+#            test/images/regression-issue-74839 of the same module, on the
+#            Debian layer); base.tar is the Debian layer
 #            that run.sh puts under bin/edgeproxy for edgeproxy's image
 #
 # runc and the CNI plugins are Debian's (runc, containernetworking-plugins),
@@ -37,7 +41,7 @@ k8s_version=v1.36.3
 cache=${EDGEPROXY_CACHE:-${HOME:?HOME or EDGEPROXY_CACHE must be set}/.cache/edgeproxy}
 out="$cache/k8s-$k8s_version/upstream"
 bins="kubelet kubectl kube-scheduler agnhost e2e.test ginkgo containerd containerd-shim-runc-v2 ctr coredns pause"
-images="agnhost pause busybox kube-proxy coredns base"
+images="agnhost pause busybox kube-proxy coredns regression-issue-74839 base"
 debs="runc containernetworking-plugins debootstrap gcc libc6-dev busybox-static iptables conntrack util-linux"
 debian_suite=bookworm
 debian_mirror=${EDGEPROXY_DEBIAN_MIRROR:-http://deb.debian.org/debian}
@@ -115,6 +119,12 @@ go -C "$here/build" build -trimpath -ldflags "$ldflags" -o "$work/bin/" \
 	github.com/onsi/ginkgo/v2/ginkgo
 took "kubelet, kubectl, kube-scheduler, agnhost, ginkgo"
 
+# Go, standard library only; the image's entrypoint.
+mkdir -p "$work/l/regression-issue-74839"
+go -C "$here/build" build -trimpath -ldflags "-s -w" -o "$work/l/regression-issue-74839/regression-issue-74839" \
+	k8s.io/kubernetes/test/images/regression-issue-74839
+took "regression-issue-74839"
+
 log "building e2e.test ($k8s_version)"
 go -C "$here/build" test -c -trimpath -ldflags "$ldflags" -o "$work/bin/e2e.test" \
 	k8s.io/kubernetes/test/e2e
@@ -172,7 +182,7 @@ for a in $(/bin/busybox --list); do
 done
 cp "$work/bin/coredns" "$work/l/coredns/coredns"
 cp "$cluster_bin/kube-proxy" "$work/l/kube-proxy/usr/local/bin/kube-proxy"
-for l in agnhost pause busybox coredns kube-proxy; do
+for l in agnhost pause busybox coredns kube-proxy regression-issue-74839; do
 	layer "$work/l/$l" "$work/l/$l.tar"
 done
 
@@ -186,6 +196,8 @@ done
 	'["/coredns"]' null "$work/l/coredns.tar"
 "$here/image.sh" "$work/images/kube-proxy.tar" registry.k8s.io/kube-proxy:$k8s_version \
 	'["/usr/local/bin/kube-proxy"]' null "$work/images/base.tar" "$work/l/kube-proxy.tar"
+"$here/image.sh" "$work/images/regression-issue-74839.tar" registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 \
+	'["/regression-issue-74839"]' null "$work/images/base.tar" "$work/l/regression-issue-74839.tar"
 took "images"
 
 rm -rf "$out"

@@ -354,7 +354,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 EOF
 	start containerd containerd --config "$nd/containerd.toml"
 	wait_for containerd 60 node_exec ctr --address "$nd/containerd.sock" version
-	for i in agnhost pause busybox kube-proxy coredns; do
+	for i in agnhost pause busybox kube-proxy coredns regression-issue-74839; do
 		node_exec ctr --address "$nd/containerd.sock" -n k8s.io images import --platform "linux/$ARCH" \
 			"$UPSTREAM/images/$i.tar" >>"$nd/logs/images.log" 2>&1 || die "import $i.tar failed: $(tail -3 "$nd/logs/images.log")"
 	done

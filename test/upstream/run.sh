@@ -19,6 +19,15 @@
 # EPUP_IPTABLES=legacy makes the node (cluster.sh) and both proxies' images
 # use iptables-legacy. EPUP_NODE_COUNT=2: two nodes (cluster.sh); images
 # are loaded into both.
+#
+# EPUP_MODE=ipvs: both proxies in IPVS mode (kube-proxy's ConfigMap says
+# mode: ipvs, edgeproxy's DaemonSet ConfigMap too, as users edit them).
+# This machine's kernel has no IPVS, so after the build this script runs
+# again inside the qemu VM (test/upstream/vmrun, internal/testkit/vm:
+# Debian's kernel, the host's root read-only, $EPUP_OUT shared), with the
+# clusters on the guest's tmpfs; EPUP_VM_MEMORY (MiB, default 6144),
+# EPUP_VM_CPUS (default: the accelerator's) and EPUP_VM_TIMEOUT (default
+# 4h) size it. RESULTS.md says how far that got.
 set -eu
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -27,6 +36,12 @@ what=${1:-suite}
 PROXIES=${PROXIES:-kube-proxy edgeproxy}
 out=${EPUP_OUT:-/tmp/edgeproxy-upstream}
 NODE_IP=10.99.0.2
+MODE=${EPUP_MODE:-iptables}
+# Where the clusters live: $out, but in the VM the guest's tmpfs (overlayfs,
+# containerd's snapshotter, cannot sit on the 9p share); each proxy's JUnit
+# and logs are copied to $out afterwards.
+work=$out
+[ "${EDGEPROXY_IN_VM:-0}" != 1 ] || work=/var/tmp/epup
 
 log() { echo "run.sh: $(date -u +%H:%M:%S) $*" >&2; }
 die() {
@@ -35,28 +50,63 @@ die() {
 }
 
 case $what in smoke | suite) ;; *) die "usage: run.sh [smoke|suite]" ;; esac
+case $MODE in iptables | ipvs) ;; *) die "EPUP_MODE: iptables or ipvs, not $MODE" ;; esac
+
+# guest_setup: what the VM's init does not give and a node needs: the
+# cgroup v1 hierarchies as this machine has them (cluster.sh and kubelet's
+# cgroupfs driver use them), the cgroup2 one beside them, and devpts.
+guest_setup() {
+	mount -t tmpfs -o mode=755 cgroup /sys/fs/cgroup
+	for c in cpu cpuacct cpuset memory devices freezer blkio pids; do
+		mkdir "/sys/fs/cgroup/$c"
+		mount -t cgroup -o "$c" cgroup "/sys/fs/cgroup/$c"
+	done
+	mkdir /sys/fs/cgroup/systemd /sys/fs/cgroup/unified
+	mount -t cgroup -o none,name=systemd cgroup /sys/fs/cgroup/systemd
+	mount -t cgroup2 cgroup2 /sys/fs/cgroup/unified
+	mkdir -p /dev/pts
+	mountpoint -q /dev/pts || mount -t devpts -o newinstance,ptmxmode=0666 devpts /dev/pts
+	log "guest: $(nproc) vCPUs, $(awk '/MemTotal/ {print int($2/1024)}' /proc/meminfo) MiB, kernel $(uname -r)"
+}
+
+# report: the per-test table of both proxies' JUnit, when both ran.
+report() {
+	if [ "$what" = suite ] && [ -f "$out/kube-proxy/junit/junit_01.xml" ] && [ -f "$out/edgeproxy/junit/junit_01.xml" ]; then
+		go -C "$repo/test" run ./upstream/report \
+			-kube-proxy "$out/kube-proxy/junit/junit_01.xml" \
+			-edgeproxy "$out/edgeproxy/junit/junit_01.xml" >"$out/RESULTS.md" ||
+			die "report failed"
+		log "per-test results: $out/RESULTS.md"
+	fi
+}
 [ "$(id -u)" = 0 ] || die "needs root (namespaces, cgroups, mounts, containers)"
 
 t0=$(date +%s)
-K8S_BIN=$("$repo/test/cluster/build.sh") || die "test/cluster/build.sh failed"
-UPSTREAM=$("$here/build.sh") || die "test/upstream/build.sh failed"
-make -C "$repo" build >&2 || die "make build failed"
+if [ "${EDGEPROXY_IN_VM:-0}" = 1 ]; then
+	# In the VM (EPUP_MODE=ipvs, below): the host built everything, and
+	# the guest sees it read-only where the host has it.
+	: "${K8S_BIN:?K8S_BIN from the host}" "${UPSTREAM:?UPSTREAM from the host}"
+	guest_setup
+else
+	K8S_BIN=$("$repo/test/cluster/build.sh") || die "test/cluster/build.sh failed"
+	UPSTREAM=$("$here/build.sh") || die "test/upstream/build.sh failed"
+	make -C "$repo" build >&2 || die "make build failed"
+fi
 export K8S_BIN UPSTREAM
-# The server image of "[sig-network] Conntrack proxy implementation should
-# not be vulnerable to the invalid conntrack state bug" (two nodes), which
-# build.sh does not make yet: test/images/regression-issue-74839 of the
-# same Kubernetes module (Go, standard library only) on the Debian layer.
-regression_image=$out/regression-issue-74839.tar
-mkdir -p "$out"
-r=$(mktemp -d)
-mkdir -p "$r/root"
-CGO_ENABLED=0 go -C "$here/build" build -trimpath -o "$r/root/regression-issue-74839" \
-	k8s.io/kubernetes/test/images/regression-issue-74839 || die "building regression-issue-74839 failed"
-tar --sort=name --mtime=@0 --numeric-owner --owner=0 --group=0 -C "$r/root" -cf "$r/layer.tar" .
-"$here/image.sh" "$regression_image" registry.k8s.io/e2e-test-images/regression-issue-74839:1.4 \
-	'["/regression-issue-74839"]' null "$UPSTREAM/images/base.tar" "$r/layer.tar"
-rm -rf "$r"
 log "built in $(($(date +%s) - t0))s"
+if [ "$MODE" = ipvs ] && [ "${EDGEPROXY_IN_VM:-0}" != 1 ]; then
+	# This kernel has no IPVS: the whole tier runs in the qemu VM
+	# (internal/testkit/vm, Debian's kernel), this script again inside it,
+	# with $out shared; then the report is made here.
+	rc=0
+	K8S_BIN=$K8S_BIN UPSTREAM=$UPSTREAM PROXIES=$PROXIES go -C "$repo/test" run ./upstream/vmrun \
+		-dir "$out" -mem "${EPUP_VM_MEMORY:-6144}" -cpus "${EPUP_VM_CPUS:-0}" \
+		-timeout "${EPUP_VM_TIMEOUT:-4h}" -- "$what" || rc=$?
+	report
+	log "done in $(($(date +%s) - t0))s (in the VM)"
+	[ "$rc" = 0 ] || die "run.sh in the VM failed ($rc); logs under $out"
+	exit 0
+fi
 failed=""
 
 # kc ARGS...: kubectl as admin, inside the node.
@@ -77,7 +127,11 @@ install_kube_proxy() {
 		import_image "$l/kube-proxy.tar"
 		rm -rf "$l"
 	fi
-	sed "s/@API_SERVER@/$NODE_IP:6443/" "$here/manifests/kube-proxy.yaml" | kc apply -f - >&2
+	# EPUP_MODE=ipvs: the ConfigMap's mode, as a kubeadm user sets it.
+	sed -e "s/@API_SERVER@/$NODE_IP:6443/" -e "s/^    mode: iptables$/    mode: $MODE/" \
+		"$here/manifests/kube-proxy.yaml" >"$dir/kube-proxy.yaml"
+	grep -q "^    mode: $MODE$" "$dir/kube-proxy.yaml" || die "could not set mode: $MODE in kube-proxy.yaml's ConfigMap"
+	kc apply -f "$dir/kube-proxy.yaml" >&2
 	rollout daemonset/kube-proxy kube-system 180
 }
 
@@ -132,8 +186,11 @@ edgeproxy_apply() {
 	kc apply -f "$repo/deploy/rbac.yaml" >&2
 	extip=
 	[ "${EPUP_EXTERNAL_IPS:-false}" = true ] && extip='/^    mode: iptables$/a\    externalIPs: true'
+	# EPUP_MODE=ipvs: the ConfigMap's mode, as a user edits it.
 	sed -e "s#image: registry.example.com/edgeproxy:latest.*#image: edgeproxy.test/edgeproxy:dev#" \
-		-e "s#value: api.example.com.*#value: \"$NODE_IP\"#" -e "$extip" "$repo/deploy/daemonset.yaml" >"$dir/edgeproxy.yaml"
+		-e "s#value: api.example.com.*#value: \"$NODE_IP\"#" -e "$extip" -e "s/^    mode: iptables$/    mode: $MODE/" \
+		"$repo/deploy/daemonset.yaml" >"$dir/edgeproxy.yaml"
+	grep -q "^    mode: $MODE$" "$dir/edgeproxy.yaml" || die "could not set mode: $MODE in daemonset.yaml's ConfigMap"
 	if [ -n "$extip" ]; then
 		grep -q '^    externalIPs: true$' "$dir/edgeproxy.yaml" || die "could not set externalIPs: true in daemonset.yaml's ConfigMap"
 	fi
@@ -250,19 +307,29 @@ switch() {
 	kc delete namespace switch --wait=false >&2
 }
 
+# keep: in the VM, the cluster's JUnit, logs and manifests into $out/$proxy
+# (the share), after it is down.
+keep() {
+	[ "$work" != "$out" ] || return 0
+	rm -rf "${out:?}/$proxy"
+	mkdir -p "$out/$proxy"
+	for f in junit logs switch kube-proxy.yaml edgeproxy.yaml; do
+		[ ! -e "$dir/$f" ] || cp -r "$dir/$f" "$out/$proxy/"
+	done
+}
+
 for proxy in $PROXIES; do
-	dir=$out/$proxy
+	dir=$work/$proxy
 	if [ -d "$dir" ]; then
 		"$here/cluster.sh" down "$dir" || true
 		rm -rf "$dir"
 	fi
 	mkdir -p "$dir"
-	trap '"$here/cluster.sh" down "$dir" || true' EXIT
-	trap '"$here/cluster.sh" down "$dir" || true; exit 1' INT TERM
+	trap '"$here/cluster.sh" down "$dir" || true; keep' EXIT
+	trap '"$here/cluster.sh" down "$dir" || true; keep; exit 1' INT TERM
 	t=$(date +%s)
 	"$here/cluster.sh" up "$dir" || die "cluster up ($proxy) failed; logs in $dir/logs"
 	log "cluster up in $(($(date +%s) - t))s"
-	import_image "$regression_image"
 	t=$(date +%s)
 	case $proxy in
 	kube-proxy | switch) install_kube_proxy || die "kube-proxy did not roll out" ;;
@@ -282,14 +349,10 @@ for proxy in $PROXIES; do
 		[ "$rc" = 0 ] || failed="$failed $proxy"
 	fi
 	"$here/cluster.sh" down "$dir"
+	keep
 	trap - EXIT INT TERM
 done
-if [ "$what" = suite ] && [ -f "$out/kube-proxy/junit/junit_01.xml" ] && [ -f "$out/edgeproxy/junit/junit_01.xml" ]; then
-	go -C "$repo/test" run ./upstream/report \
-		-kube-proxy "$out/kube-proxy/junit/junit_01.xml" \
-		-edgeproxy "$out/edgeproxy/junit/junit_01.xml" >"$out/RESULTS.md" ||
-		die "report failed"
-	log "per-test results: $out/RESULTS.md"
-fi
+# In the VM, no Go: the host makes the report.
+[ "${EDGEPROXY_IN_VM:-0}" = 1 ] || report
 log "done in $(($(date +%s) - t0))s"
 [ -z "$failed" ] || die "the suite failed with:$failed; per test: $out/RESULTS.md (a test that fails with kube-proxy too is a harness defect)"

@@ -1,9 +1,9 @@
-// Package vm boots Debian's kernel under qemu (TCG, no KVM) with the host's
-// root shared read-only over 9p, runs one batch of commands inside, and
-// hands back what they wrote. It exists because the host kernel of the
-// development and CI machines has no IPVS and no dummy links: every test
-// that needs them runs here, in one boot per batch (a boot costs seconds
-// under TCG).
+// Package vm boots Debian's kernel under qemu (KVM when it works on this
+// machine, TCG otherwise: see chooseAccel) with the host's root shared
+// read-only over 9p, runs one batch of commands inside, and hands back
+// what they wrote. It exists because the host kernel of the development
+// and CI machines has no IPVS and no dummy links: every test that needs
+// them runs here, in one boot per batch (a boot costs seconds under TCG).
 //
 // The guest sees the host's files at the same paths, so a Go test binary
 // built on the host runs inside unchanged. The shared directory (Options.Dir)
@@ -69,6 +69,9 @@ type Options struct {
 	Timeout time.Duration
 	// MemoryMB is the guest's memory; 0 means 1024.
 	MemoryMB int
+	// CPUs is the guest's vCPU count; 0 means the accelerator's default
+	// (KVM 2, TCG 1: see accel.args).
+	CPUs int
 	// Kernel is the vmlinuz to boot; empty means the newest
 	// /boot/vmlinuz-* whose modules are installed.
 	Kernel string
@@ -94,6 +97,10 @@ type Result struct {
 	Elapsed time.Duration
 	// Waited is how long Run waited for another VM to end (see lockVM).
 	Waited time.Duration
+	// Accel is qemu's accelerator and why it was chosen, e.g. "tcg (no
+	// KVM: open /dev/kvm: no such file or directory)". Output's first
+	// line says the same.
+	Accel string
 }
 
 // ErrNotFinished is wrapped by Run's error when the guest stopped (or was
@@ -178,18 +185,27 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 		return nil, err
 	}
 	defer release()
+	acc, err := chooseAccel(ctx, p, p.cache)
+	if err != nil {
+		return nil, err
+	}
 
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, p.qemu,
-		"-accel", "tcg", "-m", strconv.Itoa(o.MemoryMB), "-smp", "1",
+	// no_timer_check: at boot the kernel checks that the 8254 timer's
+	// interrupt arrives through the IO-APIC within a few ticks; a TCG
+	// vCPU starved by a loaded host misses that ("IO-APIC + timer doesn't
+	// work!", a panic: TestMatrixIPVS on 2026-11-26 at load ~20). The
+	// timer is qemu's; the check tells nothing about it.
+	args := append(acc.args(o.CPUs), "-m", strconv.Itoa(o.MemoryMB),
 		"-nographic", "-no-reboot",
 		"-kernel", p.kernel, "-initrd", p.initrd,
-		"-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off edd=off epshare="+o.Dir+keepArg(o.HostPaths),
+		"-append", "console=ttyS0 panic=-1 loglevel=4 mitigations=off edd=off no_timer_check epshare="+o.Dir+keepArg(o.HostPaths),
 		"-virtfs", "local,path=/,mount_tag=hostroot,security_model=none,readonly=on,multidevs=remap",
 		"-virtfs", "local,path="+o.Dir+",mount_tag=share,security_model=none,multidevs=remap",
 		"-nic", "user,model=virtio-net-pci",
 	)
+	cmd := exec.CommandContext(ctx, p.qemu, args...)
 	// CommandContext kills the process by its PID (Process.Kill) when ctx
 	// ends; WaitDelay bounds the wait for its output pipes after that.
 	cmd.WaitDelay = 5 * time.Second
@@ -198,13 +214,16 @@ func Run(ctx context.Context, o Options) (*Result, error) {
 	cmd.Stdout = con
 	cmd.Stderr = con
 	runErr := cmd.Run()
-	res := &Result{Elapsed: time.Since(start), Waited: waited}
+	res := &Result{Elapsed: time.Since(start), Waited: waited, Accel: acc.String()}
 	res.Console, res.Boot = con.snapshot()
-	return res, readResult(ctx, res, meta, o.Timeout, runErr)
+	err = readResult(ctx, res, meta, o.Timeout, runErr)
+	res.Output = append([]byte("edgeproxy-vm: accel "+res.Accel+"\n"), res.Output...)
+	return res, err
 }
 
-// parts are the host programs and files a boot needs.
-type parts struct{ kernel, initrd, qemu string }
+// parts are the host programs and files a boot needs, and the cache
+// directory that holds the initramfs and the KVM probe's verdict.
+type parts struct{ kernel, initrd, qemu, cache string }
 
 // findParts finds the kernel (o.Kernel or the newest installed), builds
 // or reuses the initramfs in the cache, and finds qemu.
@@ -230,6 +249,7 @@ func findParts(o Options) (parts, error) {
 		}
 		cache = filepath.Join(base, "edgeproxy", "vm")
 	}
+	p.cache = cache
 	busybox, err := exec.LookPath("busybox")
 	if err != nil {
 		return p, fmt.Errorf("vm: busybox: %w", err)

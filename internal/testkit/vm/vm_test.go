@@ -66,7 +66,7 @@ exit 7
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("boot %s, run %s", res.Boot, res.Elapsed)
+	t.Logf("accel %s, boot %s, run %s", res.Accel, res.Boot, res.Elapsed)
 	if res.ExitCode != 7 {
 		t.Fatalf("exit status %d, want 7; output:\n%s\nconsole:\n%s", res.ExitCode, res.Output, tail(res.Console, 4000))
 	}
@@ -92,7 +92,13 @@ exit 7
 	if got := read("host.txt"); got != "hello from the host\n" {
 		t.Errorf("guest -> host 10.0.2.2: got %q", got)
 	}
-	if strings.Contains(string(res.Output), "failed") {
+	// The first line is the host's (the accelerator, and why: a failed
+	// KVM probe says so there); the guest's preparation follows.
+	accelLine, guest, _ := strings.Cut(string(res.Output), "\n")
+	if !strings.HasPrefix(accelLine, "edgeproxy-vm: accel "+res.Accel) {
+		t.Errorf("output's first line = %q, want the accelerator %q", accelLine, res.Accel)
+	}
+	if strings.Contains(guest, "failed") {
 		t.Errorf("guest preparation reported failures:\n%s", res.Output)
 	}
 }
