@@ -1,12 +1,17 @@
 // Command report turns the JUnit files of the test/upstream runs into the
 // markdown table of RESULTS.md: one row per test that ran in either run,
 // with kube-proxy's result and edgeproxy's side by side, and the tests
-// where they differ first.
+// where they differ first. Then it judges the pair and exits 1 when the
+// judgement fails (after writing the table): every test kube-proxy passes
+// must pass with edgeproxy, except those the -expect file names (a
+// deliberate difference, each with its reason), and each of those must
+// still differ; a test that fails with kube-proxy is a harness defect.
 //
-//	go -C test run ./upstream/report -kube-proxy KP.xml -edgeproxy EP.xml
+//	go -C test run ./upstream/report -kube-proxy KP.xml -edgeproxy EP.xml [-expect FILE]
 package main
 
 import (
+	"cmp"
 	"encoding/xml"
 	"flag"
 	"fmt"
@@ -61,11 +66,84 @@ type result struct {
 func main() {
 	kp := flag.String("kube-proxy", "", "JUnit of the kube-proxy run")
 	ep := flag.String("edgeproxy", "", "JUnit of the edgeproxy run")
+	expectPath := flag.String("expect", "", "the deliberate differences: lines \"<full test name> | <reason>\"")
 	flag.Parse()
-	if err := run(os.Stdout, *kp, *ep); err != nil {
+	expect, err := readExpect(*expectPath)
+	if err == nil {
+		err = run(os.Stdout, *kp, *ep)
+	}
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "report:", err)
+		os.Exit(2)
+	}
+	kpr, _ := read(*kp)
+	epr, _ := read(*ep)
+	if problems := judge(kpr, epr, expect); len(problems) > 0 {
+		for _, p := range problems {
+			fmt.Fprintln(os.Stderr, "report:", p)
+		}
 		os.Exit(1)
 	}
+}
+
+// readExpect reads the deliberate differences: one "<full test name> |
+// <reason>" per line; blank lines and lines starting with # are
+// comments. A name is matched exactly, never as a pattern.
+func readExpect(path string) (map[string]string, error) {
+	out := map[string]string{}
+	if path == "" {
+		return out, nil
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	for i, l := range strings.Split(string(b), "\n") {
+		l = strings.TrimSpace(l)
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		name, why, ok := strings.Cut(l, " | ")
+		if !ok || strings.TrimSpace(why) == "" {
+			return nil, fmt.Errorf("%s:%d: want \"<full test name> | <reason>\"", path, i+1)
+		}
+		out[strings.TrimSpace(name)] = strings.TrimSpace(why)
+	}
+	return out, nil
+}
+
+// judge lists what fails the pair: a test kube-proxy passed that
+// edgeproxy did not (unless expected), an expected difference that
+// edgeproxy passes or that did not run, and a test that failed with
+// kube-proxy (a harness defect: the baseline must pass what it runs).
+// Names sort the list.
+func judge(kp, ep map[string]result, expect map[string]string) []string {
+	var out []string
+	for n, k := range kp {
+		e := ep[n]
+		_, expected := expect[n]
+		switch {
+		case k.state == "failed":
+			out = append(out, fmt.Sprintf("fails with kube-proxy (a harness defect): %s", n))
+		case k.state == "passed" && e.state != "passed" && !expected:
+			out = append(out, fmt.Sprintf("passes with kube-proxy, %s with edgeproxy: %s", cmp.Or(e.state, "not run"), n))
+		}
+	}
+	for n := range ep {
+		if _, ok := kp[n]; !ok {
+			out = append(out, fmt.Sprintf("ran with edgeproxy only: %s", n))
+		}
+	}
+	for n := range expect {
+		switch {
+		case kp[n].state != "passed":
+			out = append(out, fmt.Sprintf("listed as a deliberate difference, but kube-proxy did not pass it (%s): %s", cmp.Or(kp[n].state, "not run"), n))
+		case ep[n].state == "passed":
+			out = append(out, fmt.Sprintf("listed as a deliberate difference, but edgeproxy passes it now (remove it from the list): %s", n))
+		}
+	}
+	slices.Sort(out)
+	return out
 }
 
 func read(path string) (map[string]result, error) {

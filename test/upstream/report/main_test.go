@@ -70,3 +70,63 @@ func TestReportMissingFile(t *testing.T) {
 		t.Fatal("a missing JUnit file was not an error")
 	}
 }
+
+func TestJudge(t *testing.T) {
+	const (
+		basic    = "[sig-network] Services should serve a basic endpoint from pods [Conformance]"
+		extIP    = "[sig-network] Services should be possible to connect to a service via ExternalIP when the external IP is not assigned to a node"
+		headless = "[sig-network] Services should implement service.kubernetes.io/headless"
+		twoNodes = "[sig-network] Services should support externalTrafficPolicy=Local for type=NodePort"
+	)
+	pass, fail, skip := result{state: "passed"}, result{state: "failed"}, result{state: "skipped"}
+	expect := map[string]string{extIP: "externalIPs are opt-in"}
+	for _, c := range []struct {
+		name   string
+		kp, ep map[string]result
+		expect map[string]string
+		want   []string // substrings, one per problem, in order
+	}{
+		{"the listed difference only", map[string]result{basic: pass, extIP: pass, twoNodes: skip}, map[string]result{basic: pass, extIP: fail, twoNodes: skip}, expect, nil},
+		{"without the list it fails", map[string]result{basic: pass, extIP: pass}, map[string]result{basic: pass, extIP: fail}, nil, []string{"passes with kube-proxy, failed with edgeproxy: " + extIP}},
+		{"another difference", map[string]result{basic: pass, extIP: pass, headless: pass}, map[string]result{basic: pass, extIP: fail, headless: fail}, expect, []string{"failed with edgeproxy: " + headless}},
+		{"a listed difference gone", map[string]result{basic: pass, extIP: pass}, map[string]result{basic: pass, extIP: pass}, expect, []string{"edgeproxy passes it now"}},
+		{"a listed test that did not run", map[string]result{basic: pass}, map[string]result{basic: pass}, expect, []string{"kube-proxy did not pass it (not run)"}},
+		{"fails with both", map[string]result{basic: fail, extIP: pass}, map[string]result{basic: fail, extIP: fail}, expect, []string{"harness defect"}},
+		{"missing from edgeproxy's run", map[string]result{basic: pass, headless: pass, extIP: pass}, map[string]result{basic: pass, extIP: fail}, expect, []string{"not run with edgeproxy: " + headless}},
+		{"edgeproxy only", map[string]result{extIP: pass}, map[string]result{basic: pass, extIP: fail}, expect, []string{"ran with edgeproxy only: " + basic}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := judge(c.kp, c.ep, c.expect)
+			if len(got) != len(c.want) {
+				t.Fatalf("got %d problems %q, want %d", len(got), got, len(c.want))
+			}
+			for i, w := range c.want {
+				if !strings.Contains(got[i], w) {
+					t.Errorf("problem %d is %q, want it to say %q", i, got[i], w)
+				}
+			}
+		})
+	}
+}
+
+func TestExpectedDifferencesFile(t *testing.T) {
+	expect, err := readExpect("../expected-differences")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(expect) == 0 {
+		t.Fatal("the shipped list is empty: the ExternalIP difference is deliberate with the shipped config")
+	}
+	for name := range expect {
+		if !strings.HasPrefix(name, "[sig-network] ") {
+			t.Errorf("%q is not a full test name", name)
+		}
+	}
+	bad := filepath.Join(t.TempDir(), "bad")
+	if err := os.WriteFile(bad, []byte("[sig-network] Services a test without a reason\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := readExpect(bad); err == nil {
+		t.Error("a line without a reason was accepted")
+	}
+}
