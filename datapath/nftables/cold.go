@@ -53,16 +53,7 @@ func (p *Proxier) holds(t *table) (bool, error) {
 // sent.
 func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(c *nftables.Conn, flush func() error) (msgs, txs int, err error)) {
 	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
-	ob := newObjects(t.f)
-	b.add(func() {
-		b.c.AddTable(ob.t)
-		b.c.DelTable(ob.t)
-		b.c.AddTable(ob.t)
-	})
-	for _, s := range t.f.sets() {
-		set := ob.sets[s.name]
-		b.add(func() { _ = b.c.AddSet(set, nil) })
-	}
+	ob := t.replaceTable(b)
 	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
 		if c.hook == nil {

@@ -48,6 +48,23 @@ func newObjects(f *fam) *objects {
 	return o
 }
 
+// replaceTable queues on b the table emptied (added, so that the delete
+// finds it, deleted, added again) and its fixed sets, and returns the
+// objects the rest of the transaction names.
+func (t *table) replaceTable(b *batch) *objects {
+	ob := newObjects(t.f)
+	b.add(func() {
+		b.c.AddTable(ob.t)
+		b.c.DelTable(ob.t)
+		b.c.AddTable(ob.t)
+	})
+	for _, s := range t.f.sets() {
+		set := ob.sets[s.name]
+		b.add(func() { _ = b.c.AddSet(set, nil) })
+	}
+	return ob
+}
+
 // affSet is the per-endpoint affinity set name: client
 // addresses, filled by the packet path with timeouts.
 func (o *objects) affSet(f *fam, name string) *nftables.Set {
@@ -150,16 +167,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		}
 	}
 	pd.n = len(groups)
-	ob := newObjects(t.f)
-	b.add(func() {
-		b.c.AddTable(ob.t)
-		b.c.DelTable(ob.t)
-		b.c.AddTable(ob.t)
-	})
-	for _, s := range t.f.sets() {
-		set := ob.sets[s.name]
-		b.add(func() { _ = b.c.AddSet(set, nil) })
-	}
+	ob := t.replaceTable(b)
 	// Rules look sets up by name, those of this transaction too.
 	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
