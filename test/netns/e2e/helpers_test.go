@@ -1,12 +1,8 @@
 package e2e_test
 
 import (
-	"bufio"
 	"context"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -233,28 +229,7 @@ func nodeGET(node *netns.Node, addr, path string) (string, error) {
 // nodeGETWithin fetches path from addr inside the node namespace, the
 // exchange bounded by d; an answer other than 200 is an error.
 func nodeGETWithin(node *netns.Node, addr, path string, d time.Duration) (string, error) {
-	var conn net.Conn
-	if err := node.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, time.Second); return err }); err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(d))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
-		return "", err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s", path, resp.Status)
-	}
-	return string(body), nil
+	return node.GET(addr, path, d)
 }
 
 // connStream is a bounded stream of new TCP connections from a client to

@@ -20,6 +20,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/poll"
 )
 
 const (
@@ -38,16 +39,10 @@ func agentBinary(t *testing.T) string {
 	return p
 }
 
-// waitFor polls fn every 200ms until it returns nil, for at most d.
+// waitFor polls fn until it returns nil, for at most d (poll.Until).
 func waitFor(t *testing.T, d time.Duration, what string, fn func() error) {
 	t.Helper()
-	var err error
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if err = fn(); err == nil {
-			return
-		}
-	}
-	t.Fatalf("%s: not within %s: %v", what, d, err)
+	poll.Until(t, d, what, fn)
 }
 
 type agent struct {

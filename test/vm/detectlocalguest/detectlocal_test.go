@@ -1,13 +1,9 @@
 package detectlocalguest
 
 import (
-	"bufio"
 	"encoding/json"
 	"flag"
 	"fmt"
-	"io"
-	"net"
-	"net/http"
 	"net/netip"
 	"os"
 	"os/exec"
@@ -19,6 +15,7 @@ import (
 
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/poll"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
@@ -381,42 +378,15 @@ func kubeProxySynced(metrics, family string) bool {
 	return false
 }
 
-// waitFor polls fn every 200ms until it returns nil, for at most d.
+// waitFor polls fn until it returns nil, for at most d (poll.Until).
 func waitFor(t *testing.T, d time.Duration, what string, fn func() error) {
 	t.Helper()
-	var err error
-	for deadline := time.Now().Add(d); time.Now().Before(deadline); time.Sleep(200 * time.Millisecond) {
-		if err = fn(); err == nil {
-			return
-		}
-	}
-	t.Fatalf("%s: not within %s: %v", what, d, err)
+	poll.Until(t, d, what, fn)
 }
 
 // nodeGET fetches path from addr inside the node namespace.
 func nodeGET(node *netns.Node, addr, path string) (string, error) {
-	var conn net.Conn
-	if err := node.Do(func() (err error) { conn, err = net.DialTimeout("tcp", addr, time.Second); return err }); err != nil {
-		return "", err
-	}
-	defer conn.Close()
-	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
-	if _, err := fmt.Fprintf(conn, "GET %s HTTP/1.0\r\nHost: %s\r\n\r\n", path, addr); err != nil {
-		return "", err
-	}
-	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
-	if err != nil {
-		return "", err
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return "", err
-	}
-	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s", path, resp.Status)
-	}
-	return string(body), nil
+	return node.GET(addr, path, 5*time.Second)
 }
 
 func tail(s string, n int) string {
