@@ -96,8 +96,9 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // ping (after 30 s without a frame); a probe and its answer are 104 bytes
 // at IP level. At 10 s a minute had four probes, at 15 s it has two (at
 // 15 s and 45 s, the ping between them): 0.3 MB a day less, for a silent
-// link found 5 s later (RATIONALE.md, "A quiet day"). Past 30 s the ping
-// would find it first, and the ping's error makes client-go relist.
+// link found 5 s later (RATIONALE.md, "A quiet day"). At 30 s or more
+// the ping would find it, its unacknowledged write about 40 s after the
+// last frame.
 //
 // linkUserTimeout is below client-go's HTTP/2 ping timeout (15 s, after
 // 30 s without a frame) on purpose: a connection the kernel gives up fails
