@@ -140,7 +140,7 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 		})
 		return inf, r
 	}
-	svcInformer := func(label string) cache.SharedIndexInformer {
+	svcInformer := func(label string, quiet bool) cache.SharedIndexInformer {
 		inf, r := resumableInformer(factory(nil), "services", &v1.Service{}, services(label),
 			func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				return client.CoreV1().Services("").List(ctx, o)
@@ -148,12 +148,15 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 			func(ctx context.Context, o metav1.ListOptions) (watch.Interface, error) {
 				return client.CoreV1().Services("").Watch(ctx, o)
 			})
+		r.quiet = quiet
 		a.svcResumables = append(a.svcResumables, r)
 		return inf
 	}
-	svcInfs := []cache.SharedIndexInformer{svcInformer("!" + LabelServiceProxyName)}
+	// The Services labelled for this proxy are none or a few: their watch
+	// asks for no bookmarks (quietWatch), as the Node's.
+	svcInfs := []cache.SharedIndexInformer{svcInformer("!"+LabelServiceProxyName, false)}
 	if sel, ok := namedServices(conv.ProxyName); ok {
-		svcInfs = append(svcInfs, svcInformer(sel))
+		svcInfs = append(svcInfs, svcInformer(sel, true))
 	}
 	eps, epsR := resumableInformer(factory(nil), "endpointslices", &discovery.EndpointSlice{},
 		func(o *metav1.ListOptions) { o.LabelSelector = "!" + LabelHeadless },
@@ -168,7 +171,7 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 		o.FieldSelector = fields.OneTermEqualSelector("metadata.name", nodeName).String()
 	}
 	node := factory(nil).InformerFor(&v1.Node{}, func(kubernetes.Interface, time.Duration) cache.SharedIndexInformer {
-		lw := longWatcher{&cache.ListWatch{
+		lw := longWatcher{quiet: true, ListerWatcherWithContext: &cache.ListWatch{
 			ListWithContextFunc: func(ctx context.Context, o metav1.ListOptions) (runtime.Object, error) {
 				thisNode(&o)
 				return client.CoreV1().Nodes().List(ctx, o)

@@ -21,7 +21,7 @@ import (
 //     answered anything (data or a probe) from the kernel (TCP_INFO), only
 //     when someone asks.
 //   - A server that stops answering is given up by the kernel after
-//     linkIdle + linkProbes×linkInterval (and after linkUserTimeout when
+//     linkIdle + linkInterval (and after linkUserTimeout when
 //     data waits for its acknowledgement): the connection fails, and so
 //     does one closed by the API client (its HTTP/2 health check: a PING
 //     unanswered for 15 s). Broken says so; the heartbeat then asks the
@@ -86,8 +86,19 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 
 // Keepalive of the API connections: the kernel probes after linkIdle of
 // silence, every linkInterval, and gives up once linkUserTimeout has
-// passed without an answer and a probe went out (15 s of silence), or when
-// sent data has gone unacknowledged for linkUserTimeout.
+// passed without an answer and a probe went out (linkIdle+linkInterval,
+// 20 s of silence), or when sent data has gone unacknowledged for
+// linkUserTimeout.
+//
+// linkIdle is what a quiet link costs and how soon a silent one is found.
+// On a quiet node the connection carries the bookmarks of the Service and
+// EndpointSlice watches (together, once a minute) and client-go's HTTP/2
+// ping (after 30 s without a frame); a probe and its answer are 104 bytes
+// at IP level. At 10 s a minute had four probes, at 15 s it has two (at
+// 15 s and 45 s, the ping between them): 0.3 MB a day less, for a silent
+// link found 5 s later (RATIONALE.md, "A quiet day"). At 30 s or more
+// the ping would find it, its unacknowledged write about 40 s after the
+// last frame.
 //
 // linkUserTimeout is below client-go's HTTP/2 ping timeout (15 s, after
 // 30 s without a frame) on purpose: a connection the kernel gives up fails
@@ -97,7 +108,7 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // error, and the reflector then lists everything again (see RATIONALE.md,
 // "Why a short outage costs a resumed watch, not a relist").
 const (
-	linkIdle        = 10 * time.Second
+	linkIdle        = 15 * time.Second
 	linkInterval    = 5 * time.Second
 	linkProbes      = 2
 	linkUserTimeout = 10 * time.Second

@@ -40,6 +40,8 @@ type resumable struct {
 	// answered: the API server answered a list or a watch request.
 	answered atomic.Bool
 	mark     mark
+	// quiet: the watches ask for no bookmarks (quietWatch).
+	quiet bool
 }
 
 // ListWithContext answers the first list with the seed, if any; every
@@ -106,9 +108,13 @@ func paged(o *metav1.ListOptions) {
 	}
 }
 
-// WatchWithContext asks the API server, for a longer watch (longWatch).
+// WatchWithContext asks the API server, for a longer watch (longWatch),
+// without bookmarks when quiet.
 func (r *resumable) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	longWatch(&opts)
+	if r.quiet {
+		quietWatch(&opts)
+	}
 	w, err := r.inner.WatchWithContext(ctx, opts)
 	if err == nil {
 		r.answered.Store(true)
@@ -138,11 +144,34 @@ func longWatch(o *metav1.ListOptions) {
 	o.TimeoutSeconds = &t
 }
 
-// longWatcher is a ListerWatcher whose watches are long (longWatch).
-type longWatcher struct{ cache.ListerWatcherWithContext }
+// quietWatch asks for a watch without bookmarks. The API server sends
+// every watch that asks for them a bookmark about once a minute (its
+// watch cache, cache_watcher.go), each about 170 bytes on the link with
+// its TLS record, TCP/IP headers and acknowledgement, whatever changed:
+// a third of a megabyte a day per watch. A bookmark keeps a watch's
+// resourceVersion fresh when what changes in the resource is filtered out
+// by its selectors, so that the watch's next start (after its timeout or
+// an outage) is not answered 410 Gone. That matters for the Services and
+// EndpointSlices, whose full read is the cold start's; the informers that
+// hold one object or none (this Node, the Services labelled with our
+// proxyName) go without, and pay a 410 with a LIST of that object or
+// none (RATIONALE.md, "A quiet day").
+func quietWatch(o *metav1.ListOptions) {
+	o.AllowWatchBookmarks = false
+}
+
+// longWatcher is a ListerWatcher whose watches are long (longWatch), and
+// without bookmarks when quiet.
+type longWatcher struct {
+	cache.ListerWatcherWithContext
+	quiet bool
+}
 
 func (l longWatcher) WatchWithContext(ctx context.Context, opts metav1.ListOptions) (watch.Interface, error) {
 	longWatch(&opts)
+	if l.quiet {
+		quietWatch(&opts)
+	}
 	return l.ListerWatcherWithContext.WatchWithContext(ctx, opts)
 }
 

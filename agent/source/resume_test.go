@@ -66,6 +66,7 @@ type stubLW struct {
 	lists, watches int
 	watchRV        string
 	watchTimeout   int64
+	bookmarks      bool // the last watch asked for bookmarks
 	err            error
 }
 
@@ -84,6 +85,7 @@ func (s *stubLW) WatchWithContext(_ context.Context, o metav1.ListOptions) (watc
 	defer s.mu.Unlock()
 	s.watches++
 	s.watchRV = o.ResourceVersion
+	s.bookmarks = o.AllowWatchBookmarks
 	if o.TimeoutSeconds != nil {
 		s.watchTimeout = *o.TimeoutSeconds
 	}
@@ -229,7 +231,7 @@ func TestPaged(t *testing.T) {
 // reflector's 5 to 10: each restart costs the link a request.
 func TestLongWatch(t *testing.T) {
 	inner := &stubLW{}
-	for _, lw := range []cache.ListerWatcherWithContext{&resumable{inner: inner}, longWatcher{inner}} {
+	for _, lw := range []cache.ListerWatcherWithContext{&resumable{inner: inner}, longWatcher{ListerWatcherWithContext: inner}} {
 		five := int64(300)
 		w, err := lw.WatchWithContext(context.Background(), metav1.ListOptions{TimeoutSeconds: &five})
 		if err != nil {
@@ -238,6 +240,34 @@ func TestLongWatch(t *testing.T) {
 		w.Stop()
 		if inner.watchTimeout < 1800 || inner.watchTimeout >= 3600 {
 			t.Errorf("%T: watch of %d s, want 1800 to 3600", lw, inner.watchTimeout)
+		}
+	}
+}
+
+// The watches of informers that hold one object or none (quiet) ask for no
+// bookmarks, which the API server would send once a minute each; the
+// others keep the reflector's request for them.
+func TestQuietWatch(t *testing.T) {
+	for _, tc := range []struct {
+		lw    func(*stubLW) cache.ListerWatcherWithContext
+		quiet bool
+	}{
+		{func(s *stubLW) cache.ListerWatcherWithContext { return &resumable{inner: s} }, false},
+		{func(s *stubLW) cache.ListerWatcherWithContext { return &resumable{inner: s, quiet: true} }, true},
+		{func(s *stubLW) cache.ListerWatcherWithContext { return longWatcher{ListerWatcherWithContext: s} }, false},
+		{func(s *stubLW) cache.ListerWatcherWithContext {
+			return longWatcher{ListerWatcherWithContext: s, quiet: true}
+		}, true},
+	} {
+		inner := &stubLW{}
+		lw := tc.lw(inner)
+		w, err := lw.WatchWithContext(context.Background(), metav1.ListOptions{AllowWatchBookmarks: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Stop()
+		if inner.bookmarks == tc.quiet {
+			t.Errorf("%T quiet=%v: watch asks for bookmarks: %v", lw, tc.quiet, inner.bookmarks)
 		}
 	}
 }
