@@ -79,8 +79,9 @@ func TestAPILinkGoesSilent(t *testing.T) {
 			}
 		}
 	}
-	// The kernel gives the connection up after 15 s of silence, and the
-	// /readyz asked a second later times out after 5 s: 21 s, 45 s with
+	// The kernel gives the connection up after 20 s of silence (keepalive
+	// idle 15 s, then a probe 5 s later; agent/source/link.go), and the
+	// /readyz asked a second later times out after 5 s: 26 s, 45 s with
 	// room for a loaded machine. Without keepalive only client-go's HTTP/2 health
 	// check would notice (a PING after 30 s without a frame, given up 15 s
 	// later), and the readyz after it would end past 50 s.
@@ -270,7 +271,7 @@ func (w *outageWorld) cut(t *testing.T) (end func()) {
 }
 
 // unreachable waits until the agent says the API server is unreachable
-// (the kernel gives its connections up after 15 s of silence; its watches
+// (the kernel gives its connections up after 20 s of silence; its watches
 // then ask again and find no one).
 func (w *outageWorld) unreachable(t *testing.T) {
 	t.Helper()
