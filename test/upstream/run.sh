@@ -34,7 +34,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 what=${1:-suite}
 PROXIES=${PROXIES:-kube-proxy edgeproxy}
-out=${EPUP_OUT:-/tmp/edgeproxy-upstream}
+out=$(realpath -m "${EPUP_OUT:-/tmp/edgeproxy-upstream}") # absolute: go -C and the VM share it
 NODE_IP=10.99.0.2
 MODE=${EPUP_MODE:-iptables}
 # Where the clusters live: $out, but in the VM the guest's tmpfs (overlayfs,
