@@ -46,7 +46,9 @@ func Cleanup(ctx context.Context, cfg *config.Config, log *slog.Logger) error {
 // is there: a node that never ran nftables mode sees no transaction. It
 // reports whether it removed something it saw.
 func cleanupNFTables(ctx context.Context, ifPresent bool) (bool, error) {
-	p, err := nftables.New(nftables.Options{IPv6: true, NoConntrack: true})
+	// NoSysctls: finding or removing the tables must not turn forwarding
+	// on (a node in iptables mode may keep IPv6 forwarding off).
+	p, err := nftables.New(nftables.Options{IPv6: true, NoConntrack: true, NoSysctls: true})
 	if err != nil {
 		return false, err
 	}

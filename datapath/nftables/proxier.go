@@ -53,6 +53,10 @@ type Options struct {
 	// with accept_ra=1 ignore Router Advertisements, so the agent keeps
 	// it on a node that does not route IPv6 yet.
 	KeepIPv6Forwarding bool
+	// NoSysctls leaves every sysctl alone: for a Proxier made only to
+	// find or remove the tables (HoldsRules, Cleanup), as `edgeproxy
+	// cleanup` and another mode's start do. It cannot be reconfigured.
+	NoSysctls bool
 	// NodePortAddresses restricts node ports to the node's own addresses
 	// inside these prefixes, looked up at every apply; a family with no
 	// prefix here (and no primary address, see NodePortPrimary) answers
@@ -321,7 +325,9 @@ func New(o Options) (*Proxier, error) {
 	if o.IPv6 {
 		p.tables = append(p.tables, newTable(famIPv6))
 	}
-	p.setSysctls()
+	if !o.NoSysctls {
+		p.setSysctls()
+	}
 	return p, nil
 }
 
@@ -353,7 +359,9 @@ func (p *Proxier) Reconfigure(opts Options) error {
 	o.ClusterCIDRs, o.NodePodCIDRs, o.PodInterface = opts.ClusterCIDRs, opts.NodePodCIDRs, opts.PodInterface
 	o.NodePortAddresses, o.NodePortPrimary = opts.NodePortAddresses, opts.NodePortPrimary
 	o.KeepIPv6Forwarding = opts.KeepIPv6Forwarding
-	p.setSysctls()
+	if !o.NoSysctls {
+		p.setSysctls()
+	}
 	for _, t := range p.tables {
 		t.needFull = true
 	}

@@ -24,13 +24,14 @@ func TestSysctls(t *testing.T) {
 		return got
 	}
 	for _, tc := range []struct {
-		name         string
-		ipv6, keep6  bool
-		want4, want6 string
+		name                   string
+		ipv6, keep6, noSysctls bool
+		want4, want6           string
 	}{
-		{"ipv4 only", false, false, "1", "0"},
-		{"dual-stack", true, false, "1", "1"},
-		{"dual-stack, IPv6 forwarding kept", true, true, "1", "0"},
+		{"ipv4 only", false, false, false, "1", "0"},
+		{"dual-stack", true, false, false, "1", "1"},
+		{"dual-stack, IPv6 forwarding kept", true, true, false, "1", "0"},
+		{"only to find or remove the tables", true, false, true, "0", "0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ns := netns.New(t, "nftsysctl")
@@ -39,7 +40,7 @@ func TestSysctls(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			p := newProxier(t, ns, Options{IPv6: tc.ipv6, KeepIPv6Forwarding: tc.keep6})
+			p := newProxier(t, ns, Options{IPv6: tc.ipv6, KeepIPv6Forwarding: tc.keep6, NoSysctls: tc.noSysctls})
 			if err := p.SysctlErrors(); err != nil {
 				t.Fatal(err)
 			}
