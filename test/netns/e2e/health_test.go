@@ -313,17 +313,6 @@ func lostAPIServer(path string, offset int64) string {
 	return ""
 }
 
-// kubeProxySynced reports whether kube-proxy's metrics show a finished
-// sync of family fam ("IPv4", "IPv6").
-func kubeProxySynced(metrics, fam string) bool {
-	for _, line := range strings.Split(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="`+fam+`"} `); ok {
-			return strings.TrimSpace(v) != "0"
-		}
-	}
-	return false
-}
-
 // The answers a proxy gives when synced, and when stale.
 const (
 	answerHealthy   = "healthz 200 healthy=true nodeEligible=true; livez 200 healthy=true"
@@ -373,7 +362,7 @@ func TestHealthAgainstKubeProxy(t *testing.T) {
 			return err
 		}
 		for _, fam := range []string{"IPv4", "IPv6"} {
-			if !kubeProxySynced(body, fam) {
+			if !proxies.Nonzero(body, proxies.MetricSyncTimestamp, fam) {
 				return fmt.Errorf("kube-proxy has not finished an %s sync", fam)
 			}
 		}

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/netip"
-	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -179,31 +177,14 @@ func podPorts(udp bool) []corev1.ContainerPort {
 // logPath, whose tail is printed if t fails. It is stopped when t ends.
 func startProxy(t *testing.T, node *netns.Node, name, logPath, toolPath string, args ...string) *proxies.Process {
 	t.Helper()
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("%s log (tail):\n%s", name, tail(string(out), 60))
-		}
-	})
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = proxies.Env(toolPath)
-	var p *proxies.Process
-	if err := node.Do(func() (err error) { p, err = proxies.Start(name, cmd, logPath); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	return p
+	return proxies.StartLogged(t, node.Do, name, logPath, proxies.Env(toolPath), args...)
 }
 
 // waitKubeProxySynced waits until kube-proxy p, serving its metrics at
 // metricsAddr in node, has finished an IPv4 sync and the conntrack sweep
-// after it; it fails t if p exits.
+// after it (set after the sync's timestamp in pkg/proxy/iptables and
+// nftables syncProxyRules; the first sync of UDP Services always sweeps);
+// it fails t if p exits.
 func waitKubeProxySynced(t *testing.T, node *netns.Node, p *proxies.Process, metricsAddr, what string) {
 	t.Helper()
 	waitFor(t, 3*time.Minute, what, func() error {
@@ -214,7 +195,7 @@ func waitKubeProxySynced(t *testing.T, node *netns.Node, p *proxies.Process, met
 		if err != nil {
 			return err
 		}
-		if !kubeProxySyncedV4(body) {
+		if !(proxies.Nonzero(body, proxies.MetricSyncTimestamp, "IPv4") && proxies.Nonzero(body, proxies.MetricConntrackSwept, "IPv4")) {
 			return fmt.Errorf("no finished IPv4 sync and conntrack sweep in kube-proxy's metrics")
 		}
 		return nil

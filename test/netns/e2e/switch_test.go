@@ -335,28 +335,3 @@ func assertNoEdgeProxyObjects(t *testing.T, node *netns.Node) {
 		}
 	}
 }
-
-// kubeProxySyncedV4 reports whether kube-proxy's metrics show a finished
-// IPv4 sync and the conntrack sweep that follows it (after the sync's
-// timestamp is set: pkg/proxy/iptables and nftables syncProxyRules; the
-// first sync of UDP Services always sweeps).
-func kubeProxySyncedV4(metrics string) bool {
-	synced, swept := false, false
-	for _, line := range strings.Split(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="IPv4"} `); ok {
-			synced = strings.TrimSpace(v) != "0"
-		}
-		if v, ok := strings.CutPrefix(line, `kubeproxy_conntrack_reconciler_sync_duration_seconds_count{ip_family="IPv4"} `); ok {
-			swept = strings.TrimSpace(v) != "0"
-		}
-	}
-	return synced && swept
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}

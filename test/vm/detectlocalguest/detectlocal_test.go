@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/netip"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -169,7 +168,7 @@ func TestDetectLocalIPVSGuest(t *testing.T) {
 	}
 	answered := func(p *proxies.Process, what string) {
 		t.Helper()
-		waitFor(t, 4*time.Minute, what+": node-range pod -> every destination answered", func() error {
+		poll.Until(t, 4*time.Minute, what+": node-range pod -> every destination answered", func() error {
 			if err := p.Exited(); err != nil {
 				t.Fatal(err)
 			}
@@ -222,26 +221,7 @@ func TestDetectLocalIPVSGuest(t *testing.T) {
 		t.Helper()
 		runs++
 		logPath := filepath.Join(dir, fmt.Sprintf("%d-%s.log", runs, strings.ReplaceAll(name, " ", "-")))
-		f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() {
-			f.Close()
-			if t.Failed() {
-				out, _ := os.ReadFile(logPath)
-				t.Logf("%s log (tail):\n%s", name, tail(string(out), 60))
-			}
-		})
-		cmd := exec.Command(args[0], args[1:]...)
-		cmd.Stdout, cmd.Stderr = f, f
-		cmd.Env = guestEnv(path)
-		var p *proxies.Process
-		if err := node.Do(func() (err error) { p, err = proxies.Start(name, cmd, logPath); return err }); err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(p.Stop)
-		return p
+		return proxies.StartLogged(t, node.Do, name, logPath, guestEnv(path), args...)
 	}
 
 	// Both families; other's fd00:244:1::9 is in the IPv6 range, not in
@@ -278,16 +258,16 @@ func TestDetectLocalIPVSGuest(t *testing.T) {
 
 		// kube-proxy first: its outcomes are the reference.
 		kp := startProxy("kube-proxy "+c.name, append([]string{setup.KubeProxy}, proxies.KubeProxyArgs(pn, s)...)...)
-		waitFor(t, 4*time.Minute, "kube-proxy "+c.name+" synced both families", func() error {
+		poll.Until(t, 4*time.Minute, "kube-proxy "+c.name+" synced both families", func() error {
 			if err := kp.Exited(); err != nil {
 				t.Fatal(err)
 			}
-			body, err := nodeGET(node, pn.MetricsAddr, "/metrics")
+			body, err := node.GET(pn.MetricsAddr, "/metrics", 5*time.Second)
 			if err != nil {
 				return err
 			}
 			for _, fam := range []string{"IPv4", "IPv6"} {
-				if !kubeProxySynced(body, fam) {
+				if !proxies.Nonzero(body, proxies.MetricSyncCount, fam) {
 					return fmt.Errorf("no whole %s sync in kube-proxy's metrics yet", fam)
 				}
 			}
@@ -365,34 +345,4 @@ func guestEnv(path string) []string {
 		}
 	}
 	return env
-}
-
-// kubeProxySynced reports whether kube-proxy's metrics count a finished
-// sync of family (IPv4, IPv6).
-func kubeProxySynced(metrics, family string) bool {
-	for _, line := range strings.Split(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="`+family+`"} `); ok {
-			return strings.TrimSpace(v) != "0"
-		}
-	}
-	return false
-}
-
-// waitFor polls fn until it returns nil, for at most d (poll.Until).
-func waitFor(t *testing.T, d time.Duration, what string, fn func() error) {
-	t.Helper()
-	poll.Until(t, d, what, fn)
-}
-
-// nodeGET fetches path from addr inside the node namespace.
-func nodeGET(node *netns.Node, addr, path string) (string, error) {
-	return node.GET(addr, path, 5*time.Second)
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }

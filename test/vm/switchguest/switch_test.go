@@ -21,7 +21,6 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/ipvs"
 	"github.com/edgeproxy/edgeproxy/datapath/kubeproxy"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
-	"github.com/edgeproxy/edgeproxy/internal/testkit/poll"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/switchload"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
@@ -153,7 +152,7 @@ func TestSwitchKubeProxyIPVSGuest(t *testing.T) {
 						lines = append(lines, l)
 					}
 				}
-				t.Logf("%s: the log of %s (tail, without flags and informers):\n%s", what, next, tail(strings.Join(lines, "\n"), 80))
+				t.Logf("%s: the log of %s (tail, without flags and informers):\n%s", what, next, proxies.Tail(strings.Join(lines, "\n"), 80))
 			}
 		}
 		t.Logf("%s: %s; %s in all; kernel after: %s", what, phases, time.Since(began).Round(100*time.Millisecond), kernelSummary(t, node))
@@ -188,17 +187,6 @@ func guestEnv(path string) []string {
 		}
 	}
 	return env
-}
-
-// kubeProxySynced reports whether kube-proxy's metrics count a finished
-// IPv4 sync.
-func kubeProxySynced(metrics string) bool {
-	for _, line := range strings.Split(metrics, "\n") {
-		if v, ok := strings.CutPrefix(line, `kubeproxy_sync_proxy_rules_duration_seconds_count{ip_family="IPv4"} `); ok {
-			return strings.TrimSpace(v) != "0"
-		}
-	}
-	return false
 }
 
 // nodeKernel is what the node holds of IPVS: virtual servers, the
@@ -370,25 +358,6 @@ func assertUserVS(t *testing.T, node *netns.Node) {
 // edgeProxyChain finds an edgeproxy chain (EP-…, not KUBE-SEP-…) in a
 // listing.
 var edgeProxyChain = regexp.MustCompile(`(?m)(^:|^-A |-j )EP-`)
-
-// waitFor polls fn until it returns nil, for at most d (poll.Until).
-func waitFor(t *testing.T, d time.Duration, what string, fn func() error) {
-	t.Helper()
-	poll.Until(t, d, what, fn)
-}
-
-// nodeGET fetches path from addr inside the node namespace.
-func nodeGET(node *netns.Node, addr, path string) (string, error) {
-	return node.GET(addr, path, 5*time.Second)
-}
-
-func tail(s string, n int) string {
-	lines := strings.Split(s, "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
 
 // monitor runs a command in ns until the test ends; the function it
 // returns stops it and returns its output.

@@ -17,6 +17,7 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath/sysctl"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
+	"github.com/edgeproxy/edgeproxy/internal/testkit/poll"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/switchload"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/vm"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
@@ -173,26 +174,7 @@ func (w *world) startProxy(kind proxies.Kind, mode string) *proxies.Process {
 	}
 	w.runs++
 	logPath := filepath.Join(w.dir, fmt.Sprintf("%d-%s.log", w.runs, kind))
-	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_APPEND|os.O_WRONLY, 0o644)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		f.Close()
-		if t.Failed() {
-			out, _ := os.ReadFile(logPath)
-			t.Logf("%s log (tail):\n%s", kind, tail(string(out), 60))
-		}
-	})
-	cmd := exec.Command(args[0], args[1:]...)
-	cmd.Stdout, cmd.Stderr = f, f
-	cmd.Env = guestEnv(w.path)
-	var p *proxies.Process
-	if err := w.node.Do(func() (err error) { p, err = proxies.Start(string(kind), cmd, logPath); return err }); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Stop)
-	return p
+	return proxies.StartLogged(t, w.node.Do, string(kind), logPath, guestEnv(w.path), args...)
 }
 
 // synced waits until the proxy has finished a sync: kube-proxy has
@@ -203,12 +185,12 @@ func (w *world) startProxy(kind proxies.Kind, mode string) *proxies.Process {
 func (w *world) synced(kind proxies.Kind, mode string, p *proxies.Process) {
 	t := w.t
 	t.Helper()
-	waitFor(t, 4*time.Minute, string(kind)+" synced", func() error {
+	poll.Until(t, 4*time.Minute, string(kind)+" synced", func() error {
 		if err := p.Exited(); err != nil {
 			t.Fatal(err)
 		}
 		if kind == proxies.EdgeProxy {
-			body, err := nodeGET(w.node, w.pn.MetricsAddr, "/debug/status")
+			body, err := w.node.GET(w.pn.MetricsAddr, "/debug/status", 5*time.Second)
 			if err != nil {
 				return err
 			}
@@ -220,11 +202,11 @@ func (w *world) synced(kind proxies.Kind, mode string, p *proxies.Process) {
 			}
 			return nil
 		}
-		body, err := nodeGET(w.node, w.pn.MetricsAddr, "/metrics")
+		body, err := w.node.GET(w.pn.MetricsAddr, "/metrics", 5*time.Second)
 		if err != nil {
 			return err
 		}
-		if !kubeProxySynced(body) {
+		if !proxies.Nonzero(body, proxies.MetricSyncCount, "IPv4") {
 			return errors.New("no whole IPv4 sync in kube-proxy's metrics yet")
 		}
 		return nil
@@ -235,7 +217,7 @@ func (w *world) synced(kind proxies.Kind, mode string, p *proxies.Process) {
 // answered by pod name.
 func (w *world) reaches(vip netip.Addr, name string) {
 	w.t.Helper()
-	waitFor(w.t, 90*time.Second, fmt.Sprintf("%s reaches %s", vip, name), func() error {
+	poll.Until(w.t, 90*time.Second, fmt.Sprintf("%s reaches %s", vip, name), func() error {
 		for range 30 {
 			if r, err := w.client.TCP(netip.AddrPortFrom(vip, 80), 2*time.Second); err == nil && r.Name == name {
 				return nil
