@@ -15,6 +15,7 @@ const (
 	MetricOperations      = "edgeproxy_nftables_sync_netlink_operations"
 	MetricChains          = "edgeproxy_nftables_chains"
 	MetricOverruns        = "edgeproxy_nftables_receive_overruns_total"
+	MetricTamperUnknown   = "edgeproxy_nftables_tamper_unknown_total"
 )
 
 type metrics struct {
@@ -22,6 +23,7 @@ type metrics struct {
 	failures                      prometheus.Counter
 	overruns                      prometheus.Counter
 	ops                           prometheus.Gauge
+	tamperUnknown                 prometheus.Counter
 	chains                        *prometheus.GaugeVec
 }
 
@@ -38,11 +40,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricOverruns, Help: "Transactions whose answers overran the netlink socket's receive buffer (ENOBUFS) and that the ruleset generation showed committed."}),
 		ops: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: MetricOperations, Help: "Operations in the last apply's transaction (a chain, a rule, a set's element list each)."}),
+		tamperUnknown: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricTamperUnknown, Help: "Tamper checks that found nf_tables events lost while someone else committed, and so had the tables rewritten."}),
 		chains: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricChains, Help: "Chains in edgeproxy's nftables table, per family (ip, ip6)."}, []string{"family"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.fullDuration, m.partialDuration, m.failures, m.overruns, m.ops, m.chains} {
+		for _, c := range []prometheus.Collector{m.fullDuration, m.partialDuration, m.failures, m.overruns, m.ops, m.tamperUnknown, m.chains} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("nftables: register metrics: %w", err)
 			}

@@ -194,6 +194,10 @@ type Proxier struct {
 	coldBatch int
 	// nodeIPs are the last applied plan's NodeIPs, for Unchanged.
 	nodeIPs []netip.Addr
+
+	// tamperState: what Tampered knows of our transactions and the
+	// watch's events (tamper.go).
+	tamperState
 }
 
 var _ datapath.Backend = (*Proxier)(nil)
@@ -449,8 +453,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	// Our own transactions need no look by Tampered: when the tables
 	// were verified at the generation before the apply, and the apply's
-	// transactions are all that moved it, they stay verified.
-	gen0, trust := p.genVerified()
+	// transactions are all that moved it, they stay verified; and the
+	// generations they made are known as ours (see afterApply).
+	gen0, genOK, whole := p.beforeApply(pend)
 	st.Messages = b.run()
 	if st.Messages > 0 {
 		st.Transactions = 1
@@ -497,9 +502,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		pend[i].commit(t)
 		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 	}
-	if trust {
-		p.trustOwn(gen0, st.Transactions)
-	}
+	p.afterApply(gen0, genOK, whole, st.Transactions)
 	p.nodeIPs = slices.Clone(plan.NodeIPs)
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are
