@@ -20,6 +20,7 @@ const (
 	MetricOverruns        = "edgeproxy_nftables_receive_overruns_total"
 	MetricSyncBytes       = "edgeproxy_nftables_sync_bytes"
 	MetricTamperUnknown   = "edgeproxy_nftables_tamper_unknown_total"
+	MetricEventLosses     = "edgeproxy_nftables_event_losses_total"
 )
 
 type metrics struct {
@@ -29,6 +30,7 @@ type metrics struct {
 	ops                           prometheus.Gauge
 	bytes                         prometheus.Gauge
 	tamperUnknown                 prometheus.Counter
+	eventLosses                   prometheus.Counter
 	chains                        *prometheus.GaugeVec
 }
 
@@ -49,11 +51,13 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Name: MetricSyncBytes, Help: "Bytes of netlink messages the last apply's transactions sent to the kernel."}),
 		tamperUnknown: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: MetricTamperUnknown, Help: "Tamper checks that found nf_tables events lost while someone else committed, and so had the tables rewritten."}),
+		eventLosses: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: MetricEventLosses, Help: "Times the watch of nf_tables events lost some (its bounded receive buffer overran); Tampered then judges the gap."}),
 		chains: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: MetricChains, Help: "Chains in edgeproxy's nftables table, per family (ip, ip6)."}, []string{"family"}),
 	}
 	if reg != nil {
-		for _, c := range []prometheus.Collector{m.fullDuration, m.partialDuration, m.failures, m.overruns, m.ops, m.bytes, m.tamperUnknown, m.chains} {
+		for _, c := range []prometheus.Collector{m.fullDuration, m.partialDuration, m.failures, m.overruns, m.ops, m.bytes, m.tamperUnknown, m.eventLosses, m.chains} {
 			if err := reg.Register(c); err != nil {
 				return nil, fmt.Errorf("nftables: register metrics: %w", err)
 			}

@@ -318,10 +318,12 @@ func (l *commitLog) stop() {
 	l.on = false
 }
 
-// seen records one transaction the watch read.
-func (l *commitLog) seen(c nfgen.Commit) {
+// seen records one transaction the watch read, and reports whether it
+// was a loss (not the watch's start).
+func (l *commitLog) seen(c nfgen.Commit) (lost bool) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	lost = l.started && c.Lost
 	switch {
 	case !l.started:
 		l.gaps, l.open = append(l.gaps, genRange{c.Gen, c.Gen}), true
@@ -341,6 +343,7 @@ func (l *commitLog) seen(c nfgen.Commit) {
 		l.touched = append(l.touched, c)
 	}
 	l.started, l.last = true, c.Gen
+	return lost
 }
 
 // take returns what the watch learned since the last take.

@@ -47,7 +47,12 @@ func (p *Proxier) WatchWrites(ctx context.Context, written chan<- struct{}) erro
 func (p *Proxier) watch(ctx context.Context, written chan<- struct{}) error {
 	p.events.start()
 	defer p.events.stop()
-	if err := nfgen.WatchCommits(ctx, written, nfgen.Commits{Touches: touches, Seen: p.events.seen, Buffer: p.eventBuffer}); err != nil {
+	seen := func(c nfgen.Commit) {
+		if p.events.seen(c) {
+			p.m.eventLosses.Inc()
+		}
+	}
+	if err := nfgen.WatchCommits(ctx, written, nfgen.Commits{Touches: touches, Seen: seen, Buffer: p.eventBuffer}); err != nil {
 		return fmt.Errorf("nftables: watch writes: %w", err)
 	}
 	return nil
