@@ -5,9 +5,6 @@ import "sync"
 // Answer exposes the reply reader to the tests.
 var Answer = answer
 
-// Overruns is how many times a watch found its buffer overrun (ENOBUFS).
-func Overruns() uint64 { return overruns.Load() }
-
 // HoldReads makes every Watch started after it wait, before it reads
 // events, until release is called; the returned restore undoes it once
 // those watches have ended.

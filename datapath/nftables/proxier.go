@@ -194,6 +194,12 @@ type Proxier struct {
 	coldBatch int
 	// nodeIPs are the last applied plan's NodeIPs, for Unchanged.
 	nodeIPs []netip.Addr
+
+	// tamperState: what Tampered knows of our transactions and the
+	// watch's events (tamper.go).
+	tamperState
+	// sent counts the bytes of the current apply's transactions.
+	sent int
 }
 
 var _ datapath.Backend = (*Proxier)(nil)
@@ -208,6 +214,10 @@ type Stats struct {
 	Transactions int           `json:"transactions"`
 	Duration     time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
 	At           time.Time     `json:"at"`       // when it ended
+
+	// Bytes is the size of the netlink messages the transactions sent to
+	// the kernel (see queuedBytes).
+	Bytes int `json:"bytes"`
 }
 
 // Status is what the datapath shows in the agent's status: its last
@@ -399,6 +409,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	start := time.Now()
+	p.sent = 0
 	if p.opts.NodePodCIDRs && p.opts.PodInterface == "" {
 		p.opts.followPodCIDRs(plan.PodCIDRs, p.log)
 	}
@@ -449,8 +460,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	// Our own transactions need no look by Tampered: when the tables
 	// were verified at the generation before the apply, and the apply's
-	// transactions are all that moved it, they stay verified.
-	gen0, trust := p.genVerified()
+	// transactions are all that moved it, they stay verified; and the
+	// generations they made are known as ours (see afterApply).
+	gen0, genOK, whole := p.beforeApply(pend)
 	st.Messages = b.run()
 	if st.Messages > 0 {
 		st.Transactions = 1
@@ -493,13 +505,13 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		p.m.partialDuration.Observe(st.Duration.Seconds())
 	}
 	p.m.ops.Set(float64(st.Messages))
+	st.Bytes = p.sent
+	p.m.bytes.Set(float64(st.Bytes))
 	for i, t := range p.tables {
 		pend[i].commit(t)
 		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 	}
-	if trust {
-		p.trustOwn(gen0, st.Transactions)
-	}
+	p.afterApply(gen0, genOK, whole, st.Transactions)
 	p.nodeIPs = slices.Clone(plan.NodeIPs)
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are
@@ -598,6 +610,7 @@ func interfaceAddrs() ([]netip.Addr, error) {
 // stands, and the next apply rewrites the tables.
 func (p *Proxier) flush() error {
 	before, gerr := p.conn.GetGen()
+	p.sent += queuedBytes(p.conn)
 	err := p.conn.Flush()
 	if err == nil || gerr != nil || !errors.Is(err, unix.ENOBUFS) {
 		return err

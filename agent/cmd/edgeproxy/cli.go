@@ -222,8 +222,8 @@ func renderNFTables(w io.Writer, n *nftables.Status, age func(time.Time) string)
 		if l.Rebuilt {
 			kind = "tables rewritten"
 		}
-		fmt.Fprintf(w, "nftables: last apply %s: %s, %d service ports compared, %d netlink operations, %s\n",
-			age(l.At), kind, l.Units, l.Messages, l.Duration.Round(time.Microsecond))
+		fmt.Fprintf(w, "nftables: last apply %s: %s, %d service ports compared, %d netlink operations (%d bytes), %s\n",
+			age(l.At), kind, l.Units, l.Messages, l.Bytes, l.Duration.Round(time.Microsecond))
 	}
 	var tables []string
 	for _, t := range n.Tables {
