@@ -134,6 +134,12 @@ var (
 
 func newOutageWorld(t *testing.T) *outageWorld {
 	t.Helper()
+	return newOutageWorldWith(t, "")
+}
+
+// newOutageWorldWith is newOutageWorld with extra lines of agent config.
+func newOutageWorldWith(t *testing.T, extra string) *outageWorld {
+	t.Helper()
 	gate.Root(t)
 	gate.Binaries(t, "iptables", "iptables-restore", "iptables-save")
 	bin := agentBinary(t)
@@ -154,7 +160,7 @@ func newOutageWorld(t *testing.T) *outageWorld {
 	w.pod(t, "change-1", "change", outChanged)
 	w.pod(t, "gone-1", "gone", outGone)
 
-	dir, cfg := apiAgentConfig(t, &apiWorld{c: cl, ctx: ctx, hostIP: hostIP, ns: w.ns}, "")
+	dir, cfg := apiAgentConfig(t, &apiWorld{c: cl, ctx: ctx, hostIP: hostIP, ns: w.ns}, extra)
 	w.started = time.Now()
 	w.bin, w.cfg, w.logPath, w.stateDir = bin, cfg, filepath.Join(dir, "agent.log"), filepath.Join(dir, "state")
 	w.ag = startAgent(t, node, bin, cfg, w.logPath)
