@@ -12,6 +12,8 @@ type Config struct {
 	Mode       Mode   `koanf:"mode"` // iptables | ipvs | plan
 	// ProxyName is matched against the service.kubernetes.io/service-proxy-name
 	// label: Services carrying the label are skipped unless it names us.
+	// Empty (the default) skips every labelled Service, as kube-proxy
+	// does; a name costs a fourth watch (of the Services labelled with it).
 	ProxyName   string `koanf:"proxyName"`
 	ClusterCIDR string `koanf:"clusterCIDR"`
 	// DetectLocalMode is how traffic from pods is told from other traffic
@@ -241,7 +243,6 @@ type Size int64
 func Default() Config {
 	return Config{
 		Mode:            ModeIPTables,
-		ProxyName:       "edgeproxy",
 		DetectLocalMode: LocalModeClusterCIDR, // kube-proxy's default on Linux
 		Sync:            Sync{MinPeriod: time.Second, Period: 30 * time.Second, HealthTimeout: 60 * time.Second},
 		IPTables:        IPTables{MasqueradeBit: 14, LocalhostNodePorts: true, LockWait: 5 * time.Second},

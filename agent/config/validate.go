@@ -110,8 +110,10 @@ func (c *Config) validateSource(ps *problems) {
 	if c.Kubeconfig != "" && c.Manifests != "" {
 		ps.bad("manifests", "%q cannot be used together with kubeconfig %q: pick one source", c.Manifests, c.Kubeconfig)
 	}
-	if c.ProxyName == "" {
-		ps.bad("proxyName", "must not be empty")
+	if c.ProxyName != "" {
+		if !labelValue(c.ProxyName) {
+			ps.bad("proxyName", "%q is not a label value (at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit), so no Service can be labelled with it", c.ProxyName)
+		}
 	}
 	if c.MaxManifestSize <= 0 {
 		ps.bad("maxManifestSize", "%s must be positive", c.MaxManifestSize)
@@ -399,4 +401,21 @@ func checkIfName(name string) error {
 		return errors.New("contains '/', ':' or white space")
 	}
 	return nil
+}
+
+// labelValue reports whether v can be a Kubernetes label's value (empty
+// aside): at most 63 ASCII letters, digits, '-', '_' or '.', beginning
+// and ending with a letter or digit.
+func labelValue(v string) bool {
+	if len(v) > 63 {
+		return false
+	}
+	alnum := func(c byte) bool { return c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' }
+	for i := 0; i < len(v); i++ {
+		c := v[i]
+		if !alnum(c) && ((i == 0 || i == len(v)-1) || c != '-' && c != '_' && c != '.') {
+			return false
+		}
+	}
+	return len(v) > 0
 }

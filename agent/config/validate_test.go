@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -45,6 +46,11 @@ func TestValidateAcceptsGoodValues(t *testing.T) {
 		func(c *Config) { c.Log = Log{Level: "debug", Format: "json"} },
 		func(c *Config) { c.IPVS.Scheduler = "mh"; c.IPVS.Interface = "kube-ipvs0" },
 		func(c *Config) { c.Memory.Limit = MinMemoryLimit },
+		func(c *Config) { c.ProxyName = "" },
+		func(c *Config) { c.ProxyName = "edgeproxy" },
+		func(c *Config) { c.ProxyName = "a" },
+		func(c *Config) { c.ProxyName = "Edge_proxy.v-2" },
+		func(c *Config) { c.ProxyName = strings.Repeat("a", 63) },
 	}
 	for i, mutate := range good {
 		c := validBase()
@@ -135,6 +141,12 @@ func TestValidateNamesKeyAndValue(t *testing.T) {
 		{func(c *Config) { c.Log.Level = "verbose" }, `config: log.level: "verbose" is not one of debug, info, warn, error`},
 		{func(c *Config) { c.Log.Format = "xml" }, `config: log.format: "xml" is not one of text, json`},
 		{func(c *Config) { c.StateDir = "" }, `config: stateDir: must not be empty`},
+	}
+	for _, name := range []string{"edge proxy", "-edge", "edge.", "édge", strings.Repeat("a", 64)} {
+		cases = append(cases, struct {
+			mutate func(*Config)
+			want   string
+		}{func(c *Config) { c.ProxyName = name }, fmt.Sprintf(`config: proxyName: %q is not a label value (at most 63 letters, digits, '-', '_' or '.', beginning and ending with a letter or digit), so no Service can be labelled with it`, name)})
 	}
 	for _, tc := range cases {
 		c := validBase()

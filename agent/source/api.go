@@ -90,9 +90,11 @@ func NewAPI(client kubernetes.Interface, link *Link, nodeName string, conv *Conv
 	// selectors are kube-proxy's (cmd/kube-proxy/app/server.go), so that
 	// what no proxy here would use does not cross the link: Services
 	// without the service-proxy-name label and not headless, slices not
-	// labelled headless. A Service labelled with this proxy's name is
-	// ours too (Converter.ProxyName): a label selector cannot say "absent
-	// or equal", so those come on a second watch, empty on most clusters.
+	// labelled headless: three watches with the Node's. A Service
+	// labelled with this proxy's name, when it has one (config proxyName,
+	// empty by default), is ours too (Converter.ProxyName): a label
+	// selector cannot say "absent or equal", so those come on a fourth
+	// watch, empty on most clusters.
 	// The converter still checks every object, whatever the server sent.
 	factory := func(tweak func(*metav1.ListOptions)) informers.SharedInformerFactory {
 		opts := []informers.SharedInformerOption{informers.WithTransform(conv.Transform)}

@@ -12,6 +12,7 @@ import (
 	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/edgeproxy/edgeproxy/agent/model"
+	"github.com/edgeproxy/edgeproxy/test/agenttest"
 	"github.com/edgeproxy/edgeproxy/test/cluster"
 )
 
@@ -161,7 +162,9 @@ func TestPlanPoliciesTopologyTerminating(t *testing.T) {
 }
 
 // Services meant for another proxy, headless and ExternalName Services
-// produce nothing; a Service labelled with our own proxy name does. The
+// produce nothing; a Service labelled with our own proxy name (proxyName
+// set) does, and with the default (no proxyName) it does not, as with
+// kube-proxy. The
 // headless and other-proxy Services and the headless slices are selected
 // out by the API server, as kube-proxy's are: they never reach the agent
 // (only the ExternalName Service, which kube-proxy's selectors let
@@ -172,7 +175,8 @@ func TestPlanIgnoresServicesNotForUs(t *testing.T) {
 	ns := c.Namespace(t)
 	client := c.Client()
 	node(t, c, "ignore-a", "zone-a", "192.0.2.31")
-	a := planAgent(t, c, "ignore-a", "")
+	a := planAgent(t, c, "ignore-a", "proxyName: edgeproxy\n")
+	unnamed := planAgent(t, c, "ignore-a", "")
 	labelled := func(v string) svcOpt {
 		return func(s *corev1.Service) {
 			s.Labels = map[string]string{"service.kubernetes.io/service-proxy-name": v}
@@ -208,13 +212,19 @@ func TestPlanIgnoresServicesNotForUs(t *testing.T) {
 		fmt.Sprintf("TCP  10.96.3.11:80 ClusterIP %s/ours -> (none)", ns),
 		fmt.Sprintf("TCP  10.96.3.12:80 ClusterIP %s/plain -> 10.244.6.2:80 w=1", ns),
 	})
-	p, err := a.Plan()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, name := range []string{"other-proxy", "headless", "external"} {
-		if strings.Contains(p.Text, ns+"/"+name) {
-			t.Errorf("service %s is in the plan:\n%s", name, p.Text)
+	unnamed.WaitPlanLines(converge, []string{fmt.Sprintf("TCP  10.96.3.12:80 ClusterIP %s/plain -> 10.244.6.2:80 w=1", ns)})
+	for ag, skipped := range map[*agenttest.Agent][]string{
+		a:       {"other-proxy", "headless", "external"},
+		unnamed: {"other-proxy", "ours", "headless", "external"},
+	} {
+		p, err := ag.Plan()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range skipped {
+			if strings.Contains(p.Text, ns+"/"+name) {
+				t.Errorf("service %s is in the plan:\n%s", name, p.Text)
+			}
 		}
 	}
 	for kind, want := range map[string]float64{"Service": 1, "EndpointSlice": 0} {

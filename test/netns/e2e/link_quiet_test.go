@@ -2,6 +2,7 @@ package e2e_test
 
 import (
 	"fmt"
+	"maps"
 	"net"
 	"net/netip"
 	"os"
@@ -14,17 +15,20 @@ import (
 
 // A quiet node: nothing changes in the cluster, and what crosses the
 // node's one link to the API server is the steady state (issue 28, G4 and
-// G5): one watch of each informer, no full read and no watch asked again
-// within the window, and bookmarks only on the watches of the Services
-// and EndpointSlices (the Node's and the proxyName's Services' hold one
-// object or none). The bytes both ways at IP level (the host veth's
+// G5). With the default config (no proxyName) that is kube-proxy's three
+// watches: the Services, the EndpointSlices and this Node, each started
+// once and still open, no full read and no watch asked again within the
+// window, and bookmarks only on the watches of the Services and
+// EndpointSlices (the Node's holds one object). With a proxyName there is
+// a fourth, of the Services labelled with it (none or a few: no
+// bookmarks either). The bytes both ways at IP level (the host veth's
 // counters) are logged, scaled to a day; they are the API server's
 // bookmarks, TCP keepalives and HTTP/2 pings, whose numbers depend on the
 // clock, so they are reported, not asserted (RATIONALE.md, "A quiet day";
 // test/bench, -link-quiet, measures them beside kube-proxy).
-// EDGEPROXY_QUIET_WINDOW sets the window (2m).
+// EDGEPROXY_QUIET_WINDOW sets the default config's window (2m); the one
+// with a proxyName watches a quarter of it (at least 30 s).
 func TestAPIQuietLink(t *testing.T) {
-	w := newOutageWorld(t)
 	window := 2 * time.Minute
 	if s := os.Getenv("EDGEPROXY_QUIET_WINDOW"); s != "" {
 		d, err := time.ParseDuration(s)
@@ -33,6 +37,28 @@ func TestAPIQuietLink(t *testing.T) {
 		}
 		window = d
 	}
+	// What the agent watches: by resource and selector, whether the
+	// watch asks for bookmarks.
+	three := map[string]bool{"services": true, "endpointslices": true, "nodes": false}
+	four := map[string]bool{"services (proxyName)": false}
+	maps.Copy(four, three)
+	for _, tc := range []struct {
+		name, extra string
+		window      time.Duration
+		watches     map[string]bool
+	}{
+		{"default", "", window, three},
+		{"proxyName", "proxyName: edgeproxy\n", max(window/4, 30*time.Second), four},
+	} {
+		t.Run(tc.name, func(t *testing.T) { quietLink(t, tc.extra, tc.window, tc.watches) })
+	}
+}
+
+// quietLink runs an agent with extra config lines for window on a quiet
+// cluster and checks that it reads nothing in it and keeps one open watch
+// of each in want (by resource and selector: asks for bookmarks).
+func quietLink(t *testing.T, extra string, window time.Duration, want map[string]bool) {
+	w := newOutageWorldWith(t, extra)
 	veth, err := hostLink(w.hostIP)
 	if err != nil {
 		t.Fatal(err)
@@ -63,30 +89,45 @@ func TestAPIQuietLink(t *testing.T) {
 	if len(quiet) != 0 {
 		t.Errorf("reads in the quiet window: %v, want none", quiet)
 	}
-	// The watches: the Services and EndpointSlices ask for bookmarks, the
-	// Node and the Services labelled with the proxyName (one object or
-	// none) do not.
+	// Every watch since the agent's start: started once, and not ended
+	// (the audit log has a watch's ResponseStarted when it is opened and
+	// its ResponseComplete when it ends).
 	evs, err := w.cl.AuditEvents("edgeproxy", w.started)
 	if err != nil {
 		t.Fatal(err)
 	}
-	watches := map[string]bool{} // by resource and selector: asks for bookmarks
+	watches := map[string]bool{}
+	open := map[string]int{}
 	for _, e := range evs {
-		if e.Read() != "watch" {
+		if e.Verb != "watch" {
 			continue
 		}
 		what := e.Resource()
 		if strings.Contains(e.RequestURI, "labelSelector=service.kubernetes.io%2Fservice-proxy-name%3D") {
 			what += " (proxyName)"
 		}
-		if _, dup := watches[what]; dup {
-			t.Errorf("a second watch of %s: %s", what, e.RequestURI)
+		switch e.Stage {
+		case "ResponseStarted":
+			if _, dup := watches[what]; dup {
+				t.Errorf("a second watch of %s: %s", what, e.RequestURI)
+			}
+			watches[what] = strings.Contains(e.RequestURI, "allowWatchBookmarks=true")
+			open[what]++
+		case "ResponseComplete":
+			open[what]--
+			t.Errorf("a watch of %s ended (code %v): %s", what, e.ResponseStatus, e.RequestURI)
 		}
-		watches[what] = strings.Contains(e.RequestURI, "allowWatchBookmarks=true")
 	}
-	want := map[string]bool{"services": true, "endpointslices": true, "nodes": false, "services (proxyName)": false}
 	if fmt.Sprint(watches) != fmt.Sprint(want) {
 		t.Errorf("watches (with bookmarks): %v, want %v", watches, want)
+	}
+	n := 0
+	for _, o := range open {
+		n += o
+	}
+	t.Logf("%d watches open: %v", n, open)
+	if n != len(want) {
+		t.Errorf("%d watches open (%v), want %d", n, open, len(want))
 	}
 }
 

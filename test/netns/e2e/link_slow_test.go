@@ -98,10 +98,10 @@ func TestAPISlowLinkFiveThousand(t *testing.T) {
 			t.Errorf("no LIST of %s", res)
 		}
 	}
-	// One full read each: the main Service informer and the one for this
-	// proxy's name both list Services; no list asked again after a reset.
-	if reads["list services"] != 2 || reads["list endpointslices"] != 1 || reads["list nodes"] != 1 {
-		t.Errorf("reads %v: want the Services listed twice (two informers), the slices and the Node once", reads)
+	// One full read each (no proxyName: one Service informer, as
+	// kube-proxy's); no list asked again after a reset.
+	if reads["list services"] != 1 || reads["list endpointslices"] != 1 || reads["list nodes"] != 1 {
+		t.Errorf("reads %v: want the Services, the slices and the Node listed once", reads)
 	}
 	if reads["list-page endpointslices"] < services/1000-1 {
 		t.Errorf("reads %v: want the slices in pages", reads)
