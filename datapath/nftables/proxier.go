@@ -190,8 +190,12 @@ type Proxier struct {
 	// written (verified false: never, or not since).
 	verified    bool
 	verifiedGen uint32
-	// coldBatch bounds a cold start's transactions (coldBatchMessages).
+	// coldBatch bounds the transactions of a cold start and of a
+	// restart (coldBatchMessages).
 	coldBatch int
+	// txDone, when set (tests), is called after each transaction of a
+	// cold start or a restart but the first.
+	txDone func()
 	// nodeIPs are the last applied plan's NodeIPs, for Unchanged.
 	nodeIPs []netip.Addr
 
@@ -281,6 +285,9 @@ type table struct {
 	// half-way left (no base chain, see coldStart): the next apply writes
 	// it as a cold start again.
 	partial bool
+	// restartFailed: a restart's rewrite in bounded transactions
+	// (warmStart) failed: the next one replaces the table in one.
+	restartFailed bool
 }
 
 // chainCount is the number of chains in the table as last written.
@@ -289,8 +296,8 @@ func (t *table) chainCount(o *Options) int {
 }
 
 // New returns a Proxier. It writes nothing until the first Apply, which
-// replaces whatever table of our name exists with the whole plan in one
-// transaction.
+// writes the whole plan in bounded transactions: from nothing (coldStart),
+// or over the table of our name the kernel holds (warmStart).
 func New(o Options) (*Proxier, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -417,6 +424,8 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	var pend []*pending
 	// rest: the transactions of a table's cold start after the first.
 	rest := make([]func(*nftables.Conn, func() error) (int, int, error), len(p.tables))
+	// warm: the table's rest is a restart's (warmStart).
+	warm := make([]bool, len(p.tables))
 	st := Stats{}
 	for i, t := range p.tables {
 		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
@@ -430,22 +439,31 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
-		cold := false
+		cold, held := false, false
 		if rebuild {
 			st.Rebuilt = true
 			// A table that holds nothing in use is written in bounded
-			// transactions; one that serves traffic is replaced in one.
+			// transactions; so is one that serves traffic when this
+			// process has not written it yet (a restart), Service by
+			// Service; any other is replaced in one.
 			if cold = t.partial; !cold {
-				held, err := p.holds(t)
-				if err != nil {
+				if held, err = p.holds(t); err != nil {
 					return err
 				}
 				cold = !held
 			}
 		}
+		restart := held && !t.written && !t.restartFailed
+		warm[i] = restart
 		switch {
 		case cold:
 			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
+		case restart:
+			pr, err := p.dump(t)
+			if err != nil {
+				return err
+			}
+			pd, rest[i] = t.warmStart(b, &p.opts, p.coldBatch, groups, ips, pr)
 		case rebuild:
 			pd, err = t.rebuild(b, &p.opts, groups, ips)
 		default:
@@ -468,20 +486,32 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		st.Transactions = 1
 	}
 	if err := p.flush(); err != nil {
-		for _, t := range p.tables {
+		for i, t := range p.tables {
 			t.needFull = true
+			t.restartFailed = t.restartFailed || warm[i]
 		}
 		p.m.failures.Inc()
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
 	}
 	var coldErr error
+	flush := p.flush
+	if p.txDone != nil {
+		flush = func() error {
+			err := p.flush()
+			if err == nil {
+				p.txDone()
+			}
+			return err
+		}
+	}
 	for i, t := range p.tables {
 		if rest[i] == nil {
 			continue
 		}
-		msgs, txs, err := rest[i](p.conn, p.flush)
+		msgs, txs, err := rest[i](p.conn, flush)
 		st.Messages, st.Transactions = st.Messages+msgs, st.Transactions+txs
-		t.partial = err != nil
+		t.partial = err != nil && !warm[i]
+		t.restartFailed = err != nil && warm[i]
 		if err != nil {
 			t.needFull = true
 			pend[i] = nil
