@@ -245,3 +245,20 @@ func heap() int64 {
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)
 }
+
+// BenchmarkProbe: the kernel probe every start of nftables mode sends
+// (both families; the throwaway table is never committed).
+func BenchmarkProbe(b *testing.B) {
+	gate.Root(b)
+	ns := netns.New(b, "nftbench")
+	p, err := New(Options{MasqueradeBit: 14, IPv6: true, NetNS: int(ns.Handle()), NoConntrack: true, NoSysctls: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	for b.Loop() {
+		if err := p.Probe(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

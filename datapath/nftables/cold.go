@@ -18,6 +18,9 @@ import (
 // keeps each marshalled message, then copies them into one buffer for
 // sendmsg, growing it by appends), so a whole 10k-Service table as one
 // transaction (48 MB) made a cold start's peak resident set 738 MiB.
+// The transactions after the first go through a pipe: the next one is
+// rendered while the one before is in the kernel, so two are in memory
+// at most.
 const coldBatchMessages = 8192
 
 // holds reports whether the kernel has a table of ours in t's family (a
@@ -48,10 +51,10 @@ func (p *Proxier) holds(t *table) (bool, error) {
 // only). A failure leaves a table without base chains: the next apply
 // starts again from b.
 //
-// rest queues the transactions on c, sends each with flush and fills pd
-// as they succeed; it returns how many messages and transactions it
-// sent.
-func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(c *nftables.Conn, flush func() error) (msgs, txs int, err error)) {
+// rest sends the transactions through a pipe (the next one rendered
+// while the one before is in the kernel) and fills pd; it returns how
+// many messages it sent.
+func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(pp *pipe) (msgs int, err error)) {
 	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
 	ob := t.replaceTable(b)
 	fixed := t.f.fixedChains(o, npIPs != nil)
@@ -61,36 +64,34 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 			b.addRules(ob, c)
 		}
 	}
-	rest = func(c *nftables.Conn, flush func() error) (msgs, txs int, err error) {
+	rest = func(pp *pipe) (msgs int, err error) {
 		names := make([]datapath.ServicePortName, 0, len(groups))
 		for s := range groups {
 			names = append(names, s)
 		}
 		slices.SortFunc(names, datapath.ServicePortName.Compare)
-		cb := &batch{c: c}
+		cb := &batch{c: pp.conn()}
 		elems := map[elemKey]target{}
 		// send ends a transaction: the elements of its service ports
-		// after their chains, then one Flush. A new batch drops the
-		// rules the sent one held.
+		// after their chains, then into the pipe. A new batch drops
+		// the rules the sent one held.
 		send := func() error {
 			cb.elems(ob, false, elems)
 			clear(elems)
 			n := cb.run()
-			cb = &batch{c: c}
-			if n == 0 {
-				return nil
-			}
 			msgs += n
-			if err := flush(); err != nil {
-				return fmt.Errorf("nftables: cold start of the %s table, transaction %d: %w", t.f.name, txs+2, err)
+			if n > 0 {
+				if err := pp.send(); err != nil {
+					return fmt.Errorf("nftables: cold start of the %s table, %w", t.f.name, err)
+				}
 			}
-			txs++
+			cb = &batch{c: pp.conn()}
 			return nil
 		}
 		for _, s := range names {
 			u, err := buildUnit(t.f, o, groups[s])
 			if err != nil {
-				return msgs, txs, err
+				return msgs, err
 			}
 			cb.addAffSets(ob, t.f, u.affSets)
 			for _, ch := range u.chains {
@@ -109,7 +110,7 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 			pd.units[s] = u.summary()
 			if len(cb.ops)+len(elems)/64 >= limit {
 				if err := send(); err != nil {
-					return msgs, txs, err
+					return msgs, err
 				}
 			}
 		}
@@ -122,7 +123,13 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 				cb.addRules(ob, ch)
 			}
 		}
-		return msgs, txs, send()
+		if err := send(); err != nil {
+			return msgs, err
+		}
+		if err := pp.wait(); err != nil {
+			return msgs, fmt.Errorf("nftables: cold start of the %s table, %w", t.f.name, err)
+		}
+		return msgs, nil
 	}
 	return pd, rest
 }

@@ -178,7 +178,9 @@ type Proxier struct {
 	opts Options
 	log  *slog.Logger
 	conn *nftables.Conn
-	ct   ConntrackCleaner
+	// connOpts open conn; a pipe opens its own with them.
+	connOpts []nftables.ConnOption
+	ct       ConntrackCleaner
 
 	m *metrics
 
@@ -325,7 +327,7 @@ func New(o Options) (*Proxier, error) {
 		_ = c.CloseLasting()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m, coldBatch: coldBatchMessages}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, connOpts: opts, m: m, coldBatch: coldBatchMessages}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -422,8 +424,9 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	b := &batch{c: p.conn}
 	var pend []*pending
-	// rest: the transactions of a table's cold start after the first.
-	rest := make([]func(*nftables.Conn, func() error) (int, int, error), len(p.tables))
+	// rest: the transactions of a table's cold start or restart after
+	// the first, sent through a pipe.
+	rest := make([]func(*pipe) (int, error), len(p.tables))
 	// warm: the table's rest is a restart's (warmStart).
 	warm := make([]bool, len(p.tables))
 	st := Stats{}
@@ -494,22 +497,25 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
 	}
 	var coldErr error
-	flush := p.flush
-	if p.txDone != nil {
-		flush = func() error {
-			err := p.flush()
-			if err == nil {
-				p.txDone()
-			}
-			return err
-		}
-	}
+	var pp *pipe
 	for i, t := range p.tables {
 		if rest[i] == nil {
 			continue
 		}
-		msgs, txs, err := rest[i](p.conn, flush)
-		st.Messages, st.Transactions = st.Messages+msgs, st.Transactions+txs
+		var msgs int
+		var err error
+		switch {
+		case pp == nil:
+			if pp, err = p.newPipe(); err != nil {
+				break
+			}
+			fallthrough
+		case pp.err == nil:
+			msgs, err = rest[i](pp)
+		default:
+			err = fmt.Errorf("nftables: the %s table's transactions were not sent after an earlier failure", t.f.name)
+		}
+		st.Messages += msgs
 		t.partial = err != nil && !warm[i]
 		t.restartFailed = err != nil && warm[i]
 		if err != nil {
@@ -517,6 +523,10 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			pend[i] = nil
 			coldErr = errors.Join(coldErr, err)
 		}
+	}
+	if pp != nil {
+		pp.close()
+		st.Transactions += pp.txs
 	}
 	if coldErr != nil {
 		for i, t := range p.tables {
@@ -638,14 +648,19 @@ func interfaceAddrs() ([]netip.Addr, error) {
 // ruleset generation: moved by exactly one since before the send, the
 // transaction committed (counted in MetricOverruns); otherwise the error
 // stands, and the next apply rewrites the tables.
-func (p *Proxier) flush() error {
-	before, gerr := p.conn.GetGen()
-	p.sent += queuedBytes(p.conn)
-	err := p.conn.Flush()
+func (p *Proxier) flush() error { return p.flushOn(p.conn) }
+
+// flushOn is flush on connection c (p.conn, or a pipe's). It counts
+// the bytes sent (a pipe's goroutine adds to p.sent while Apply waits
+// for it).
+func (p *Proxier) flushOn(c *nftables.Conn) error {
+	before, gerr := c.GetGen()
+	p.sent += queuedBytes(c)
+	err := c.Flush()
 	if err == nil || gerr != nil || !errors.Is(err, unix.ENOBUFS) {
 		return err
 	}
-	after, aerr := p.conn.GetGen()
+	after, aerr := c.GetGen()
 	if aerr != nil || after.ID != before.ID+1 {
 		return err
 	}

@@ -6,7 +6,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
 
@@ -132,7 +131,7 @@ func owner(k elemKey) (string, bool) {
 // A failure leaves a table that answers every Service, some as before
 // and some as planned (the transactions sent are whole): the next apply
 // replaces the table in one transaction (rebuild).
-func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, pr *present) (pd *pending, rest func(c *nftables.Conn, flush func() error) (msgs, txs int, err error)) {
+func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, pr *present) (pd *pending, rest func(pp *pipe) (msgs int, err error)) {
 	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
 	ob := newObjects(t.f)
 	b.add(func() { b.c.AddTable(ob.t) })
@@ -148,7 +147,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			pr.chains[c.name] = true // and written again below
 		}
 	}
-	rest = func(c *nftables.Conn, flush func() error) (msgs, txs int, err error) {
+	rest = func(pp *pipe) (msgs int, err error) {
 		// byOwner: the kernel's elements of each frontend.
 		byOwner := map[string][]elemKey{}
 		for k := range pr.elems {
@@ -161,28 +160,25 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			names = append(names, s)
 		}
 		slices.SortFunc(names, datapath.ServicePortName.Compare)
-		cb := &batch{c: c}
+		cb := &batch{c: pp.conn()}
 		del, add := map[elemKey]target{}, map[elemKey]target{}
 		// send ends a transaction: elements deleted, the chains' operations
-		// queued so far, elements added; then one Flush.
+		// queued so far, elements added; then into the pipe.
 		send := func() error {
-			ops := cb.ops
-			cb = &batch{c: c}
-			cb.elems(ob, true, del)
-			cb.ops = append(cb.ops, ops...)
-			cb.elems(ob, false, add)
+			tx := &batch{c: cb.c}
+			tx.elems(ob, true, del)
+			tx.ops = append(tx.ops, cb.ops...)
+			tx.elems(ob, false, add)
 			clear(del)
 			clear(add)
-			n := cb.run()
-			cb = &batch{c: c}
-			if n == 0 {
-				return nil
-			}
+			n := tx.run()
 			msgs += n
-			if err := flush(); err != nil {
-				return fmt.Errorf("nftables: restart of the %s table, transaction %d: %w", t.f.name, txs+2, err)
+			if n > 0 {
+				if err := pp.send(); err != nil {
+					return fmt.Errorf("nftables: restart of the %s table, %w", t.f.name, err)
+				}
 			}
-			txs++
+			cb = &batch{c: pp.conn()}
 			return nil
 		}
 		full := func() bool { return len(cb.ops)+(len(del)+len(add))/64 >= limit }
@@ -202,7 +198,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 		for _, s := range names {
 			u, err := buildUnit(t.f, o, groups[s])
 			if err != nil {
-				return msgs, txs, err
+				return msgs, err
 			}
 			for _, n := range u.affSets {
 				wantSets[n] = true
@@ -246,7 +242,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			pd.units[s] = u.summary()
 			if full() {
 				if err := send(); err != nil {
-					return msgs, txs, err
+					return msgs, err
 				}
 			}
 		}
@@ -254,7 +250,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			set(elemKey{set: setNodePortIPs, key: string(a.AsSlice())}, target{})
 		}
 		if err := send(); err != nil {
-			return msgs, txs, err
+			return msgs, err
 		}
 		// The fixed chains, as planned: each flushed and written again
 		// (or added) in one transaction.
@@ -268,7 +264,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			cb.addRules(ob, ch)
 		}
 		if err := send(); err != nil {
-			return msgs, txs, err
+			return msgs, err
 		}
 		// What nothing planned holds: elements first.
 		keep := map[elemKey]bool{}
@@ -288,13 +284,13 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 				del[k] = v
 				if full() {
 					if err := send(); err != nil {
-						return msgs, txs, err
+						return msgs, err
 					}
 				}
 			}
 		}
 		if err := send(); err != nil {
-			return msgs, txs, err
+			return msgs, err
 		}
 		// Stale chains: emptied first, so that none jumps to another,
 		// then deleted with the stale affinity sets their rules used.
@@ -309,18 +305,18 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			cb.flushChain(ob, chainSpec{name: n})
 			if full() {
 				if err := send(); err != nil {
-					return msgs, txs, err
+					return msgs, err
 				}
 			}
 		}
 		if err := send(); err != nil {
-			return msgs, txs, err
+			return msgs, err
 		}
 		for _, n := range stale {
 			cb.delChain(ob, chainSpec{name: n})
 			if full() {
 				if err := send(); err != nil {
-					return msgs, txs, err
+					return msgs, err
 				}
 			}
 		}
@@ -339,11 +335,17 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			cb.delAffSets(ob, t.f, []string{n})
 			if full() {
 				if err := send(); err != nil {
-					return msgs, txs, err
+					return msgs, err
 				}
 			}
 		}
-		return msgs, txs, send()
+		if err := send(); err != nil {
+			return msgs, err
+		}
+		if err := pp.wait(); err != nil {
+			return msgs, fmt.Errorf("nftables: restart of the %s table, %w", t.f.name, err)
+		}
+		return msgs, nil
 	}
 	return pd, rest
 }
