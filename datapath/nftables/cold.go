@@ -11,8 +11,8 @@ import (
 )
 
 // coldBatchMessages bounds the messages of each transaction of a cold
-// start (coldStart; tests lower it with Proxier.coldBatch): about 400 bytes each in the shape of issue 27 (a
-// Service chain's rule per endpoint), so about 3 MB a transaction,
+// start (coldStart); tests lower it with Proxier.coldBatch. About 400 bytes each in the shape of issue 27 (a
+// Service chain's rule per endpoint), so about 1.6 MB a transaction,
 // whatever the number of Services. What one transaction costs in memory
 // is its messages, held three times while it is sent (google/nftables
 // keeps each marshalled message, then copies them into one buffer for
@@ -20,8 +20,19 @@ import (
 // transaction (48 MB) made a cold start's peak resident set 738 MiB.
 // The transactions after the first go through a pipe: the next one is
 // rendered while the one before is in the kernel, so two are in memory
-// at most.
-const coldBatchMessages = 8192
+// at most. With the pipe, 4,096 beat 8,192 and 1,024 (the agent's cold
+// start at 5k Services, median of five: 1.25 s and 130 MiB peak, against
+// 1.32 s / 166 MiB and 1.39 s / 118 MiB; 1.58 s / 151 MiB without the
+// pipe at 8,192).
+const coldBatchMessages = 4096
+
+// restartBatchMessages bounds the transactions of a restart (warmStart;
+// tests lower it with Proxier.restartBatch). Its transactions cost the
+// kernel more than a cold start's: the base chains are there, so each
+// one validates every chain they reach. At 10k Services (BenchmarkRestart,
+// load average 2) 8,192 took 4.1 s, 3.8 s of it in the kernel, peak
+// 198 MiB; 4,096 took 5.0 s (4.5 s), peak 181 MiB.
+const restartBatchMessages = 8192
 
 // holds reports whether the kernel has a table of ours in t's family (a
 // dump of table names only).

@@ -192,9 +192,9 @@ type Proxier struct {
 	// written (verified false: never, or not since).
 	verified    bool
 	verifiedGen uint32
-	// coldBatch bounds the transactions of a cold start and of a
-	// restart (coldBatchMessages).
-	coldBatch int
+	// coldBatch and restartBatch bound the transactions of a cold start
+	// and of a restart (coldBatchMessages, restartBatchMessages).
+	coldBatch, restartBatch int
 	// txDone, when set (tests), is called after each transaction of a
 	// cold start or a restart but the first.
 	txDone func()
@@ -327,7 +327,7 @@ func New(o Options) (*Proxier, error) {
 		_ = c.CloseLasting()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, connOpts: opts, m: m, coldBatch: coldBatchMessages}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, connOpts: opts, m: m, coldBatch: coldBatchMessages, restartBatch: restartBatchMessages}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -466,7 +466,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			if err != nil {
 				return err
 			}
-			pd, rest[i] = t.warmStart(b, &p.opts, p.coldBatch, groups, ips, pr)
+			pd, rest[i] = t.warmStart(b, &p.opts, p.restartBatch, groups, ips, pr)
 		case rebuild:
 			pd, err = t.rebuild(b, &p.opts, groups, ips)
 		default:

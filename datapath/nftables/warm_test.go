@@ -61,7 +61,7 @@ func TestRestartInParts(t *testing.T) {
 			}
 		}
 		q := newProxier(t, a, o)
-		q.coldBatch = 3
+		q.restartBatch = 3
 		txs := 0
 		q.txDone = func() {
 			txs++
@@ -135,7 +135,7 @@ func TestRestartFailure(t *testing.T) {
 	bad := newPlan(2, append(append([]datapath.Frontend(nil), next.Frontends...),
 		clusterIP(svcName("zz", strings.Repeat("n", 250), ""), datapath.TCP, "10.96.0.12", 80, ep))...)
 	q := newProxier(t, a, o)
-	q.coldBatch = 2
+	q.restartBatch = 2
 	if err := q.Apply(ctx, bad); err == nil {
 		t.Fatal("a chain name over 256 bytes was written")
 	}
