@@ -216,7 +216,8 @@ type Stats struct {
 	Units    int  `json:"units"`    // service ports compared (in the family with most)
 	Messages int  `json:"messages"` // operations in the transactions (one per chain, rule, set's element list)
 	// Transactions is how many nf_tables transactions the apply sent: one,
-	// or more for a cold start sent in bounded parts (see coldChunks).
+	// or more for a cold start or a restart sent in bounded parts
+	// (coldStart, warmStart).
 	Transactions int           `json:"transactions"`
 	Duration     time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
 	At           time.Time     `json:"at"`       // when it ended
