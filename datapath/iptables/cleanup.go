@@ -28,6 +28,9 @@ func CleanupAll(ctx context.Context, log *slog.Logger) error {
 			if v == Legacy && !xtables.LegacyTable(fam, xtables.NAT) && !xtables.LegacyTable(fam, xtables.Filter) {
 				continue // nothing of ours, and listing would create the tables
 			}
+			if v == NFT && !nftTable(fam, xtables.NAT) && !nftTable(fam, xtables.Filter) {
+				continue // nothing of ours: no iptables-nft table
+			}
 			f, err := openFamily(v, fam, 5*time.Second, log)
 			if err != nil {
 				var ee *exec.Error

@@ -9,6 +9,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -40,7 +41,8 @@ var benchSizes = []int{1000, 5000, 10000}
 // BenchmarkColdStart: the whole plan into an empty namespace (the table
 // is removed between iterations, untimed). peakRSS-MiB is the process's
 // peak resident set during the Apply (VmHWM, reset before it), after a
-// collection: what a cold start costs in memory on top of the plan.
+// collection: what a cold start costs in memory on top of the plan;
+// user-ms/op and sys-ms/op the process's CPU time in it (cpuTime).
 func BenchmarkColdStart(b *testing.B) {
 	gate.Root(b)
 	for _, n := range benchSizes {
@@ -49,6 +51,7 @@ func BenchmarkColdStart(b *testing.B) {
 			plan := benchPlan(n)
 			ctx := context.Background()
 			msgs, txs, peak := 0, 0, int64(0)
+			var user, sys time.Duration
 			for b.Loop() {
 				b.StopTimer()
 				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
@@ -61,11 +64,14 @@ func BenchmarkColdStart(b *testing.B) {
 				p.tables[0] = newTable(famIPv4)
 				runtime.GC()
 				resetPeakRSS(b)
+				u0, s0 := cpuTime(b)
 				b.StartTimer()
 				if err := p.Apply(ctx, plan); err != nil {
 					b.Fatal(err)
 				}
 				b.StopTimer()
+				u1, s1 := cpuTime(b)
+				user, sys = user+u1-u0, sys+s1-s0
 				peak = max(peak, peakRSS(b))
 				msgs, txs = p.LastStats().Messages, p.LastStats().Transactions
 				_ = p.Close()
@@ -74,8 +80,80 @@ func BenchmarkColdStart(b *testing.B) {
 			b.ReportMetric(float64(msgs), "ops/sync")
 			b.ReportMetric(float64(txs), "transactions/sync")
 			b.ReportMetric(float64(peak)/(1<<20), "peakRSS-MiB")
+			b.ReportMetric(float64(user.Microseconds())/1000/float64(b.N), "user-ms/op")
+			b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
 		})
 	}
+}
+
+// BenchmarkRestart: the whole plan over the table an earlier Proxier
+// wrote of it (untimed), by a new Proxier: an agent's restart. With
+// oneTransaction the table is replaced in one transaction (what a
+// restart did before warmStart, and what follows a failed one);
+// otherwise it is rewritten in bounded transactions. peakRSS-MiB as in
+// BenchmarkColdStart.
+func BenchmarkRestart(b *testing.B) {
+	gate.Root(b)
+	for _, n := range benchSizes {
+		for _, one := range []bool{false, true} {
+			b.Run(fmt.Sprintf("services=%d/oneTransaction=%v", n, one), func(b *testing.B) {
+				ns := netns.New(b, "nftbench")
+				plan := benchPlan(n)
+				ctx := context.Background()
+				opts := Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true}
+				first, err := New(opts)
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := first.Apply(ctx, plan); err != nil {
+					b.Fatal(err)
+				}
+				_ = first.Close()
+				msgs, txs, peak := 0, 0, int64(0)
+				var user, sys time.Duration
+				for b.Loop() {
+					b.StopTimer()
+					p, err := New(opts)
+					if err != nil {
+						b.Fatal(err)
+					}
+					p.tables[0].restartFailed = one
+					runtime.GC()
+					resetPeakRSS(b)
+					u0, s0 := cpuTime(b)
+					b.StartTimer()
+					if err := p.Apply(ctx, plan); err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					u1, s1 := cpuTime(b)
+					user, sys = user+u1-u0, sys+s1-s0
+					peak = max(peak, peakRSS(b))
+					msgs, txs = p.LastStats().Messages, p.LastStats().Transactions
+					_ = p.Close()
+					b.StartTimer()
+				}
+				b.ReportMetric(float64(msgs), "ops/sync")
+				b.ReportMetric(float64(txs), "transactions/sync")
+				b.ReportMetric(float64(peak)/(1<<20), "peakRSS-MiB")
+				b.ReportMetric(float64(user.Microseconds())/1000/float64(b.N), "user-ms/op")
+				b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+				b.ReportMetric(float64(user.Microseconds())/1000/float64(b.N), "user-ms/op")
+				b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+			})
+		}
+	}
+}
+
+// cpuTime is the CPU time the process has used, user and system: the
+// kernel commits a transaction in the sending thread, so its work is in
+// it too (sys). Under load it is steadier than the wall clock.
+func cpuTime(b *testing.B) (user, sys time.Duration) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		b.Fatal(err)
+	}
+	return time.Duration(ru.Utime.Nano()), time.Duration(ru.Stime.Nano())
 }
 
 // resetPeakRSS resets the process's peak resident set (VmHWM).
@@ -166,4 +244,21 @@ func heap() int64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return int64(m.HeapAlloc)
+}
+
+// BenchmarkProbe: the kernel probe every start of nftables mode sends
+// (both families; the throwaway table is never committed).
+func BenchmarkProbe(b *testing.B) {
+	gate.Root(b)
+	ns := netns.New(b, "nftbench")
+	p, err := New(Options{MasqueradeBit: 14, IPv6: true, NetNS: int(ns.Handle()), NoConntrack: true, NoSysctls: true})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	for b.Loop() {
+		if err := p.Probe(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
 }

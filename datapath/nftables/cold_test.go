@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"fmt"
 	"math/rand/v2"
 	"net/netip"
 	"strings"
@@ -39,11 +40,13 @@ func TestColdStartInParts(t *testing.T) {
 		if !st.Rebuilt || st.Transactions < 4 {
 			t.Fatalf("step %d: a cold start in parts of 4 messages sent %+v", step, st)
 		}
-		// The reference: a table that exists is replaced in one.
+		// The reference: a table that exists is replaced in one (as
+		// after a failed restart; a restart rewrites it in parts).
 		if _, err := b.Run("nft", "add table ip "+TableName+"; add table ip6 "+TableName); err != nil {
 			t.Fatal(err)
 		}
 		q := newProxier(t, b, o)
+		oneTransaction(q)
 		if err := q.Apply(ctx, plan); err != nil {
 			t.Fatal(err)
 		}
@@ -97,6 +100,7 @@ func TestColdStartInParts(t *testing.T) {
 		t.Fatal(err)
 	}
 	q := newProxier(t, b, o)
+	oneTransaction(q)
 	if err := q.Apply(ctx, good); err != nil {
 		t.Fatal(err)
 	}
@@ -105,9 +109,71 @@ func TestColdStartInParts(t *testing.T) {
 	}
 }
 
+// oneTransaction makes p's first apply over a table the kernel holds
+// replace it in one transaction, as after a failed restart.
+func oneTransaction(p *Proxier) {
+	for _, t := range p.tables {
+		t.restartFailed = true
+	}
+}
+
 // tables lists our tables, the ip one first (a table written again after
 // the other is listed after it by nft list ruleset).
 func tables(t *testing.T, ns *netns.NS) string {
 	t.Helper()
 	return canonical(list(t, ns, "table", "ip", TableName)) + canonical(list(t, ns, "table", "ip6", TableName))
+}
+
+// A transaction the kernel refuses in the middle of a cold start stops
+// it: the one queued behind it (see pipe) is never sent, and the next
+// apply writes the table again.
+func TestColdStartStopsAtFailure(t *testing.T) {
+	kernel(t)
+	ctx := context.Background()
+	o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}}
+	a := netns.New(t, "nftcold")
+	ep := datapath.Endpoint{Addr: netip.MustParseAddrPort("10.244.1.2:8080"), Weight: 1}
+	var fs []datapath.Frontend
+	for i, n := range []string{"aa", "bb", "cc", "dd"} {
+		fs = append(fs, clusterIP(svcName(n, "web", ""), datapath.TCP, fmt.Sprintf("10.96.0.%d", 10+i), 80, ep))
+	}
+	plan := newPlan(1, fs...)
+	p := newProxier(t, a, o)
+	if err := p.Cleanup(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// Batches of 2 messages: one service port a transaction, in order,
+	// after the first (the table). Once aa's is in, an element of bb's
+	// key with another verdict makes bb's transaction fail.
+	p.coldBatch = 2
+	sent := 0
+	p.txDone = func() {
+		if sent++; sent == 1 {
+			if _, err := a.Run("nft", "add element ip "+TableName+" service-ips { 10.96.0.11 . tcp . 80 : goto reject-chain }"); err != nil {
+				t.Error(err)
+			}
+		}
+	}
+	if err := p.Apply(ctx, plan); err == nil {
+		t.Fatal("the cold start succeeded over a clashing element")
+	}
+	got := list(t, a, "table", "ip", TableName)
+	if !strings.Contains(got, "chain svc-aa/web") {
+		t.Fatalf("the transaction before the failure is not in:\n%s", got)
+	}
+	for _, c := range []string{"svc-bb/web", "svc-cc/web", "svc-dd/web"} {
+		if strings.Contains(got, "chain "+c+" ") {
+			t.Fatalf("%s was written after the failure:\n%s", c, got)
+		}
+	}
+	p.txDone = nil
+	if err := p.Apply(ctx, plan); err != nil {
+		t.Fatal(err)
+	}
+	got = list(t, a, "table", "ip", TableName)
+	for _, c := range []string{"svc-aa/web", "svc-bb/web", "svc-cc/web", "svc-dd/web", "hook prerouting"} {
+		if !strings.Contains(got, c) {
+			t.Fatalf("after the apply that followed the failure, %q is missing:\n%s", c, got)
+		}
+	}
 }

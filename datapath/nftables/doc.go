@@ -48,7 +48,9 @@
 // one or two chains and its elements. State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and
-// never reads the table back; the first Apply and the one after a failure
-// replace the tables whole, in one transaction, or in bounded ones when
-// the kernel holds no table of ours (coldStart).
+// never reads the table back; the first Apply writes the tables whole in
+// bounded transactions, from nothing when the kernel holds no table of
+// ours (coldStart), over the one it holds otherwise (warmStart: a restart,
+// Service by Service, after a dump of names and map elements); the one
+// after a failure replaces them in one transaction.
 package nftables

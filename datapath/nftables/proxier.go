@@ -178,7 +178,9 @@ type Proxier struct {
 	opts Options
 	log  *slog.Logger
 	conn *nftables.Conn
-	ct   ConntrackCleaner
+	// connOpts open conn; a pipe opens its own with them.
+	connOpts []nftables.ConnOption
+	ct       ConntrackCleaner
 
 	m *metrics
 
@@ -190,8 +192,12 @@ type Proxier struct {
 	// written (verified false: never, or not since).
 	verified    bool
 	verifiedGen uint32
-	// coldBatch bounds a cold start's transactions (coldBatchMessages).
-	coldBatch int
+	// coldBatch and restartBatch bound the transactions of a cold start
+	// and of a restart (coldBatchMessages, restartBatchMessages).
+	coldBatch, restartBatch int
+	// txDone, when set (tests), is called after each transaction of a
+	// cold start or a restart but the first.
+	txDone func()
 	// nodeIPs are the last applied plan's NodeIPs, for Unchanged.
 	nodeIPs []netip.Addr
 
@@ -210,7 +216,8 @@ type Stats struct {
 	Units    int  `json:"units"`    // service ports compared (in the family with most)
 	Messages int  `json:"messages"` // operations in the transactions (one per chain, rule, set's element list)
 	// Transactions is how many nf_tables transactions the apply sent: one,
-	// or more for a cold start sent in bounded parts (see coldChunks).
+	// or more for a cold start or a restart sent in bounded parts
+	// (coldStart, warmStart).
 	Transactions int           `json:"transactions"`
 	Duration     time.Duration `json:"duration"` // from the start of Apply to the kernel's answer
 	At           time.Time     `json:"at"`       // when it ended
@@ -281,6 +288,9 @@ type table struct {
 	// half-way left (no base chain, see coldStart): the next apply writes
 	// it as a cold start again.
 	partial bool
+	// restartFailed: a restart's rewrite in bounded transactions
+	// (warmStart) failed: the next one replaces the table in one.
+	restartFailed bool
 }
 
 // chainCount is the number of chains in the table as last written.
@@ -289,8 +299,8 @@ func (t *table) chainCount(o *Options) int {
 }
 
 // New returns a Proxier. It writes nothing until the first Apply, which
-// replaces whatever table of our name exists with the whole plan in one
-// transaction.
+// writes the whole plan in bounded transactions: from nothing (coldStart),
+// or over the table of our name the kernel holds (warmStart).
 func New(o Options) (*Proxier, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
@@ -318,7 +328,7 @@ func New(o Options) (*Proxier, error) {
 		_ = c.CloseLasting()
 		return nil, err
 	}
-	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, m: m, coldBatch: coldBatchMessages}
+	p := &Proxier{opts: o, log: o.Logger.With("datapath", "nftables"), conn: c, connOpts: opts, m: m, coldBatch: coldBatchMessages, restartBatch: restartBatchMessages}
 	switch {
 	case o.NoConntrack:
 	case o.Conntrack != nil:
@@ -415,8 +425,11 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	}
 	b := &batch{c: p.conn}
 	var pend []*pending
-	// rest: the transactions of a table's cold start after the first.
-	rest := make([]func(*nftables.Conn, func() error) (int, int, error), len(p.tables))
+	// rest: the transactions of a table's cold start or restart after
+	// the first, sent through a pipe.
+	rest := make([]func(*pipe) (int, error), len(p.tables))
+	// warm: the table's rest is a restart's (warmStart).
+	warm := make([]bool, len(p.tables))
 	st := Stats{}
 	for i, t := range p.tables {
 		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
@@ -430,22 +443,31 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
-		cold := false
+		cold, held := false, false
 		if rebuild {
 			st.Rebuilt = true
 			// A table that holds nothing in use is written in bounded
-			// transactions; one that serves traffic is replaced in one.
+			// transactions; so is one that serves traffic when this
+			// process has not written it yet (a restart), Service by
+			// Service; any other is replaced in one.
 			if cold = t.partial; !cold {
-				held, err := p.holds(t)
-				if err != nil {
+				if held, err = p.holds(t); err != nil {
 					return err
 				}
 				cold = !held
 			}
 		}
+		restart := held && !t.written && !t.restartFailed
+		warm[i] = restart
 		switch {
 		case cold:
 			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
+		case restart:
+			pr, err := p.dump(t)
+			if err != nil {
+				return err
+			}
+			pd, rest[i] = t.warmStart(b, &p.opts, p.restartBatch, groups, ips, pr)
 		case rebuild:
 			pd, err = t.rebuild(b, &p.opts, groups, ips)
 		default:
@@ -468,25 +490,44 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		st.Transactions = 1
 	}
 	if err := p.flush(); err != nil {
-		for _, t := range p.tables {
+		for i, t := range p.tables {
 			t.needFull = true
+			t.restartFailed = t.restartFailed || warm[i]
 		}
 		p.m.failures.Inc()
 		return fmt.Errorf("nftables: apply plan %d: %w", plan.Generation, err)
 	}
 	var coldErr error
+	var pp *pipe
 	for i, t := range p.tables {
 		if rest[i] == nil {
 			continue
 		}
-		msgs, txs, err := rest[i](p.conn, p.flush)
-		st.Messages, st.Transactions = st.Messages+msgs, st.Transactions+txs
-		t.partial = err != nil
+		var msgs int
+		var err error
+		switch {
+		case pp == nil:
+			if pp, err = p.newPipe(); err != nil {
+				break
+			}
+			fallthrough
+		case pp.err == nil:
+			msgs, err = rest[i](pp)
+		default:
+			err = fmt.Errorf("nftables: the %s table's transactions were not sent after an earlier failure", t.f.name)
+		}
+		st.Messages += msgs
+		t.partial = err != nil && !warm[i]
+		t.restartFailed = err != nil && warm[i]
 		if err != nil {
 			t.needFull = true
 			pend[i] = nil
 			coldErr = errors.Join(coldErr, err)
 		}
+	}
+	if pp != nil {
+		pp.close()
+		st.Transactions += pp.txs
 	}
 	if coldErr != nil {
 		for i, t := range p.tables {
@@ -608,14 +649,19 @@ func interfaceAddrs() ([]netip.Addr, error) {
 // ruleset generation: moved by exactly one since before the send, the
 // transaction committed (counted in MetricOverruns); otherwise the error
 // stands, and the next apply rewrites the tables.
-func (p *Proxier) flush() error {
-	before, gerr := p.conn.GetGen()
-	p.sent += queuedBytes(p.conn)
-	err := p.conn.Flush()
+func (p *Proxier) flush() error { return p.flushOn(p.conn) }
+
+// flushOn is flush on connection c (p.conn, or a pipe's). It counts
+// the bytes sent (a pipe's goroutine adds to p.sent while Apply waits
+// for it).
+func (p *Proxier) flushOn(c *nftables.Conn) error {
+	before, gerr := c.GetGen()
+	p.sent += queuedBytes(c)
+	err := c.Flush()
 	if err == nil || gerr != nil || !errors.Is(err, unix.ENOBUFS) {
 		return err
 	}
-	after, aerr := p.conn.GetGen()
+	after, aerr := c.GetGen()
 	if aerr != nil || after.ID != before.ID+1 {
 		return err
 	}

@@ -153,7 +153,8 @@ func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
 // rebuild replaces the table with one holding the fixed objects and every
 // unit of groups: "add table; delete table; add table" in one
 // transaction, so the delete never fails and no packet sees the table
-// missing.
+// missing. Its memory grows with the table (a restart uses warmStart);
+// it follows a failed apply, or a reload that changes every rule.
 func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (*pending, error) {
 	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs}
 	for s, fs := range groups {

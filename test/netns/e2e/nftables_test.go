@@ -170,7 +170,8 @@ func TestNFTablesAgent(t *testing.T) {
 }
 
 // A live switch between edgeproxy's modes, as a user does it (stop, edit
-// the config's mode, start), iptables → nftables → iptables, under
+// the config's mode, start), iptables → nftables → (a restart) nftables
+// → iptables, under
 // switchload's stream of new connections to one Service and established
 // flows to another; one endpoint of the streamed Service is deleted while
 // no proxy runs. Per direction: 0 new connections failed and 0 to the
@@ -228,7 +229,9 @@ func TestNFTablesSwitch(t *testing.T) {
 	var report []string
 	srcPorts := switchload.NewSourcePorts(podPort, heldPort)
 	prev := "iptables"
-	for _, next := range []string{"nftables", "iptables"} {
+	// nftables → nftables is a restart over the table in the kernel
+	// (rewritten in bounded transactions, Service by Service).
+	for _, next := range []string{"nftables", "nftables", "iptables"} {
 		what := fmt.Sprintf("edgeproxy %s → %s", prev, next)
 		sw := switchload.Start(t, client, srcPorts, switchWebVIP, switchSteadyVIP, heldPort)
 		sw.WaitNew(20)
