@@ -184,6 +184,8 @@ func heap() int64 {
 //   - swap: one dispatch element deleted and added again with another chain;
 //   - new-swap: a new chain with ten rules and the swap in one transaction;
 //   - del-chain: an unreferenced chain with ten rules deleted;
+//   - del-vmap-elem: one dispatch element deleted;
+//   - flush: the Service chain's ten rules deleted;
 //   - floor-shard: the floor in a second table of n/16 Services (the
 //     kernel validates only the tables a transaction changed);
 //   - getgen: one ruleset generation request (a round trip).
@@ -284,6 +286,21 @@ func BenchmarkUpdateParts(b *testing.B) {
 			part("new-swap", nil, func() { addChain("other"); dispatch(true, svc.name); dispatch(false, "other") },
 				func() { dispatch(true, "other"); dispatch(false, svc.name); delChain("other")() })
 			part("del-chain", func() { addChain("gone") }, delChain("gone"), nil)
+			spare := func(del bool) {
+				k := keyAddrProtoPort(netip.MustParseAddr("10.97.0.1"), datapath.TCP, 80)
+				e := []nftables.SetElement{{Key: []byte(k), VerdictData: verdict(expr.VerdictGoto, svc.name)}}
+				if del {
+					_ = c.SetDeleteElements(ob.sets[mapServiceIPs], e)
+				} else {
+					_ = c.SetAddElements(ob.sets[mapServiceIPs], e)
+				}
+			}
+			part("del-vmap-elem", func() { spare(false) }, func() { spare(true) }, nil)
+			part("flush", nil, func() { c.FlushChain(&nftables.Chain{Name: svc.name, Table: ob.t}) }, func() {
+				for _, r := range svc.rules {
+					c.AddRule(&nftables.Rule{Table: ob.t, Chain: &nftables.Chain{Name: svc.name, Table: ob.t}, Exprs: r.exprs})
+				}
+			})
 			// A second table holding n/16 Services as ours does (nat
 			// prerouting and output, the dispatch map, their chains):
 			// the floor of a change in it, while ours holds n.
