@@ -458,3 +458,33 @@ func BenchmarkUpdateParts(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkCompare: the sync.period compare of a table holding n
+// Services when nothing changed (plan.Full with the plan last applied):
+// what it costs the agent, since it sends nothing.
+func BenchmarkCompare(b *testing.B) {
+	gate.Root(b)
+	for _, n := range benchSizes {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := netns.New(b, "nftbench")
+			plan := benchPlan(n)
+			p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			defer p.Close()
+			ctx := context.Background()
+			if err := p.Apply(ctx, plan); err != nil {
+				b.Fatal(err)
+			}
+			for b.Loop() {
+				if err := p.Apply(ctx, plan); err != nil {
+					b.Fatal(err)
+				}
+			}
+			if st := p.LastStats(); st.Rebuilt || st.Messages != 0 {
+				b.Fatalf("the compare wrote: %+v", st)
+			}
+		})
+	}
+}

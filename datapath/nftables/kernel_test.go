@@ -486,8 +486,28 @@ func TestPartialSync(t *testing.T) {
 	if err := w.p.Apply(ctx, &full); err != nil {
 		t.Fatal(err)
 	}
-	if st := w.p.LastStats(); st.Rebuilt || st.Messages != 0 {
-		t.Fatalf("full compare of the same plan: %+v, want nothing sent", st)
+	if st := w.p.LastStats(); st.Rebuilt || st.Messages != 0 || st.Units != 0 {
+		t.Fatalf("full compare of the same plan: %+v, want nothing built or sent", st)
+	}
+
+	// A compare finds the change the partial syncs missed (web back on
+	// pod0 and pod1, named in no plan.Changed), and builds only its port.
+	missed := *p
+	missed.Generation, missed.Frontends = 4, slices.Clone(p.Frontends)
+	for i := range missed.Frontends {
+		if f := &missed.Frontends[i]; f.Service == w.web {
+			f.Endpoints = w.eps(0, 1)
+		}
+	}
+	missed.Full, missed.Changed = true, nil
+	if err := w.p.Apply(ctx, &missed); err != nil {
+		t.Fatal(err)
+	}
+	if st := w.p.LastStats(); st.Rebuilt || st.Units != 1 || st.Messages == 0 {
+		t.Fatalf("compare with one missed change: %+v, want one unit built and written", st)
+	}
+	if seen := reach(t, 20, pod3.NS, "10.96.0.10:80", false, pod3.IP); len(seen) != 2 {
+		t.Fatalf("after the compare answered by %v, want both endpoints", seen)
 	}
 
 	// A failed apply (the table deleted by hand under a partial sync)

@@ -213,7 +213,7 @@ var _ datapath.Backend = (*Proxier)(nil)
 // Stats describe the last successful Apply.
 type Stats struct {
 	Rebuilt  bool `json:"rebuilt"`  // the tables were written from scratch
-	Units    int  `json:"units"`    // service ports compared (in the family with most)
+	Units    int  `json:"units"`    // service ports built and compared (in the family with most; a compare leaves out those whose frontends did not change)
 	Messages int  `json:"messages"` // operations in the transactions (one per chain, rule, set's element list)
 	// Transactions is how many nf_tables transactions the apply sent: one,
 	// or more for a cold start or a restart sent in bounded parts

@@ -218,7 +218,9 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // chains to rewrite flushed, then chains that go deleted (an external
 // chain before the service chain it jumps to), new chains created, the
 // rules of new and rewritten chains added, and new elements added last:
-// nothing ever points at a missing chain.
+// nothing ever points at a missing chain. With plan.Full, a service port
+// whose frontends are those its unit was built from (inputHash) is not
+// built again.
 func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
 	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}, npIPs: npIPs}
 	scope := map[datapath.ServicePortName]bool{}
@@ -234,7 +236,6 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			scope[s] = true
 		}
 	}
-	pd.n = len(scope)
 	ob := newObjects(t.f)
 	del, add := map[elemKey]target{}, map[elemKey]target{}
 	var delChains, addChains, rewrite []chainSpec
@@ -243,11 +244,14 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		old := t.units[s]
 		if old == nil {
 			old = &unit{}
+		} else if plan.Full && old.input == inputHash(groups[s]) {
+			continue // built from the same frontends: the same unit (inputHash)
 		}
 		nu, err := buildUnit(t.f, o, groups[s])
 		if err != nil {
 			return nil, err
 		}
+		pd.n++
 		oldElems := old.elemMap()
 		if len(nu.chains) == 0 && len(nu.elems) == 0 {
 			if len(old.chains) > 0 || len(oldElems) > 0 {

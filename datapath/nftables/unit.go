@@ -164,6 +164,7 @@ type unit struct {
 	list    []elemEntry        // summaries
 	counted []elemKey          // sorted
 	affSets []string           // its per-endpoint affinity sets, sorted
+	input   uint64             // inputHash of the frontends it was built from
 }
 
 type elemEntry struct {
@@ -173,7 +174,7 @@ type elemEntry struct {
 
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets, input: u.input}
 	for i, c := range u.chains {
 		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
 	}
@@ -220,7 +221,7 @@ func keyHairpin(a netip.Addr) string { return string(append(a.AsSlice(), a.AsSli
 // so the names never collide). External frontends go through an "ext-"
 // chain, one per distinct behaviour, named the same way.
 func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
-	u := &unit{elems: map[elemKey]target{}}
+	u := &unit{elems: map[elemKey]target{}, input: inputHash(fs)}
 	if len(fs) == 0 {
 		return u, nil
 	}
