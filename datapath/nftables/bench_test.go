@@ -53,8 +53,7 @@ func BenchmarkColdStart(b *testing.B) {
 			ns := netns.New(b, "nftbench")
 			plan := benchPlan(n)
 			ctx := context.Background()
-			msgs, txs, peak := 0, 0, int64(0)
-			var user, sys time.Duration
+			var cost applyCost
 			for b.Loop() {
 				b.StopTimer()
 				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
@@ -65,26 +64,10 @@ func BenchmarkColdStart(b *testing.B) {
 					b.Fatal(err)
 				}
 				p.tables[0] = newTable(famIPv4)
-				runtime.GC()
-				resetPeakRSS(b)
-				u0, s0 := cpuTime(b)
-				b.StartTimer()
-				if err := p.Apply(ctx, plan); err != nil {
-					b.Fatal(err)
-				}
-				b.StopTimer()
-				u1, s1 := cpuTime(b)
-				user, sys = user+u1-u0, sys+s1-s0
-				peak = max(peak, peakRSS(b))
-				msgs, txs = p.LastStats().Messages, p.LastStats().Transactions
-				_ = p.Close()
+				cost.apply(ctx, b, p, plan)
 				b.StartTimer()
 			}
-			b.ReportMetric(float64(msgs), "ops/sync")
-			b.ReportMetric(float64(txs), "transactions/sync")
-			b.ReportMetric(float64(peak)/(1<<20), "peakRSS-MiB")
-			b.ReportMetric(float64(user.Microseconds())/1000/float64(b.N), "user-ms/op")
-			b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+			cost.report(b)
 		})
 	}
 }
@@ -112,8 +95,7 @@ func BenchmarkRestart(b *testing.B) {
 					b.Fatal(err)
 				}
 				_ = first.Close()
-				msgs, txs, peak := 0, 0, int64(0)
-				var user, sys time.Duration
+				var cost applyCost
 				for b.Loop() {
 					b.StopTimer()
 					p, err := New(opts)
@@ -121,31 +103,48 @@ func BenchmarkRestart(b *testing.B) {
 						b.Fatal(err)
 					}
 					p.tables[0].restartFailed = one
-					runtime.GC()
-					resetPeakRSS(b)
-					u0, s0 := cpuTime(b)
-					b.StartTimer()
-					if err := p.Apply(ctx, plan); err != nil {
-						b.Fatal(err)
-					}
-					b.StopTimer()
-					u1, s1 := cpuTime(b)
-					user, sys = user+u1-u0, sys+s1-s0
-					peak = max(peak, peakRSS(b))
-					msgs, txs = p.LastStats().Messages, p.LastStats().Transactions
-					_ = p.Close()
+					cost.apply(ctx, b, p, plan)
 					b.StartTimer()
 				}
-				b.ReportMetric(float64(msgs), "ops/sync")
-				b.ReportMetric(float64(txs), "transactions/sync")
-				b.ReportMetric(float64(peak)/(1<<20), "peakRSS-MiB")
-				b.ReportMetric(float64(user.Microseconds())/1000/float64(b.N), "user-ms/op")
-				b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
-				b.ReportMetric(float64(user.Microseconds())/1000/float64(b.N), "user-ms/op")
-				b.ReportMetric(float64(sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
+				cost.report(b)
 			})
 		}
 	}
+}
+
+// applyCost sums up the timed applies of a cold start or restart
+// benchmark.
+type applyCost struct {
+	msgs, txs int
+	peak      int64
+	user, sys time.Duration
+}
+
+// apply times p.Apply(plan) (the timer is stopped when it is called and
+// when it returns), its CPU time and peak resident set after a
+// collection, then closes p.
+func (c *applyCost) apply(ctx context.Context, b *testing.B, p *Proxier, plan *datapath.Plan) {
+	runtime.GC()
+	resetPeakRSS(b)
+	u0, s0 := cpuTime(b)
+	b.StartTimer()
+	if err := p.Apply(ctx, plan); err != nil {
+		b.Fatal(err)
+	}
+	b.StopTimer()
+	u1, s1 := cpuTime(b)
+	c.user, c.sys = c.user+u1-u0, c.sys+s1-s0
+	c.peak = max(c.peak, peakRSS(b))
+	c.msgs, c.txs = p.LastStats().Messages, p.LastStats().Transactions
+	_ = p.Close()
+}
+
+func (c *applyCost) report(b *testing.B) {
+	b.ReportMetric(float64(c.msgs), "ops/sync")
+	b.ReportMetric(float64(c.txs), "transactions/sync")
+	b.ReportMetric(float64(c.peak)/(1<<20), "peakRSS-MiB")
+	b.ReportMetric(float64(c.user.Microseconds())/1000/float64(b.N), "user-ms/op")
+	b.ReportMetric(float64(c.sys.Microseconds())/1000/float64(b.N), "sys-ms/op")
 }
 
 // cpuTime is the CPU time the process has used, user and system: the
