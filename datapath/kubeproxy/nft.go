@@ -7,21 +7,20 @@ import (
 	"syscall"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeproxy/edgeproxy/datapath/nfgen"
 )
 
-// kube-proxy's nftables tables are found and deleted over nf_tables'
-// netlink interface, in the calling thread's network namespace, so that
+// kube-proxy's nftables tables are found (nfgen.Table) and deleted over
+// nf_tables' netlink interface, in the calling thread's network namespace, so that
 // no nft program is needed (an edgeproxy image may well lack it).
 
 const (
 	subsysNFTables = 10 // NFNL_SUBSYS_NFTABLES
-	msgNewTable    = 0  // NFT_MSG_NEWTABLE (the answer to GETTABLE)
-	msgGetTable    = 1  // NFT_MSG_GETTABLE
 	msgDelTable    = 2  // NFT_MSG_DELTABLE
 	msgBatchBegin  = 0x10
 	msgBatchEnd    = 0x11
 	attrTableName  = 1 // NFTA_TABLE_NAME
-	attrTableUse   = 3 // NFTA_TABLE_USE: the table's chains, sets, objects
 )
 
 // nftTableName is the table kube-proxy's nftables mode uses in each family.
@@ -39,7 +38,7 @@ func nftTables(remove bool) (Report, error) {
 	var rep Report
 	var errs []error
 	for _, f := range nftFamilies {
-		use, ok, err := nftGetTable(f.family, nftTableName)
+		use, ok, err := nfgen.Table(f.family, nftTableName)
 		if err != nil {
 			errs = append(errs, err)
 			continue
@@ -99,56 +98,6 @@ func nameAttr(name string) []byte {
 		b = append(b, 0)
 	}
 	return b
-}
-
-// nftGetTable asks for table name of family: whether it exists and its
-// use count.
-func nftGetTable(family uint8, name string) (use uint32, ok bool, err error) {
-	fd, err := nftSocket()
-	if err != nil {
-		return 0, false, err
-	}
-	defer unix.Close(fd)
-	const seq = 1
-	req := nlmsg(nil, subsysNFTables<<8|msgGetTable, unix.NLM_F_REQUEST, seq, family, 0, nameAttr(name))
-	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
-		return 0, false, fmt.Errorf("kubeproxy: NFT_MSG_GETTABLE: %w", err)
-	}
-	var buf [4096]byte
-	n, _, err := unix.Recvfrom(fd, buf[:], 0)
-	if err != nil {
-		return 0, false, fmt.Errorf("kubeproxy: NFT_MSG_GETTABLE answer: %w", err)
-	}
-	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
-	if err != nil {
-		return 0, false, fmt.Errorf("kubeproxy: NFT_MSG_GETTABLE answer: %w", err)
-	}
-	for _, m := range msgs {
-		switch {
-		case m.Header.Seq != seq:
-		case m.Header.Type == unix.NLMSG_ERROR:
-			errno := nlError(m.Data)
-			if errno == unix.ENOENT {
-				return 0, false, nil
-			}
-			return 0, false, fmt.Errorf("kubeproxy: NFT_MSG_GETTABLE %s: %w", name, errno)
-		case m.Header.Type == subsysNFTables<<8|msgNewTable && len(m.Data) >= 4:
-			attrs := m.Data[4:]
-			for len(attrs) >= 4 {
-				l := int(binary.NativeEndian.Uint16(attrs))
-				typ := binary.NativeEndian.Uint16(attrs[2:]) & 0x3fff
-				if l < 4 || l > len(attrs) {
-					break
-				}
-				if typ == attrTableUse && l >= 8 {
-					use = binary.BigEndian.Uint32(attrs[4:])
-				}
-				attrs = attrs[min((l+3)&^3, len(attrs)):]
-			}
-			return use, true, nil
-		}
-	}
-	return 0, false, errors.New("kubeproxy: NFT_MSG_GETTABLE: no answer")
 }
 
 // nftDeleteTable deletes table name of family in one nf_tables

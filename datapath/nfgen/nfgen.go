@@ -30,39 +30,51 @@ const (
 // with epoll and starts a goroutine's worth of bookkeeping, which was most
 // of what a quiet agent's tamper check cost).
 func Current() (uint32, error) {
-	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
-	if err != nil {
-		return 0, fmt.Errorf("nfgen: nf_tables netlink: %w", err)
-	}
-	defer unix.Close(fd)
-	// Bounded, should the answer ever not come.
-	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 1}); err != nil {
-		return 0, fmt.Errorf("nfgen: nf_tables netlink: %w", err)
-	}
 	const seq = 1
 	var req [unix.NLMSG_HDRLEN + 4]byte // nlmsghdr, then nfgenmsg (AF_UNSPEC, version 0, resource 0)
 	binary.NativeEndian.PutUint32(req[0:], uint32(len(req)))
 	binary.NativeEndian.PutUint16(req[4:], subsysNFTables<<8|msgGetGen)
 	binary.NativeEndian.PutUint16(req[6:], unix.NLM_F_REQUEST)
 	binary.NativeEndian.PutUint32(req[8:], seq)
-	if err := unix.Sendto(fd, req[:], 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+	var buf [512]byte // the answer is a few dozen bytes
+	msgs, err := ask(req[:], buf[:])
+	if err != nil {
 		return 0, fmt.Errorf("nfgen: NFT_MSG_GETGEN: %w", err)
 	}
-	var buf [512]byte // the answer is a few dozen bytes
-	n, _, err := unix.Recvfrom(fd, buf[:], 0)
+	return answer(msgs, seq)
+}
+
+// ask sends one request on a NETLINK_NETFILTER socket of its own, in the
+// calling thread's network namespace, and returns the messages of the one
+// datagram that answers it, read into buf. The socket never meets the
+// runtime's poller, and its read is bounded (1 s), should the answer
+// never come.
+func ask(req, buf []byte) ([]syscall.NetlinkMessage, error) {
+	fd, err := unix.Socket(unix.AF_NETLINK, unix.SOCK_RAW|unix.SOCK_CLOEXEC, unix.NETLINK_NETFILTER)
 	if err != nil {
-		return 0, fmt.Errorf("nfgen: NFT_MSG_GETGEN answer: %w", err)
+		return nil, fmt.Errorf("nf_tables netlink: %w", err)
 	}
-	return answer(buf[:n], seq)
+	defer unix.Close(fd)
+	if err := unix.SetsockoptTimeval(fd, unix.SOL_SOCKET, unix.SO_RCVTIMEO, &unix.Timeval{Sec: 1}); err != nil {
+		return nil, fmt.Errorf("nf_tables netlink: %w", err)
+	}
+	if err := unix.Sendto(fd, req, 0, &unix.SockaddrNetlink{Family: unix.AF_NETLINK}); err != nil {
+		return nil, err
+	}
+	n, _, err := unix.Recvfrom(fd, buf, 0)
+	if err != nil {
+		return nil, fmt.Errorf("answer: %w", err)
+	}
+	msgs, err := syscall.ParseNetlinkMessage(buf[:n])
+	if err != nil {
+		return nil, fmt.Errorf("answer: %w", err)
+	}
+	return msgs, nil
 }
 
 // answer reads the generation from the messages of a NFT_MSG_GETGEN reply
 // to request seq: a netlink error, or a generation message.
-func answer(b []byte, seq uint32) (uint32, error) {
-	msgs, err := syscall.ParseNetlinkMessage(b)
-	if err != nil {
-		return 0, fmt.Errorf("nfgen: NFT_MSG_GETGEN answer: %w", err)
-	}
+func answer(msgs []syscall.NetlinkMessage, seq uint32) (uint32, error) {
 	for _, m := range msgs {
 		if m.Header.Seq != seq {
 			continue

@@ -63,7 +63,7 @@ var rules = []rule{
 		may: join([]string{"datapath", "datapath/...", prometheus}, kernel)},
 	{pkgs: []string{"datapath/nftables"}, may: []string{"datapath", "datapath/conntrack", "datapath/nfgen", "datapath/sysctl", "github.com/google/nftables/...", prometheus, unix}},
 	{pkgs: []string{"datapath/nfgen"}, may: []string{"github.com/mdlayher/netlink/...", unix}},
-	{pkgs: []string{"datapath/kubeproxy"}, may: join([]string{"datapath", "datapath/xtables", "datapath/ipvs", "datapath/ipset"}, kernel)},
+	{pkgs: []string{"datapath/kubeproxy"}, may: join([]string{"datapath", "datapath/xtables", "datapath/ipvs", "datapath/ipset", "datapath/nfgen"}, kernel)},
 	{pkgs: []string{"datapath/xtables"}, may: []string{"datapath"}},
 	{pkgs: []string{"internal/testkit/..."}, may: []string{"internal/testkit/...",
 		"github.com/vishvananda/netlink/...", "github.com/vishvananda/netns", unix}},
