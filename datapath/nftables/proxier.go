@@ -84,6 +84,9 @@ type Options struct {
 
 	// nodePods are the plan's pod ranges (NodePodCIDRs), one per family.
 	nodePods []netip.Prefix
+	// shards replaces Shards (tests and benchmarks: 1 is the layout of
+	// one service table).
+	shards int
 	// sockOpts replace google/nftables' sizing of the socket's buffers
 	// (tests: a receive buffer too small for a transaction's answers).
 	sockOpts []nftables.SockOption
@@ -463,7 +466,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		case cold:
 			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
 		case restart:
-			pr, err := p.dump(t)
+			pr, err := p.dump(t, p.opts.shardCount())
 			if err != nil {
 				return err
 			}

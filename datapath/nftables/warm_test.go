@@ -139,7 +139,7 @@ func TestRestartFailure(t *testing.T) {
 	if err := q.Apply(ctx, bad); err == nil {
 		t.Fatal("a chain name over 256 bytes was written")
 	}
-	half := list(t, a, "table", "ip", TableName)
+	half := listOurs(t, a, "ip")
 	for _, want := range []string{"type nat hook prerouting", "10.96.0.10 . tcp . 80 : goto svc-aa/web", "10.96.0.11 . tcp . 80 : goto svc-bb/web", "10.244.1.3:8080"} {
 		if !strings.Contains(half, want) {
 			t.Fatalf("after a failed restart, the table lacks %q:\n%s", want, half)
