@@ -18,7 +18,7 @@ import (
 // none of our tables, and no conntrack), the node sends UDP datagrams,
 // each to a new destination port (a new conntrack entry: a socket of its
 // own per batch of 1,000, so a new source port too), of an address that
-// is no Service's (a dummy interface's network): each one goes through
+// is no Service's (a veth's network, its neighbour static): each one goes through
 // the nat output hooks of every service table, one dispatch lookup and
 // one node-port rule (fib) each, the worst case (a Service's packet
 // stops at its table's DNAT). ns-per-packet is the median of sendto's
@@ -32,10 +32,11 @@ func BenchmarkFirstPacket(b *testing.B) {
 			ns := netns.New(b, "nftfirst")
 			for _, c := range [][]string{
 				{"ip", "link", "set", "lo", "up"},
-				{"ip", "link", "add", "d0", "type", "dummy"},
-				{"ip", "link", "set", "d0", "up"},
-				{"ip", "addr", "add", "198.51.100.1/24", "dev", "d0"},
-				{"ip", "route", "add", "10.96.0.0/16", "dev", "d0"},
+				{"ip", "link", "add", "v0", "type", "veth", "peer", "name", "v1"},
+				{"ip", "link", "set", "v0", "up"},
+				{"ip", "link", "set", "v1", "up"},
+				{"ip", "addr", "add", "198.51.100.1/24", "dev", "v0"},
+				{"ip", "neigh", "add", "198.51.100.2", "lladdr", "02:00:00:00:00:02", "dev", "v0"},
 			} {
 				if out, err := ns.Run(c[0], c[1:]...); err != nil {
 					b.Fatalf("%v: %v %s", c, err, out)

@@ -243,10 +243,13 @@ type Status struct {
 
 // TableStatus is one family's table as last written.
 type TableStatus struct {
-	Family       string `json:"family"` // "ip" or "ip6"
-	Written      bool   `json:"written"`
-	Chains       int    `json:"chains"`
-	ServicePorts int    `json:"servicePorts"`
+	Family  string `json:"family"` // "ip" or "ip6"
+	Written bool   `json:"written"`
+	// Tables is how many tables the family has: the main one and the
+	// service tables.
+	Tables       int `json:"tables"`
+	Chains       int `json:"chains"` // in all of them
+	ServicePorts int `json:"servicePorts"`
 }
 
 // Status returns the datapath's status.
@@ -255,7 +258,7 @@ func (p *Proxier) Status() Status {
 	defer p.mu.Unlock()
 	st := Status{LastApply: p.stats}
 	for _, t := range p.tables {
-		ts := TableStatus{Family: t.f.name, Written: t.written}
+		ts := TableStatus{Family: t.f.name, Written: t.written, Tables: 1 + p.opts.shardCount()}
 		if t.written {
 			ts.Chains, ts.ServicePorts = t.chainCount(&p.opts), len(t.units)
 		}
