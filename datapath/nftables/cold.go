@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/google/nftables"
-
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -35,13 +33,24 @@ const coldBatchMessages = 4096
 const restartBatchMessages = 8192
 
 // holds reports whether the kernel has a table of ours in t's family, the
-// main one or a service table (a dump of table names only).
-func (p *Proxier) holds(t *table) (bool, error) {
+// main one or a service table, and names those of ours that the layout
+// has not (service tables of another number: a rebuild deletes them) (a
+// dump of table names only).
+func (p *Proxier) holds(t *table) (held bool, other []string, err error) {
 	tables, err := p.conn.ListTablesOfFamily(t.f.tf)
 	if err != nil {
-		return false, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+		return false, nil, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
 	}
-	return slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return Ours(tb.Name) }), nil
+	for _, tb := range tables {
+		if !Ours(tb.Name) {
+			continue
+		}
+		held = true
+		if _, ok := tabIndex(tb.Name, p.opts.shardCount()); !ok {
+			other = append(other, tb.Name)
+		}
+	}
+	return held, other, nil
 }
 
 // coldStart writes a table that holds nothing in use — none in the kernel

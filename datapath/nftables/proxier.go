@@ -449,6 +449,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
+		var other []string // tables of ours the layout has not
 		cold, held := false, false
 		if rebuild {
 			st.Rebuilt = true
@@ -457,25 +458,33 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			// process has not written it yet (a restart), Service by
 			// Service; any other is replaced in one.
 			if cold = t.partial; !cold {
-				if held, err = p.holds(t); err != nil {
+				if held, other, err = p.holds(t); err != nil {
 					return err
 				}
 				cold = !held
 			}
 		}
 		restart := held && !t.written && !t.restartFailed
+		var pr *present
+		if restart {
+			if pr, err = p.dump(t, p.opts.shardCount()); err != nil {
+				return err
+			}
+			// The main table of the layout before the service tables
+			// (its own dispatch maps, their elements naming its
+			// Service chains) is replaced in one transaction: a
+			// restart's steps would delete those chains before the
+			// elements pointing at them.
+			restart = !pr.sets[objRef{0, mapServiceIPs}] && !pr.sets[objRef{0, mapNodePorts}]
+		}
 		warm[i] = restart
 		switch {
 		case cold:
 			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
 		case restart:
-			pr, err := p.dump(t, p.opts.shardCount())
-			if err != nil {
-				return err
-			}
 			pd, rest[i] = t.warmStart(b, &p.opts, p.restartBatch, groups, ips, pr)
 		case rebuild:
-			pd, err = t.rebuild(b, &p.opts, groups, ips)
+			pd, err = t.rebuild(b, &p.opts, groups, ips, other)
 		default:
 			pd, err = t.update(b, &p.opts, groups, plan, ips)
 		}

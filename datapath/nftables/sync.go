@@ -196,7 +196,10 @@ func npKeys(a netip.Addr, k int) []elemKey {
 // transaction, so the delete never fails and no packet sees the table
 // missing. Its memory grows with the table (a restart uses warmStart);
 // it follows a failed apply, or a reload that changes every rule.
-func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (*pending, error) {
+//
+// other names tables of ours that the layout has not (service tables of
+// another number): deleted in the same transaction.
+func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, other []string) (*pending, error) {
 	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs}
 	for s, fs := range groups {
 		u, err := buildUnit(t.f, o, fs)
@@ -210,6 +213,10 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 	}
 	pd.n = len(groups)
 	k := o.shardCount()
+	for _, n := range other {
+		tb := &nftables.Table{Family: t.f.tf, Name: n}
+		b.add(func() { b.c.DelTable(tb) })
+	}
 	ob := t.replaceTable(b, k)
 	// Rules look sets up by name, those of this transaction too.
 	fixed := t.f.fixedChains(o, npIPs != nil)
