@@ -18,13 +18,14 @@ import (
 // ("edgeproxy-svc-0" … "edgeproxy-svc-15"): a one-Service change then
 // makes the kernel validate one small table instead of all of them (see
 // RATIONALE.md). Every table of ours is named TableName or starts with
-// TableName + "-" (Ours); Cleanup removes exactly those.
+// ShardPrefix (Ours); Cleanup removes exactly those.
 const TableName = "edgeproxy"
 
 // ShardPrefix starts the name of each service table.
 const ShardPrefix = TableName + "-svc-"
 
-// Shards is the number of service tables per family. At 10k Services
+// Shards is the number of service tables per family (at most 254: a
+// table's number is a uint8, 0 the main one). At 10k Services
 // the kernel's validation of one change, once per table it touched,
 // falls from 54–64 ms (one table) to about 1/K of it; each shard adds a
 // dispatch lookup to the first packet of a connection that is no
