@@ -280,182 +280,141 @@ func BenchmarkProbe(b *testing.B) {
 //   - del-chain: an unreferenced chain with ten rules deleted;
 //   - del-vmap-elem: one dispatch element deleted;
 //   - flush: the Service chain's ten rules deleted;
-//   - floor-shard: the floor in a second table of n/16 Services (the
-//     kernel validates only the tables a transaction changed);
 //   - getgen: one ruleset generation request (a round trip).
 func BenchmarkUpdateParts(b *testing.B) {
 	gate.Root(b)
 	for _, n := range []int{5000, 10000} {
-		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			ns := netns.New(b, "nftbench")
-			plan := benchPlan(n)
-			p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
-			if err != nil {
-				b.Fatal(err)
-			}
-			defer p.Close()
-			ctx := context.Background()
-			if err := p.Apply(ctx, plan); err != nil {
-				b.Fatal(err)
-			}
-			f := famIPv4
-			fr := &plan.Frontends[n/2]
-			u, err := buildUnit(f, &p.opts, []datapath.Frontend{*fr})
-			if err != nil {
-				b.Fatal(err)
-			}
-			svc := u.chains[0]
-			ob := newObjects(f)
-			c := p.conn
-			send := func(b *testing.B) {
-				if err := c.Flush(); err != nil {
-					b.Fatal(err)
+		for _, k := range []int{1, Shards} {
+			b.Run(fmt.Sprintf("services=%d/shards=%d", n, k), func(b *testing.B) { updateParts(b, n, k) })
+		}
+	}
+}
+
+// updateParts is BenchmarkUpdateParts at n Services spread over k service
+// tables: each part in the table of the Service it changes.
+func updateParts(b *testing.B, n, k int) {
+	ns := netns.New(b, "nftbench")
+	plan := benchPlan(n)
+	p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true, shards: k})
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer p.Close()
+	ctx := context.Background()
+	if err := p.Apply(ctx, plan); err != nil {
+		b.Fatal(err)
+	}
+	f := famIPv4
+	fr := &plan.Frontends[n/2]
+	u, err := buildUnit(f, &p.opts, []datapath.Frontend{*fr})
+	if err != nil {
+		b.Fatal(err)
+	}
+	svc := u.chains[0]
+	ob := newObjects(f, k)
+	tb := ob.tabs[u.tab] // the Service's table
+	svcSets, mainSets := ob.sets[u.tab], ob.sets[0]
+	c := p.conn
+	send := func(b *testing.B) {
+		if err := c.Flush(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	addChain := func(name string) {
+		ch := &nftables.Chain{Name: name, Table: tb}
+		c.AddChain(ch)
+		for _, r := range svc.rules {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: r.exprs})
+		}
+	}
+	hp := elemKey{set: setHairpin, key: keyHairpin(netip.MustParseAddr("10.201.0.1"))}
+	dispatch := func(del bool, chain string) {
+		k := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
+		e := []nftables.SetElement{{Key: []byte(k.key), VerdictData: verdict(expr.VerdictGoto, chain)}}
+		if del {
+			_ = c.SetDeleteElements(svcSets[mapServiceIPs], e)
+		} else {
+			_ = c.SetAddElements(svcSets[mapServiceIPs], e)
+		}
+	}
+	hairpin := func(del bool) {
+		e := []nftables.SetElement{{Key: []byte(hp.key)}}
+		if del {
+			_ = c.SetDeleteElements(mainSets[setHairpin], e)
+		} else {
+			_ = c.SetAddElements(mainSets[setHairpin], e)
+		}
+	}
+	part := func(name string, setup, timed, undo func()) {
+		b.Run(name, func(b *testing.B) {
+			var took []time.Duration
+			for b.Loop() {
+				b.StopTimer()
+				if setup != nil {
+					setup()
+					send(b)
 				}
+				b.StartTimer()
+				start := time.Now()
+				timed()
+				send(b)
+				took = append(took, time.Since(start))
+				b.StopTimer()
+				if undo != nil {
+					undo()
+					send(b)
+				}
+				b.StartTimer()
 			}
-			addChain := func(name string) {
-				ch := &nftables.Chain{Name: name, Table: ob.t}
-				c.AddChain(ch)
-				for _, r := range svc.rules {
-					c.AddRule(&nftables.Rule{Table: ob.t, Chain: ch, Exprs: r.exprs})
-				}
-			}
-			hp := elemKey{set: setHairpin, key: keyHairpin(netip.MustParseAddr("10.201.0.1"))}
-			dispatch := func(del bool, chain string) {
-				k := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
-				e := []nftables.SetElement{{Key: []byte(k.key), VerdictData: verdict(expr.VerdictGoto, chain)}}
-				if del {
-					_ = c.SetDeleteElements(ob.sets[mapServiceIPs], e)
-				} else {
-					_ = c.SetAddElements(ob.sets[mapServiceIPs], e)
-				}
-			}
-			hairpin := func(del bool) {
-				e := []nftables.SetElement{{Key: []byte(hp.key)}}
-				if del {
-					_ = c.SetDeleteElements(ob.sets[setHairpin], e)
-				} else {
-					_ = c.SetAddElements(ob.sets[setHairpin], e)
-				}
-			}
-			part := func(name string, setup, timed, undo func()) {
-				b.Run(name, func(b *testing.B) {
-					var took []time.Duration
-					for b.Loop() {
-						b.StopTimer()
-						if setup != nil {
-							setup()
-							send(b)
-						}
-						b.StartTimer()
-						start := time.Now()
-						timed()
-						send(b)
-						took = append(took, time.Since(start))
-						b.StopTimer()
-						if undo != nil {
-							undo()
-							send(b)
-						}
-						b.StartTimer()
-					}
-					slices.Sort(took)
-					b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
-					b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
-				})
-			}
-			delChain := func(name string) func() {
-				return func() { c.DelChain(&nftables.Chain{Name: name, Table: ob.t}) }
-			}
-			part("floor", nil, func() { addChain("floor") }, delChain("floor"))
-			part("flush-add", nil, func() {
-				c.FlushChain(&nftables.Chain{Name: svc.name, Table: ob.t})
-				for _, r := range svc.rules {
-					c.AddRule(&nftables.Rule{Table: ob.t, Chain: &nftables.Chain{Name: svc.name, Table: ob.t}, Exprs: r.exprs})
-				}
-			}, nil)
-			part("del-elem", func() { hairpin(false) }, func() { hairpin(true) }, nil)
-			part("add-elem", nil, func() { hairpin(false) }, func() { hairpin(true) })
-			part("swap", func() { addChain("other") }, func() { dispatch(true, svc.name); dispatch(false, "other") },
-				func() { dispatch(true, "other"); dispatch(false, svc.name); delChain("other")() })
-			part("new-swap", nil, func() { addChain("other"); dispatch(true, svc.name); dispatch(false, "other") },
-				func() { dispatch(true, "other"); dispatch(false, svc.name); delChain("other")() })
-			part("del-chain", func() { addChain("gone") }, delChain("gone"), nil)
-			spare := func(del bool) {
-				k := keyAddrProtoPort(netip.MustParseAddr("10.97.0.1"), datapath.TCP, 80)
-				e := []nftables.SetElement{{Key: []byte(k), VerdictData: verdict(expr.VerdictGoto, svc.name)}}
-				if del {
-					_ = c.SetDeleteElements(ob.sets[mapServiceIPs], e)
-				} else {
-					_ = c.SetAddElements(ob.sets[mapServiceIPs], e)
-				}
-			}
-			part("del-vmap-elem", func() { spare(false) }, func() { spare(true) }, nil)
-			part("flush", nil, func() { c.FlushChain(&nftables.Chain{Name: svc.name, Table: ob.t}) }, func() {
-				for _, r := range svc.rules {
-					c.AddRule(&nftables.Rule{Table: ob.t, Chain: &nftables.Chain{Name: svc.name, Table: ob.t}, Exprs: r.exprs})
-				}
-			})
-			// A second table holding n/16 Services as ours does (nat
-			// prerouting and output, the dispatch map, their chains):
-			// the floor of a change in it, while ours holds n.
-			sb := &batch{c: c}
-			so := newObjects(f)
-			so.t.Name = "shard"
-			sb.add(func() { c.AddTable(so.t) })
-			for _, s := range f.sets() {
-				set := so.sets[s.name]
-				sb.add(func() { _ = c.AddSet(set, nil) })
-			}
-			disp := map[elemKey]target{}
-			for i := range n / 16 {
-				u, err := buildUnit(f, &p.opts, []datapath.Frontend{plan.Frontends[i]})
-				if err != nil {
-					b.Fatal(err)
-				}
-				for _, ch := range u.chains {
-					sb.addChain(so, ch)
-					sb.addRules(so, ch)
-				}
-				for k, v := range u.elems {
-					if k.set == mapServiceIPs {
-						disp[k] = v
-					}
-				}
-			}
-			sb.elems(so, false, disp)
-			for _, ch := range f.fixedChains(&p.opts, false) {
-				switch ch.name {
-				case chainServices:
-					sb.addChain(so, ch)
-					sb.addRules(so, ch)
-				case chainNatPre, chainNatOutput:
-					sb.addChain(so, ch)
-					sb.addRules(so, ch)
-				}
-			}
-			sb.run()
-			send(b)
-			part("floor-shard", nil, func() {
-				ch := &nftables.Chain{Name: "floor", Table: so.t}
-				c.AddChain(ch)
-				for _, r := range svc.rules {
-					c.AddRule(&nftables.Rule{Table: so.t, Chain: ch, Exprs: r.exprs})
-				}
-			}, func() { c.DelChain(&nftables.Chain{Name: "floor", Table: so.t}) })
-			b.Run("getgen", func(b *testing.B) {
-				var took []time.Duration
-				for b.Loop() {
-					start := time.Now()
-					if _, err := c.GetGen(); err != nil {
-						b.Fatal(err)
-					}
-					took = append(took, time.Since(start))
-				}
-				slices.Sort(took)
-				b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
-			})
+			slices.Sort(took)
+			b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+			b.ReportMetric(float64(took[len(took)*99/100].Microseconds())/1000, "p99-ms")
 		})
 	}
+	delChain := func(name string) func() {
+		return func() { c.DelChain(&nftables.Chain{Name: name, Table: tb}) }
+	}
+	part("floor", nil, func() { addChain("floor") }, delChain("floor"))
+	part("flush-add", nil, func() {
+		c.FlushChain(&nftables.Chain{Name: svc.name, Table: tb})
+		for _, r := range svc.rules {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: &nftables.Chain{Name: svc.name, Table: tb}, Exprs: r.exprs})
+		}
+	}, nil)
+	part("del-elem", func() { hairpin(false) }, func() { hairpin(true) }, nil)
+	part("add-elem", nil, func() { hairpin(false) }, func() { hairpin(true) })
+	part("swap", func() { addChain("other") }, func() { dispatch(true, svc.name); dispatch(false, "other") },
+		func() { dispatch(true, "other"); dispatch(false, svc.name); delChain("other")() })
+	part("new-swap", nil, func() { addChain("other"); dispatch(true, svc.name); dispatch(false, "other") },
+		func() { dispatch(true, "other"); dispatch(false, svc.name); delChain("other")() })
+	part("del-chain", func() { addChain("gone") }, delChain("gone"), nil)
+	spare := func(del bool) {
+		k := keyAddrProtoPort(netip.MustParseAddr("10.97.0.1"), datapath.TCP, 80)
+		e := []nftables.SetElement{{Key: []byte(k), VerdictData: verdict(expr.VerdictGoto, svc.name)}}
+		if del {
+			_ = c.SetDeleteElements(svcSets[mapServiceIPs], e)
+		} else {
+			_ = c.SetAddElements(svcSets[mapServiceIPs], e)
+		}
+	}
+	part("del-vmap-elem", func() { spare(false) }, func() { spare(true) }, nil)
+	part("flush", nil, func() { c.FlushChain(&nftables.Chain{Name: svc.name, Table: tb}) }, func() {
+		for _, r := range svc.rules {
+			c.AddRule(&nftables.Rule{Table: tb, Chain: &nftables.Chain{Name: svc.name, Table: tb}, Exprs: r.exprs})
+		}
+	})
+	b.Run("getgen", func(b *testing.B) {
+		var took []time.Duration
+		for b.Loop() {
+			start := time.Now()
+			if _, err := c.GetGen(); err != nil {
+				b.Fatal(err)
+			}
+			took = append(took, time.Since(start))
+		}
+		slices.Sort(took)
+		b.ReportMetric(float64(took[len(took)/2].Microseconds())/1000, "p50-ms")
+	})
 }
 
 // BenchmarkCompare: the sync.period compare of a table holding n

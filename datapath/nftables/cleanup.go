@@ -3,13 +3,16 @@ package nftables
 import (
 	"context"
 	"fmt"
+	"slices"
 
 	"github.com/google/nftables"
 )
 
-// Cleanup removes edgeproxy's tables in both families ("add table; delete
-// table" in one transaction: there is nothing to fail on when a table is
-// missing) and forgets what was written: the next Apply rebuilds.
+// Cleanup removes edgeproxy's tables in both families, the main one and
+// every service table, of any number (Ours: a table list, then "add
+// table; delete table" for each in one transaction: there is nothing to
+// fail on when a table is missing), and forgets what was written: the
+// next Apply rebuilds.
 func (p *Proxier) Cleanup(ctx context.Context) error {
 	if err := ctx.Err(); err != nil {
 		return err
@@ -17,9 +20,24 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	for _, f := range []*fam{famIPv4, famIPv6} {
-		t := &nftables.Table{Family: f.tf, Name: TableName}
-		p.conn.AddTable(t)
-		p.conn.DelTable(t)
+		names := []string{TableName}
+		for i := range p.opts.shardCount() {
+			names = append(names, tabName(uint8(i+1)))
+		}
+		tables, err := p.conn.ListTablesOfFamily(f.tf)
+		if err != nil {
+			return fmt.Errorf("nftables: cleanup: list %s tables: %w", f.name, err)
+		}
+		for _, tb := range tables {
+			if Ours(tb.Name) && !slices.Contains(names, tb.Name) {
+				names = append(names, tb.Name)
+			}
+		}
+		for _, n := range names {
+			t := &nftables.Table{Family: f.tf, Name: n}
+			p.conn.AddTable(t)
+			p.conn.DelTable(t)
+		}
 	}
 	if err := p.conn.Flush(); err != nil {
 		return fmt.Errorf("nftables: cleanup: %w", err)
@@ -30,7 +48,7 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 	return nil
 }
 
-// HoldsRules reports whether the kernel already holds edgeproxy's table in
+// HoldsRules reports whether the kernel already holds a table of ours in
 // any family this Proxier programs, e.g. left by an earlier run of the
 // agent (a dump of table names only). A node that has just rebooted holds
 // none: the agent then programs its last known state at once.
@@ -46,7 +64,7 @@ func (p *Proxier) HoldsRules(ctx context.Context) (bool, error) {
 			return false, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
 		}
 		for _, tb := range tables {
-			if tb.Name == TableName {
+			if Ours(tb.Name) {
 				return true, nil
 			}
 		}

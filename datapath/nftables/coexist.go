@@ -45,7 +45,7 @@ func (p *Proxier) dropChains() ([]string, error) {
 			continue
 		}
 		fam, ok := familyNames[c.Table.Family]
-		if !ok || (c.Table.Name == TableName && fam != "inet") {
+		if !ok || (Ours(c.Table.Name) && fam != "inet") {
 			continue
 		}
 		hook := hookNames[*c.Hooknum]

@@ -5,8 +5,6 @@ import (
 	"net/netip"
 	"slices"
 
-	"github.com/google/nftables"
-
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -34,14 +32,25 @@ const coldBatchMessages = 4096
 // 198 MiB; 4,096 took 5.0 s (4.5 s), peak 181 MiB.
 const restartBatchMessages = 8192
 
-// holds reports whether the kernel has a table of ours in t's family (a
+// holds reports whether the kernel has a table of ours in t's family, the
+// main one or a service table, and names those of ours that the layout
+// has not (service tables of another number: a rebuild deletes them) (a
 // dump of table names only).
-func (p *Proxier) holds(t *table) (bool, error) {
+func (p *Proxier) holds(t *table) (held bool, other []string, err error) {
 	tables, err := p.conn.ListTablesOfFamily(t.f.tf)
 	if err != nil {
-		return false, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+		return false, nil, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
 	}
-	return slices.ContainsFunc(tables, func(tb *nftables.Table) bool { return tb.Name == TableName }), nil
+	for _, tb := range tables {
+		if !Ours(tb.Name) {
+			continue
+		}
+		held = true
+		if _, ok := tabIndex(tb.Name, p.opts.shardCount()); !ok {
+			other = append(other, tb.Name)
+		}
+	}
+	return held, other, nil
 }
 
 // coldStart writes a table that holds nothing in use — none in the kernel
@@ -67,7 +76,7 @@ func (p *Proxier) holds(t *table) (bool, error) {
 // many messages it sent.
 func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(pp *pipe) (msgs int, err error)) {
 	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
-	ob := t.replaceTable(b)
+	ob := t.replaceTable(b, o.shardCount())
 	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
 		if c.hook == nil {
@@ -104,7 +113,7 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 			if err != nil {
 				return msgs, err
 			}
-			cb.addAffSets(ob, t.f, u.affSets)
+			cb.addAffSets(ob, t.f, u.tab, u.affSets)
 			for _, ch := range u.chains {
 				cb.addChain(ob, ch)
 				cb.addRules(ob, ch)
@@ -126,7 +135,9 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 			}
 		}
 		for _, a := range npIPs {
-			elems[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+			for _, e := range npKeys(a, o.shardCount()) {
+				elems[e] = target{}
+			}
 		}
 		for _, ch := range fixed {
 			if ch.hook != nil {

@@ -83,7 +83,7 @@ func TestColdStartInParts(t *testing.T) {
 	if err := p.Apply(ctx, bad); err == nil {
 		t.Fatal("a chain name over 256 bytes was written")
 	}
-	half := list(t, a, "table", "ip", TableName)
+	half := listOurs(t, a, "ip")
 	if !strings.Contains(half, "chain svc-aa/web") {
 		t.Fatalf("the transactions before the failure are not in:\n%s", half)
 	}
@@ -121,7 +121,7 @@ func oneTransaction(p *Proxier) {
 // the other is listed after it by nft list ruleset).
 func tables(t *testing.T, ns *netns.NS) string {
 	t.Helper()
-	return canonical(list(t, ns, "table", "ip", TableName)) + canonical(list(t, ns, "table", "ip6", TableName))
+	return canonical(listOurs(t, ns, "ip")) + canonical(listOurs(t, ns, "ip6"))
 }
 
 // A transaction the kernel refuses in the middle of a cold start stops
@@ -149,7 +149,7 @@ func TestColdStartStopsAtFailure(t *testing.T) {
 	sent := 0
 	p.txDone = func() {
 		if sent++; sent == 1 {
-			if _, err := a.Run("nft", "add element ip "+TableName+" service-ips { 10.96.0.11 . tcp . 80 : goto reject-chain }"); err != nil {
+			if _, err := a.Run("nft", "add element ip "+shardTable(svcName("bb", "web", ""))+" service-ips { 10.96.0.11 . tcp . 80 : drop }"); err != nil {
 				t.Error(err)
 			}
 		}
@@ -157,7 +157,7 @@ func TestColdStartStopsAtFailure(t *testing.T) {
 	if err := p.Apply(ctx, plan); err == nil {
 		t.Fatal("the cold start succeeded over a clashing element")
 	}
-	got := list(t, a, "table", "ip", TableName)
+	got := listOurs(t, a, "ip")
 	if !strings.Contains(got, "chain svc-aa/web") {
 		t.Fatalf("the transaction before the failure is not in:\n%s", got)
 	}
@@ -170,7 +170,7 @@ func TestColdStartStopsAtFailure(t *testing.T) {
 	if err := p.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	got = list(t, a, "table", "ip", TableName)
+	got = listOurs(t, a, "ip")
 	for _, c := range []string{"svc-aa/web", "svc-bb/web", "svc-cc/web", "svc-dd/web", "hook prerouting"} {
 		if !strings.Contains(got, c) {
 			t.Fatalf("after the apply that followed the failure, %q is missing:\n%s", c, got)

@@ -160,7 +160,7 @@ func TestDetectLocalGolden(t *testing.T) {
 					}
 					for _, c := range u.chains {
 						var lines, texts []string
-						for _, l := range strings.Split(list(t, ns, "chain", tb.f.name, TableName, c.name), "\n") {
+						for _, l := range strings.Split(list(t, ns, "chain", tb.f.name, tabName(c.tab), c.name), "\n") {
 							l = strings.TrimSpace(l)
 							if l != "" && l != "}" && !strings.HasPrefix(l, "table ") && !strings.HasPrefix(l, "chain ") {
 								lines = append(lines, l)
@@ -189,7 +189,7 @@ func TestNodePodCIDRsFollowPlan(t *testing.T) {
 	if err := p.Apply(context.Background(), plan); err != nil {
 		t.Fatal(err)
 	}
-	if got := list(t, ns, "table", "ip", TableName); !strings.Contains(got, "ip saddr != 10.244.1.0/24") {
+	if got := listOurs(t, ns, "ip"); !strings.Contains(got, "ip saddr != 10.244.1.0/24") {
 		t.Fatalf("the Node's range is not in the rules:\n%s", got)
 	}
 	quiet := detectPlan([]netip.Prefix{netip.MustParsePrefix("10.244.1.0/24")})
@@ -205,7 +205,7 @@ func TestNodePodCIDRsFollowPlan(t *testing.T) {
 	if err := p.Apply(context.Background(), moved); err != nil {
 		t.Fatal(err)
 	}
-	got := list(t, ns, "table", "ip", TableName)
+	got := listOurs(t, ns, "ip")
 	if st := p.LastStats(); !st.Rebuilt || !strings.Contains(got, "ip saddr != 10.244.7.0/24") || strings.Contains(got, "10.244.1.0/24") {
 		t.Fatalf("after the Node's range moved (stats %+v):\n%s", st, got)
 	}

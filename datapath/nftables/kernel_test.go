@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -99,6 +100,34 @@ func list(t *testing.T, ns *netns.NS, args ...string) string {
 	}
 	return normalize(out)
 }
+
+// listOurs lists every table of ours in family fam ("ip" or "ip6"), the
+// main one first, then the service tables in order.
+func listOurs(t *testing.T, ns *netns.NS, fam string) string {
+	t.Helper()
+	var names []string
+	for _, l := range strings.Split(list(t, ns, "tables", fam), "\n") {
+		if n, ok := strings.CutPrefix(strings.TrimSpace(l), "table "+fam+" "); ok && Ours(n) {
+			names = append(names, n)
+		}
+	}
+	num := func(n string) int {
+		i, err := strconv.Atoi(strings.TrimPrefix(n, ShardPrefix))
+		if err != nil {
+			return -1 // the main table
+		}
+		return i
+	}
+	slices.SortFunc(names, func(a, b string) int { return num(a) - num(b) })
+	var b strings.Builder
+	for _, n := range names {
+		b.WriteString(list(t, ns, "table", fam, n))
+	}
+	return b.String()
+}
+
+// shardTable is the name of the service table of Service s.
+func shardTable(s datapath.ServicePortName) string { return tabName(shardOf(s, Shards)) }
 
 func svcName(ns, name, port string) datapath.ServicePortName {
 	return datapath.ServicePortName{Namespace: ns, Name: name, Port: port}
@@ -188,7 +217,7 @@ func TestGoldenRuleset(t *testing.T) {
 			chains = append(chains, u.chains...)
 		}
 		for _, c := range chains {
-			out := list(t, ns, "chain", tb.f.name, TableName, c.name)
+			out := list(t, ns, "chain", tb.f.name, tabName(c.tab), c.name)
 			var lines []string
 			for _, l := range strings.Split(out, "\n") {
 				l = strings.TrimSpace(l)
@@ -464,7 +493,7 @@ func TestPartialSync(t *testing.T) {
 	if err := w.p.Apply(ctx, p); err != nil {
 		t.Fatal(err)
 	}
-	got := list(t, w.node.NS, "table", "ip", TableName)
+	got := listOurs(t, w.node.NS, "ip")
 	if strings.Contains(got, "10.96.0.20") {
 		t.Fatalf("the removed Service is still listed:\n%s", got)
 	}
@@ -512,7 +541,7 @@ func TestPartialSync(t *testing.T) {
 
 	// A failed apply (the table deleted by hand under a partial sync)
 	// returns the error, and the next apply rebuilds whatever it is.
-	if _, err := w.node.Run("nft", "delete", "table", "ip", TableName); err != nil {
+	if _, err := w.node.Run("nft", "delete", "table", "ip", shardTable(w.web)); err != nil {
 		t.Fatal(err)
 	}
 	p = w.plan(4, 0)
@@ -677,7 +706,7 @@ func TestPartialSyncsMatchRebuild(t *testing.T) {
 		plan = next
 		hasAffinity := strings.Contains(plan.String(), "affinity=")
 		sawAffinity[hasAffinity] = true
-		sawAff6 = sawAff6 || strings.Contains(list(t, a, "table", "ip6", TableName), "\tset aff-")
+		sawAff6 = sawAff6 || strings.Contains(listOurs(t, a, "ip6"), "\tset aff-")
 		q := newProxier(t, b, o)
 		full := *plan
 		full.Full, full.Changed = true, nil
@@ -875,7 +904,7 @@ func TestNodePortAddresses(t *testing.T) {
 			if _, err := pod3.TCP(netip.MustParseAddrPort(onBridge), wait); err == nil {
 				t.Fatalf("node port answered on %s, outside nodePortAddresses", onBridge)
 			}
-			got := list(t, w.node.NS, "table", "ip", TableName)
+			got := listOurs(t, w.node.NS, "ip")
 			// The restricted rules' texts are nft's lines, as TestGoldenRuleset
 			// holds for the others.
 			for _, want := range []string{
@@ -924,7 +953,7 @@ func TestAffinity(t *testing.T) {
 	}
 	firstIdx := slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == first })
 	set := affinitySetName(aff, w.pods[firstIdx].AddrPort(8080))
-	if out := list(t, w.node.NS, "set", "ip", TableName, set); !strings.Contains(out, pod3.IP.String()+" timeout 3h expires") {
+	if out := list(t, w.node.NS, "set", "ip", shardTable(aff), set); !strings.Contains(out, pod3.IP.String()+" timeout 3h expires") {
 		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP, out)
 	}
 
@@ -933,7 +962,7 @@ func TestAffinity(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	chain := list(t, w.node.NS, "chain", "ip", TableName, u.chains[0].name)
+	chain := list(t, w.node.NS, "chain", "ip", shardTable(aff), u.chains[0].name)
 	for _, r := range u.chains[0].rules {
 		if !strings.Contains(chain, "\t\t"+r.text+"\n") {
 			t.Errorf("nft does not print %q:\n%s", r.text, chain)
@@ -970,7 +999,7 @@ func TestAffinity(t *testing.T) {
 	if seen := reach(t, 5, pod3.NS, "10.96.0.60:80", false, pod3.IP); seen[w.pods[other].PodName] != 5 {
 		t.Fatalf("after the endpoint left, answered by %v, want %s", seen, w.pods[other].PodName)
 	}
-	if out := list(t, w.node.NS, "table", "ip", TableName); strings.Contains(out, "set "+set+" ") {
+	if out := listOurs(t, w.node.NS, "ip"); strings.Contains(out, "set "+set+" ") {
 		t.Fatalf("the set of the removed endpoint is still there:\n%s", out)
 	}
 }
@@ -1028,7 +1057,7 @@ func TestAffinityIPv6(t *testing.T) {
 	}
 	firstIdx := slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == first })
 	set := affinitySetName(aff, w.pods[firstIdx].AddrPort6(8080))
-	if out := list(t, w.node.NS, "set", "ip6", TableName, set); !strings.Contains(out, pod3.IP6.String()) {
+	if out := list(t, w.node.NS, "set", "ip6", shardTable(aff), set); !strings.Contains(out, pod3.IP6.String()) {
 		t.Fatalf("set %s lacks the client %s:\n%s", set, pod3.IP6, out)
 	}
 
@@ -1041,7 +1070,7 @@ func TestAffinityIPv6(t *testing.T) {
 	if seen := reach(t, 5, pod3.NS, "[fd00:96::60]:80", false, pod3.IP6); seen[w.pods[other].PodName] != 5 {
 		t.Fatalf("after the endpoint left, answered by %v, want %s", seen, w.pods[other].PodName)
 	}
-	if out := list(t, w.node.NS, "table", "ip6", TableName); strings.Contains(out, "set "+set+" ") {
+	if out := listOurs(t, w.node.NS, "ip6"); strings.Contains(out, "set "+set+" ") {
 		t.Fatalf("the set of the removed endpoint is still there:\n%s", out)
 	}
 	// Back: its set is created again, empty; the client stays where it is.
@@ -1067,7 +1096,7 @@ func TestAffinityIPv6(t *testing.T) {
 		}
 		time.Sleep(1500 * time.Millisecond)
 		s := affinitySetName(short, w.pods[slices.IndexFunc(w.pods, func(p *netns.Pod) bool { return p.PodName == r.Name })].AddrPort6(8080))
-		if out := list(t, w.node.NS, "set", "ip6", TableName, s); strings.Contains(out, pod3.IP6.String()) {
+		if out := list(t, w.node.NS, "set", "ip6", shardTable(short), s); strings.Contains(out, pod3.IP6.String()) {
 			t.Fatalf("round %d: the entry of %s outlived its timeout of 1s:\n%s", round, pod3.IP6, out)
 		}
 	}
@@ -1107,6 +1136,7 @@ func TestTampered(t *testing.T) {
 	for i, hand := range [][]string{
 		{"add", "chain", "ip", TableName, "intruder"},
 		{"delete", "table", "ip", TableName},
+		{"delete", "table", "ip", ShardPrefix + "3"},
 	} {
 		if _, err := w.node.Run("nft", hand...); err != nil {
 			t.Fatal(err)
@@ -1125,7 +1155,7 @@ func TestTampered(t *testing.T) {
 		if tampered() {
 			t.Fatalf("after the rewrite, still tampered")
 		}
-		if strings.Contains(list(t, w.node.NS, "table", "ip", TableName), "intruder") {
+		if strings.Contains(listOurs(t, w.node.NS, "ip"), "intruder") {
 			t.Fatal("the hand-made chain survived the rewrite")
 		}
 		if seen := reach(t, 20, pod3.NS, "10.96.0.10:80", false, pod3.IP); len(seen) != 2 {

@@ -12,9 +12,70 @@ import (
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
-// TableName is the name of edgeproxy's table in each family (ip and ip6).
-// Cleanup removes exactly these tables.
+// TableName is the name of edgeproxy's main table in each family (ip and
+// ip6). Its Services' dispatch maps and chains are spread over Shards
+// service tables besides it, ShardPrefix and the shard's number
+// ("edgeproxy-svc-0" … "edgeproxy-svc-15"): a one-Service change then
+// makes the kernel validate one small table instead of all of them (see
+// RATIONALE.md). Every table of ours is named TableName or starts with
+// ShardPrefix (Ours); Cleanup removes exactly those.
 const TableName = "edgeproxy"
+
+// ShardPrefix starts the name of each service table.
+const ShardPrefix = TableName + "-svc-"
+
+// Shards is the number of service tables per family (at most 254: a
+// table's number is a uint8, 0 the main one). At 10k Services
+// the kernel's validation of one change, once per table it touched,
+// falls from 54–64 ms (one table) to about 1/K of it; each shard adds a
+// dispatch lookup to the first packet of a connection that is no
+// Service's (RATIONALE.md).
+const Shards = 16
+
+// Ours reports whether a table named name is one of edgeproxy's: the
+// main table or a service table (any number, so that a table left by a
+// build with another Shards is still found and removed).
+func Ours(name string) bool {
+	return name == TableName || strings.HasPrefix(name, ShardPrefix)
+}
+
+// tabName is the name of table tab: 0 the main table, i+1 shard i.
+func tabName(tab uint8) string {
+	if tab == 0 {
+		return TableName
+	}
+	return ShardPrefix + strconv.Itoa(int(tab)-1)
+}
+
+// ServiceTable is the name of the service table that holds the Service
+// namespace/name (its dispatch elements and chains, every port and
+// family), for operators' tools and tests.
+func ServiceTable(namespace, name string) string {
+	return tabName(shardOf(datapath.ServicePortName{Namespace: namespace, Name: name}, Shards))
+}
+
+// shardCount is the number of service tables (Shards, unless a test
+// set another).
+func (o *Options) shardCount() int {
+	if o.shards > 0 {
+		return o.shards
+	}
+	return Shards
+}
+
+// shardOf is the table (1..k) of the Service namespace/name: FNV-1a of
+// "namespace/name" mod k, so every port and family of a Service lands in
+// the same table (its ext- chains jump to its svc- chains, and a jump
+// cannot leave its table) and a Service stays where it is across
+// restarts and builds.
+func shardOf(s datapath.ServicePortName, k int) uint8 {
+	h := uint32(2166136261)
+	for _, b := range []byte(s.Namespace + "/" + s.Name) {
+		h ^= uint32(b)
+		h *= 16777619
+	}
+	return uint8(h%uint32(k)) + 1
+}
 
 // Fixed objects of each table. These maps and sets are the only sets but
 // the affinity sets of endpoints of Services with session affinity
@@ -109,6 +170,17 @@ type setSpec struct {
 	interval bool
 }
 
+// inShard: the sets every service table has (the dispatch maps, which
+// point at its chains, and the node-port addresses its node-port rule
+// matches); the main table has all others, and the node-port addresses
+// too (its no-endpoint check).
+func (s setSpec) inShard() bool {
+	return s.name == mapServiceIPs || s.name == mapNodePorts || s.name == setNodePortIPs
+}
+
+// inMain: the sets the main table has.
+func (s setSpec) inMain() bool { return s.name != mapServiceIPs && s.name != mapNodePorts }
+
 // affinitySetName names the set of the clients that stick to endpoint
 // ep of service port s (session affinity, as kube-proxy's nftables mode:
 // a set of client addresses per endpoint; see RATIONALE.md): "aff-NS/NAME[/PORT]/ADDR/PORT", the
@@ -141,6 +213,7 @@ func (f *fam) sets() []setSpec {
 
 // chainSpec is a chain and its rules; base chains have a hook.
 type chainSpec struct {
+	tab    uint8 // the table: 0 the main one, i+1 shard i
 	name   string
 	typ    nftables.ChainType
 	hook   *nftables.ChainHook
@@ -156,12 +229,14 @@ type chainSpec struct {
 	affinity time.Duration
 }
 
-// fixedChains are the chains every table has, regular ones first (base
-// chains jump to them, so they must exist before).
+// fixedChains are the chains of the main table and of each of the k
+// service tables, regular ones first (base chains jump to them, so they
+// must exist before).
 //
 // restricted: node ports answer on the addresses in @nodeport-ips
 // (nodePortAddresses) instead of every local address.
 func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
+	k := o.shardCount()
 	bit := uint32(1) << o.MasqueradeBit
 	// Packets conntrack finds out of window (INVALID) are dropped rather
 	// than forwarded un-NATed to a pod that would reset the connection,
@@ -175,15 +250,11 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 	if !o.TCPBeLiberal {
 		forward = append([]rule{ruleInvalidDrop()}, forward...)
 	}
-	return []chainSpec{
+	out := []chainSpec{
 		{name: chainReject, rules: []rule{ruleReject(f)}},
 		{name: chainSvcCheck, rules: []rule{ruleDispatch(f, true, mapNoEndpoints)}},
 		{name: chainNodePortCheck, rules: []rule{ruleNodePortDispatch(f, restricted, mapNoEPPorts)}},
 		{name: chainClusterIPs, rules: []rule{ruleAddrReject(f, setClusterIPs)}},
-		{name: chainServices, rules: []rule{
-			ruleDispatch(f, true, mapServiceIPs),
-			ruleNodePortDispatch(f, restricted, mapNodePorts),
-		}},
 		{name: chainMasquerading, rules: []rule{
 			ruleHairpinMark(f, setHairpin, bit),
 			ruleUnmarkedReturn(bit),
@@ -205,8 +276,22 @@ func (f *fam) fixedChains(o *Options, restricted bool) []chainSpec {
 			ruleJump(true, chainSvcCheck),
 			ruleJump(true, chainClusterIPs),
 		}},
-		{name: chainNatPre, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
-		{name: chainNatOutput, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
 		{name: chainNatPost, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPostrouting, prio: prioSrcNAT, rules: []rule{ruleJump(false, chainMasquerading)}},
 	}
+	// Each service table: its dispatch, reached from its own nat hooks.
+	// The first DNAT of a connection wins (nf_nat stops at the first
+	// chain that bound it), so the tables' order at one priority does
+	// not matter: a frontend is in one table's maps only.
+	regular, base := []chainSpec{}, []chainSpec{}
+	for i := 1; i <= k; i++ {
+		tab := uint8(i)
+		regular = append(regular, chainSpec{tab: tab, name: chainServices, rules: []rule{
+			ruleDispatch(f, true, mapServiceIPs),
+			ruleNodePortDispatch(f, restricted, mapNodePorts),
+		}})
+		base = append(base,
+			chainSpec{tab: tab, name: chainNatPre, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookPrerouting, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}},
+			chainSpec{tab: tab, name: chainNatOutput, typ: nftables.ChainTypeNAT, hook: nftables.ChainHookOutput, prio: prioDstNAT, rules: []rule{ruleJump(false, chainServices)}})
+	}
+	return append(append(regular, out...), base...)
 }

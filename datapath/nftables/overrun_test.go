@@ -52,7 +52,7 @@ func TestReceiveOverrun(t *testing.T) {
 	if n := testutil.ToFloat64(p.m.overruns); n == 0 {
 		t.Fatal("the receive buffer was not overrun: the test did not test it")
 	}
-	out := list(t, ns, "table", "ip", TableName)
+	out := listOurs(t, ns, "ip")
 	for i := range 100 {
 		if !strings.Contains(out, fmt.Sprintf("chain svc-overrun/s%d {", i)) {
 			t.Fatalf("svc-overrun/s%d missing:\n%s", i, out)

@@ -128,19 +128,26 @@ func (p *Proxier) probe(ctx context.Context, features func(*fam) []feature) erro
 // probeOnce sends one transaction: add (and delete, for a leftover) the
 // throwaway table, write spec into it, delete it.
 func (p *Proxier) probeOnce(f *fam, spec probeSpec) error {
-	ob := newObjects(f)
-	ob.t.Name = probeTable // the sets point at ob.t
+	// One table with every set, the main table's and a service
+	// table's.
+	ob := newObjects(f, 1)
+	tb := ob.tabs[0]
+	tb.Name = probeTable // the sets point at it
+	for n, set := range ob.sets[1] {
+		set.Table = tb
+		ob.sets[0][n] = set
+	}
 	c := p.conn
-	c.AddTable(ob.t)
-	c.DelTable(ob.t)
-	c.AddTable(ob.t)
+	c.AddTable(tb)
+	c.DelTable(tb)
+	c.AddTable(tb)
 	for _, s := range spec.sets {
-		set := ob.sets[s]
+		set := ob.sets[0][s]
 		if set == nil {
-			set = ob.affSet(f, s)
+			set = ob.affSet(f, 0, s)
 		}
 		if err := c.AddSet(set, nil); err != nil {
-			c.DelTable(ob.t)
+			c.DelTable(tb)
 			_ = c.Flush()
 			return err
 		}
@@ -149,11 +156,11 @@ func (p *Proxier) probeOnce(f *fam, spec probeSpec) error {
 		c.AddChain(ob.chain(b))
 	}
 	if len(spec.feats) > 0 {
-		ch := c.AddChain(&nftables.Chain{Name: "probe", Table: ob.t})
+		ch := c.AddChain(&nftables.Chain{Name: "probe", Table: tb})
 		for _, ft := range spec.feats {
-			c.AddRule(&nftables.Rule{Table: ob.t, Chain: ch, Exprs: ft.rule.exprs})
+			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: ft.rule.exprs})
 		}
 	}
-	c.DelTable(ob.t)
+	c.DelTable(tb)
 	return c.Flush()
 }

@@ -84,6 +84,9 @@ type Options struct {
 
 	// nodePods are the plan's pod ranges (NodePodCIDRs), one per family.
 	nodePods []netip.Prefix
+	// shards replaces Shards (tests and benchmarks: 1 is the layout of
+	// one service table).
+	shards int
 	// sockOpts replace google/nftables' sizing of the socket's buffers
 	// (tests: a receive buffer too small for a transaction's answers).
 	sockOpts []nftables.SockOption
@@ -240,10 +243,13 @@ type Status struct {
 
 // TableStatus is one family's table as last written.
 type TableStatus struct {
-	Family       string `json:"family"` // "ip" or "ip6"
-	Written      bool   `json:"written"`
-	Chains       int    `json:"chains"`
-	ServicePorts int    `json:"servicePorts"`
+	Family  string `json:"family"` // "ip" or "ip6"
+	Written bool   `json:"written"`
+	// Tables is how many tables the family has: the main one and the
+	// service tables.
+	Tables       int `json:"tables"`
+	Chains       int `json:"chains"` // in all of them
+	ServicePorts int `json:"servicePorts"`
 }
 
 // Status returns the datapath's status.
@@ -252,7 +258,7 @@ func (p *Proxier) Status() Status {
 	defer p.mu.Unlock()
 	st := Status{LastApply: p.stats}
 	for _, t := range p.tables {
-		ts := TableStatus{Family: t.f.name, Written: t.written}
+		ts := TableStatus{Family: t.f.name, Written: t.written, Tables: 1 + p.opts.shardCount()}
 		if t.written {
 			ts.Chains, ts.ServicePorts = t.chainCount(&p.opts), len(t.units)
 		}
@@ -443,6 +449,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		rebuild := !t.written || t.needFull || (ips == nil) != (t.npIPs == nil) || pods != t.pods
 		groups := group(plan, t.f.family, rebuild || plan.Full)
 		var pd *pending
+		var other []string // tables of ours the layout has not
 		cold, held := false, false
 		if rebuild {
 			st.Rebuilt = true
@@ -451,25 +458,33 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 			// process has not written it yet (a restart), Service by
 			// Service; any other is replaced in one.
 			if cold = t.partial; !cold {
-				if held, err = p.holds(t); err != nil {
+				if held, other, err = p.holds(t); err != nil {
 					return err
 				}
 				cold = !held
 			}
 		}
 		restart := held && !t.written && !t.restartFailed
+		var pr *present
+		if restart {
+			if pr, err = p.dump(t, p.opts.shardCount()); err != nil {
+				return err
+			}
+			// The main table of the layout before the service tables
+			// (its own dispatch maps, their elements naming its
+			// Service chains) is replaced in one transaction: a
+			// restart's steps would delete those chains before the
+			// elements pointing at them.
+			restart = !pr.sets[objRef{0, mapServiceIPs}] && !pr.sets[objRef{0, mapNodePorts}]
+		}
 		warm[i] = restart
 		switch {
 		case cold:
 			pd, rest[i] = t.coldStart(b, &p.opts, p.coldBatch, groups, ips)
 		case restart:
-			pr, err := p.dump(t)
-			if err != nil {
-				return err
-			}
 			pd, rest[i] = t.warmStart(b, &p.opts, p.restartBatch, groups, ips, pr)
 		case rebuild:
-			pd, err = t.rebuild(b, &p.opts, groups, ips)
+			pd, err = t.rebuild(b, &p.opts, groups, ips, other)
 		default:
 			pd, err = t.update(b, &p.opts, groups, plan, ips)
 		}

@@ -21,7 +21,7 @@ func TestReconfigure(t *testing.T) {
 	if err := p.Apply(context.Background(), plan); err != nil {
 		t.Fatal(err)
 	}
-	before := list(t, ns, "table", "ip", TableName)
+	before := listOurs(t, ns, "ip")
 	if !strings.Contains(before, "ip daddr 10.96.0.10 ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000") {
 		t.Fatalf("the first ruleset:\n%s", before)
 	}
@@ -33,7 +33,7 @@ func TestReconfigure(t *testing.T) {
 	if err := p.Apply(context.Background(), quiet); err != nil {
 		t.Fatal(err)
 	}
-	if st := p.LastStats(); st.Rebuilt || list(t, ns, "table", "ip", TableName) != before {
+	if st := p.LastStats(); st.Rebuilt || listOurs(t, ns, "ip") != before {
 		t.Fatalf("a refused Reconfigure changed the tables (stats %+v)", st)
 	}
 
@@ -44,7 +44,7 @@ func TestReconfigure(t *testing.T) {
 	if err := p.Apply(context.Background(), quiet); err != nil {
 		t.Fatal(err)
 	}
-	got := list(t, ns, "table", "ip", TableName)
+	got := listOurs(t, ns, "ip")
 	if st := p.LastStats(); !st.Rebuilt {
 		t.Fatalf("the apply after Reconfigure did not rewrite the tables: %+v", st)
 	}

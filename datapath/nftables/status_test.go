@@ -28,7 +28,10 @@ func TestStatusAndMetrics(t *testing.T) {
 			t.Fatalf("%s: %d tables in the status, want 2", what, len(st.Tables))
 		}
 		for _, ts := range st.Tables {
-			want := strings.Count(list(t, ns, "table", ts.Family, TableName), "\tchain ")
+			want := strings.Count(listOurs(t, ns, ts.Family), "\tchain ")
+			if tables := strings.Count(listOurs(t, ns, ts.Family), "table "+ts.Family+" "); ts.Tables != tables {
+				t.Errorf("%s: %s: status says %d tables, nft lists %d", what, ts.Family, ts.Tables, tables)
+			}
 			if ts.Chains != want || !ts.Written {
 				t.Errorf("%s: %s: status says %d chains (written %v), nft lists %d", what, ts.Family, ts.Chains, ts.Written, want)
 			}

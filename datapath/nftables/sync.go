@@ -3,6 +3,7 @@ package nftables
 import (
 	"net/netip"
 	"slices"
+	"strings"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -29,68 +30,88 @@ func (b *batch) run() int {
 	return len(b.ops)
 }
 
-// objects are the nftables values of one table, for building messages.
+// objects are the nftables values of one family's tables (the main one
+// and the service tables), for building messages.
 type objects struct {
-	t    *nftables.Table
-	sets map[string]*nftables.Set
+	tabs []*nftables.Table          // 0 the main table, i shard i-1
+	sets []map[string]*nftables.Set // of each table
 }
 
-func newObjects(f *fam) *objects {
-	o := &objects{t: &nftables.Table{Family: f.tf, Name: TableName}, sets: map[string]*nftables.Set{}}
-	for _, s := range f.sets() {
-		set := &nftables.Set{Table: o.t, Name: s.name, IsMap: s.isMap, Concatenation: len(s.key) > 1, Interval: s.interval}
-		set.KeyType = nftables.MustConcatSetType(s.key...)
-		if s.isMap {
-			set.DataType = nftables.TypeVerdict
+func newObjects(f *fam, k int) *objects {
+	o := &objects{}
+	for tab := range k + 1 {
+		t := &nftables.Table{Family: f.tf, Name: tabName(uint8(tab))}
+		sets := map[string]*nftables.Set{}
+		for _, s := range f.sets() {
+			if tab == 0 && !s.inMain() || tab > 0 && !s.inShard() {
+				continue
+			}
+			set := &nftables.Set{Table: t, Name: s.name, IsMap: s.isMap, Concatenation: len(s.key) > 1, Interval: s.interval}
+			set.KeyType = nftables.MustConcatSetType(s.key...)
+			if s.isMap {
+				set.DataType = nftables.TypeVerdict
+			}
+			sets[s.name] = set
 		}
-		o.sets[s.name] = set
+		o.tabs, o.sets = append(o.tabs, t), append(o.sets, sets)
 	}
 	return o
 }
 
-// replaceTable queues on b the table emptied (added, so that the delete
-// finds it, deleted, added again) and its fixed sets, and returns the
-// objects the rest of the transaction names.
-func (t *table) replaceTable(b *batch) *objects {
-	ob := newObjects(t.f)
-	b.add(func() {
-		b.c.AddTable(ob.t)
-		b.c.DelTable(ob.t)
-		b.c.AddTable(ob.t)
-	})
-	for _, s := range t.f.sets() {
-		set := ob.sets[s.name]
-		b.add(func() { _ = b.c.AddSet(set, nil) })
+// addSets queues the fixed sets of every table (adding one that is
+// there changes nothing).
+func (b *batch) addSets(ob *objects, f *fam) {
+	for _, sets := range ob.sets {
+		for _, s := range f.sets() {
+			if set := sets[s.name]; set != nil {
+				b.add(func() { _ = b.c.AddSet(set, nil) })
+			}
+		}
 	}
+}
+
+// replaceTable queues on b every table of the family emptied (added, so
+// that the delete finds it, deleted, added again) and their fixed sets,
+// and returns the objects the rest of the transaction names.
+func (t *table) replaceTable(b *batch, k int) *objects {
+	ob := newObjects(t.f, k)
+	for _, tb := range ob.tabs {
+		b.add(func() {
+			b.c.AddTable(tb)
+			b.c.DelTable(tb)
+			b.c.AddTable(tb)
+		})
+	}
+	b.addSets(ob, t.f)
 	return ob
 }
 
-// affSet is the per-endpoint affinity set name: client
+// affSet is the per-endpoint affinity set name of table tab: client
 // addresses, filled by the packet path with timeouts.
-func (o *objects) affSet(f *fam, name string) *nftables.Set {
-	return &nftables.Set{Table: o.t, Name: name, KeyType: f.addrType, Dynamic: true, HasTimeout: true, Size: affinitySetSize}
+func (o *objects) affSet(f *fam, tab uint8, name string) *nftables.Set {
+	return &nftables.Set{Table: o.tabs[tab], Name: name, KeyType: f.addrType, Dynamic: true, HasTimeout: true, Size: affinitySetSize}
 }
 
-// addAffSets creates the per-endpoint affinity sets names, before the
-// rules that use them.
-func (b *batch) addAffSets(o *objects, f *fam, names []string) {
+// addAffSets creates the per-endpoint affinity sets names in table tab,
+// before the rules that use them.
+func (b *batch) addAffSets(o *objects, f *fam, tab uint8, names []string) {
 	for _, n := range names {
-		set := o.affSet(f, n)
+		set := o.affSet(f, tab, n)
 		b.add(func() { _ = b.c.AddSet(set, nil) })
 	}
 }
 
-// delAffSets deletes the per-endpoint affinity sets names, after the
-// rules that used them.
-func (b *batch) delAffSets(o *objects, f *fam, names []string) {
+// delAffSets deletes the per-endpoint affinity sets names of table tab,
+// after the rules that used them.
+func (b *batch) delAffSets(o *objects, f *fam, tab uint8, names []string) {
 	for _, n := range names {
-		set := o.affSet(f, n)
+		set := o.affSet(f, tab, n)
 		b.add(func() { b.c.DelSet(set) })
 	}
 }
 
 func (o *objects) chain(c chainSpec) *nftables.Chain {
-	ch := &nftables.Chain{Name: c.name, Table: o.t}
+	ch := &nftables.Chain{Name: c.name, Table: o.tabs[c.tab]}
 	if c.hook != nil {
 		prio := c.prio
 		ch.Hooknum, ch.Priority, ch.Type = c.hook, &prio, c.typ
@@ -108,7 +129,7 @@ func (b *batch) addChain(o *objects, c chainSpec) {
 func (b *batch) addRules(o *objects, c chainSpec) {
 	ch := o.chain(c)
 	for _, r := range c.rules {
-		b.add(func() { b.c.AddRule(&nftables.Rule{Table: o.t, Chain: ch, Exprs: r.exprs}) })
+		b.add(func() { b.c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs}) })
 	}
 }
 
@@ -124,24 +145,34 @@ func (b *batch) delChain(o *objects, c chainSpec) {
 
 // elems adds (del false) or deletes elements, one message list per set.
 func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
-	bySet := map[string][]nftables.SetElement{}
+	type setRef struct {
+		tab  uint8
+		name string
+	}
+	bySet := map[setRef][]nftables.SetElement{}
 	for k, t := range es {
 		e := nftables.SetElement{Key: []byte(k.key)}
 		if k.end != "" {
 			e.KeyEnd = []byte(k.end)
 		}
-		if o.sets[k.set].IsMap {
+		if o.sets[k.tab][k.set].IsMap {
 			e.VerdictData = &expr.Verdict{Kind: t.kind, Chain: t.chain}
 		}
-		bySet[k.set] = append(bySet[k.set], e)
+		r := setRef{k.tab, k.set}
+		bySet[r] = append(bySet[r], e)
 	}
-	names := make([]string, 0, len(bySet))
-	for n := range bySet {
-		names = append(names, n)
+	refs := make([]setRef, 0, len(bySet))
+	for r := range bySet {
+		refs = append(refs, r)
 	}
-	slices.Sort(names)
-	for _, n := range names {
-		set, vals := o.sets[n], bySet[n]
+	slices.SortFunc(refs, func(a, b setRef) int {
+		if a.tab != b.tab {
+			return int(a.tab) - int(b.tab)
+		}
+		return strings.Compare(a.name, b.name)
+	})
+	for _, r := range refs {
+		set, vals := o.sets[r.tab][r.name], bySet[r]
 		if del {
 			b.add(func() { _ = b.c.SetDeleteElements(set, vals) })
 		} else {
@@ -150,12 +181,25 @@ func (b *batch) elems(o *objects, del bool, es map[elemKey]target) {
 	}
 }
 
+// npKeys are the elements of node-port address a: in @nodeport-ips of
+// the main table and of each of the k service tables.
+func npKeys(a netip.Addr, k int) []elemKey {
+	out := make([]elemKey, 0, k+1)
+	for tab := range k + 1 {
+		out = append(out, elemKey{tab: uint8(tab), set: setNodePortIPs, key: string(a.AsSlice())})
+	}
+	return out
+}
+
 // rebuild replaces the table with one holding the fixed objects and every
 // unit of groups: "add table; delete table; add table" in one
 // transaction, so the delete never fails and no packet sees the table
 // missing. Its memory grows with the table (a restart uses warmStart);
 // it follows a failed apply, or a reload that changes every rule.
-func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (*pending, error) {
+//
+// other names tables of ours that the layout has not (service tables of
+// another number): deleted in the same transaction.
+func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, other []string) (*pending, error) {
 	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs}
 	for s, fs := range groups {
 		u, err := buildUnit(t.f, o, fs)
@@ -168,7 +212,12 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		}
 	}
 	pd.n = len(groups)
-	ob := t.replaceTable(b)
+	k := o.shardCount()
+	for _, n := range other {
+		tb := &nftables.Table{Family: t.f.tf, Name: n}
+		b.add(func() { b.c.DelTable(tb) })
+	}
+	ob := t.replaceTable(b, k)
 	// Rules look sets up by name, those of this transaction too.
 	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
@@ -183,7 +232,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 	slices.SortFunc(names, datapath.ServicePortName.Compare)
 	all := map[elemKey]target{}
 	for _, s := range names {
-		b.addAffSets(ob, t.f, pd.units[s].affSets)
+		b.addAffSets(ob, t.f, pd.units[s].tab, pd.units[s].affSets)
 	}
 	for _, s := range names {
 		u := pd.units[s]
@@ -200,7 +249,9 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		all[k] = target{}
 	}
 	for _, a := range npIPs {
-		all[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+		for _, e := range npKeys(a, k) {
+			all[e] = target{}
+		}
 	}
 	b.elems(ob, false, all)
 	for _, c := range fixed {
@@ -236,10 +287,15 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 			scope[s] = true
 		}
 	}
-	ob := newObjects(t.f)
+	k := o.shardCount()
+	ob := newObjects(t.f, k)
 	del, add := map[elemKey]target{}, map[elemKey]target{}
 	var delChains, addChains, rewrite []chainSpec
-	var addSets, delSets []string
+	type affRef struct {
+		tab  uint8
+		name string
+	}
+	var addSets, delSets []affRef
 	for s := range scope {
 		old := t.units[s]
 		if old == nil {
@@ -272,12 +328,12 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		}
 		for _, n := range nu.affSets {
 			if !slices.Contains(old.affSets, n) {
-				addSets = append(addSets, n)
+				addSets = append(addSets, affRef{nu.tab, n})
 			}
 		}
 		for _, n := range old.affSets {
 			if !slices.Contains(nu.affSets, n) {
-				delSets = append(delSets, n)
+				delSets = append(delSets, affRef{old.tab, n})
 			}
 		}
 		for i := len(old.chains) - 1; i >= 0; i-- {
@@ -314,12 +370,16 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 	}
 	for _, a := range npIPs {
 		if !slices.Contains(t.npIPs, a) {
-			add[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+			for _, e := range npKeys(a, k) {
+				add[e] = target{}
+			}
 		}
 	}
 	for _, a := range t.npIPs {
 		if !slices.Contains(npIPs, a) {
-			del[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = target{}
+			for _, e := range npKeys(a, k) {
+				del[e] = target{}
+			}
 		}
 	}
 	// Order matters: a chain can be deleted only once nothing points at
@@ -332,7 +392,9 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 	for _, c := range delChains {
 		b.delChain(ob, c)
 	}
-	b.addAffSets(ob, t.f, addSets)
+	for _, r := range addSets {
+		b.addAffSets(ob, t.f, r.tab, []string{r.name})
+	}
 	for _, c := range addChains {
 		b.addChain(ob, c)
 	}
@@ -345,6 +407,8 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 	b.elems(ob, false, add)
 	// Per-endpoint affinity sets go once no rule uses them: their
 	// chains were rewritten or deleted above.
-	b.delAffSets(ob, t.f, delSets)
+	for _, r := range delSets {
+		b.delAffSets(ob, t.f, r.tab, []string{r.name})
+	}
 	return pd, nil
 }

@@ -31,7 +31,8 @@ const (
 // While WatchWrites runs, the answer comes from nf_tables' own events:
 // every committed transaction is announced as its objects (each naming
 // its table) and then its generation with the socket that sent it. A
-// transaction that touched table edgeproxy (ip or ip6), and that was not
+// transaction that touched a table of ours (Ours: edgeproxy or a
+// service table, ip or ip6), and that was not
 // sent from our netlink socket (or, before the socket's port is learned,
 // is not one of the generations our applies committed), is tampering: a
 // rule added, edited or deleted in one of our chains, an element of our
@@ -119,8 +120,8 @@ func (p *Proxier) namesTampered(gen uint32) (bool, error) {
 		}
 		var have []string
 		for _, c := range chains {
-			if c.Table != nil && c.Table.Name == TableName {
-				have = append(have, c.Name)
+			if c.Table != nil && Ours(c.Table.Name) {
+				have = append(have, c.Table.Name+" "+c.Name)
 			}
 		}
 		slices.Sort(have)
@@ -155,15 +156,16 @@ func (p *Proxier) markTampered() bool {
 	return true
 }
 
-// chainNames are the chains the table holds as last written, sorted.
+// chainNames are the chains the family's tables hold as last written,
+// each as "TABLE CHAIN", sorted.
 func (t *table) chainNames(o *Options) []string {
 	var out []string
 	for _, c := range t.f.fixedChains(o, t.npIPs != nil) {
-		out = append(out, c.name)
+		out = append(out, tabName(c.tab)+" "+c.name)
 	}
 	for _, u := range t.units {
 		for _, c := range u.chains {
-			out = append(out, c.name)
+			out = append(out, tabName(c.tab)+" "+c.name)
 		}
 	}
 	slices.Sort(out)
@@ -369,7 +371,7 @@ func (p *Proxier) unseen(ev events) (genRange, bool) {
 	return genRange{}, false
 }
 
-// touches: an object of table edgeproxy, ip or ip6.
+// touches: an object of a table of ours (Ours), ip or ip6.
 func touches(family uint8, name []byte) bool {
-	return (family == unix.NFPROTO_IPV4 || family == unix.NFPROTO_IPV6) && string(name) == TableName
+	return (family == unix.NFPROTO_IPV4 || family == unix.NFPROTO_IPV6) && Ours(string(name))
 }

@@ -105,7 +105,7 @@ func TestTamperedFromEvents(t *testing.T) {
 	}
 	ours := func() string {
 		t.Helper()
-		return canonical(list(t, w.node.NS, "table", "ip", TableName) + list(t, w.node.NS, "table", "ip6", TableName))
+		return canonical(listOurs(t, w.node.NS, "ip") + listOurs(t, w.node.NS, "ip6"))
 	}
 	want := ours()
 	masqHandle := func() string {
@@ -121,14 +121,17 @@ func TestTamperedFromEvents(t *testing.T) {
 	}
 	pod3 := w.pods[2]
 	for i, hand := range []string{
-		"add rule ip edgeproxy svc-default/web/http counter",
-		"insert rule ip edgeproxy services ip daddr 10.96.0.10 drop",
+		"add rule ip WEB svc-default/web/http counter",
+		"insert rule ip WEB services ip daddr 10.96.0.10 drop",
 		"delete rule ip edgeproxy masquerading handle MASQ",
-		"add element ip edgeproxy service-ips { 10.96.9.9 . tcp . 80 : goto svc-default/self }",
+		"add element ip SELF service-ips { 10.96.9.9 . tcp . 80 : goto svc-default/self }",
 		"delete element ip6 edgeproxy cluster-ips { fd00:96::10 }",
 		"chain ip edgeproxy filter-forward { policy drop ; }",
 	} {
 		hand = strings.Replace(hand, "MASQ", masqHandle(), 1)
+		// The service tables of default/web and default/self.
+		hand = strings.Replace(hand, "WEB", shardTable(svcName("default", "web", "")), 1)
+		hand = strings.Replace(hand, "SELF", shardTable(svcName("default", "self", "")), 1)
 		if _, err := w.node.Run("nft", strings.Fields(hand)...); err != nil {
 			t.Fatalf("nft %s: %v", hand, err)
 		}

@@ -88,13 +88,17 @@ func supported(frontends []datapath.Frontend) ([]datapath.Frontend, []error) {
 // elemKey is one element of one of the fixed maps or sets: the set's name
 // and the element's key bytes (and, in an interval set, the key's end).
 type elemKey struct {
+	tab uint8 // the table: 0 the main one, i+1 shard i
 	set string
 	key string
 	end string
 }
 
-// compare orders elements by set, then key, then end.
+// compare orders elements by table, set, then key, then end.
 func (k elemKey) compare(o elemKey) int {
+	if k.tab != o.tab {
+		return int(k.tab) - int(o.tab)
+	}
 	if c := strings.Compare(k.set, o.set); c != 0 {
 		return c
 	}
@@ -165,6 +169,7 @@ type unit struct {
 	counted []elemKey          // sorted
 	affSets []string           // its per-endpoint affinity sets, sorted
 	input   uint64             // inputHash of the frontends it was built from
+	tab     uint8              // its service table (its chains, affinity sets and dispatch elements)
 }
 
 type elemEntry struct {
@@ -174,9 +179,9 @@ type elemEntry struct {
 
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets, input: u.input}
+	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets, input: u.input, tab: u.tab}
 	for i, c := range u.chains {
-		s.chains[i] = chainSpec{name: c.name, digest: c.digest}
+		s.chains[i] = chainSpec{tab: c.tab, name: c.name, digest: c.digest}
 	}
 	for k, t := range u.elems {
 		s.list = append(s.list, elemEntry{k, t})
@@ -225,6 +230,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	if len(fs) == 0 {
 		return u, nil
 	}
+	u.tab = shardOf(fs[0].Service, o.shardCount())
 	base := chainName(svcPrefix, fs[0].Service)
 	if len(chainName(extPrefix, fs[0].Service))+4 > maxChainLen {
 		return nil, fmt.Errorf("nftables: chain name of %s is longer than %d bytes", fs[0].Service, maxChainLen-4)
@@ -239,7 +245,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				return c
 			}
 		}
-		c := &chainSpec{name: base + suffix(len(lbs)), eps: eps}
+		c := &chainSpec{tab: u.tab, name: base + suffix(len(lbs)), eps: eps}
 		lbs = append(lbs, c)
 		return c
 	}
@@ -256,7 +262,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				return c.name
 			}
 		}
-		c := &chainSpec{name: chainName(extPrefix, fs[0].Service) + suffix(len(exts)), rules: rules}
+		c := &chainSpec{tab: u.tab, name: chainName(extPrefix, fs[0].Service) + suffix(len(exts)), rules: rules}
 		exts = append(exts, c)
 		return c.name
 	}
@@ -269,10 +275,10 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 				u.counted = append(u.counted, k)
 			}
 		}
-		key := elemKey{set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
+		key := elemKey{tab: u.tab, set: mapServiceIPs, key: keyAddrProtoPort(fr.Addr, fr.Protocol, fr.Port)}
 		noEP := elemKey{set: mapNoEndpoints, key: key.key}
 		if fr.Kind == datapath.NodePort {
-			key = elemKey{set: mapNodePorts, key: keyProtoPort(fr.Protocol, fr.Port)}
+			key = elemKey{tab: u.tab, set: mapNodePorts, key: keyProtoPort(fr.Protocol, fr.Port)}
 			noEP = elemKey{set: mapNoEPPorts, key: key.key}
 		}
 		if fr.Kind == datapath.LoadBalancer && len(fr.SourceRanges) > 0 {

@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"net/netip"
 	"slices"
+	"strings"
+
+	"github.com/google/nftables"
 
 	"github.com/google/nftables/expr"
 	"golang.org/x/sys/unix"
@@ -17,52 +20,105 @@ import (
 // rule), and the elements of the fixed maps and sets (keys and the
 // chains they point at).
 type present struct {
-	chains map[string]bool
-	sets   map[string]bool
+	chains map[objRef]bool
+	sets   map[objRef]bool
 	elems  map[elemKey]target
+	// tables: the tables of ours, each written once at least (a table
+	// without any, a cold start's first transaction).
+	tables map[uint8]bool
+	// other: tables of ours that the layout has no more (another
+	// number of service tables): deleted at the end of the restart.
+	other []string
 }
 
-// dump reads what the kernel holds of t's table (see present).
-func (p *Proxier) dump(t *table) (*present, error) {
-	pr := &present{chains: map[string]bool{}, sets: map[string]bool{}, elems: map[elemKey]target{}}
+// objRef is a chain or set of one of a family's tables.
+type objRef struct {
+	tab  uint8
+	name string
+}
+
+// tabIndex is the table number (tabName) of the table named name, if the
+// layout of k service tables has it.
+func tabIndex(name string, k int) (uint8, bool) {
+	for tab := range k + 1 {
+		if tabName(uint8(tab)) == name {
+			return uint8(tab), true
+		}
+	}
+	return 0, false
+}
+
+// dump reads what the kernel holds of t's tables (see present).
+func (p *Proxier) dump(t *table, k int) (*present, error) {
+	pr := &present{chains: map[objRef]bool{}, sets: map[objRef]bool{}, elems: map[elemKey]target{}, tables: map[uint8]bool{}}
+	tables, err := p.conn.ListTablesOfFamily(t.f.tf)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+	}
+	for _, tb := range tables {
+		if !Ours(tb.Name) {
+			continue
+		}
+		if tab, ok := tabIndex(tb.Name, k); ok {
+			pr.tables[tab] = true
+		} else {
+			pr.other = append(pr.other, tb.Name)
+		}
+	}
 	chains, err := p.conn.ListChainsOfTableFamily(t.f.tf)
 	if err != nil {
 		return nil, fmt.Errorf("nftables: list %s chains: %w", t.f.name, err)
 	}
 	for _, c := range chains {
-		if c.Table != nil && c.Table.Name == TableName {
-			pr.chains[c.Name] = true
-		}
-	}
-	ob := newObjects(t.f)
-	sets, err := p.conn.GetSets(ob.t)
-	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s sets: %w", t.f.name, err)
-	}
-	for _, s := range sets {
-		pr.sets[s.Name] = true
-	}
-	for _, s := range t.f.sets() {
-		if !pr.sets[s.name] {
+		if c.Table == nil {
 			continue
 		}
-		es, err := p.conn.GetSetElements(ob.sets[s.name])
-		if err != nil {
-			return nil, fmt.Errorf("nftables: list the elements of %s %s: %w", t.f.name, s.name, err)
+		if tab, ok := tabIndex(c.Table.Name, k); ok {
+			pr.chains[objRef{tab, c.Name}] = true
 		}
-		for _, e := range es {
-			if e.IntervalEnd {
+	}
+	ob := newObjects(t.f, k)
+	for tab, tb := range ob.tabs {
+		if !pr.tables[uint8(tab)] {
+			continue
+		}
+		sets, err := p.conn.GetSets(tb)
+		if err != nil {
+			return nil, fmt.Errorf("nftables: list %s %s sets: %w", t.f.name, tb.Name, err)
+		}
+		for _, s := range sets {
+			pr.sets[objRef{uint8(tab), s.Name}] = true
+		}
+		for _, s := range t.f.sets() {
+			set := ob.sets[tab][s.name]
+			if set == nil || !pr.sets[objRef{uint8(tab), s.name}] {
 				continue
 			}
-			k := elemKey{set: s.name, key: string(e.Key), end: string(e.KeyEnd)}
-			var v target
-			if s.isMap {
-				v = verdictOf(e.Val)
+			es, err := p.conn.GetSetElements(set)
+			if err != nil {
+				return nil, fmt.Errorf("nftables: list the elements of %s %s %s: %w", t.f.name, tb.Name, s.name, err)
 			}
-			pr.elems[k] = v
+			for _, e := range es {
+				if e.IntervalEnd {
+					continue
+				}
+				k := elemKey{tab: uint8(tab), set: s.name, key: string(e.Key), end: string(e.KeyEnd)}
+				var v target
+				if s.isMap {
+					v = verdictOf(e.Val)
+				}
+				pr.elems[k] = v
+			}
 		}
 	}
 	return pr, nil
+}
+
+func (r objRef) compare(o objRef) int {
+	if r.tab != o.tab {
+		return int(r.tab) - int(o.tab)
+	}
+	return strings.Compare(r.name, o.name)
 }
 
 // verdictOf decodes an element's verdict data (NFTA_DATA_VERDICT's
@@ -133,18 +189,18 @@ func owner(k elemKey) (string, bool) {
 // replaces the table in one transaction (rebuild).
 func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, pr *present) (pd *pending, rest func(pp *pipe) (msgs int, err error)) {
 	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
-	ob := newObjects(t.f)
-	b.add(func() { b.c.AddTable(ob.t) })
-	for _, s := range t.f.sets() {
-		set := ob.sets[s.name]
-		b.add(func() { _ = b.c.AddSet(set, nil) })
+	k := o.shardCount()
+	ob := newObjects(t.f, k)
+	for _, tb := range ob.tabs {
+		b.add(func() { b.c.AddTable(tb) })
 	}
+	b.addSets(ob, t.f)
 	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
-		if c.hook == nil && !pr.chains[c.name] {
+		if c.hook == nil && !pr.chains[objRef{c.tab, c.name}] {
 			b.addChain(ob, c)
 			b.addRules(ob, c)
-			pr.chains[c.name] = true // and written again below
+			pr.chains[objRef{c.tab, c.name}] = true // and written again below
 		}
 	}
 	rest = func(pp *pipe) (msgs int, err error) {
@@ -194,26 +250,28 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			add[k] = v
 			pr.elems[k] = v
 		}
-		wantChains, wantSets := map[string]bool{}, map[string]bool{}
+		wantChains, wantSets := map[objRef]bool{}, map[objRef]bool{}
 		for _, s := range names {
 			u, err := buildUnit(t.f, o, groups[s])
 			if err != nil {
 				return msgs, err
 			}
 			for _, n := range u.affSets {
-				wantSets[n] = true
-				if !pr.sets[n] {
-					cb.addAffSets(ob, t.f, []string{n})
-					pr.sets[n] = true
+				r := objRef{u.tab, n}
+				wantSets[r] = true
+				if !pr.sets[r] {
+					cb.addAffSets(ob, t.f, u.tab, []string{n})
+					pr.sets[r] = true
 				}
 			}
 			for _, ch := range u.chains {
-				wantChains[ch.name] = true
-				if pr.chains[ch.name] {
+				r := objRef{ch.tab, ch.name}
+				wantChains[r] = true
+				if pr.chains[r] {
 					cb.flushChain(ob, ch)
 				} else {
 					cb.addChain(ob, ch)
-					pr.chains[ch.name] = true
+					pr.chains[r] = true
 				}
 				cb.addRules(ob, ch)
 			}
@@ -247,7 +305,9 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			}
 		}
 		for _, a := range npIPs {
-			set(elemKey{set: setNodePortIPs, key: string(a.AsSlice())}, target{})
+			for _, e := range npKeys(a, k) {
+				set(e, target{})
+			}
 		}
 		if err := send(); err != nil {
 			return msgs, err
@@ -255,8 +315,8 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 		// The fixed chains, as planned: each flushed and written again
 		// (or added) in one transaction.
 		for _, ch := range fixed {
-			wantChains[ch.name] = true
-			if pr.chains[ch.name] {
+			wantChains[objRef{ch.tab, ch.name}] = true
+			if pr.chains[objRef{ch.tab, ch.name}] {
 				cb.flushChain(ob, ch)
 			} else {
 				cb.addChain(ob, ch)
@@ -277,7 +337,9 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			keep[k] = true
 		}
 		for _, a := range npIPs {
-			keep[elemKey{set: setNodePortIPs, key: string(a.AsSlice())}] = true
+			for _, e := range npKeys(a, k) {
+				keep[e] = true
+			}
 		}
 		for k, v := range pr.elems {
 			if !keep[k] {
@@ -294,15 +356,15 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 		}
 		// Stale chains: emptied first, so that none jumps to another,
 		// then deleted with the stale affinity sets their rules used.
-		var stale []string
-		for n := range pr.chains {
-			if !wantChains[n] {
-				stale = append(stale, n)
+		var stale []objRef
+		for r := range pr.chains {
+			if !wantChains[r] {
+				stale = append(stale, r)
 			}
 		}
-		slices.Sort(stale)
-		for _, n := range stale {
-			cb.flushChain(ob, chainSpec{name: n})
+		slices.SortFunc(stale, objRef.compare)
+		for _, r := range stale {
+			cb.flushChain(ob, chainSpec{tab: r.tab, name: r.name})
 			if full() {
 				if err := send(); err != nil {
 					return msgs, err
@@ -312,32 +374,34 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 		if err := send(); err != nil {
 			return msgs, err
 		}
-		for _, n := range stale {
-			cb.delChain(ob, chainSpec{name: n})
+		for _, r := range stale {
+			cb.delChain(ob, chainSpec{tab: r.tab, name: r.name})
 			if full() {
 				if err := send(); err != nil {
 					return msgs, err
 				}
 			}
 		}
-		fixedSets := map[string]bool{}
-		for _, s := range t.f.sets() {
-			fixedSets[s.name] = true
-		}
-		var staleSets []string
-		for n := range pr.sets {
-			if !fixedSets[n] && !wantSets[n] {
-				staleSets = append(staleSets, n)
+		var staleSets []objRef
+		for r := range pr.sets {
+			if ob.sets[r.tab][r.name] == nil && !wantSets[r] {
+				staleSets = append(staleSets, r)
 			}
 		}
-		slices.Sort(staleSets)
-		for _, n := range staleSets {
-			cb.delAffSets(ob, t.f, []string{n})
+		slices.SortFunc(staleSets, objRef.compare)
+		for _, r := range staleSets {
+			cb.delAffSets(ob, t.f, r.tab, []string{r.name})
 			if full() {
 				if err := send(); err != nil {
 					return msgs, err
 				}
 			}
+		}
+		// Tables of ours the layout has no more: once ours are whole,
+		// their dispatch goes.
+		for _, n := range pr.other {
+			tb := &nftables.Table{Family: t.f.tf, Name: n}
+			cb.add(func() { cb.c.DelTable(tb) })
 		}
 		if err := send(); err != nil {
 			return msgs, err

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net/netip"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -139,7 +140,7 @@ func TestRestartFailure(t *testing.T) {
 	if err := q.Apply(ctx, bad); err == nil {
 		t.Fatal("a chain name over 256 bytes was written")
 	}
-	half := list(t, a, "table", "ip", TableName)
+	half := listOurs(t, a, "ip")
 	for _, want := range []string{"type nat hook prerouting", "10.96.0.10 . tcp . 80 : goto svc-aa/web", "10.96.0.11 . tcp . 80 : goto svc-bb/web", "10.244.1.3:8080"} {
 		if !strings.Contains(half, want) {
 			t.Fatalf("after a failed restart, the table lacks %q:\n%s", want, half)
@@ -160,5 +161,51 @@ func TestRestartFailure(t *testing.T) {
 	}
 	if got, want := tables(t, a), tables(t, b); got != want {
 		t.Fatalf("after a failed restart:\n%s\ncold start:\n%s", got, want)
+	}
+}
+
+// A restart over the layout before the service tables (one table per
+// family holding every Service's dispatch and chains, as
+// testdata/one-table.golden, written by that version on goldenPlan)
+// replaces it in one transaction with the tables a fresh start writes;
+// and a rebuild deletes a table of ours the layout has not (a service
+// table of another number).
+func TestRestartFromOneTable(t *testing.T) {
+	kernel(t)
+	ctx := context.Background()
+	o := Options{ClusterCIDRs: []netip.Prefix{clusterCIDR, netip.MustParsePrefix("fd00:244::/48")}, IPv6: true}
+	a, fresh := netns.New(t, "nftupg"), netns.New(t, "nftupg2")
+	if out, err := a.Run("nft", "-f", filepath.Join("testdata", "one-table.golden")); err != nil {
+		t.Fatalf("nft -f one-table.golden: %v %s", err, out)
+	}
+	p := newProxier(t, a, o)
+	if err := p.Apply(ctx, goldenPlan()); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.LastStats(); !st.Rebuilt || st.Transactions != 1 {
+		t.Fatalf("the restart over one table: %+v, want it replaced in one transaction", st)
+	}
+	if err := newProxier(t, fresh, o).Apply(ctx, goldenPlan()); err != nil {
+		t.Fatal(err)
+	}
+	want := tables(t, fresh)
+	if got := tables(t, a); got != want {
+		t.Fatalf("after the restart over one table:\n%s\nwant (a fresh start):\n%s", got, want)
+	}
+
+	if out, err := a.Run("nft", "add table ip "+ShardPrefix+"99; add chain ip "+ShardPrefix+"99 nat-output { type nat hook output priority -100; }"); err != nil {
+		t.Fatalf("%v %s", err, out)
+	}
+	if err := p.Reconfigure(p.opts); err != nil { // the next apply rewrites the tables
+		t.Fatal(err)
+	}
+	if err := p.Apply(ctx, goldenPlan()); err != nil {
+		t.Fatal(err)
+	}
+	if st := p.LastStats(); !st.Rebuilt {
+		t.Fatalf("after Reconfigure: %+v, want a rebuild", st)
+	}
+	if got := tables(t, a); got != want {
+		t.Fatalf("after the rebuild:\n%s\nwant (a fresh start):\n%s", got, want)
 	}
 }

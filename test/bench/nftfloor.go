@@ -4,6 +4,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"strings"
 	"syscall"
 	"time"
 
@@ -57,6 +58,32 @@ type nftCopy struct {
 	// rules of each chain, to copy one chain under another name (the
 	// one-change floor).
 	rules map[string][]rawMsg
+}
+
+// readNFTTables reads every table of family whose name is prefix or
+// starts with prefix + "-" (edgeproxy's main table and its service
+// tables), in the order the kernel lists them.
+func readNFTTables(c *netlink.Conn, family uint8, prefix string) ([]*nftCopy, error) {
+	tables, err := rawDump(c, nftMsgGetTable, family, nil)
+	if err != nil {
+		return nil, err
+	}
+	var out []*nftCopy
+	for _, m := range tables {
+		name := attrString(m.Data, nftaTableName)
+		if name != prefix && !strings.HasPrefix(name, prefix+"-") {
+			continue
+		}
+		cp, err := readNFTTable(c, family, name)
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, cp)
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("bench: no nf_tables table %d %s", family, prefix)
+	}
+	return out, nil
 }
 
 // rawMsg is one nf_tables request: its type (without the subsystem),
@@ -391,10 +418,11 @@ func sendBatch(b nftBatch) (time.Duration, error) {
 	}
 }
 
-// nftFloor measures, for a proxy with a table of its own (both families),
-// one batch of the table into an empty namespace, then the median of five
-// one-chain batches on top of it (a copy of one of its Service chains).
-// It returns the bytes of the full batch.
+// nftFloor measures, for a proxy with tables of its own (both families:
+// table and every table named table-*, edgeproxy's service tables), one
+// batch of all of them into an empty namespace, then the median of five
+// one-chain batches on top of it (a copy of one of its Service chains,
+// in that chain's table). It returns the bytes of the full batch.
 func (r *Runner) nftFloor(res *Result, table, svcPrefix string) (int, error) {
 	var copies []*nftCopy
 	err := r.World.Node.Do(func() error {
@@ -404,14 +432,14 @@ func (r *Runner) nftFloor(res *Result, table, svcPrefix string) (int, error) {
 		}
 		defer c.Close()
 		for _, fam := range []uint8{nfprotoIPv4, nfprotoIPv6} {
-			cp, err := readNFTTable(c, fam, table)
+			cps, err := readNFTTables(c, fam, table)
 			if err != nil && fam == nfprotoIPv6 {
 				continue // IPv4 only
 			}
 			if err != nil {
 				return err
 			}
-			copies = append(copies, cp)
+			copies = append(copies, cps...)
 		}
 		return nil
 	})
@@ -424,9 +452,15 @@ func (r *Runner) nftFloor(res *Result, table, svcPrefix string) (int, error) {
 	}
 	full := marshalBatch(all)
 	var svc string
-	for chain := range copies[0].rules {
-		if len(chain) > len(svcPrefix) && chain[:len(svcPrefix)] == svcPrefix && (svc == "" || chain < svc) {
-			svc = chain
+	var in *nftCopy // the table of svc
+	for _, cp := range copies {
+		if cp.family != copies[0].family {
+			continue
+		}
+		for chain := range cp.rules {
+			if len(chain) > len(svcPrefix) && chain[:len(svcPrefix)] == svcPrefix && (svc == "" || chain < svc) {
+				svc, in = chain, cp
+			}
 		}
 	}
 	if svc == "" {
@@ -445,7 +479,7 @@ func (r *Runner) nftFloor(res *Result, table, svcPrefix string) (int, error) {
 		res.FloorRestore = d.Seconds()
 		var one []float64
 		for i := range 5 {
-			d, err := sendBatch(marshalBatch(copies[0].chainAs(svc, fmt.Sprintf("epb-floor-%d", i+1))))
+			d, err := sendBatch(marshalBatch(in.chainAs(svc, fmt.Sprintf("epb-floor-%d", i+1))))
 			if err != nil {
 				return err
 			}

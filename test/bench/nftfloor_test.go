@@ -102,16 +102,16 @@ func TestNativeLayoutAndFloor(t *testing.T) {
 		t.Fatalf("one change wrote %+v, want one transaction of messages", d)
 	}
 
-	// The floor: the table copied into an empty namespace is the same
-	// table, as nft prints it.
-	var cp *nftCopy
+	// The floor: the tables copied into an empty namespace are the same
+	// tables, as nft prints them.
+	var cps []*nftCopy
 	err = ns.Do(func() error {
 		c, err := dialNFT()
 		if err != nil {
 			return err
 		}
 		defer c.Close()
-		cp, err = readNFTTable(c, nfprotoIPv4, nftables.TableName)
+		cps, err = readNFTTables(c, nfprotoIPv4, nftables.TableName)
 		return err
 	})
 	if err != nil {
@@ -123,11 +123,26 @@ func TestNativeLayoutAndFloor(t *testing.T) {
 			return err
 		}
 		defer c.Close()
-		_, err = readNFTTable(c, nfprotoIPv6, nftables.TableName)
+		_, err = readNFTTables(c, nfprotoIPv6, nftables.TableName)
 		return err
 	})
 	if err == nil {
 		t.Fatal("read an ip6 table that was never written")
+	}
+	if len(cps) != nftables.Shards+1 {
+		t.Fatalf("read %d tables, want the main one and %d service tables", len(cps), nftables.Shards)
+	}
+	// svcA's table: the one holding its chain.
+	var cp *nftCopy
+	var all []rawMsg
+	for _, c := range cps {
+		if _, ok := c.rules[svcA]; ok {
+			cp = c
+		}
+		all = append(all, c.msgs...)
+	}
+	if cp == nil {
+		t.Fatalf("no table holds %s", svcA)
 	}
 	empty, err := NewNetns("native-floor")
 	if err != nil {
@@ -144,18 +159,18 @@ func TestNativeLayoutAndFloor(t *testing.T) {
 		t.Fatal("a chain was added to a table that does not exist")
 	}
 	err = empty.Do(func() error {
-		_, err := sendBatch(marshalBatch(cp.msgs))
+		_, err := sendBatch(marshalBatch(all))
 		return err
 	})
 
 	if err != nil {
 		t.Fatal(err)
 	}
-	orig, err := ns.Run("nft", "list", "table", "ip", nftables.TableName)
+	orig, err := ns.Run("nft", "list", "ruleset")
 	if err != nil {
 		t.Fatal(err)
 	}
-	copied, err := empty.Run("nft", "list", "table", "ip", nftables.TableName)
+	copied, err := empty.Run("nft", "list", "ruleset")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -176,7 +191,7 @@ func TestNativeLayoutAndFloor(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	one, err := empty.Run("nft", "list", "chain", "ip", nftables.TableName, "epb-floor-1")
+	one, err := empty.Run("nft", "list", "chain", "ip", cp.table, "epb-floor-1")
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -11,6 +11,7 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 
+	"github.com/edgeproxy/edgeproxy/datapath/nftables"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/netns"
 	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
@@ -74,11 +75,13 @@ func TestNFTablesTamperRepaired(t *testing.T) {
 		t.Fatalf("the agent's own syncs counted as tampering %s times", n)
 	}
 
-	if out, err := node.Run("nft", "insert", "rule", "ip", "edgeproxy", "services", "ip", "daddr", vip.String(), "drop"); err != nil {
+	// The Service's own table (its dispatch): the rule there drops it.
+	table := nftables.ServiceTable(w.ns, "web")
+	if out, err := node.Run("nft", "insert", "rule", "ip", table, "services", "ip", "daddr", vip.String(), "drop"); err != nil {
 		t.Fatalf("nft insert rule: %v %s", err, out)
 	}
 	waitFor(t, 60*time.Second, "the hand-made rule removed", func() error {
-		out, err := node.Run("nft", "list", "chain", "ip", "edgeproxy", "services")
+		out, err := node.Run("nft", "list", "chain", "ip", table, "services")
 		if err == nil && strings.Contains(out, "drop") {
 			err = fmt.Errorf("still there:\n%s", out)
 		}

@@ -276,7 +276,7 @@ func TestNFTablesReloadDatapathSettings(t *testing.T) {
 	reloadDatapathSettings(t, reloadMode{
 		mode:     "nftables",
 		binaries: []string{"nft"},
-		list:     []string{"nft", "list", "table", "ip", "edgeproxy"},
+		list:     []string{"nft", "list", "ruleset"}, // the main table and the service tables
 		mark:     func(bit int) string { return fmt.Sprintf("0x%08x", 1<<bit) },
 	})
 }

@@ -62,7 +62,8 @@ func TestSwitchNFTablesIPVSGuest(t *testing.T) {
 		switch next {
 		case proxies.ModeIPVS:
 			for _, l := range tables {
-				if strings.HasSuffix(l, " edgeproxy") {
+				// The main table or a service table (edgeproxy-svc-N).
+				if strings.HasSuffix(l, " edgeproxy") || strings.Contains(l, " edgeproxy-") {
 					t.Errorf("%s: nftables mode's table left: %s", what, l)
 				}
 			}
