@@ -33,7 +33,7 @@ func TestEncodeIsMarshal(t *testing.T) {
 		Slices: []model.EndpointSlice{{Namespace: "default", Name: "web-1", Service: "web", Family: model.IPv4, TriggerTime: at,
 			Ports: []model.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}},
 			Endpoints: []model.Endpoint{
-				{Addr: a("10.244.1.5"), NodeName: "edge-1", Zone: "z1", Ready: true, Serving: true, HintZones: []string{"z1"}, HintNodes: []string{"edge-1"}},
+				{Addr: a("10.244.1.5"), NodeName: "edge-1", Zone: "z1", Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z1"}, Nodes: []string{"edge-1"}}},
 				{Addr: a("10.244.2.7"), Serving: true, Terminating: true},
 			}}},
 		Modules: map[string]string{"canary": "ab", "topology": "cd"},

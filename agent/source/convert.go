@@ -270,13 +270,15 @@ func endpointOf(a netip.Addr, e *discovery.Endpoint) model.Endpoint {
 	if e.Zone != nil {
 		me.Zone = unique.Make(*e.Zone).Value()
 	}
-	if e.Hints != nil {
+	if e.Hints != nil && len(e.Hints.ForZones)+len(e.Hints.ForNodes) > 0 {
+		h := &model.Hints{}
 		for _, z := range e.Hints.ForZones {
-			me.HintZones = append(me.HintZones, unique.Make(z.Name).Value())
+			h.Zones = append(h.Zones, unique.Make(z.Name).Value())
 		}
 		for _, n := range e.Hints.ForNodes {
-			me.HintNodes = append(me.HintNodes, unique.Make(n.Name).Value())
+			h.Nodes = append(h.Nodes, unique.Make(n.Name).Value())
 		}
+		me.Hints = h
 	}
 	return me
 }
