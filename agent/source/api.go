@@ -547,20 +547,18 @@ func (c *Converted) GetObjectMeta() metav1.Object {
 func (c *Converter) Transform(obj any) (any, error) {
 	switch o := obj.(type) {
 	case *v1.Service:
-		out := &Converted{}
+		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
 		out.Service, out.Warnings, out.Err = c.Service(o)
-		if out.Service != nil {
-			o.Namespace, o.Name = out.Service.Namespace, out.Service.Name
+		if out.Service != nil { // one copy of the name for both
+			out.Meta.Namespace, out.Meta.Name = out.Service.Namespace, out.Service.Name
 		}
-		out.Meta = keptMeta(&o.ObjectMeta)
 		return out, nil
 	case *discovery.EndpointSlice:
-		out := &Converted{}
+		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
 		out.Slice, out.Warnings, out.Err = c.EndpointSlice(o)
 		if out.Slice != nil {
-			o.Namespace, o.Name = out.Slice.Namespace, out.Slice.Name
+			out.Meta.Namespace, out.Meta.Name = out.Slice.Namespace, out.Slice.Name
 		}
-		out.Meta = keptMeta(&o.ObjectMeta)
 		return out, nil
 	case *v1.Node:
 		o.ManagedFields, o.OwnerReferences, o.Finalizers, o.GenerateName = nil, nil, nil, ""
@@ -579,10 +577,9 @@ func (c *Converter) Transform(obj any) (any, error) {
 	return obj, nil
 }
 
-// keptMeta copies what a Converted keeps of m (see kept); the name and
-// namespace are the model value's when there is one.
+// keptMeta copies what a Converted keeps of m (see kept).
 func keptMeta(m *metav1.ObjectMeta) Meta {
-	return Meta{Name: m.Name, Namespace: shared(m.Namespace), UID: types.UID(kept(string(m.UID))), ResourceVersion: kept(m.ResourceVersion)}
+	return Meta{Name: kept(m.Name), Namespace: shared(m.Namespace), UID: types.UID(kept(string(m.UID))), ResourceVersion: kept(m.ResourceVersion)}
 }
 
 // serverOf names the API server client talks to, for the resume points:

@@ -353,9 +353,8 @@ func keptLabels(in map[string]string) map[string]string {
 // and shared interns one that repeats across objects (namespaces, port
 // names, protocols, label keys). The decoder's strings sit among the
 // object's other small allocations, which are garbage once it is
-// converted, and one kept string holds its whole page of the heap: the
-// strings a 10,000-Service list left behind held most of its small-object
-// pages after the cold start (RESULTS.md, "Where the steady heap goes").
+// converted, and one kept string holds its whole span (a page of small
+// objects) in use; interned, a namespace or "TCP" is held once.
 func kept(s string) string { return strings.Clone(s) }
 
 func shared(s string) string { return unique.Make(s).Value() }
