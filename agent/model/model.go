@@ -5,6 +5,7 @@
 package model
 
 import (
+	"encoding/json"
 	"net/netip"
 	"time"
 
@@ -104,9 +105,64 @@ type Endpoint struct {
 	Ready       bool
 	Serving     bool
 	Terminating bool
-	// HintZones and HintNodes are the topology hints (forZones, forNodes).
-	HintZones []string
-	HintNodes []string
+	// Hints are the topology hints; nil when there are none (most
+	// endpoints: a pointer, not two lists, keeps an endpoint at 72 bytes
+	// instead of 112, 3.8 MB at 10,000 Services × 10 endpoints).
+	Hints *Hints
+}
+
+// Hints are an endpoint's topology hints (forZones, forNodes).
+type Hints struct {
+	Zones []string
+	Nodes []string
+}
+
+// HintZones returns the zones the endpoint is hinted for.
+func (e *Endpoint) HintZones() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Zones
+}
+
+// HintNodes returns the nodes the endpoint is hinted for.
+func (e *Endpoint) HintNodes() []string {
+	if e.Hints == nil {
+		return nil
+	}
+	return e.Hints.Nodes
+}
+
+// endpointJSON is Endpoint as the snapshot files have always held it,
+// with the hints as two fields.
+type endpointJSON struct {
+	Addr        netip.Addr
+	NodeName    string
+	Zone        string
+	Ready       bool
+	Serving     bool
+	Terminating bool
+	HintZones   []string
+	HintNodes   []string
+}
+
+// MarshalJSON writes e in the snapshot's layout (endpointJSON).
+func (e Endpoint) MarshalJSON() ([]byte, error) {
+	return json.Marshal(endpointJSON{Addr: e.Addr, NodeName: e.NodeName, Zone: e.Zone, Ready: e.Ready,
+		Serving: e.Serving, Terminating: e.Terminating, HintZones: e.HintZones(), HintNodes: e.HintNodes()})
+}
+
+// UnmarshalJSON reads e from the snapshot's layout (endpointJSON).
+func (e *Endpoint) UnmarshalJSON(b []byte) error {
+	var j endpointJSON
+	if err := json.Unmarshal(b, &j); err != nil {
+		return err
+	}
+	*e = Endpoint{Addr: j.Addr, NodeName: j.NodeName, Zone: j.Zone, Ready: j.Ready, Serving: j.Serving, Terminating: j.Terminating}
+	if j.HintZones != nil || j.HintNodes != nil {
+		e.Hints = &Hints{Zones: j.HintZones, Nodes: j.HintNodes}
+	}
+	return nil
 }
 
 // PortEndpoint is an endpoint of one service port: an address with the

@@ -126,7 +126,8 @@ type portPlan struct {
 	// The plan is the ports' sorted frontends in the order of their names.
 	frontends, sorted []datapath.Frontend
 	// weighed is the policy's verdict for each family planned, in
-	// selectPort's order: what an explanation cannot compute again.
+	// selectPort's order: what an explanation cannot compute again; nil
+	// when every family's was equal weights (isEqualWeighing).
 	weighed []Weighing
 	// The port's endpoints of each family, all of them: the
 	// healthCheckNodePort count keeps the ready ones on this node.
@@ -513,6 +514,7 @@ func (w *weigher) wait() {
 
 func (p *Planner) planPort(pw *portWork) *portPlan {
 	pp := &portPlan{name: pw.port.Name, svc: pw.port.Service}
+	builtin := true
 	for i := range pw.fams {
 		fw := &pw.fams[i]
 		pp.retry = pp.retry || fw.w.Retry
@@ -520,17 +522,37 @@ func (p *Planner) planPort(pw *portWork) *portPlan {
 		fs := p.frontends(pw.port, fw, weight)
 		pp.frontends = append(pp.frontends, fs...)
 		pp.weighed = append(pp.weighed, fw.w)
+		builtin = builtin && isEqualWeighing(fw.w, len(fw.union))
 		if fw.fam == model.IPv4 {
 			pp.epsV4 = fw.eps
 		} else {
 			pp.epsV6 = fw.eps
 		}
 	}
+	if builtin {
+		// Every weight 1 and nothing else: what selectPort starts an
+		// explanation with, not kept (144 bytes a port).
+		pp.weighed = nil
+	}
 	cmp := func(a, b datapath.Frontend) int { return datapath.Compare(&a, &b) }
 	if !slices.IsSortedFunc(pp.frontends, cmp) {
 		pp.sorted = slices.SortedFunc(slices.Values(pp.frontends), cmp)
 	}
 	return pp
+}
+
+// isEqualWeighing reports whether w weighs n endpoints 1 each and says
+// nothing more: the weighing without (or before) a policy.
+func isEqualWeighing(w Weighing, n int) bool {
+	if w.Scheduler != "" || w.SchedulerFlags != nil || w.Explain != nil || w.Retry || len(w.Weights) != n {
+		return false
+	}
+	for _, x := range w.Weights {
+		if x != 1 {
+			return false
+		}
+	}
+	return true
 }
 
 // weightsOf maps each endpoint the policy weighed to its weight, capped at

@@ -361,6 +361,6 @@ func endpoint(e *model.PortEndpoint, node *model.Node, w uint32) abi.Endpoint {
 		Addr: e.Addr, Port: e.Port, NodeName: e.NodeName, Zone: e.Zone,
 		Ready: e.Ready, Serving: e.Serving, Terminating: e.Terminating,
 		Local:     node != nil && e.NodeName != "" && e.NodeName == node.Name,
-		HintZones: e.HintZones, HintNodes: e.HintNodes, Weight: w,
+		HintZones: e.HintZones(), HintNodes: e.HintNodes(), Weight: w,
 	}
 }

@@ -349,10 +349,10 @@ func effectiveHints(svc *model.Service, eps []model.PortEndpoint) (hints []hintS
 	hints = make([]hintSet, len(eps))
 	anyReady, anyHint := false, false
 	for i, ep := range eps {
-		hints[i] = hintSet{zones: ep.HintZones, nodes: ep.HintNodes}
+		hints[i] = hintSet{zones: ep.HintZones(), nodes: ep.HintNodes()}
 		if ep.Ready {
 			anyReady = true
-			if len(ep.HintZones) > 0 || len(ep.HintNodes) > 0 {
+			if ep.Hints != nil {
 				anyHint = true
 			}
 		}

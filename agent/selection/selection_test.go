@@ -43,11 +43,14 @@ func ep(n int, node, cond string, opts ...string) model.PortEndpoint {
 		panic("bad condition " + cond)
 	}
 	for _, o := range opts {
+		if (strings.HasPrefix(o, "z:") || strings.HasPrefix(o, "n:")) && e.Hints == nil {
+			e.Hints = &model.Hints{}
+		}
 		switch {
 		case strings.HasPrefix(o, "z:"):
-			e.HintZones = append(e.HintZones, o[2:])
+			e.Hints.Zones = append(e.Hints.Zones, o[2:])
 		case strings.HasPrefix(o, "n:"):
-			e.HintNodes = append(e.HintNodes, o[2:])
+			e.Hints.Nodes = append(e.Hints.Nodes, o[2:])
 		case o == "nozone":
 			e.Zone = ""
 		default:

@@ -19,6 +19,7 @@
 package snapshot
 
 import (
+	"bufio"
 	"bytes"
 	"crypto/sha256"
 	"encoding/hex"
@@ -29,6 +30,7 @@ import (
 	"io/fs"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/edgeproxy/edgeproxy/agent/model"
@@ -94,14 +96,11 @@ func Save(dir string, s *Snapshot) error {
 	if err := s.Plan.Validate(); err != nil {
 		return fmt.Errorf("snapshot: save: %w", err)
 	}
-	payload, err := json.Marshal(s)
-	if err != nil {
-		return fmt.Errorf("snapshot: encode: %w", err)
-	}
-	sum := sha256.Sum256(payload)
-	// The envelope is written around the payload, not copied with it: at
-	// 1,000 services a second copy was 2.7 MB more heap at every write.
-	head := fmt.Appendf(nil, `{"version":%d,"sha256":"%s","payload":`, Version, hex.EncodeToString(sum[:]))
+	// The payload is streamed into the file through its hash (encoder):
+	// neither the payload nor its encoding is held whole. The envelope's
+	// checksum, known only at the end, is written over a placeholder of
+	// the same length.
+	head := fmt.Appendf(nil, `{"version":%d,"sha256":"%s","payload":`, Version, strings.Repeat("0", 2*sha256.Size))
 
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return fmt.Errorf("snapshot: create state directory: %w", err)
@@ -127,10 +126,24 @@ func Save(dir string, s *Snapshot) error {
 	if wrapWriter != nil {
 		w = wrapWriter(f)
 	}
-	for _, b := range [][]byte{head, payload, []byte("}\n")} {
-		if _, err := w.Write(b); err != nil {
-			return fmt.Errorf("snapshot: write %s: %w", tmp, err)
-		}
+	if _, err := w.Write(head); err != nil {
+		return fmt.Errorf("snapshot: write %s: %w", tmp, err)
+	}
+	sum := sha256.New()
+	e := &encoder{w: bufio.NewWriterSize(io.MultiWriter(w, sum), 64<<10)}
+	e.snapshot(s)
+	if e.err != nil {
+		return fmt.Errorf("snapshot: encode: %w", e.err)
+	}
+	if err := e.w.Flush(); err != nil {
+		return fmt.Errorf("snapshot: write %s: %w", tmp, err)
+	}
+	if _, err := w.Write([]byte("}\n")); err != nil {
+		return fmt.Errorf("snapshot: write %s: %w", tmp, err)
+	}
+	head = fmt.Appendf(head[:0], `{"version":%d,"sha256":"%s","payload":`, Version, hex.EncodeToString(sum.Sum(nil)))
+	if _, err := f.WriteAt(head, 0); err != nil {
+		return fmt.Errorf("snapshot: write %s: %w", tmp, err)
 	}
 	if err := f.Sync(); err != nil {
 		return fmt.Errorf("snapshot: fsync %s: %w", tmp, err)

@@ -73,7 +73,7 @@ func sample() *snapshot.Snapshot {
 			Namespace: "default", Name: "web-abc", Service: "web", Family: model.IPv4,
 			Ports: []model.EndpointPort{{Name: "http", Protocol: "TCP", Port: 8080}},
 			Endpoints: []model.Endpoint{
-				{Addr: a("10.244.1.5"), NodeName: "edge-1", Zone: "z1", Ready: true, Serving: true, HintZones: []string{"z1"}},
+				{Addr: a("10.244.1.5"), NodeName: "edge-1", Zone: "z1", Ready: true, Serving: true, Hints: &model.Hints{Zones: []string{"z1"}}},
 				{Addr: a("10.244.2.7"), NodeName: "edge-2", Zone: "z2", Serving: true, Terminating: true},
 			},
 		}},

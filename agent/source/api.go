@@ -549,10 +549,16 @@ func (c *Converter) Transform(obj any) (any, error) {
 	case *v1.Service:
 		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
 		out.Service, out.Warnings, out.Err = c.Service(o)
+		if out.Service != nil { // one copy of the name for both
+			out.Meta.Namespace, out.Meta.Name = out.Service.Namespace, out.Service.Name
+		}
 		return out, nil
 	case *discovery.EndpointSlice:
 		out := &Converted{Meta: keptMeta(&o.ObjectMeta)}
 		out.Slice, out.Warnings, out.Err = c.EndpointSlice(o)
+		if out.Slice != nil {
+			out.Meta.Namespace, out.Meta.Name = out.Slice.Namespace, out.Slice.Name
+		}
 		return out, nil
 	case *v1.Node:
 		o.ManagedFields, o.OwnerReferences, o.Finalizers, o.GenerateName = nil, nil, nil, ""
@@ -571,8 +577,9 @@ func (c *Converter) Transform(obj any) (any, error) {
 	return obj, nil
 }
 
+// keptMeta copies what a Converted keeps of m (see kept).
 func keptMeta(m *metav1.ObjectMeta) Meta {
-	return Meta{Name: m.Name, Namespace: m.Namespace, UID: m.UID, ResourceVersion: m.ResourceVersion}
+	return Meta{Name: kept(m.Name), Namespace: shared(m.Namespace), UID: types.UID(kept(string(m.UID))), ResourceVersion: kept(m.ResourceVersion)}
 }
 
 // serverOf names the API server client talks to, for the resume points:

@@ -60,16 +60,16 @@ func (c *Converter) Service(s *v1.Service) (*model.Service, []string, error) {
 		return nil, nil, fmt.Errorf("%w: headless", ErrSkip)
 	}
 	out := &model.Service{
-		Namespace:           s.Namespace,
-		Name:                s.Name,
+		Namespace:           shared(s.Namespace),
+		Name:                kept(s.Name),
 		Created:             s.CreationTimestamp.Time,
 		InternalLocal:       s.Spec.InternalTrafficPolicy != nil && *s.Spec.InternalTrafficPolicy == v1.ServiceInternalTrafficPolicyLocal,
 		HealthCheckNodePort: uint16(s.Spec.HealthCheckNodePort),
-		Labels:              s.Labels,
+		Labels:              keptLabels(s.Labels),
 		Annotations:         c.keptAnnotations(s.Annotations),
 	}
 	if s.Spec.TrafficDistribution != nil {
-		out.TrafficDistribution = model.TrafficDistribution(*s.Spec.TrafficDistribution)
+		out.TrafficDistribution = model.TrafficDistribution(shared(*s.Spec.TrafficDistribution))
 	}
 	if err := serviceAddrs(s, out); err != nil {
 		return nil, nil, err
@@ -167,7 +167,7 @@ func servicePorts(ports []v1.ServicePort) ([]model.ServicePort, error) {
 			return nil, fmt.Errorf("spec.ports[%d].nodePort: %d is out of range", i, p.NodePort)
 		}
 		out = append(out, model.ServicePort{
-			Name: p.Name, Protocol: proto, Port: uint16(p.Port), NodePort: uint16(p.NodePort),
+			Name: shared(p.Name), Protocol: shared(proto), Port: uint16(p.Port), NodePort: uint16(p.NodePort),
 		})
 	}
 	return out, nil
@@ -185,7 +185,7 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 	if svc == "" {
 		return nil, nil, fmt.Errorf("metadata.labels: no %s label", LabelServiceName)
 	}
-	out := &model.EndpointSlice{Namespace: s.Namespace, Name: s.Name, Service: svc}
+	out := &model.EndpointSlice{Namespace: shared(s.Namespace), Name: kept(s.Name), Service: kept(svc)}
 	switch s.AddressType {
 	case discovery.AddressTypeIPv4:
 		out.Family = model.IPv4
@@ -215,10 +215,10 @@ func (c *Converter) EndpointSlice(s *discovery.EndpointSlice) (*model.EndpointSl
 		}
 		ep := model.EndpointPort{Protocol: string(v1.ProtocolTCP), Port: uint16(*p.Port)}
 		if p.Name != nil {
-			ep.Name = *p.Name
+			ep.Name = shared(*p.Name)
 		}
 		if p.Protocol != nil {
-			ep.Protocol = string(*p.Protocol)
+			ep.Protocol = shared(string(*p.Protocol))
 		}
 		out.Ports = append(out.Ports, ep)
 	}
@@ -270,13 +270,15 @@ func endpointOf(a netip.Addr, e *discovery.Endpoint) model.Endpoint {
 	if e.Zone != nil {
 		me.Zone = unique.Make(*e.Zone).Value()
 	}
-	if e.Hints != nil {
+	if e.Hints != nil && len(e.Hints.ForZones)+len(e.Hints.ForNodes) > 0 {
+		h := &model.Hints{}
 		for _, z := range e.Hints.ForZones {
-			me.HintZones = append(me.HintZones, unique.Make(z.Name).Value())
+			h.Zones = append(h.Zones, unique.Make(z.Name).Value())
 		}
 		for _, n := range e.Hints.ForNodes {
-			me.HintNodes = append(me.HintNodes, unique.Make(n.Name).Value())
+			h.Nodes = append(h.Nodes, unique.Make(n.Name).Value())
 		}
+		me.Hints = h
 	}
 	return me
 }
@@ -329,11 +331,33 @@ func (c *Converter) keptAnnotations(in map[string]string) map[string]string {
 			if out == nil {
 				out = make(map[string]string)
 			}
-			out[k] = v
+			out[shared(k)] = kept(v)
 		}
 	}
 	return out
 }
+
+// keptLabels copies a Service's labels (see kept).
+func keptLabels(in map[string]string) map[string]string {
+	if in == nil {
+		return nil
+	}
+	out := make(map[string]string, len(in))
+	for k, v := range in {
+		out[shared(k)] = kept(v)
+	}
+	return out
+}
+
+// kept copies a string of a decoded API object that a model value keeps,
+// and shared interns one that repeats across objects (namespaces, port
+// names, protocols, label keys). The decoder's strings sit among the
+// object's other small allocations, which are garbage once it is
+// converted, and one kept string holds its whole span (a page of small
+// objects) in use; interned, a namespace or "TCP" is held once.
+func kept(s string) string { return strings.Clone(s) }
+
+func shared(s string) string { return unique.Make(s).Value() }
 
 // keepAnnotation lists the annotations anything after the source reads:
 // topology mode, the trigger time, the offline probe, and the policy

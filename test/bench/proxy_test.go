@@ -4,6 +4,7 @@ import (
 	"io"
 	"math"
 	"os/exec"
+	"strings"
 	"testing"
 	"time"
 )
@@ -130,6 +131,37 @@ func TestVerdictUse(t *testing.T) {
 	}{{0, 0.05, "met"}, {0, 0, "met"}, {0.04, 0.05, "met"}, {0.1, 0.05, "missed by 100%"}, {0.01, 0, "missed (none allowed)"}, {math.NaN(), 1, "–"}} {
 		if got := verdictUse(c.v, c.target); got != c.want {
 			t.Errorf("verdictUse(%v, %v) = %q, want %q", c.v, c.target, got, c.want)
+		}
+	}
+}
+
+// S5's target in the report: nftables mode against kube-proxy's nftables
+// mode is held to issue 27's 0.4×, edgeproxy in iptables mode to 0.5×.
+func TestS5Target(t *testing.T) {
+	const mib = 1 << 20
+	rep := &Report{
+		Plan: Plan{Sizes: []int{5000}, Backends: []string{"nft"}, Proxies: []ProxyKind{EdgeProxy, EdgeProxyNFT, KubeProxyNFT}},
+		Results: []Result{
+			{Proxy: KubeProxyNFT, Backend: "nft", Services: 5000, QuietWindow: 22, SteadyRSS: 100 * mib},
+			{Proxy: EdgeProxyNFT, Backend: "nft", Services: 5000, QuietWindow: 22, SteadyRSS: 45 * mib},
+			{Proxy: EdgeProxy, Backend: "nft", Services: 5000, QuietWindow: 22, SteadyRSS: 45 * mib},
+		},
+	}
+	var b strings.Builder
+	rep.Markdown(&b, nil)
+	out := b.String()
+	if !strings.Contains(out, "target RSS ≤0.5 (edgeproxy-nftables 0.4)× kube-proxy-nftables |") {
+		t.Errorf("S5 header names the wrong targets:\n%s", out)
+	}
+	for kind, want := range map[ProxyKind]string{EdgeProxyNFT: "missed by 12%", EdgeProxy: "met"} {
+		row := ""
+		for _, l := range strings.Split(out, "\n") {
+			if strings.HasPrefix(l, "| 5000 | "+string(kind)+" | 22.00 s |") {
+				row = l
+			}
+		}
+		if !strings.HasSuffix(row, "| "+want+" |") {
+			t.Errorf("S5 row of %s = %q, want the RSS verdict %q", kind, row, want)
 		}
 	}
 }

@@ -197,7 +197,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 		p("CPU in the quiet window is the time on CPU of the proxy's threads (schedstat, in nanoseconds) plus its children's; the harness scrapes `/metrics` before and after the window, not in it.")
 		p("")
 		ref := rep.strongest(backend)
-		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target CPU ≤ %s | target RSS ≤0.5× %s |", ref, ref)
+		p("| services | proxy | quiet window | CPU in it | syncs | kernel writes | steady RSS | Go heap | goroutines | target: 0 writes | target CPU ≤ %s | target RSS ≤%s× %s |", ref, rep.rssTargets(ref), ref)
 		p("|---:|---|---:|---:|---:|---:|---:|---:|---:|---|---|---|")
 		for _, n := range rep.Plan.Sizes {
 			k := find(rep.Results, ref, backend, n)
@@ -220,7 +220,7 @@ func (rep *Report) Markdown(w io.Writer, charts []string) {
 					}
 					if k != nil {
 						t2 = verdictUse(r.QuietCPU, k.QuietCPU)
-						t3 = verdict(float64(r.SteadyRSS), 0.5*float64(k.SteadyRSS))
+						t3 = verdict(float64(r.SteadyRSS), rssRatio(kind, ref)*float64(k.SteadyRSS))
 					}
 				}
 				p("| %d | %s | %s | %s | %.0f | %s | %s | %s | %.0f | %s | %s | %s |", n, kind, secs(r.QuietWindow), secs(r.QuietCPU), r.QuietSyncs, writes,
@@ -289,6 +289,37 @@ func (rep *Report) strongest(backend string) ProxyKind {
 		}
 	}
 	return KubeProxy
+}
+
+// rssRatio is S5's target for kind against ref: issue 27's 0.4× for
+// nftables mode against kube-proxy's, 0.5× otherwise.
+func rssRatio(kind, ref ProxyKind) float64 {
+	if kind == EdgeProxyNFT && ref == KubeProxyNFT {
+		return nftRSSRatio
+	}
+	return 0.5
+}
+
+// rssTargets names the S5 targets of the edgeproxy rows against ref:
+// "0.4", "0.5", or both ("0.5 (edgeproxy-nftables 0.4)").
+func (rep *Report) rssTargets(ref ProxyKind) string {
+	var nft, other bool
+	for _, kind := range rep.Plan.Proxies {
+		switch {
+		case kind.upstream():
+		case rssRatio(kind, ref) == nftRSSRatio:
+			nft = true
+		default:
+			other = true
+		}
+	}
+	switch {
+	case nft && other:
+		return fmt.Sprintf("0.5 (%s %g)", EdgeProxyNFT, nftRSSRatio)
+	case nft:
+		return fmt.Sprint(nftRSSRatio)
+	}
+	return "0.5"
 }
 
 // floorTarget is the S1 target against the one-restore floor.
