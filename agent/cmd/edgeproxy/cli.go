@@ -228,7 +228,7 @@ func renderNFTables(w io.Writer, n *nftables.Status, age func(time.Time) string)
 	var tables []string
 	for _, t := range n.Tables {
 		if t.Written {
-			tables = append(tables, fmt.Sprintf("%s edgeproxy: %d chains, %d service ports", t.Family, t.Chains, t.ServicePorts))
+			tables = append(tables, fmt.Sprintf("%s family: %d tables, %d chains, %d service ports", t.Family, t.Tables, t.Chains, t.ServicePorts))
 		}
 	}
 	if len(tables) > 0 {

@@ -17,12 +17,12 @@ func TestRenderStatusNFTables(t *testing.T) {
 	var b strings.Builder
 	renderStatus(&b, &agent.Status{Mode: "nftables", NFTables: &nftables.Status{
 		LastApply: nftables.Stats{Units: 3, Messages: 17, Bytes: 5120, Duration: 2500 * time.Microsecond, At: now.Add(-5 * time.Second)},
-		Tables:    []nftables.TableStatus{{Family: "ip", Written: true, Chains: 21, ServicePorts: 4}, {Family: "ip6"}},
+		Tables:    []nftables.TableStatus{{Family: "ip", Written: true, Tables: 17, Chains: 21, ServicePorts: 4}, {Family: "ip6"}},
 		Warnings:  []string{"table ip filter chain FORWARD (forward, priority 0) has policy drop: …"},
 	}}, now)
 	for _, want := range []string{
 		"nftables: last apply 5s ago: partial, 3 service ports compared, 17 netlink operations (5120 bytes), 2.5ms\n",
-		"nftables tables: ip edgeproxy: 21 chains, 4 service ports\n",
+		"nftables tables: ip family: 17 tables, 21 chains, 4 service ports\n",
 		"nftables warning: table ip filter chain FORWARD (forward, priority 0) has policy drop: …\n",
 	} {
 		if !strings.Contains(b.String(), want) {
