@@ -200,7 +200,7 @@ func npKeys(a netip.Addr, k int) []elemKey {
 // other names tables of ours that the layout has not (service tables of
 // another number): deleted in the same transaction.
 func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, other []string) (*pending, error) {
-	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs}
+	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[shared]int32{}, npIPs: npIPs}
 	for s, fs := range groups {
 		u, err := buildUnit(t.f, o, fs)
 		if err != nil {
@@ -246,7 +246,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		pd.units[s] = u.summary()
 	}
 	for k := range pd.counted {
-		all[k] = target{}
+		all[k.elemKey()] = target{}
 	}
 	for _, a := range npIPs {
 		for _, e := range npKeys(a, k) {
@@ -273,7 +273,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // whose frontends are those its unit was built from (inputHash) is not
 // built again.
 func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
-	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}, npIPs: npIPs}
+	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[shared]int32{}, npIPs: npIPs}
 	scope := map[datapath.ServicePortName]bool{}
 	if plan.Full {
 		for s := range t.units {
@@ -363,9 +363,9 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		case d == 0:
 			delete(pd.counted, k)
 		case was == 0 && now > 0:
-			add[k] = target{}
+			add[k.elemKey()] = target{}
 		case was > 0 && now <= 0:
-			del[k] = target{}
+			del[k.elemKey()] = target{}
 		}
 	}
 	for _, a := range npIPs {
