@@ -612,19 +612,19 @@ func (pd *pending) commit(t *table) {
 		t.written, t.needFull = true, false
 		t.unitChains = 0
 		for _, u := range t.units {
-			t.unitChains += len(u.chains)
+			t.unitChains += len(u.held)
 		}
 		return
 	}
 	for s, u := range pd.units {
 		if old := t.units[s]; old != nil {
-			t.unitChains -= len(old.chains)
+			t.unitChains -= len(old.held)
 		}
 		if u == nil {
 			delete(t.units, s)
 		} else {
 			t.units[s] = u
-			t.unitChains += len(u.chains)
+			t.unitChains += len(u.held)
 		}
 	}
 	for k, d := range pd.counted {

@@ -310,7 +310,7 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		pd.n++
 		oldElems := old.elemMap()
 		if len(nu.chains) == 0 && len(nu.elems) == 0 {
-			if len(old.chains) > 0 || len(oldElems) > 0 {
+			if len(old.held) > 0 || len(oldElems) > 0 {
 				pd.units[s] = nil
 			}
 		} else {
@@ -336,17 +336,17 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 				delSets = append(delSets, affRef{old.tab, n})
 			}
 		}
-		for i := len(old.chains) - 1; i >= 0; i-- {
-			if !slices.ContainsFunc(nu.chains, func(c chainSpec) bool { return c.name == old.chains[i].name }) {
-				delChains = append(delChains, old.chains[i])
+		for i := len(old.held) - 1; i >= 0; i-- {
+			if !slices.ContainsFunc(nu.chains, func(c chainSpec) bool { return c.name == old.held[i].name }) {
+				delChains = append(delChains, old.held[i].spec())
 			}
 		}
 		for _, c := range nu.chains {
-			j := slices.IndexFunc(old.chains, func(oc chainSpec) bool { return oc.name == c.name })
+			j := slices.IndexFunc(old.held, func(oc heldChain) bool { return oc.name == c.name })
 			switch {
 			case j < 0:
 				addChains = append(addChains, c)
-			case old.chains[j].digest != c.digest:
+			case old.held[j].digest != c.digest:
 				rewrite = append(rewrite, c)
 			}
 		}

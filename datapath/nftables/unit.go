@@ -223,10 +223,11 @@ type target struct {
 // cluster-ips set (each port of a Service is a unit).
 //
 // A unit as built holds its rules and an element map; what the Proxier
-// keeps between syncs is its summary: chain names and digests, the
-// elements as a short list, no rule (a few hundred bytes a Service).
+// keeps between syncs is its summary: chain names and digests (held),
+// the elements as a short list, no rule (a few hundred bytes a Service).
 type unit struct {
-	chains  []chainSpec
+	chains  []chainSpec        // built units
+	held    []heldChain        // summaries: the chains, in the same order
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
 	counted []shared           // sorted (shared.compare)
@@ -240,14 +241,32 @@ type elemEntry struct {
 	t target
 }
 
+// heldChain is what a summary keeps of a chain: what a partial sync
+// compares (name, digest) and deletes by (table, name). A chainSpec
+// without its rules would be three times its size.
+type heldChain struct {
+	tab    uint8
+	name   string
+	digest [16]byte
+}
+
+// spec is the chain as much as deleting it needs.
+func (h heldChain) spec() chainSpec { return chainSpec{tab: h.tab, name: h.name} }
+
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets, input: u.input, tab: u.tab}
-	for i, c := range u.chains {
-		s.chains[i] = chainSpec{tab: c.tab, name: c.name, digest: c.digest}
+	s := &unit{counted: u.counted, affSets: u.affSets, input: u.input, tab: u.tab}
+	if len(u.chains) > 0 {
+		s.held = make([]heldChain, len(u.chains))
+		for i, c := range u.chains {
+			s.held[i] = heldChain{tab: c.tab, name: c.name, digest: c.digest}
+		}
 	}
-	for k, t := range u.elems {
-		s.list = append(s.list, elemEntry{k, t})
+	if len(u.elems) > 0 {
+		s.list = make([]elemEntry, 0, len(u.elems))
+		for k, t := range u.elems {
+			s.list = append(s.list, elemEntry{k, t})
+		}
 	}
 	return s
 }
