@@ -75,7 +75,7 @@ func (p *Proxier) holds(t *table) (held bool, other []string, err error) {
 // while the one before is in the kernel) and fills pd; it returns how
 // many messages it sent.
 func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr) (pd *pending, rest func(pp *pipe) (msgs int, err error)) {
-	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
+	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[shared]int32{}, npIPs: npIPs, n: len(groups)}
 	ob := t.replaceTable(b, o.shardCount())
 	fixed := t.f.fixedChains(o, npIPs != nil)
 	for _, c := range fixed {
@@ -123,7 +123,7 @@ func (t *table) coldStart(b *batch, o *Options, limit int, groups map[datapath.S
 			}
 			for _, k := range u.counted {
 				if pd.counted[k] == 0 {
-					elems[k] = target{}
+					elems[k.elemKey()] = target{}
 				}
 				pd.counted[k]++
 			}

@@ -281,7 +281,7 @@ type table struct {
 	units    map[datapath.ServicePortName]*unit
 	// counted: the elements units share (the hairpin set's endpoints,
 	// the cluster-ips set's addresses), with how many units hold each.
-	counted map[elemKey]int
+	counted map[shared]int32
 	// Node ports: restricted to npIPs (@nodeport-ips), or on every local
 	// address (fib) when npIPs is nil.
 	npIPs []netip.Addr
@@ -358,7 +358,7 @@ func New(o Options) (*Proxier, error) {
 }
 
 func newTable(f *fam) *table {
-	return &table{f: f, units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}}
+	return &table{f: f, units: map[datapath.ServicePortName]*unit{}, counted: map[shared]int32{}}
 }
 
 // Name is "nftables".
@@ -599,8 +599,8 @@ func group(plan *datapath.Plan, f datapath.Family, all bool) map[datapath.Servic
 type pending struct {
 	replace bool // units and counted replace the table's
 	units   map[datapath.ServicePortName]*unit
-	counted map[elemKey]int // the new counts (replace) or the deltas
-	n       int             // service ports compared
+	counted map[shared]int32 // the new counts (replace) or the deltas
+	n       int              // service ports compared
 	npIPs   []netip.Addr
 	pods    podMatch
 }
@@ -612,19 +612,19 @@ func (pd *pending) commit(t *table) {
 		t.written, t.needFull = true, false
 		t.unitChains = 0
 		for _, u := range t.units {
-			t.unitChains += len(u.chains)
+			t.unitChains += len(u.held)
 		}
 		return
 	}
 	for s, u := range pd.units {
 		if old := t.units[s]; old != nil {
-			t.unitChains -= len(old.chains)
+			t.unitChains -= len(old.held)
 		}
 		if u == nil {
 			delete(t.units, s)
 		} else {
 			t.units[s] = u
-			t.unitChains += len(u.chains)
+			t.unitChains += len(u.held)
 		}
 	}
 	for k, d := range pd.counted {

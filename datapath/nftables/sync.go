@@ -200,7 +200,7 @@ func npKeys(a netip.Addr, k int) []elemKey {
 // other names tables of ours that the layout has not (service tables of
 // another number): deleted in the same transaction.
 func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, other []string) (*pending, error) {
-	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs}
+	pd := &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[shared]int32{}, npIPs: npIPs}
 	for s, fs := range groups {
 		u, err := buildUnit(t.f, o, fs)
 		if err != nil {
@@ -246,7 +246,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 		pd.units[s] = u.summary()
 	}
 	for k := range pd.counted {
-		all[k] = target{}
+		all[k.elemKey()] = target{}
 	}
 	for _, a := range npIPs {
 		for _, e := range npKeys(a, k) {
@@ -273,7 +273,7 @@ func (t *table) rebuild(b *batch, o *Options, groups map[datapath.ServicePortNam
 // whose frontends are those its unit was built from (inputHash) is not
 // built again.
 func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName][]datapath.Frontend, plan *datapath.Plan, npIPs []netip.Addr) (*pending, error) {
-	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[elemKey]int{}, npIPs: npIPs}
+	pd := &pending{units: map[datapath.ServicePortName]*unit{}, counted: map[shared]int32{}, npIPs: npIPs}
 	scope := map[datapath.ServicePortName]bool{}
 	if plan.Full {
 		for s := range t.units {
@@ -310,7 +310,7 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		pd.n++
 		oldElems := old.elemMap()
 		if len(nu.chains) == 0 && len(nu.elems) == 0 {
-			if len(old.chains) > 0 || len(oldElems) > 0 {
+			if len(old.held) > 0 || len(oldElems) > 0 {
 				pd.units[s] = nil
 			}
 		} else {
@@ -336,17 +336,17 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 				delSets = append(delSets, affRef{old.tab, n})
 			}
 		}
-		for i := len(old.chains) - 1; i >= 0; i-- {
-			if !slices.ContainsFunc(nu.chains, func(c chainSpec) bool { return c.name == old.chains[i].name }) {
-				delChains = append(delChains, old.chains[i])
+		for i := len(old.held) - 1; i >= 0; i-- {
+			if !slices.ContainsFunc(nu.chains, func(c chainSpec) bool { return c.name == old.held[i].name }) {
+				delChains = append(delChains, old.held[i].spec())
 			}
 		}
 		for _, c := range nu.chains {
-			j := slices.IndexFunc(old.chains, func(oc chainSpec) bool { return oc.name == c.name })
+			j := slices.IndexFunc(old.held, func(oc heldChain) bool { return oc.name == c.name })
 			switch {
 			case j < 0:
 				addChains = append(addChains, c)
-			case old.chains[j].digest != c.digest:
+			case old.held[j].digest != c.digest:
 				rewrite = append(rewrite, c)
 			}
 		}
@@ -363,9 +363,9 @@ func (t *table) update(b *batch, o *Options, groups map[datapath.ServicePortName
 		case d == 0:
 			delete(pd.counted, k)
 		case was == 0 && now > 0:
-			add[k] = target{}
+			add[k.elemKey()] = target{}
 		case was > 0 && now <= 0:
-			del[k] = target{}
+			del[k.elemKey()] = target{}
 		}
 	}
 	for _, a := range npIPs {

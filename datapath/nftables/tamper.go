@@ -164,7 +164,7 @@ func (t *table) chainNames(o *Options) []string {
 		out = append(out, tabName(c.tab)+" "+c.name)
 	}
 	for _, u := range t.units {
-		for _, c := range u.chains {
+		for _, c := range u.held {
 			out = append(out, tabName(c.tab)+" "+c.name)
 		}
 	}

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"bytes"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -108,6 +109,68 @@ func (k elemKey) compare(o elemKey) int {
 	return strings.Compare(k.end, o.end)
 }
 
+// shared is an element units share, counted across them (see unit): an
+// address in the main table's cluster-ips or hairpin set. It holds no
+// pointer (18 bytes: the set, the family, the address), so neither the table's counts
+// nor the units' lists give the garbage collector anything to scan, and
+// a Service's endpoints cost no string each; elemKey renders it as the
+// element's key bytes when a message is written.
+type shared struct {
+	set  uint8    // sharedClusterIPs or sharedHairpin
+	four bool     // an IPv4 address, in the last 4 bytes of addr
+	addr [16]byte // the address (netip.Addr.As16)
+}
+
+// The sets of shared elements, in the order of their names.
+const (
+	sharedClusterIPs uint8 = iota // cluster-ips: the address
+	sharedHairpin                 // hairpin: the address twice
+)
+
+func sharedOf(set uint8, a netip.Addr) shared {
+	return shared{set: set, four: a.Is4(), addr: a.As16()}
+}
+
+// address is the address of s (its zone, if any, dropped, as the
+// element's bytes drop it).
+func (s shared) address() netip.Addr {
+	if s.four {
+		return netip.AddrFrom4([4]byte(s.addr[12:]))
+	}
+	return netip.AddrFrom16(s.addr)
+}
+
+func (s shared) setName() string {
+	if s.set == sharedHairpin {
+		return setHairpin
+	}
+	return setClusterIPs
+}
+
+// elemKey is the element s stands for, in the main table.
+func (s shared) elemKey() elemKey {
+	a := s.address()
+	if s.set == sharedHairpin {
+		return elemKey{set: setHairpin, key: keyHairpin(a)}
+	}
+	return elemKey{set: setClusterIPs, key: string(a.AsSlice())}
+}
+
+// compare orders shared elements as their elemKeys are ordered (by set
+// name, then key; one unit's are all of one family).
+func (s shared) compare(o shared) int {
+	if s.set != o.set {
+		return int(s.set) - int(o.set)
+	}
+	if s.four != o.four {
+		if s.four {
+			return -1
+		}
+		return 1
+	}
+	return bytes.Compare(s.addr[:], o.addr[:])
+}
+
 // disjoint returns the prefixes of family fam in ps, masked, without
 // those inside another (two prefixes overlap only so): an interval set
 // refuses overlapping elements.
@@ -155,18 +218,19 @@ type target struct {
 // unit is what one service port puts into the table of one family: its
 // chains (ordered so that a chain comes before those that jump to it),
 // its elements in the fixed maps, and the elements it shares with other
-// units, counted across them: its endpoints in the hairpin set (two
-// Services may share one) and its cluster IPs in the cluster-ips set
-// (each port of a Service is a unit).
+// units, counted across them (compact: shared): its endpoints in the
+// hairpin set (two Services may share one) and its cluster IPs in the
+// cluster-ips set (each port of a Service is a unit).
 //
 // A unit as built holds its rules and an element map; what the Proxier
-// keeps between syncs is its summary: chain names and digests, the
-// elements as a short list, no rule (a few hundred bytes a Service).
+// keeps between syncs is its summary: chain names and digests (held),
+// the elements as a short list, no rule (a few hundred bytes a Service).
 type unit struct {
-	chains  []chainSpec
+	chains  []chainSpec        // built units
+	held    []heldChain        // summaries: the chains, in the same order
 	elems   map[elemKey]target // built units
 	list    []elemEntry        // summaries
-	counted []elemKey          // sorted
+	counted []shared           // sorted (shared.compare)
 	affSets []string           // its per-endpoint affinity sets, sorted
 	input   uint64             // inputHash of the frontends it was built from
 	tab     uint8              // its service table (its chains, affinity sets and dispatch elements)
@@ -177,14 +241,32 @@ type elemEntry struct {
 	t target
 }
 
+// heldChain is what a summary keeps of a chain: what a partial sync
+// compares (name, digest) and deletes by (table, name). A chainSpec
+// without its rules would be three times its size.
+type heldChain struct {
+	tab    uint8
+	name   string
+	digest [16]byte
+}
+
+// spec is the chain as much as deleting it needs.
+func (h heldChain) spec() chainSpec { return chainSpec{tab: h.tab, name: h.name} }
+
 // summary is u without its rules, as kept between syncs.
 func (u *unit) summary() *unit {
-	s := &unit{chains: make([]chainSpec, len(u.chains)), counted: u.counted, affSets: u.affSets, input: u.input, tab: u.tab}
-	for i, c := range u.chains {
-		s.chains[i] = chainSpec{tab: c.tab, name: c.name, digest: c.digest}
+	s := &unit{counted: u.counted, affSets: u.affSets, input: u.input, tab: u.tab}
+	if len(u.chains) > 0 {
+		s.held = make([]heldChain, len(u.chains))
+		for i, c := range u.chains {
+			s.held[i] = heldChain{tab: c.tab, name: c.name, digest: c.digest}
+		}
 	}
-	for k, t := range u.elems {
-		s.list = append(s.list, elemEntry{k, t})
+	if len(u.elems) > 0 {
+		s.list = make([]elemEntry, 0, len(u.elems))
+		for k, t := range u.elems {
+			s.list = append(s.list, elemEntry{k, t})
+		}
 	}
 	return s
 }
@@ -270,7 +352,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 		fr := &fs[i]
 		if fr.Kind == datapath.ClusterIP {
 			// Its ports no Service has are rejected (cluster-ips-check).
-			k := elemKey{set: setClusterIPs, key: string(fr.Addr.AsSlice())}
+			k := sharedOf(sharedClusterIPs, fr.Addr)
 			if !slices.Contains(u.counted, k) {
 				u.counted = append(u.counted, k)
 			}
@@ -376,7 +458,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 			for _, e := range eps {
 				if !seen[e.Addr.Addr()] {
 					seen[e.Addr.Addr()] = true
-					u.counted = append(u.counted, elemKey{set: setHairpin, key: keyHairpin(e.Addr.Addr())})
+					u.counted = append(u.counted, sharedOf(sharedHairpin, e.Addr.Addr()))
 				}
 			}
 		}
@@ -387,7 +469,11 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	for i := range u.chains {
 		u.chains[i].seal()
 	}
-	slices.SortFunc(u.counted, elemKey.compare)
+	slices.SortFunc(u.counted, shared.compare)
+	if cap(u.counted) > len(u.counted) {
+		// Kept between syncs (summary): no room for appends.
+		u.counted = slices.Clone(u.counted)
+	}
 	return u, nil
 }
 
@@ -494,12 +580,7 @@ func (u *unit) String() string {
 		}
 	}
 	for _, k := range u.counted {
-		n := len(k.key) // an address (cluster-ips)
-		if k.set == setHairpin {
-			n /= 2 // the same address twice
-		}
-		a, _ := netip.AddrFromSlice([]byte(k.key[:n]))
-		fmt.Fprintf(&b, "%s %s\n", k.set, a)
+		fmt.Fprintf(&b, "%s %s\n", k.setName(), k.address())
 	}
 	return b.String()
 }

@@ -319,3 +319,48 @@ func TestAffinitySetNamesAreDistinct(t *testing.T) {
 		}
 	}
 }
+
+// A shared element is written as the bytes its set's elements have: the
+// address (cluster-ips) or the address twice (hairpin), 4 bytes for IPv4
+// and 16 otherwise, an IPv4-mapped IPv6 address included; and shared
+// elements sort as their elements do.
+func TestSharedElementBytes(t *testing.T) {
+	addrs := []string{"10.96.0.10", "10.96.0.9", "0.0.0.0", "255.255.255.255", "fd00::a", "fd00::1", "::ffff:10.96.0.10", "fe80::1%eth0"}
+	var all []shared
+	for _, s := range addrs {
+		a := netip.MustParseAddr(s)
+		raw := a.AsSlice()
+		for _, c := range []struct {
+			set  uint8
+			name string
+			key  []byte
+		}{
+			{sharedClusterIPs, setClusterIPs, raw},
+			{sharedHairpin, setHairpin, append(slices.Clone(raw), raw...)},
+		} {
+			k := sharedOf(c.set, a)
+			all = append(all, k)
+			e := k.elemKey()
+			if e.tab != 0 || e.set != c.name || e.key != string(c.key) || e.end != "" {
+				t.Errorf("%s in %s: element %+v, want set %s key %x", s, c.name, e, c.name, c.key)
+			}
+			if k.setName() != c.name || k.address() != a.WithZone("") {
+				t.Errorf("%s in %s: reads back as %s in %s", s, c.name, k.address(), k.setName())
+			}
+		}
+	}
+	// Within one family (a unit's), the orders agree.
+	for _, four := range []bool{true, false} {
+		var ks []shared
+		for _, k := range all {
+			if k.four == four {
+				ks = append(ks, k)
+			}
+		}
+		byShared := slices.SortedFunc(slices.Values(ks), shared.compare)
+		byElem := slices.SortedFunc(slices.Values(ks), func(a, b shared) int { return a.elemKey().compare(b.elemKey()) })
+		if !slices.Equal(byShared, byElem) {
+			t.Errorf("four=%v: shared order %v, element order %v", four, byShared, byElem)
+		}
+	}
+}

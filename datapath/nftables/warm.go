@@ -188,7 +188,7 @@ func owner(k elemKey) (string, bool) {
 // and some as planned (the transactions sent are whole): the next apply
 // replaces the table in one transaction (rebuild).
 func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.ServicePortName][]datapath.Frontend, npIPs []netip.Addr, pr *present) (pd *pending, rest func(pp *pipe) (msgs int, err error)) {
-	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[elemKey]int{}, npIPs: npIPs, n: len(groups)}
+	pd = &pending{replace: true, units: make(map[datapath.ServicePortName]*unit, len(groups)), counted: map[shared]int32{}, npIPs: npIPs, n: len(groups)}
 	k := o.shardCount()
 	ob := newObjects(t.f, k)
 	for _, tb := range ob.tabs {
@@ -293,7 +293,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			}
 			for _, k := range u.counted {
 				if pd.counted[k] == 0 {
-					set(k, target{})
+					set(k.elemKey(), target{})
 				}
 				pd.counted[k]++
 			}
@@ -334,7 +334,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			}
 		}
 		for k := range pd.counted {
-			keep[k] = true
+			keep[k.elemKey()] = true
 		}
 		for _, a := range npIPs {
 			for _, e := range npKeys(a, k) {
