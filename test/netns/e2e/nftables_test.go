@@ -151,7 +151,7 @@ func TestNFTablesAgent(t *testing.T) {
 		t.Fatalf("edgeproxy status: %v\n%s", err, out)
 	}
 	t.Logf("edgeproxy status:\n%s", out)
-	for _, want := range []string{"mode nftables", "nftables: last apply ", "nftables tables: ip edgeproxy: ", "ip6 edgeproxy: "} {
+	for _, want := range []string{"mode nftables", "nftables: last apply ", "nftables tables: ip family: 17 tables, ", "ip6 family: 17 tables, "} {
 		if !strings.Contains(out, want) {
 			t.Errorf("edgeproxy status lacks %q:\n%s", want, out)
 		}
