@@ -24,13 +24,13 @@ func (p *Proxier) Cleanup(ctx context.Context) error {
 		for i := range p.opts.shardCount() {
 			names = append(names, tabName(uint8(i+1)))
 		}
-		tables, err := p.conn.ListTablesOfFamily(f.tf)
+		ours, err := p.ourTables(f)
 		if err != nil {
-			return fmt.Errorf("nftables: cleanup: list %s tables: %w", f.name, err)
+			return fmt.Errorf("nftables: cleanup: %w", err)
 		}
-		for _, tb := range tables {
-			if Ours(tb.Name) && !slices.Contains(names, tb.Name) {
-				names = append(names, tb.Name)
+		for _, n := range ours {
+			if !slices.Contains(names, n) {
+				names = append(names, n)
 			}
 		}
 		for _, n := range names {
@@ -59,15 +59,29 @@ func (p *Proxier) HoldsRules(ctx context.Context) (bool, error) {
 		if err := ctx.Err(); err != nil {
 			return false, err
 		}
-		tables, err := p.conn.ListTablesOfFamily(t.f.tf)
+		ours, err := p.ourTables(t.f)
 		if err != nil {
-			return false, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+			return false, err
 		}
-		for _, tb := range tables {
-			if Ours(tb.Name) {
-				return true, nil
-			}
+		if len(ours) > 0 {
+			return true, nil
 		}
 	}
 	return false, nil
+}
+
+// ourTables names the tables of ours (Ours) that the kernel holds in
+// family f: a dump of table names only.
+func (p *Proxier) ourTables(f *fam) ([]string, error) {
+	tables, err := p.conn.ListTablesOfFamily(f.tf)
+	if err != nil {
+		return nil, fmt.Errorf("nftables: list %s tables: %w", f.name, err)
+	}
+	var ours []string
+	for _, tb := range tables {
+		if Ours(tb.Name) {
+			ours = append(ours, tb.Name)
+		}
+	}
+	return ours, nil
 }

@@ -37,20 +37,16 @@ const restartBatchMessages = 8192
 // has not (service tables of another number: a rebuild deletes them) (a
 // dump of table names only).
 func (p *Proxier) holds(t *table) (held bool, other []string, err error) {
-	tables, err := p.conn.ListTablesOfFamily(t.f.tf)
+	ours, err := p.ourTables(t.f)
 	if err != nil {
-		return false, nil, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+		return false, nil, err
 	}
-	for _, tb := range tables {
-		if !Ours(tb.Name) {
-			continue
-		}
-		held = true
-		if _, ok := tabIndex(tb.Name, p.opts.shardCount()); !ok {
-			other = append(other, tb.Name)
+	for _, n := range ours {
+		if _, ok := tabIndex(n, p.opts.shardCount()); !ok {
+			other = append(other, n)
 		}
 	}
-	return held, other, nil
+	return len(ours) > 0, other, nil
 }
 
 // coldStart writes a table that holds nothing in use — none in the kernel

@@ -51,18 +51,15 @@ func tabIndex(name string, k int) (uint8, bool) {
 // dump reads what the kernel holds of t's tables (see present).
 func (p *Proxier) dump(t *table, k int) (*present, error) {
 	pr := &present{chains: map[objRef]bool{}, sets: map[objRef]bool{}, elems: map[elemKey]target{}, tables: map[uint8]bool{}}
-	tables, err := p.conn.ListTablesOfFamily(t.f.tf)
+	ours, err := p.ourTables(t.f)
 	if err != nil {
-		return nil, fmt.Errorf("nftables: list %s tables: %w", t.f.name, err)
+		return nil, err
 	}
-	for _, tb := range tables {
-		if !Ours(tb.Name) {
-			continue
-		}
-		if tab, ok := tabIndex(tb.Name, k); ok {
+	for _, n := range ours {
+		if tab, ok := tabIndex(n, k); ok {
 			pr.tables[tab] = true
 		} else {
-			pr.other = append(pr.other, tb.Name)
+			pr.other = append(pr.other, n)
 		}
 	}
 	chains, err := p.conn.ListChainsOfTableFamily(t.f.tf)
