@@ -19,6 +19,7 @@ func (a *Agent) sync(ctx context.Context) error {
 	start, faults := time.Now(), majorFaults()
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	defer a.gc.afterSync(a.gc.mark())
 	// The watchdog wants to know the loop turns, not that it succeeds: a
 	// node that cannot reach its cloud is stale, not hung.
 	defer a.notifier.Progress()
