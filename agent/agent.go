@@ -105,6 +105,7 @@ type Agent struct {
 
 	notifier *notify.Notifier
 	snaps    *snapshotWriter
+	gc       *betweenSyncs
 	// snapAge holds the written stamp (Unix ns) of the snapshot on disk,
 	// written or loaded; 0: none known.
 	snapAge      atomic.Int64
@@ -155,7 +156,9 @@ func New(opts Options) (*Agent, error) {
 	a.planner = planner.New(planner.Options{ExternalIPs: cfg.ExternalIPs}, a.opts.Policy)
 	a.metrics = newMetrics(opts.Registry, a.state, a.apiContactSeconds, a.snapshotAgeSeconds)
 	a.quarantine = newQuarantine(opts.Registry, a.log)
+	a.gc = newBetweenSyncs()
 	a.snaps = newSnapshotWriter(cfg.StateDir, a.log, a.metrics.snapshotWriteFailures, &a.snapAge)
+	a.snaps.gc = a.gc
 	a.kubeProxy = newKubeProxyTakeover(opts.Registry)
 	var err error
 	// The sync loop sleeps for as long as an hour on a quiet node (see

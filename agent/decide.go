@@ -83,7 +83,9 @@ type syncInput struct {
 // for on the compare's account: a compare sync right after the partial one
 // would hold the next change for as long as it runs plus sync.minPeriod.
 // The next change's sync (which compares then: with the iptables datapath
-// a hash per unit) or the runner's periodic one takes it.
+// a hash per unit) or the runner's periodic one takes it; a compare that
+// carries changes applies them on their own first (Agent.sync), so no
+// change waits for a compare.
 func decide(in syncInput) syncKind {
 	moved := in.changed || in.generation != in.synced
 	idle := !moved && !in.owed && !in.unsettled

@@ -121,7 +121,8 @@ func TestQuietNodeRests(t *testing.T) {
 // A change that arrives when the compare is due is applied first, as a
 // partial plan, and asks for no sync of its own (which would hold the next
 // change for sync.minPeriod after it); the compare comes with the next
-// sync, here the next change's.
+// sync, here the next change's, which applies that change on its own
+// before it compares (the compare renders every service again).
 func TestChangeDoesNotWaitForCompare(t *testing.T) {
 	dir := t.TempDir()
 	if err := os.WriteFile(filepath.Join(dir, "web.yaml"), []byte(webManifest), 0o644); err != nil {
@@ -148,9 +149,17 @@ func TestChangeDoesNotWaitForCompare(t *testing.T) {
 	}
 	a.state.SetService("t/db", &model.Service{Namespace: "t", Name: "db",
 		ClusterIPs: []netip.Addr{netip.MustParseAddr("10.96.0.7")}, Ports: []model.ServicePort{{Protocol: "TCP", Port: 5432}}})
-	eventually(t, "the next change's plan", func() bool { return len(b.got()) >= n+2 })
-	if next := b.got()[n+1]; !next.Full || !hasService(next, datapath.ServicePortName{Namespace: "t", Name: "db"}) {
-		t.Fatalf("the next change came in plan full=%v; want the compare with it", next.Full)
+	eventually(t, "the next change's plans", func() bool { return len(b.got()) >= n+3 })
+	db := datapath.ServicePortName{Namespace: "t", Name: "db"}
+	if next := b.got()[n+1]; next.Full || !next.Changed[db] || !hasService(next, db) {
+		t.Fatalf("the next change came in plan full=%v changed=%v; want a partial plan with t/db: first", next.Full, next.Changed)
+	}
+	if cmp := b.got()[n+2]; !cmp.Full || !hasService(cmp, db) {
+		t.Fatalf("the plan after the next change's was full=%v; want the compare, with t/db:", cmp.Full)
+	}
+	time.Sleep(50 * a.Config().Sync.MinPeriod)
+	if got := len(b.got()); got != n+3 {
+		t.Fatalf("%d more plans after the compare without another change; want none", got-n-3)
 	}
 }
 

@@ -31,7 +31,10 @@ type snapshotWriter struct {
 	age *atomic.Int64
 	// save is snapshot.Save; a test's may block.
 	save func(dir string, s *snapshot.Snapshot) error
-	wg   sync.WaitGroup
+	// gc collects after a write that left the heap near its trigger
+	// (betweenSyncs); nil: never.
+	gc *betweenSyncs
+	wg sync.WaitGroup
 
 	mu      sync.Mutex
 	written time.Time // the stamp of the last successful write
@@ -78,6 +81,7 @@ func (w *snapshotWriter) flush(now time.Time, interval time.Duration, build func
 	w.wg.Add(1)
 	go func() {
 		defer w.wg.Done()
+		m := w.gc.mark()
 		err := w.save(w.dir, s)
 		written := s.Written
 		s = nil // garbage before w.then (releaseAfterStart)
@@ -92,6 +96,7 @@ func (w *snapshotWriter) flush(now time.Time, interval time.Duration, build func
 		if then != nil {
 			then()
 		}
+		w.gc.afterWrite(m)
 	}()
 }
 

@@ -1,0 +1,128 @@
+package agent
+
+import (
+	"runtime"
+	rtmetrics "runtime/metrics"
+	"sync/atomic"
+)
+
+// betweenSyncs collects garbage between syncs rather than in them.
+//
+// A collection starts when the heap reaches the runtime's trigger, that
+// is while something allocates, and what allocates in a busy agent is a
+// sync (and the snapshot write after it). So the collection ran inside
+// the sync that crossed the trigger: its marking (tens of milliseconds at
+// 10k Services, on the same two cores as the sync) delayed that sync's
+// change. In epbench's S2 at 10k Services every flip that took more than
+// 1.3× the median had a collection in it (RATIONALE.md, "Why the agent
+// collects between syncs").
+//
+// After a sync or a snapshot write, when the heap is so close to the
+// earliest trigger that two more syncs like the last would cross it, the
+// agent collects at once, on a goroutine of its own: the next change
+// finds the collection done. A collection comes that much earlier than
+// the runtime's would have, so a busy agent collects somewhat more often
+// (RATIONALE.md has the numbers); a quiet node, which does not sync,
+// never does.
+type betweenSyncs struct {
+	busy  atomic.Bool
+	spent atomic.Uint64 // what the last sync allocated
+	// collect runs one collection (runtime.GC) and read reads the
+	// runtime's heap figures (readHeap); a test's count and pretend.
+	collect func()
+	read    func() [5]uint64
+}
+
+func newBetweenSyncs() *betweenSyncs { return &betweenSyncs{collect: runtime.GC, read: readHeap} }
+
+// heapMark is what the runtime had allocated, and how many collections it
+// had started, when a piece of work began.
+type heapMark struct{ allocs, cycles uint64 }
+
+var heapSamples = []string{
+	"/gc/heap/allocs:bytes",              // allocated since the process started
+	"/gc/cycles/total:gc-cycles",         // collections started
+	"/memory/classes/heap/objects:bytes", // the heap now, garbage included
+	"/gc/heap/live:bytes",                // the heap the last collection kept
+	"/gc/heap/goal:bytes",                // where the current cycle ends at the latest
+}
+
+// readHeap reads heapSamples, in their order.
+func readHeap() [5]uint64 {
+	s := make([]rtmetrics.Sample, len(heapSamples))
+	for i, n := range heapSamples {
+		s[i].Name = n
+	}
+	rtmetrics.Read(s)
+	var out [5]uint64
+	for i := range s {
+		if s[i].Value.Kind() == rtmetrics.KindUint64 {
+			out[i] = s[i].Value.Uint64()
+		}
+	}
+	return out
+}
+
+// mark is taken when a sync or a write begins. A nil betweenSyncs does
+// nothing.
+func (b *betweenSyncs) mark() heapMark {
+	if b == nil {
+		return heapMark{}
+	}
+	h := b.read()
+	return heapMark{allocs: h[0], cycles: h[1]}
+}
+
+// afterSync is called when a sync that began at m has ended; it starts a
+// collection when collectNow says so, with what the sync allocated as
+// the next sync's allocation.
+func (b *betweenSyncs) afterSync(m heapMark) {
+	if b == nil {
+		return
+	}
+	h := b.read()
+	spent := h[0] - m.allocs
+	b.spent.Store(spent)
+	b.maybe(h, m, spent)
+}
+
+// afterWrite is afterSync for a snapshot write, with the last sync's
+// allocation as the next sync's: a write's own (every object encoded)
+// says nothing of it.
+func (b *betweenSyncs) afterWrite(m heapMark) {
+	if b == nil {
+		return
+	}
+	b.maybe(b.read(), m, b.spent.Load())
+}
+
+// maybe starts a collection, unless one runs, when one started since m
+// or collectNow says no for heap figures h.
+func (b *betweenSyncs) maybe(h [5]uint64, m heapMark, next uint64) {
+	if h[1] != m.cycles {
+		return // a collection started during the work: the heap is fresh
+	}
+	if !collectNow(h[2], h[3], h[4], next) {
+		return
+	}
+	if !b.busy.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer b.busy.Store(false)
+		b.collect()
+	}()
+}
+
+// collectNow reports whether a heap of heap bytes (garbage included),
+// whose last collection kept live bytes and whose current goal is goal,
+// is within two syncs that allocate next bytes each of the earliest point
+// at which the runtime may start its next collection: 70% of the way
+// from live to goal (the pacer's lower bound on its trigger).
+func collectNow(heap, live, goal, next uint64) bool {
+	if goal <= live || next == 0 {
+		return false
+	}
+	trigger := live + (goal-live)/10*7
+	return heap+2*next >= trigger
+}

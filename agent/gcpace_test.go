@@ -1,0 +1,97 @@
+package agent
+
+import (
+	"sync"
+	"testing"
+	"time"
+)
+
+func TestCollectNow(t *testing.T) {
+	const mb = 1 << 20
+	// live 25 MB, goal 50 MB: the earliest trigger is at 42.5 MB.
+	for _, c := range []struct {
+		name                    string
+		heap, live, goal, spent uint64
+		want                    bool
+	}{
+		{"far from the trigger", 30 * mb, 25 * mb, 50 * mb, 1 * mb, false},
+		{"three syncs from it", 37 * mb, 25 * mb, 50 * mb, 2 * mb, false},
+		{"two syncs from it", 39 * mb, 25 * mb, 50 * mb, 2 * mb, true},
+		{"past it", 45 * mb, 25 * mb, 50 * mb, 1, true},
+		{"nothing allocated", 49 * mb, 25 * mb, 50 * mb, 0, false},
+		{"no room above the live heap", 30 * mb, 50 * mb, 50 * mb, 1 * mb, false},
+	} {
+		if got := collectNow(c.heap, c.live, c.goal, c.spent); got != c.want {
+			t.Errorf("%s: collectNow(%d, %d, %d, %d) = %v, want %v", c.name, c.heap, c.live, c.goal, c.spent, got, c.want)
+		}
+	}
+}
+
+// A sync or a write that leaves the heap near the trigger is followed by
+// a collection, not one during which a collection started, and one
+// collection runs at a time. A write counts the last sync's allocation as
+// the next one's, not its own.
+func TestBetweenSyncs(t *testing.T) {
+	const mb = 1 << 20
+	var (
+		mu      sync.Mutex
+		heap    = [5]uint64{100 * mb, 7, 30 * mb, 25 * mb, 50 * mb} // allocs, cycles, heap, live, goal
+		release = make(chan struct{})
+		ran     = make(chan struct{}, 4)
+	)
+	b := &betweenSyncs{
+		read:    func() [5]uint64 { mu.Lock(); defer mu.Unlock(); return heap },
+		collect: func() { ran <- struct{}{}; <-release },
+	}
+	set := func(allocs, cycles, now uint64) {
+		mu.Lock()
+		heap[0], heap[1], heap[2] = allocs, cycles, now
+		mu.Unlock()
+	}
+
+	m := b.mark()
+	set(101*mb, 7, 31*mb) // 1 MB spent, 31 + 2 < 42.5
+	b.afterSync(m)
+	m = b.mark()
+	set(102*mb, 8, 41*mb) // a collection started during the work
+	b.afterSync(m)
+	select {
+	case <-ran:
+		t.Fatal("collected after work far from the trigger, or during which a collection started")
+	default:
+	}
+
+	m = b.mark()
+	set(103*mb, 8, 41*mb) // 1 MB spent, 41 + 2 ≥ 42.5
+	b.afterSync(m)
+	<-ran // collecting, until released
+	m = b.mark()
+	set(104*mb, 8, 42*mb)
+	b.afterSync(m) // near the trigger too, but one collection runs
+	select {
+	case <-ran:
+		t.Fatal("a second collection started while one ran")
+	case <-time.After(50 * time.Millisecond): // time for one to start, were it wrongly
+	}
+	close(release)
+	for b.busy.Load() {
+		time.Sleep(time.Millisecond)
+	}
+
+	m = b.mark()
+	set(134*mb, 8, 35*mb) // a write spent 30 MB; the last sync 1 MB: 35 + 2 < 42.5
+	b.afterWrite(m)
+	select {
+	case <-ran:
+		t.Fatal("collected after a write with its own allocation as the next sync's")
+	case <-time.After(50 * time.Millisecond):
+	}
+	m = b.mark()
+	set(140*mb, 8, 41*mb) // 41 + 2 ≥ 42.5
+	b.afterWrite(m)
+	<-ran
+
+	var nb *betweenSyncs
+	nb.afterSync(nb.mark()) // nil: nothing, no panic
+	nb.afterWrite(nb.mark())
+}
