@@ -435,7 +435,7 @@ func (rep *Report) nftablesSection(p func(string, ...any), backend string) {
 	}
 	p("### edgeproxy `mode: nftables` (issue 27 targets)")
 	p("")
-	p("The native floor is edgeproxy-nftables' own tables, read back over netlink and written into an empty namespace as one netlink batch (one sendmsg, until the kernel acknowledges the commit). S2 targets: p50 ≤ %s up to %d Services, ≤ %s above; p99 ≤ 2× p50.", secs(nftS2P50), nftS2BigFrom, secs(nftS2P50Big))
+	p("The native floor is edgeproxy-nftables' own tables, read back over netlink and written into an empty namespace as one netlink batch (one sendmsg, until the kernel acknowledges the commit), with the bench's reader of nf_tables events subscribed there as it is in every proxy's run (the kernel builds an event of every object it commits for each listener); the median of three such batches, each into a namespace of its own. S2 targets: p50 ≤ %s up to %d Services, ≤ %s above; p99 ≤ 2× p50.", secs(nftS2P50), nftS2BigFrom, secs(nftS2P50Big))
 	p("")
 	p("| services | S1 edgeproxy-nftables | S1 kube-proxy-nftables (ratio) target ≤%g× | native floor (ratio) target ≤%g× | S1 edgeproxy iptables-nft | S2 p50 / p99 | S2 p50 kube-proxy-nftables | S2 p50 edgeproxy iptables-nft | steady RSS (against kube-proxy-nftables) target ≤%g× | S4 quiet CPU vs kube-proxy-nftables |", nftS1Ratio, nftS1Floor, nftRSSRatio)
 	p("|---:|---:|---|---|---:|---|---:|---:|---|---|")

@@ -427,7 +427,8 @@ func (r *Runner) churn(ctx context.Context, drv *Driver, p *Proxy, watch *Watche
 }
 
 // floor measures one restore of the rule set the proxy left in the node
-// namespace, into a fresh namespace, then the median of five single-chain
+// namespace, into a fresh namespace watched as the proxies' runs are
+// (watched), then the median of five single-chain
 // changes on top of it: with iptables-restore, or for kube-proxy's
 // nftables mode with nft -f (its tables, both families).
 func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
@@ -455,6 +456,11 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 		return err
 	}
 	defer ns.Close()
+	stop, err := watched(ns, res.Backend)
+	if err != nil {
+		return err
+	}
+	defer stop()
 	restore, args, noflush := "iptables-"+res.Backend+"-restore", []string{}, []string{"--noflush"}
 	change := "*nat\n:EPB-FLOOR - [0:0]\n-A EPB-FLOOR -p tcp -j DNAT --to-destination 10.63.0.%d:8080\nCOMMIT\n"
 	if res.Proxy == KubeProxyNFT {
@@ -467,7 +473,7 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 	}
 	res.FloorRestore = d.Seconds()
 	if res.Proxy != KubeProxyNFT {
-		if res.FloorNoflush, err = r.floorNoflush(restore, save); err != nil {
+		if res.FloorNoflush, err = r.floorNoflush(restore, res.Backend, save); err != nil {
 			return err
 		}
 	}
@@ -484,13 +490,18 @@ func (r *Runner) floor(ctx context.Context, res *Result, dir string) error {
 }
 
 // floorNoflush is one restore of save with --noflush into an empty
-// namespace of its own.
-func (r *Runner) floorNoflush(restore, save string) (float64, error) {
+// namespace of its own, watched as floor's.
+func (r *Runner) floorNoflush(restore, backend, save string) (float64, error) {
 	ns, err := NewNetns("floor-noflush")
 	if err != nil {
 		return 0, err
 	}
 	defer ns.Close()
+	stop, err := watched(ns, backend)
+	if err != nil {
+		return 0, err
+	}
+	defer stop()
 	d, err := timed(ns, restore, []string{"--noflush"}, save)
 	return d.Seconds(), err
 }
