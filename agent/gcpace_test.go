@@ -15,8 +15,8 @@ func TestCollectNow(t *testing.T) {
 		want                    bool
 	}{
 		{"far from the trigger", 30 * mb, 25 * mb, 50 * mb, 1 * mb, false},
-		{"two syncs from it", 39 * mb, 25 * mb, 50 * mb, 2 * mb, false},
-		{"one sync from it", 41 * mb, 25 * mb, 50 * mb, 2 * mb, true},
+		{"three syncs from it", 37 * mb, 25 * mb, 50 * mb, 2 * mb, false},
+		{"two syncs from it", 39 * mb, 25 * mb, 50 * mb, 2 * mb, true},
 		{"past it", 45 * mb, 25 * mb, 50 * mb, 1, true},
 		{"nothing allocated", 49 * mb, 25 * mb, 50 * mb, 0, false},
 		{"no room above the live heap", 30 * mb, 50 * mb, 50 * mb, 1 * mb, false},
@@ -50,7 +50,7 @@ func TestBetweenSyncs(t *testing.T) {
 	}
 
 	m := b.mark()
-	set(101*mb, 7, 41*mb) // 1 MB spent, 41 + 1 < 42.5
+	set(101*mb, 7, 31*mb) // 1 MB spent, 31 + 2 < 42.5
 	b.afterSync(m)
 	m = b.mark()
 	set(102*mb, 8, 44*mb) // past the trigger, but a collection started during the work
@@ -62,11 +62,11 @@ func TestBetweenSyncs(t *testing.T) {
 	}
 
 	m = b.mark()
-	set(103*mb, 8, 42*mb) // 1 MB spent, 42 + 1 ≥ 42.5
+	set(103*mb, 8, 41*mb) // 1 MB spent, 41 + 2 ≥ 42.5
 	b.afterSync(m)
-	<-ran // collecting, until released
+	waitRan(t, ran, "a collection after a sync near the trigger") // collecting, until released
 	m = b.mark()
-	set(104*mb, 8, 43*mb)
+	set(104*mb, 8, 42*mb)
 	b.afterSync(m) // near the trigger too, but one collection runs
 	select {
 	case <-ran:
@@ -79,7 +79,7 @@ func TestBetweenSyncs(t *testing.T) {
 	}
 
 	m = b.mark()
-	set(134*mb, 8, 35*mb) // a write spent 30 MB; the last sync 1 MB: 35 + 1 < 42.5
+	set(134*mb, 8, 35*mb) // a write spent 30 MB; the last sync 1 MB: 35 + 2 < 42.5
 	b.afterWrite(m)
 	select {
 	case <-ran:
@@ -87,11 +87,22 @@ func TestBetweenSyncs(t *testing.T) {
 	case <-time.After(50 * time.Millisecond):
 	}
 	m = b.mark()
-	set(140*mb, 8, 42*mb) // 42 + 1 ≥ 42.5
+	set(140*mb, 8, 41*mb) // 41 + 2 ≥ 42.5
 	b.afterWrite(m)
-	<-ran
+	waitRan(t, ran, "a collection after a write near the trigger")
 
 	var nb *betweenSyncs
 	nb.afterSync(nb.mark()) // nil: nothing, no panic
 	nb.afterWrite(nb.mark())
+}
+
+// waitRan waits for a collection to start; a test whose collection never
+// starts fails instead of hanging.
+func waitRan(t *testing.T, ran <-chan struct{}, what string) {
+	t.Helper()
+	select {
+	case <-ran:
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no %s", what)
+	}
 }
