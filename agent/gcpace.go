@@ -30,7 +30,7 @@ type betweenSyncs struct {
 	// collect runs one collection (runtime.GC) and read reads the
 	// runtime's heap figures (readHeap); a test's count and pretend.
 	collect func()
-	read    func() [5]uint64
+	read    func() heapFigures
 }
 
 func newBetweenSyncs() *betweenSyncs { return &betweenSyncs{collect: runtime.GC, read: readHeap} }
@@ -39,28 +39,34 @@ func newBetweenSyncs() *betweenSyncs { return &betweenSyncs{collect: runtime.GC,
 // had started, when a piece of work began.
 type heapMark struct{ allocs, cycles uint64 }
 
-var heapSamples = []string{
-	"/gc/heap/allocs:bytes",              // allocated since the process started
-	"/gc/cycles/total:gc-cycles",         // collections started
-	"/memory/classes/heap/objects:bytes", // the heap now, garbage included
-	"/gc/heap/live:bytes",                // the heap the last collection kept
-	"/gc/heap/goal:bytes",                // where the current cycle ends at the latest
+// heapFigures is what the runtime says of its heap, in bytes, and how
+// many collections it has started.
+type heapFigures struct {
+	allocs uint64 // allocated since the process started
+	cycles uint64 // collections started
+	heap   uint64 // the heap now, garbage included
+	live   uint64 // the heap the last collection kept
+	goal   uint64 // where the current cycle ends at the latest
 }
 
-// readHeap reads heapSamples, in their order.
-func readHeap() [5]uint64 {
-	s := make([]rtmetrics.Sample, len(heapSamples))
-	for i, n := range heapSamples {
-		s[i].Name = n
+// readHeap reads heapFigures from runtime/metrics.
+func readHeap() heapFigures {
+	var h heapFigures
+	fields := []*uint64{&h.allocs, &h.cycles, &h.heap, &h.live, &h.goal}
+	s := []rtmetrics.Sample{
+		{Name: "/gc/heap/allocs:bytes"},
+		{Name: "/gc/cycles/total:gc-cycles"},
+		{Name: "/memory/classes/heap/objects:bytes"},
+		{Name: "/gc/heap/live:bytes"},
+		{Name: "/gc/heap/goal:bytes"},
 	}
 	rtmetrics.Read(s)
-	var out [5]uint64
 	for i := range s {
 		if s[i].Value.Kind() == rtmetrics.KindUint64 {
-			out[i] = s[i].Value.Uint64()
+			*fields[i] = s[i].Value.Uint64()
 		}
 	}
-	return out
+	return h
 }
 
 // mark is taken when a sync or a write begins. A nil betweenSyncs does
@@ -70,7 +76,7 @@ func (b *betweenSyncs) mark() heapMark {
 		return heapMark{}
 	}
 	h := b.read()
-	return heapMark{allocs: h[0], cycles: h[1]}
+	return heapMark{allocs: h.allocs, cycles: h.cycles}
 }
 
 // afterSync is called when a sync that began at m has ended; it starts a
@@ -81,7 +87,7 @@ func (b *betweenSyncs) afterSync(m heapMark) {
 		return
 	}
 	h := b.read()
-	spent := h[0] - m.allocs
+	spent := h.allocs - m.allocs
 	b.spent.Store(spent)
 	b.maybe(h, m, spent)
 }
@@ -98,11 +104,11 @@ func (b *betweenSyncs) afterWrite(m heapMark) {
 
 // maybe starts a collection, unless one runs, when one started since m
 // or collectNow says no for heap figures h.
-func (b *betweenSyncs) maybe(h [5]uint64, m heapMark, next uint64) {
-	if h[1] != m.cycles {
+func (b *betweenSyncs) maybe(h heapFigures, m heapMark, next uint64) {
+	if h.cycles != m.cycles {
 		return // a collection started during the work: the heap is fresh
 	}
-	if !collectNow(h[2], h[3], h[4], next) {
+	if !collectNow(h.heap, h.live, h.goal, next) {
 		return
 	}
 	if !b.busy.CompareAndSwap(false, true) {

@@ -1,6 +1,7 @@
 package agent
 
 import (
+	"runtime"
 	"sync"
 	"testing"
 	"time"
@@ -35,17 +36,17 @@ func TestBetweenSyncs(t *testing.T) {
 	const mb = 1 << 20
 	var (
 		mu      sync.Mutex
-		heap    = [5]uint64{100 * mb, 7, 30 * mb, 25 * mb, 50 * mb} // allocs, cycles, heap, live, goal
+		heap    = heapFigures{allocs: 100 * mb, cycles: 7, heap: 30 * mb, live: 25 * mb, goal: 50 * mb}
 		release = make(chan struct{})
 		ran     = make(chan struct{}, 4)
 	)
 	b := &betweenSyncs{
-		read:    func() [5]uint64 { mu.Lock(); defer mu.Unlock(); return heap },
+		read:    func() heapFigures { mu.Lock(); defer mu.Unlock(); return heap },
 		collect: func() { ran <- struct{}{}; <-release },
 	}
 	set := func(allocs, cycles, now uint64) {
 		mu.Lock()
-		heap[0], heap[1], heap[2] = allocs, cycles, now
+		heap.allocs, heap.cycles, heap.heap = allocs, cycles, now
 		mu.Unlock()
 	}
 
@@ -106,3 +107,32 @@ func waitRan(t *testing.T, ran <-chan struct{}, what string) {
 		t.Fatalf("no %s", what)
 	}
 }
+
+// readHeap reads the runtime's own figures: a collection counts, the
+// heap after it is live and below its goal, and allocating moves allocs.
+func TestReadHeap(t *testing.T) {
+	runtime.GC()
+	before := readHeap()
+	runtime.GC()
+	sink = make([]byte, 1<<20)
+	h := readHeap()
+	if h.cycles <= before.cycles {
+		t.Errorf("collections started %d, then %d after runtime.GC", before.cycles, h.cycles)
+	}
+	if h.allocs < before.allocs+1<<20 {
+		t.Errorf("allocated %d, then %d after allocating 1 MiB", before.allocs, h.allocs)
+	}
+	if h.live == 0 || h.goal <= h.live || h.heap < h.live {
+		t.Errorf("heap %d, live %d, goal %d: want 0 < live ≤ heap and live < goal", h.heap, h.live, h.goal)
+	}
+	// A collection the runtime starts by itself counts too: garbage, at
+	// most 1 GiB of it, until one has.
+	for i := 0; readHeap().cycles == h.cycles; i++ {
+		if i == 1024 {
+			t.Fatal("no collection counted after 1 GiB of garbage")
+		}
+		sink = make([]byte, 1<<20)
+	}
+}
+
+var sink []byte

@@ -492,8 +492,8 @@ func (r *Runner) nftFloor(res *Result, table, svcPrefix string) (int, error) {
 				return nil
 			}
 			var one []float64
-			for i := range 5 {
-				d, err := sendBatch(marshalBatch(in.chainAs(svc, fmt.Sprintf("epb-floor-%d", i+1))))
+			for j := range 5 {
+				d, err := sendBatch(marshalBatch(in.chainAs(svc, fmt.Sprintf("epb-floor-%d", j+1))))
 				if err != nil {
 					return err
 				}
@@ -550,10 +550,10 @@ func extAck(m syscall.NetlinkMessage) string {
 // called, so that a floor on nf_tables pays what the proxies pay for
 // being watched: for each listener of NFNLGRP_NFTABLES the kernel builds
 // an event of every object a transaction adds, in the commit the floor
-// times. x_tables (backend legacy) has no
-// events: nothing is run there. (What it costs: a cold start of 5k
-// Services took 1.16–1.23 s with a listener draining the events and
-// 1.08–1.19 s without, four rounds each, in datapath/nftables.)
+// times (a cold start of 5k Services took 1.16–1.23 s with a listener
+// draining the events and 1.08–1.19 s without, four rounds each, in
+// datapath/nftables). x_tables (backend legacy) has no events: nothing
+// is run there.
 func watched(ns *Netns, backend string) (stop func(), err error) {
 	if backend != "nft" {
 		return func() {}, nil
