@@ -82,9 +82,13 @@ func cgroupMemoryMax(procCgroup, root string) (int64, error) {
 func releaseAfterStart(log *slog.Logger) {
 	runtime.GC()
 	debug.FreeOSMemory()
-	n, err := unmapExecutable()
+	n, noFaultAround, err := unmapExecutable()
 	if err != nil {
 		log.Debug("executable pages stay mapped", "err", err)
+		return
+	}
+	if noFaultAround != nil {
+		log.Debug("released start-up memory; code run again comes back 64 KiB at a time", "executableBytes", n, "err", noFaultAround)
 		return
 	}
 	log.Debug("released start-up memory", "executableBytes", n)

@@ -16,39 +16,56 @@ import (
 // MADV_DONTNEED. They are clean file pages: they leave the process's RSS
 // and stay in the page cache, as reclaimable as any cached file; code that
 // runs again maps them back with a minor fault, without reading the disk.
-// It returns the bytes of the mappings advised.
+// Before that it asks the kernel to map them back one page per fault
+// (pageByPage); noFaultAround says why not, nil when it does. It returns
+// the bytes of the mappings advised.
 //
 // Why: a Go binary's start-up touches most of its executable and keeps it
 // all mapped, although a quiet agent runs a few MiB of it; MADV_DONTNEED
 // and not MADV_PAGEOUT, which would read each page needed again from the
 // disk (RATIONALE.md, "Why the executable's pages are dropped, not paged
 // out").
-func unmapExecutable() (int64, error) {
+func unmapExecutable() (advised int64, noFaultAround, err error) {
+	ranges, err := readOnlyRanges()
+	if err != nil {
+		return 0, nil, fmt.Errorf("unmap the executable: %w", err)
+	}
+	noFaultAround = pageByPage(ranges)
+	for _, r := range ranges {
+		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, r.start, r.end-r.start, unix.MADV_DONTNEED); errno != 0 {
+			return advised, noFaultAround, fmt.Errorf("unmap the executable: madvise %#x-%#x: %w", r.start, r.end, errno)
+		}
+		advised += int64(r.end - r.start)
+	}
+	return advised, noFaultAround, nil
+}
+
+// addrRange is the addresses [start, end).
+type addrRange struct{ start, end uintptr }
+
+// readOnlyRanges lists the mappings of the executable without write
+// permission.
+func readOnlyRanges() ([]addrRange, error) {
 	var self syscall.Stat_t
 	if err := syscall.Stat("/proc/self/exe", &self); err != nil {
-		return 0, fmt.Errorf("unmap the executable: %w", err)
+		return nil, err
 	}
 	f, err := os.Open("/proc/self/maps")
 	if err != nil {
-		return 0, fmt.Errorf("unmap the executable: %w", err)
+		return nil, err
 	}
 	defer f.Close()
-	var advised int64
+	var out []addrRange
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		start, end, ok := readOnlyMapping(sc.Text(), self.Ino)
-		if !ok {
-			continue
+		if start, end, ok := readOnlyMapping(sc.Text(), self.Ino); ok {
+			out = append(out, addrRange{start, end})
 		}
-		if _, _, errno := unix.Syscall(unix.SYS_MADVISE, start, end-start, unix.MADV_DONTNEED); errno != 0 {
-			return advised, fmt.Errorf("unmap the executable: madvise %#x-%#x: %w", start, end, errno)
-		}
-		advised += int64(end - start)
 	}
 	if err := sc.Err(); err != nil {
-		return advised, fmt.Errorf("unmap the executable: /proc/self/maps: %w", err)
+		return nil, fmt.Errorf("/proc/self/maps: %w", err)
 	}
-	return advised, nil
+	return out, nil
 }
 
 // readOnlyMapping parses one /proc/self/maps line ("start-end perms offset

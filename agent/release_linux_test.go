@@ -1,7 +1,9 @@
 package agent
 
 import (
+	"fmt"
 	"os"
+	"reflect"
 	"strconv"
 	"strings"
 	"syscall"
@@ -9,6 +11,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
 )
 
 func TestReadOnlyMapping(t *testing.T) {
@@ -86,9 +90,12 @@ func cachedPages(t *testing.T) int {
 // in the page cache, so that code run again needs no read from the disk.
 func TestUnmapExecutable(t *testing.T) {
 	before, cached := rssFile(t), cachedPages(t)
-	n, err := unmapExecutable()
+	n, noFaultAround, err := unmapExecutable()
 	if err != nil {
 		t.Fatal(err)
+	}
+	if noFaultAround != nil {
+		t.Logf("pages come back 64 KiB at a time: %v", noFaultAround)
 	}
 	after, still := rssFile(t), cachedPages(t)
 	t.Logf("advised %d MiB; RssFile %d → %d kB; pages in the page cache %d → %d", n>>20, before, after, cached, still)
@@ -106,5 +113,62 @@ func TestUnmapExecutable(t *testing.T) {
 	// 8414.
 	if still < cached*98/100 {
 		t.Fatalf("%d of %d cached pages of the executable left the page cache", cached-still, cached)
+	}
+}
+
+// TestPageByPage: once the executable's pages are dropped, reading one
+// page of its text maps that page back, not the 64 KiB around it that the
+// kernel's fault-around maps (16 pages, all of which the page cache holds).
+// The pages read are 12 spread over the text, as data: no code runs from
+// them, so whatever else is present in their windows is code the test
+// process ran meanwhile (with fault-around, all 16 pages of each window).
+func TestPageByPage(t *testing.T) {
+	n, noFaultAround, err := unmapExecutable()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if noFaultAround != nil {
+		gate.Skip(t, fmt.Sprintf("the kernel maps pages back 64 KiB at a time: %v", noFaultAround))
+	}
+	ranges, err := readOnlyRanges()
+	if err != nil || len(ranges) == 0 {
+		t.Fatalf("%d ranges, %v", len(ranges), err)
+	}
+	text := ranges[0] // the first: r-x, the lowest addresses
+	const window = 16
+	page := uintptr(os.Getpagesize())
+	pm, err := os.Open("/proc/self/pagemap")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pm.Close()
+	var spots []uintptr
+	for i := 1; i <= 12; i++ {
+		spots = append(spots, (text.start+uintptr(i)*(text.end-text.start)/14)&^(page*window-1))
+	}
+	// A pointer into the text, from which the spots are reached.
+	base := unsafe.Pointer(reflect.ValueOf(TestPageByPage).Pointer())
+	var sum byte
+	for _, p := range spots {
+		sum += *(*byte)(unsafe.Add(base, int(p+3*page)-int(uintptr(base)))) // a page inside the window
+	}
+	present := 0
+	buf := make([]byte, 8*window)
+	for _, p := range spots {
+		if _, err := pm.ReadAt(buf, int64(p/page)*8); err != nil {
+			t.Fatal(err)
+		}
+		for k := range window {
+			if buf[k*8+7]&0x80 != 0 { // bit 63: present
+				present++
+			}
+		}
+	}
+	t.Logf("advised %d MiB; %d of the %d pages of the windows read present (byte sum %d)", n>>20, present, len(spots)*window, sum)
+	if present < len(spots) {
+		t.Fatalf("%d pages present, fewer than the %d read", present, len(spots))
+	}
+	if present > len(spots)*window/2 {
+		t.Fatalf("%d of the %d pages of the windows read are present: fault-around still maps them", present, len(spots)*window)
 	}
 }

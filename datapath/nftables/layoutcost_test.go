@@ -420,3 +420,143 @@ func TestSlotLayoutCost(t *testing.T) {
 		}
 	}
 }
+
+// TestServiceMapLayoutCost is the experiment behind RATIONALE.md, "What a
+// cold start costs the kernel, and a map per Service": N Services × 10
+// endpoints loaded into 16 tables (a dispatch verdict map reached from the
+// nat prerouting and output base chains, written last) in batches of
+// 2,000 messages, three rounds, once with today's cascade (ten rules of
+// numgen, meta l4proto, dnat per Service) and once with one rule per
+// Service looking its endpoint up in an anonymous map of its own (meta
+// l4proto tcp dnat ip to numgen random mod 10 map { 0 : A . P, … }). It
+// asserts nothing and runs only when asked:
+//
+//	EDGEPROXY_NFT_LAYOUT=servicemap EDGEPROXY_NFT_LAYOUT_SERVICES=5000 \
+//	  go test -run TestServiceMapLayoutCost -v ./datapath/nftables
+//
+// EDGEPROXY_NFT_LAYOUT_LIST=1 also lists one Service chain of each layout
+// with Debian's nft.
+func TestServiceMapLayoutCost(t *testing.T) {
+	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT") != "servicemap" || n <= 0 {
+		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT=servicemap and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
+	}
+	kernel(t)
+	const shards = 16
+	for round := 0; round < 3; round++ {
+		for _, layout := range []string{"cascade", "servicemap"} {
+			ns := netns.New(t, "nftsvcmap")
+			c, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle())))
+			if err != nil {
+				t.Fatal(err)
+			}
+			type sh struct {
+				tb   *nftables.Table
+				disp *nftables.Set
+			}
+			var shs []sh
+			for s := range shards {
+				tb := c.AddTable(&nftables.Table{Family: nftables.TableFamilyIPv4, Name: fmt.Sprintf("svcmap-%d", s)})
+				disp := &nftables.Set{Table: tb, Name: "dispatch", IsMap: true, KeyType: nftables.TypeIPAddr, DataType: nftables.TypeVerdict}
+				if err := c.AddSet(disp, nil); err != nil {
+					t.Fatal(err)
+				}
+				shs = append(shs, sh{tb, disp})
+			}
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			start := time.Now()
+			msgs := 0
+			flush := func(force bool) {
+				if msgs >= 2000 || (force && msgs > 0) {
+					if err := c.Flush(); err != nil {
+						t.Fatal(layout, err)
+					}
+					msgs = 0
+				}
+			}
+			for i := range n {
+				s := shs[i%shards]
+				ch := c.AddChain(&nftables.Chain{Table: s.tb, Name: fmt.Sprintf("svc-%05d", i)})
+				msgs++
+				ep := func(j int) (ip []byte, port []byte) {
+					k := i*10 + j
+					return []byte{10, 128 + byte(k>>16), byte(k >> 8), byte(k)}, []byte{0x1f, 0x90}
+				}
+				switch layout {
+				case "cascade":
+					for j := range 10 {
+						ip, port := ep(j)
+						var ex []expr.Any
+						if j < 9 {
+							ex = append(ex, &expr.Numgen{Register: 1, Modulus: uint32(10 - j), Type: unix.NFT_NG_RANDOM},
+								&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0, 0, 0, 0}})
+						}
+						ex = append(ex, &expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{6}},
+							&expr.Immediate{Register: 1, Data: ip}, &expr.Immediate{Register: 2, Data: port},
+							&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 2, Specified: true})
+						c.AddRule(&nftables.Rule{Table: s.tb, Chain: ch, Exprs: ex})
+						msgs++
+					}
+				case "servicemap":
+					set := &nftables.Set{Table: s.tb, Anonymous: true, Constant: true, IsMap: true, KeyType: nftables.TypeInteger,
+						DataType: nftables.MustConcatSetType(nftables.TypeIPAddr, nftables.TypeInetService)}
+					var els []nftables.SetElement
+					for j := range 10 {
+						ip, port := ep(j)
+						key := make([]byte, 4)
+						binary.BigEndian.PutUint32(key, uint32(j))
+						els = append(els, nftables.SetElement{Key: key, Val: append(append(ip, port...), 0, 0)})
+					}
+					if err := c.AddSet(set, els); err != nil {
+						t.Fatal(err)
+					}
+					msgs += 2
+					c.AddRule(&nftables.Rule{Table: s.tb, Chain: ch, Exprs: []expr.Any{
+						&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1}, &expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{6}},
+						&expr.Numgen{Register: 1, Modulus: 10, Type: unix.NFT_NG_RANDOM},
+						&expr.Byteorder{SourceRegister: 1, DestRegister: 1, Op: expr.ByteorderHton, Len: 4, Size: 4},
+						&expr.Lookup{SourceRegister: 1, DestRegister: 1, IsDestRegSet: true, SetID: set.ID, SetName: set.Name},
+						&expr.NAT{Type: expr.NATTypeDestNAT, Family: unix.NFPROTO_IPV4, RegAddrMin: 1, RegProtoMin: 9, Specified: true},
+					}})
+					msgs++
+				}
+				vip := []byte{10, 96, byte(i >> 8), byte(i)}
+				if err := c.SetAddElements(s.disp, []nftables.SetElement{{Key: vip, VerdictData: &expr.Verdict{Kind: expr.VerdictGoto, Chain: ch.Name}}}); err != nil {
+					t.Fatal(err)
+				}
+				msgs++
+				flush(false)
+			}
+			// The base chains last, as the Proxier writes them.
+			for _, s := range shs {
+				bc := c.AddChain(&nftables.Chain{Table: s.tb, Name: "nat-prerouting", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityNATDest})
+				c.AddRule(&nftables.Rule{Table: s.tb, Chain: bc, Exprs: []expr.Any{
+					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+					&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: s.disp.Name, SetID: s.disp.ID},
+				}})
+				bo := c.AddChain(&nftables.Chain{Table: s.tb, Name: "nat-output", Type: nftables.ChainTypeNAT, Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityNATDest})
+				c.AddRule(&nftables.Rule{Table: s.tb, Chain: bo, Exprs: []expr.Any{
+					&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 16, Len: 4},
+					&expr.Lookup{SourceRegister: 1, DestRegister: 0, IsDestRegSet: true, SetName: s.disp.Name, SetID: s.disp.ID},
+				}})
+			}
+			flush(true)
+			if err := c.Flush(); err != nil {
+				t.Fatal(err)
+			}
+			d := time.Since(start)
+			t.Logf("%-8s n=%d %v", layout, n, d.Round(time.Millisecond))
+			if round == 0 && os.Getenv("EDGEPROXY_NFT_LAYOUT_LIST") != "" {
+				out, _ := ns.Run("nft", "list", "chain", "ip", "svcmap-3", "svc-00003")
+				if len(out) > 1500 {
+					out = out[:1500]
+				}
+				t.Logf("%s", out)
+			}
+			c.FlushRuleset()
+			_ = c.Flush()
+		}
+	}
+}
