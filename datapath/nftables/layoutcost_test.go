@@ -264,6 +264,18 @@ func TestElementOnlyLayoutCost(t *testing.T) {
 	}
 }
 
+// measureLayout runs a layout measurement only when asked: it skips t
+// unless EDGEPROXY_NFT_LAYOUT is layout and EDGEPROXY_NFT_LAYOUT_SERVICES
+// a positive count, which it returns.
+func measureLayout(t *testing.T, layout string) int {
+	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
+	if os.Getenv("EDGEPROXY_NFT_LAYOUT") != layout || n <= 0 {
+		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT=" + layout + " and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
+	}
+	kernel(t)
+	return n
+}
+
 // TestSlotLayoutCost measures the layout RATIONALE.md sketches ("What
 // does read back"): each Service chain keeps its numgen cascade of 10
 // rules, and rule i takes its endpoint's address from map ep-I, keyed by
@@ -274,11 +286,7 @@ func TestElementOnlyLayoutCost(t *testing.T) {
 // TestElementOnlyLayoutCost: EDGEPROXY_NFT_LAYOUT=slots (and
 // EDGEPROXY_NFT_LAYOUT_ORDERED=1 to add the elements after every rule).
 func TestSlotLayoutCost(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
-	if os.Getenv("EDGEPROXY_NFT_LAYOUT") != "slots" || n <= 0 {
-		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT=slots and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
-	}
-	kernel(t)
+	n := measureLayout(t, "slots")
 	const k = 10
 	ns := netns.New(t, "nftslots")
 	c, err := nftables.New(nftables.WithNetNSFd(int(ns.Handle())))
@@ -437,11 +445,7 @@ func TestSlotLayoutCost(t *testing.T) {
 // EDGEPROXY_NFT_LAYOUT_LIST=1 also lists one Service chain of each layout
 // with Debian's nft.
 func TestServiceMapLayoutCost(t *testing.T) {
-	n, _ := strconv.Atoi(os.Getenv("EDGEPROXY_NFT_LAYOUT_SERVICES"))
-	if os.Getenv("EDGEPROXY_NFT_LAYOUT") != "servicemap" || n <= 0 {
-		t.Skip("a measurement for RATIONALE.md, not a test: set EDGEPROXY_NFT_LAYOUT=servicemap and EDGEPROXY_NFT_LAYOUT_SERVICES to run it")
-	}
-	kernel(t)
+	n := measureLayout(t, "servicemap")
 	const shards = 16
 	for round := 0; round < 3; round++ {
 		for _, layout := range []string{"cascade", "servicemap"} {
