@@ -31,9 +31,9 @@ var faultAroundOff struct {
 	err  error
 }
 
-// pageByPage makes a minor fault in ranges map one page, not the 16
-// neighbours (64 KiB) the kernel's fault-around maps with it when they are
-// in the page cache, as an executable's are. Once the executable's
+// pageByPage makes a minor fault in ranges map one page, not the whole
+// 64 KiB around it (16 pages) that the kernel's fault-around maps when the
+// page cache holds them, as it holds an executable's. Once the executable's
 // mappings are dropped (unmapExecutable), fault-around would bring 16
 // pages back for every page of code a quiet agent runs; page by page, the
 // RSS is what it runs (RATIONALE.md, "Why the executable's pages come back
