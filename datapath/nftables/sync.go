@@ -129,8 +129,24 @@ func (b *batch) addChain(o *objects, c chainSpec) {
 func (b *batch) addRules(o *objects, c chainSpec) {
 	ch := o.chain(c)
 	for _, r := range c.rules {
-		b.add(func() { b.c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs}) })
+		b.add(func() { addRule(b.c, ch, r) })
 	}
+}
+
+// addRule queues r at the end of ch, and first its anonymous map, if it
+// has one: one operation, so that a bounded transaction never holds the
+// map without the rule that binds it. The set is new for each write
+// (AddSet gives it its transaction ID), and so is the lookup naming it.
+func addRule(c *nftables.Conn, ch *nftables.Chain, r rule) {
+	ex := r.exprs
+	if m := r.anon; m != nil {
+		set := &nftables.Set{Table: ch.Table, Anonymous: true, Constant: true, IsMap: true, Interval: m.interval,
+			KeyType: nftables.TypeInteger, DataType: m.data}
+		_ = c.AddSet(set, m.elems) // an error is Flush's
+		ex = slices.Clone(ex)
+		ex[m.at] = m.lookup(set)
+	}
+	c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: ex})
 }
 
 func (b *batch) flushChain(o *objects, c chainSpec) {

@@ -84,6 +84,9 @@ func (p *Proxier) dump(t *table, k int) (*present, error) {
 			return nil, fmt.Errorf("nftables: list %s %s sets: %w", t.f.name, tb.Name, err)
 		}
 		for _, s := range sets {
+			if s.Anonymous {
+				continue // a rule's own map: it goes with its rule
+			}
 			pr.sets[objRef{uint8(tab), s.Name}] = true
 		}
 		for _, s := range t.f.sets() {
