@@ -18,9 +18,18 @@ import (
 type batch struct {
 	c   *nftables.Conn
 	ops []func()
+	// objs counts the objects the operations put on the kernel's list
+	// of the transaction: one each, and each element of a rule's map.
+	// What bounds a cold start's or restart's transactions: binding an
+	// anonymous map walks that whole list (__nft_set_trans_bind), so a
+	// transaction's cost grows with its square.
+	objs int
 }
 
-func (b *batch) add(op func()) { b.ops = append(b.ops, op) }
+func (b *batch) add(op func()) {
+	b.ops = append(b.ops, op)
+	b.objs++
+}
 
 // run queues every operation on the connection and returns how many.
 func (b *batch) run() int {
@@ -130,6 +139,9 @@ func (b *batch) addRules(o *objects, c chainSpec) {
 	ch := o.chain(c)
 	for _, r := range c.rules {
 		b.add(func() { addRule(b.c, ch, r) })
+		if r.anon != nil {
+			b.objs += 1 + len(r.anon.elems)
+		}
 	}
 }
 

@@ -237,7 +237,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			cb = &batch{c: pp.conn()}
 			return nil
 		}
-		full := func() bool { return len(cb.ops)+(len(del)+len(add))/64 >= limit }
+		full := func() bool { return cb.objs+(len(del)+len(add))/64 >= limit }
 		// set makes the kernel's element k hold v, in the transaction
 		// being built.
 		set := func(k elemKey, v target) {
