@@ -71,6 +71,8 @@
 // never reads the table back; the first Apply writes the tables whole in
 // bounded transactions, from nothing when the kernel holds no table of
 // ours (coldStart), over the one it holds otherwise (warmStart: a restart,
-// Service by Service, after a dump of names and map elements); the one
-// after a failure replaces them in one transaction.
+// Service by Service, after a dump of names and map elements). A later
+// rewrite of every Service (a failed apply, tampering, a reload that
+// changes every rule) goes through warmStart too; only one after a failed
+// warmStart replaces the tables in one transaction.
 package nftables

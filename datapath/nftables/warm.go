@@ -313,10 +313,14 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			return msgs, err
 		}
 		// The fixed chains, as planned: each flushed and written again
-		// (or added) in one transaction.
+		// (or added) in one transaction; a base chain added again too,
+		// which sets its policy back to accept.
 		for _, ch := range fixed {
 			wantChains[objRef{ch.tab, ch.name}] = true
 			if pr.chains[objRef{ch.tab, ch.name}] {
+				if ch.hook != nil {
+					cb.addChain(ob, ch)
+				}
 				cb.flushChain(ob, ch)
 			} else {
 				cb.addChain(ob, ch)
