@@ -41,8 +41,8 @@ func nativePlan() *datapath.Plan {
 // svcA is the Service chain of nativePlan's first Service.
 const svcA = "svc-bench/a/http"
 
-// The bench reads edgeproxy's nftables layout (dispatch map, numgen
-// cascade, dnat in the Service chain) from the kernel's events and dumps,
+// The bench reads edgeproxy's nftables layout (dispatch map, a numgen
+// map, dnat in the Service chain) from the kernel's events and dumps,
 // counts what a one-Service change writes, and its native floor writes
 // the same table again, object for object, in one batch.
 func TestNativeLayoutAndFloor(t *testing.T) {
