@@ -20,17 +20,23 @@ func ep(s string, w uint32) datapath.Endpoint {
 	return datapath.Endpoint{Addr: netip.MustParseAddrPort(s), Weight: w}
 }
 
+// weighted is one endpoint per weight of ws, and the weights' sum.
+func weighted(ws []uint32) ([]datapath.Endpoint, float64) {
+	var eps []datapath.Endpoint
+	sum := 0.0
+	for i, w := range ws {
+		eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
+		sum += float64(w)
+	}
+	return eps, sum
+}
+
 // The cascade gives endpoint i the share w_i / Σw exactly: the product of
 // the probabilities of passing the rules before it and of matching its
 // own, from the moduli and thresholds the rules carry.
 func TestCascadeShares(t *testing.T) {
 	for _, ws := range [][]uint32{{1}, {1, 1}, {5, 5, 5}, {100, 300, 50}, {1, 2, 3, 4}, {10000, 1}, {7, 7, 14}} {
-		var eps []datapath.Endpoint
-		sum := 0.0
-		for i, w := range ws {
-			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
-			sum += float64(w)
-		}
+		eps, sum := weighted(ws)
 		rules := cascade(famIPv4, datapath.TCP, eps, 0, nil)
 		if len(rules) != len(eps) {
 			t.Fatalf("%v: %d rules for %d endpoints", ws, len(rules), len(eps))
@@ -64,12 +70,7 @@ func TestCascadeShares(t *testing.T) {
 // last one in an interval map), over the numgen modulus.
 func TestMapShares(t *testing.T) {
 	for _, ws := range [][]uint32{{1, 1}, {5, 5, 5}, {100, 300, 50}, {1, 2, 3, 4}, {10000, 1}, {7, 7, 14}} {
-		var eps []datapath.Endpoint
-		sum := 0.0
-		for i, w := range ws {
-			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
-			sum += float64(w)
-		}
+		eps, sum := weighted(ws)
 		rules := balance(famIPv4, datapath.TCP, eps, 0, nil)
 		if len(rules) != 1 || rules[0].anon == nil {
 			t.Fatalf("%v: %d rules, want one with a map", ws, len(rules))
