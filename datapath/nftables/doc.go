@@ -31,7 +31,9 @@
 //	                 meta l4proto . th dport vmap @service-nodeports
 //	             (nodePortAddresses: ip daddr @nodeport-ips instead of fib)
 //	svc-NS/NAME/PORT   [ip daddr VIP ip saddr != clusterCIDR mark]
-//	                   numgen cascade of "dnat to" (exact weights)
+//	                   meta l4proto P dnat ip to numgen random mod R
+//	                   map { 0 : EP . PORT, … } (exact weights: a range
+//	                   of slots per endpoint; one endpoint: dnat to EP)
 //	             (ExternalIP and LoadBalancer IPs: → ext-… in @service-ips)
 //	ext-NS/NAME/PORT   mark; goto svc-…   (NodePort, ExternalIP, LB IP)
 //	                   Local: pods and the node short-circuit to the
@@ -54,18 +56,23 @@
 //
 //	svc- with session affinity: a set of clients per endpoint,
 //	             @aff-NS/NAME/ADDR/PORT, "ip saddr @aff-… update … dnat to"
-//	             first (every hit renews the timeout), updated by the
-//	             cascade rule that picks, as kube-proxy's nftables mode
+//	             first (every hit renews the timeout), then a numgen
+//	             cascade of "dnat to" instead of the map, each rule
+//	             updating the set of the endpoint it picks, as
+//	             kube-proxy's nftables mode
 //
 // Five maps and five sets in all, whatever the number of Services (two
 // maps and a set in each service table, the rest in the main one; and
 // one set per endpoint of a Service with affinity); a Service adds
-// one or two chains and its elements. State is kept in memory (what each
+// one or two chains, its elements, and an anonymous map per svc- chain
+// (its rule's own, gone with the rule). State is kept in memory (what each
 // service port wrote: its chains' rule texts and its elements), so a
 // partial sync sends only the differences of the changed service ports and
 // never reads the table back; the first Apply writes the tables whole in
 // bounded transactions, from nothing when the kernel holds no table of
 // ours (coldStart), over the one it holds otherwise (warmStart: a restart,
-// Service by Service, after a dump of names and map elements); the one
-// after a failure replaces them in one transaction.
+// Service by Service, after a dump of names and map elements). A later
+// rewrite of every Service (a failed apply, tampering, a reload that
+// changes every rule) goes through warmStart too; only one after a failed
+// warmStart replaces the tables in one transaction.
 package nftables

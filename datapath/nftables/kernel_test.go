@@ -386,6 +386,7 @@ func refused(t *testing.T, from *netns.NS, dst string) {
 // from outside the cluster CIDR; NodePort on the node's address,
 // ExternalIP and LoadBalancer IP, masqueraded; IPv6 ClusterIP and
 // NodePort; a
+// Service's endpoints in the shares of their weights; a
 // Service without endpoints refused, and a port of a cluster IP that no
 // Service has; an endpoint reaching itself through
 // its Service (hairpin, masqueraded so that it answers through the node).
@@ -448,6 +449,23 @@ func TestPackets(t *testing.T) {
 		seen := reach(t, 5, w.pods[0].NS, "10.96.0.30:80", false, gw)
 		if seen[w.pods[0].PodName] != 5 {
 			t.Fatalf("answered by %v, want %s", seen, w.pods[0].PodName)
+		}
+	})
+	t.Run("weights", func(t *testing.T) {
+		// Weights 1 and 3: an interval map, a quarter of the slots to
+		// the first pod. Of 200 connections the second pod takes 150 on
+		// average (σ 6.1); outside 115..185 is a 5.7σ event.
+		eps := w.eps(0, 1)
+		eps[1].Weight = 3
+		pl := w.plan(2, 0, 1)
+		pl.Frontends = append(pl.Frontends, clusterIP(svcName("default", "canary", ""), datapath.TCP, "10.96.0.40", 80, eps...))
+		pl.Sort()
+		if err := w.p.Apply(context.Background(), pl); err != nil {
+			t.Fatal(err)
+		}
+		seen := reach(t, 200, pod3.NS, "10.96.0.40:80", false, pod3.IP)
+		if n := seen[w.pods[1].PodName]; n < 115 || n > 185 {
+			t.Fatalf("answered by %v, want about 50 and 150", seen)
 		}
 	})
 }

@@ -430,13 +430,14 @@ func TestSlotLayoutCost(t *testing.T) {
 }
 
 // TestServiceMapLayoutCost is the experiment behind RATIONALE.md, "What a
-// cold start costs the kernel, and a map per Service": N Services × 10
+// cold start costs the kernel, and why a map per Service": N Services × 10
 // endpoints loaded into 16 tables (a dispatch verdict map reached from the
 // nat prerouting and output base chains, written last) in batches of
-// 2,000 messages, three rounds, once with today's cascade (ten rules of
-// numgen, meta l4proto, dnat per Service) and once with one rule per
-// Service looking its endpoint up in an anonymous map of its own (meta
-// l4proto tcp dnat ip to numgen random mod 10 map { 0 : A . P, … }). It
+// 2,000 messages, three rounds, once with the first build's cascade (ten
+// rules of numgen, meta l4proto, dnat per Service) and once with one rule
+// per Service looking its endpoint up in an anonymous map of its own
+// (meta l4proto tcp dnat ip to numgen random mod 10 map { 0 : A . P, … },
+// what the datapath writes now: ruleDNATMap). It
 // asserts nothing and runs only when asked:
 //
 //	EDGEPROXY_NFT_LAYOUT=servicemap EDGEPROXY_NFT_LAYOUT_SERVICES=5000 \

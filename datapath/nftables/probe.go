@@ -39,6 +39,8 @@ func (f *fam) features(bit uint32) []feature {
 		{"verdict maps keyed by concatenations (the Service dispatch)", ruleDispatch(f, true, mapServiceIPs)},
 		{"fib (node ports on local addresses)", ruleNodePortDispatch(f, false, mapNodePorts)},
 		{"numgen (load balancing)", ruleDNAT(f, datapath.TCP, to, 3, 2)},
+		{"anonymous interval maps of concatenations (weighted load balancing)", ruleDNATMap(f, datapath.TCP, []datapath.Endpoint{{Addr: to}, {Addr: to}, {Addr: to}}, []uint32{1, 2, 1})},
+		{"anonymous maps of concatenations (load balancing)", ruleDNATMap(f, datapath.TCP, []datapath.Endpoint{{Addr: to}, {Addr: to}}, []uint32{1, 1})},
 		{"dnat", ruleDNAT(f, datapath.TCP, to, 0, 0)},
 		{"ct and set lookups (hairpin)", ruleHairpinMark(f, setHairpin, bit)},
 		{"interval sets of concatenations (loadBalancerSourceRanges)", ruleFirewall(f, setFirewallIPs, setFirewallAllow)},
@@ -158,7 +160,7 @@ func (p *Proxier) probeOnce(f *fam, spec probeSpec) error {
 	if len(spec.feats) > 0 {
 		ch := c.AddChain(&nftables.Chain{Name: "probe", Table: tb})
 		for _, ft := range spec.feats {
-			c.AddRule(&nftables.Rule{Table: tb, Chain: ch, Exprs: ft.rule.exprs})
+			addRule(c, ch, ft.rule)
 		}
 	}
 	c.DelTable(tb)

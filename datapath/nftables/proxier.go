@@ -464,7 +464,13 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 				cold = !held
 			}
 		}
-		restart := held && !t.written && !t.restartFailed
+		// Tables the kernel holds are rewritten Service by Service in
+		// bounded transactions, a restart's or any later rebuild (a
+		// failed apply, tampering, a change of every rule): one
+		// transaction of every Service's map costs the kernel the
+		// square of its size (RATIONALE.md). Only after that failed is
+		// the table replaced in one.
+		restart := held && !t.restartFailed
 		var pr *present
 		if restart {
 			if pr, err = p.dump(t, p.opts.shardCount()); err != nil {

@@ -18,9 +18,18 @@ import (
 type batch struct {
 	c   *nftables.Conn
 	ops []func()
+	// objs counts the objects the operations put on the kernel's list
+	// of the transaction: one each, and each element of a rule's map.
+	// What bounds a cold start's or restart's transactions: binding an
+	// anonymous map walks that whole list (__nft_set_trans_bind), so a
+	// transaction's cost grows with its square.
+	objs int
 }
 
-func (b *batch) add(op func()) { b.ops = append(b.ops, op) }
+func (b *batch) add(op func()) {
+	b.ops = append(b.ops, op)
+	b.objs++
+}
 
 // run queues every operation on the connection and returns how many.
 func (b *batch) run() int {
@@ -129,8 +138,27 @@ func (b *batch) addChain(o *objects, c chainSpec) {
 func (b *batch) addRules(o *objects, c chainSpec) {
 	ch := o.chain(c)
 	for _, r := range c.rules {
-		b.add(func() { b.c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs}) })
+		b.add(func() { addRule(b.c, ch, r) })
+		if r.anon != nil {
+			b.objs += 1 + len(r.anon.elems)
+		}
 	}
+}
+
+// addRule queues r at the end of ch, and first its anonymous map, if it
+// has one: one operation, so that a bounded transaction never holds the
+// map without the rule that binds it. The set is new for each write
+// (AddSet gives it its transaction ID), and so is the lookup naming it.
+func addRule(c *nftables.Conn, ch *nftables.Chain, r rule) {
+	ex := r.exprs
+	if m := r.anon; m != nil {
+		set := &nftables.Set{Table: ch.Table, Anonymous: true, Constant: true, IsMap: true, Interval: m.interval,
+			KeyType: nftables.TypeInteger, DataType: m.data}
+		_ = c.AddSet(set, m.elems) // an error is Flush's
+		ex = slices.Clone(ex)
+		ex[m.at] = m.lookup(set)
+	}
+	c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: ex})
 }
 
 func (b *batch) flushChain(o *objects, c chainSpec) {

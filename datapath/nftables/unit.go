@@ -435,7 +435,7 @@ func buildUnit(f *fam, o *Options, fs []datapath.Frontend) (*unit, error) {
 	seen := map[netip.Addr]bool{}
 	affSet := func(ep netip.AddrPort) string { return affinitySetName(fs[0].Service, ep) }
 	for _, c := range lbs {
-		c.rules = append(c.marks, cascade(f, proto, c.eps, c.affinity, affSet)...)
+		c.rules = append(c.marks, balance(f, proto, c.eps, c.affinity, affSet)...)
 		if c.affinity > 0 {
 			for _, e := range c.eps {
 				n := affSet(e.Addr)
@@ -483,6 +483,24 @@ func suffix(i int) string {
 		return ""
 	}
 	return fmt.Sprintf(".%d", i+1)
+}
+
+// balance spreads new connections over eps by their weights, exactly.
+// Without session affinity and with more than one endpoint, that is one
+// rule and its map (ruleDNATMap); otherwise a cascade.
+func balance(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration, affSet func(netip.AddrPort) string) []rule {
+	if affinity > 0 || len(eps) < 2 {
+		return cascade(f, proto, eps, affinity, affSet)
+	}
+	g := uint32(0)
+	for _, e := range eps {
+		g = gcd(g, max(e.Weight, 1))
+	}
+	ws := make([]uint32, len(eps))
+	for i, e := range eps {
+		ws[i] = max(e.Weight, 1) / g
+	}
+	return []rule{ruleDNATMap(f, proto, eps, ws)}
 }
 
 // cascade spreads new connections over eps by their weights, exactly: the

@@ -1,6 +1,7 @@
 package nftables
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"net/netip"
@@ -10,6 +11,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/google/nftables/expr"
+
 	"github.com/edgeproxy/edgeproxy/datapath"
 )
 
@@ -17,17 +20,23 @@ func ep(s string, w uint32) datapath.Endpoint {
 	return datapath.Endpoint{Addr: netip.MustParseAddrPort(s), Weight: w}
 }
 
+// weighted is one endpoint per weight of ws, and the weights' sum.
+func weighted(ws []uint32) ([]datapath.Endpoint, float64) {
+	var eps []datapath.Endpoint
+	sum := 0.0
+	for i, w := range ws {
+		eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
+		sum += float64(w)
+	}
+	return eps, sum
+}
+
 // The cascade gives endpoint i the share w_i / Σw exactly: the product of
 // the probabilities of passing the rules before it and of matching its
 // own, from the moduli and thresholds the rules carry.
 func TestCascadeShares(t *testing.T) {
 	for _, ws := range [][]uint32{{1}, {1, 1}, {5, 5, 5}, {100, 300, 50}, {1, 2, 3, 4}, {10000, 1}, {7, 7, 14}} {
-		var eps []datapath.Endpoint
-		sum := 0.0
-		for i, w := range ws {
-			eps = append(eps, ep("10.244.0."+string(rune('2'+i))+":80", w))
-			sum += float64(w)
-		}
+		eps, sum := weighted(ws)
 		rules := cascade(famIPv4, datapath.TCP, eps, 0, nil)
 		if len(rules) != len(eps) {
 			t.Fatalf("%v: %d rules for %d endpoints", ws, len(rules), len(eps))
@@ -52,6 +61,55 @@ func TestCascadeShares(t *testing.T) {
 				t.Errorf("%v: endpoint %d gets %.6f, want %.6f (%q)", ws, i, share, want, r.text)
 			}
 			pass *= 1 - float64(w)/float64(mod)
+		}
+	}
+}
+
+// The map gives endpoint i the share w_i / Σw exactly too: its range of
+// slots, from the map's elements (a start each, and the end after the
+// last one in an interval map), over the numgen modulus.
+func TestMapShares(t *testing.T) {
+	for _, ws := range [][]uint32{{1, 1}, {5, 5, 5}, {100, 300, 50}, {1, 2, 3, 4}, {10000, 1}, {7, 7, 14}} {
+		eps, sum := weighted(ws)
+		rules := balance(famIPv4, datapath.TCP, eps, 0, nil)
+		if len(rules) != 1 || rules[0].anon == nil {
+			t.Fatalf("%v: %d rules, want one with a map", ws, len(rules))
+		}
+		r := rules[0]
+		var mod uint32
+		for _, e := range r.exprs {
+			if ng, ok := e.(*expr.Numgen); ok {
+				mod = ng.Modulus
+			}
+		}
+		m := r.anon
+		starts := m.elems
+		end := mod
+		if m.interval {
+			last := starts[len(starts)-1]
+			if !last.IntervalEnd {
+				t.Fatalf("%v: the interval map does not end", ws)
+			}
+			starts, end = starts[:len(starts)-1], binary.BigEndian.Uint32(last.Key)
+		}
+		if len(starts) != len(eps) || end != mod {
+			t.Fatalf("%v: %d elements ending at %d for %d endpoints, numgen mod %d", ws, len(starts), end, len(eps), mod)
+		}
+		for i, e := range starts {
+			lo, hi := binary.BigEndian.Uint32(e.Key), end
+			if i+1 < len(starts) {
+				hi = binary.BigEndian.Uint32(starts[i+1].Key)
+			}
+			if !m.interval && hi-lo != 1 {
+				t.Fatalf("%v: a plain map with a slot %d wide", ws, hi-lo)
+			}
+			if to := netip.AddrFrom4([4]byte(e.Val[:4])); to != eps[i].Addr.Addr() || binary.BigEndian.Uint16(e.Val[4:]) != eps[i].Addr.Port() {
+				t.Errorf("%v: slot %d goes to %v, want %v", ws, lo, e.Val, eps[i].Addr)
+			}
+			share := float64(hi-lo) / float64(mod)
+			if want := float64(ws[i]) / sum; share < want-1e-9 || share > want+1e-9 {
+				t.Errorf("%v: endpoint %d gets %.6f, want %.6f (%q)", ws, i, share, want, r.text)
+			}
 		}
 	}
 }
@@ -121,8 +179,7 @@ func TestBuildUnit(t *testing.T) {
 	}
 	want := `chain svc-ns/a/http {
 	ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000
-	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
-	meta l4proto tcp dnat to 10.244.0.3:8080
+	meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.0.2 . 8080, 1 : 10.244.0.3 . 8080 }
 }
 chain ext-ns/a/http {
 	meta mark set meta mark | 0x00004000
@@ -174,8 +231,7 @@ func TestBuildUnitLocal(t *testing.T) {
 	}
 	want := `chain svc-ns/a {
 	ip daddr 10.96.0.1 ip saddr != 10.244.0.0/16 meta mark set meta mark | 0x00004000
-	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
-	meta l4proto tcp dnat to 10.244.1.3:8080
+	meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.0.2 . 8080, 1 : 10.244.1.3 . 8080 }
 }
 chain svc-ns/a.2 {
 	meta l4proto tcp dnat to 10.244.0.2:8080
@@ -201,8 +257,7 @@ hairpin 10.244.1.3
 		t.Fatal(err)
 	}
 	want = `chain svc-ns/a {
-	numgen random mod 2 0 meta l4proto tcp dnat to 10.244.0.2:8080
-	meta l4proto tcp dnat to 10.244.1.3:8080
+	meta l4proto tcp dnat ip to numgen random mod 2 map { 0 : 10.244.0.2 . 8080, 1 : 10.244.1.3 . 8080 }
 }
 chain ext-ns/a {
 	ip saddr 10.244.0.0/16 goto svc-ns/a

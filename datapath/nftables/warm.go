@@ -84,6 +84,9 @@ func (p *Proxier) dump(t *table, k int) (*present, error) {
 			return nil, fmt.Errorf("nftables: list %s %s sets: %w", t.f.name, tb.Name, err)
 		}
 		for _, s := range sets {
+			if s.Anonymous {
+				continue // a rule's own map: it goes with its rule
+			}
 			pr.sets[objRef{uint8(tab), s.Name}] = true
 		}
 		for _, s := range t.f.sets() {
@@ -234,7 +237,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			cb = &batch{c: pp.conn()}
 			return nil
 		}
-		full := func() bool { return len(cb.ops)+(len(del)+len(add))/64 >= limit }
+		full := func() bool { return cb.objs+(len(del)+len(add))/64 >= limit }
 		// set makes the kernel's element k hold v, in the transaction
 		// being built.
 		set := func(k elemKey, v target) {
@@ -310,10 +313,14 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			return msgs, err
 		}
 		// The fixed chains, as planned: each flushed and written again
-		// (or added) in one transaction.
+		// (or added) in one transaction; a base chain added again too,
+		// which sets its policy back to accept.
 		for _, ch := range fixed {
 			wantChains[objRef{ch.tab, ch.name}] = true
 			if pr.chains[objRef{ch.tab, ch.name}] {
+				if ch.hook != nil {
+					cb.addChain(ob, ch)
+				}
 				cb.flushChain(ob, ch)
 			} else {
 				cb.addChain(ob, ch)

@@ -41,7 +41,11 @@ const (
 	nftaSetExpr        = 17
 	nftaSetExpressions = 18
 
-	nftChainBase = 1 // NFT_CHAIN_BASE: set by the kernel for hooked chains
+	nftaSetFlags  = 3
+	nftaLookupSet = 1
+
+	nftChainBase    = 1 // NFT_CHAIN_BASE: set by the kernel for hooked chains
+	nftSetAnonymous = 1 // NFT_SET_ANONYMOUS
 
 	nfnlMsgBatchBegin = 0x10
 	nfnlMsgBatchEnd   = 0x11
@@ -57,8 +61,19 @@ type nftCopy struct {
 	table  string
 	msgs   []rawMsg
 	// rules of each chain, to copy one chain under another name (the
-	// one-change floor).
+	// one-change floor), and the anonymous sets they look up (by name),
+	// copied with them: a rule's anonymous set binds to that rule only.
 	rules map[string][]rawMsg
+	anon  map[string]anonCopy
+	// copies counts the anonymous sets chainAs copied, for their names.
+	copies int
+}
+
+// anonCopy is an anonymous set as requests: the set without its name and
+// ID, and its elements' lists without the set's name.
+type anonCopy struct {
+	set   []byte
+	elems [][]byte
 }
 
 // readNFTTables reads every table of family whose name is prefix or
@@ -98,7 +113,7 @@ type rawMsg struct {
 // readNFTTable reads family's table over c (a socket in the namespace
 // that holds it).
 func readNFTTable(c *netlink.Conn, family uint8, table string) (*nftCopy, error) {
-	cp := &nftCopy{family: family, table: table, rules: map[string][]rawMsg{}}
+	cp := &nftCopy{family: family, table: table, rules: map[string][]rawMsg{}, anon: map[string]anonCopy{}}
 	byName := func(typ, attr int) ([]netlink.Message, error) {
 		ae := netlink.NewAttributeEncoder()
 		ae.String(uint16(attr), table)
@@ -149,6 +164,9 @@ func readNFTTable(c *netlink.Conn, family uint8, table string) (*nftCopy, error)
 		})
 		cp.add(nftMsgNewSet, netlink.Create, appendAttr(data, nftaSetID, binary.BigEndian.AppendUint32(nil, uint32(len(names)+1))))
 		names = append(names, attrString(m.Data, nftaSetName))
+		if attrUint32(m.Data, nftaSetFlags)&nftSetAnonymous != 0 {
+			cp.anon[names[len(names)-1]] = anonCopy{set: data}
+		}
 	}
 	for _, set := range names {
 		ae := netlink.NewAttributeEncoder()
@@ -164,6 +182,10 @@ func readNFTTable(c *netlink.Conn, family uint8, table string) (*nftCopy, error)
 		}
 		for _, m := range elems {
 			cp.add(nftMsgNewSetElem, netlink.Create, m.Data)
+			if a, ok := cp.anon[set]; ok {
+				a.elems = append(a.elems, m.Data)
+				cp.anon[set] = a
+			}
 		}
 	}
 	rules, err := byName(nftMsgGetRule, nftaRuleTable)
@@ -195,9 +217,62 @@ func (cp *nftCopy) chainAs(from, name string) []rawMsg {
 	b, _ := ae.Encode()
 	out := []rawMsg{{nftMsgNewChain, netlink.Create, append(nfgen(cp.family), b...)}}
 	for _, r := range cp.rules[from] {
-		data := append(nfgen(cp.family), setAttrString(r.data[4:], nftaRuleChain, name)...)
+		attrs := renameLookups(r.data[4:], func(set string) (string, bool) {
+			a, ok := cp.anon[set]
+			if !ok {
+				return "", false
+			}
+			cp.copies++
+			n := fmt.Sprintf("__floor%d", cp.copies)
+			out = append(out, rawMsg{nftMsgNewSet, netlink.Create,
+				appendAttr(append(nfgen(cp.family), setAttrString(a.set[4:], nftaSetName, n)...), nftaSetID, binary.BigEndian.AppendUint32(nil, uint32(1<<20+cp.copies)))})
+			for _, e := range a.elems {
+				out = append(out, rawMsg{nftMsgNewSetElem, netlink.Create, append(nfgen(cp.family), setAttrString(e[4:], nftaSetElemListSet, n)...)})
+			}
+			return n, true
+		})
+		data := append(nfgen(cp.family), setAttrString(attrs, nftaRuleChain, name)...)
 		out = append(out, rawMsg{r.typ, r.flags, data})
 	}
+	return out
+}
+
+// renameLookups is a rule's attributes with every lookup of a set that
+// rename renames naming the new set instead (a dumped lookup names its
+// set, it has no set ID).
+func renameLookups(attrs []byte, rename func(string) (string, bool)) []byte {
+	// nested calls fn on each attribute of raw's value and returns raw
+	// with the value fn's attributes.
+	nested := func(raw []byte, fn func(t uint16, raw []byte) []byte) []byte {
+		var v []byte
+		eachRawFull(raw[4:binary.NativeEndian.Uint16(raw)], func(t uint16, a []byte) { v = append(v, fn(t, a)...) })
+		return appendAttr(nil, binary.NativeEndian.Uint16(raw[2:]), v)
+	}
+	var out []byte
+	eachRawFull(attrs, func(t uint16, raw []byte) {
+		if t&nlaTypeMask != nftaRuleExprs {
+			out = append(out, raw...)
+			return
+		}
+		out = append(out, nested(raw, func(_ uint16, elem []byte) []byte {
+			if attrString(append(nfgen(0), elem[4:binary.NativeEndian.Uint16(elem)]...), nftaExprName) != "lookup" {
+				return elem
+			}
+			return nested(elem, func(t uint16, a []byte) []byte {
+				if t&nlaTypeMask != nftaExprData {
+					return a
+				}
+				return nested(a, func(t uint16, la []byte) []byte {
+					if t&nlaTypeMask == nftaLookupSet {
+						if n, ok := rename(cstring(la[4:binary.NativeEndian.Uint16(la)])); ok {
+							return appendAttr(nil, t, append([]byte(n), 0))
+						}
+					}
+					return la
+				})
+			})
+		})...)
+	})
 	return out
 }
 
@@ -341,6 +416,19 @@ func attrString(data []byte, typ uint16) string {
 		}
 	})
 	return s
+}
+
+func attrUint32(data []byte, typ uint16) uint32 {
+	var u uint32
+	if len(data) < 4 {
+		return 0
+	}
+	eachRaw(data[4:], func(t uint16, v []byte) {
+		if t == typ && len(v) == 4 {
+			u = binary.BigEndian.Uint32(v)
+		}
+	})
+	return u
 }
 
 // nftBatch is a batch of requests marshalled for one sendmsg.
