@@ -417,16 +417,17 @@ func ruleDNATMap(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, weigh
 	if m.interval {
 		m.elems = append(m.elems, nftables.SetElement{Key: beU32(slots), IntervalEnd: true})
 	}
-	m.at = 4
 	regs := concatRegs(f.addrLen, 2)
 	ex := []expr.Any{
 		&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: reg1},
 		&expr.Cmp{Op: expr.CmpOpEq, Register: reg1, Data: []byte{proto.Number()}},
 		&expr.Numgen{Register: reg1, Modulus: slots, Type: unix.NFT_NG_RANDOM},
 		&expr.Byteorder{SourceRegister: reg1, DestRegister: reg1, Op: expr.ByteorderHton, Len: 4, Size: 4},
-		nil, // the lookup of m (addRule)
-		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto, RegAddrMin: regs[0], RegProtoMin: regs[1], Specified: true},
 	}
+	m.at = len(ex)
+	ex = append(ex,
+		nil, // the lookup of m (addRule)
+		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto, RegAddrMin: regs[0], RegProtoMin: regs[1], Specified: true})
 	text := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d map { %s }", strings.ToLower(string(proto)), f.name, slots, b.String())
 	return rule{text: text, exprs: ex, anon: m}
 }

@@ -19,7 +19,8 @@ type batch struct {
 	c   *nftables.Conn
 	ops []func()
 	// objs counts the objects the operations put on the kernel's list
-	// of the transaction: one each, and each element of a rule's map.
+	// of the transaction: one each, and a rule's map and each of its
+	// elements.
 	// What bounds a cold start's or restart's transactions: binding an
 	// anonymous map walks that whole list (__nft_set_trans_bind), so a
 	// transaction's cost grows with its square.

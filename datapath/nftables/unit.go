@@ -492,6 +492,12 @@ func balance(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity 
 	if affinity > 0 || len(eps) < 2 {
 		return cascade(f, proto, eps, affinity, affSet)
 	}
+	return []rule{ruleDNATMap(f, proto, eps, reduced(eps))}
+}
+
+// reduced is the weights of eps (at least 1 each) divided by their
+// greatest common divisor: equal weights are all 1.
+func reduced(eps []datapath.Endpoint) []uint32 {
 	g := uint32(0)
 	for _, e := range eps {
 		g = gcd(g, max(e.Weight, 1))
@@ -500,7 +506,7 @@ func balance(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity 
 	for i, e := range eps {
 		ws[i] = max(e.Weight, 1) / g
 	}
-	return []rule{ruleDNATMap(f, proto, eps, ws)}
+	return ws
 }
 
 // cascade spreads new connections over eps by their weights, exactly: the
@@ -517,13 +523,10 @@ func balance(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity 
 // the update catches a client the full set could not take. A client
 // sticks to its endpoint across the service port's frontends.
 func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity time.Duration, affSet func(netip.AddrPort) string) []rule {
-	g := uint32(0)
-	for _, e := range eps {
-		g = gcd(g, max(e.Weight, 1))
-	}
+	ws := reduced(eps)
 	rest := uint32(0)
-	for _, e := range eps {
-		rest += max(e.Weight, 1) / g
+	for _, w := range ws {
+		rest += w
 	}
 	out := make([]rule, 0, len(eps)+2)
 	dnat := func(to netip.AddrPort, mod, w uint32) rule {
@@ -539,7 +542,7 @@ func cascade(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, affinity 
 		}
 	}
 	for i, e := range eps {
-		w := max(e.Weight, 1) / g
+		w := ws[i]
 		if i == len(eps)-1 {
 			out = append(out, dnat(e.Addr, 0, 0))
 			break

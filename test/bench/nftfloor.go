@@ -69,8 +69,8 @@ type nftCopy struct {
 	copies int
 }
 
-// anonCopy is an anonymous set as requests: the set without its name and
-// ID, and its elements' lists without the set's name.
+// anonCopy is an anonymous set as requests: the set without its ID, and
+// its elements' lists (chainAs names both anew).
 type anonCopy struct {
 	set   []byte
 	elems [][]byte
@@ -239,42 +239,50 @@ func (cp *nftCopy) chainAs(from, name string) []rawMsg {
 
 // renameLookups is a rule's attributes with every lookup of a set that
 // rename renames naming the new set instead (a dumped lookup names its
-// set, it has no set ID).
+// set, it has no set ID): rule expressions → each expression → a lookup's
+// data → its set's name.
 func renameLookups(attrs []byte, rename func(string) (string, bool)) []byte {
-	// nested calls fn on each attribute of raw's value and returns raw
-	// with the value fn's attributes.
-	nested := func(raw []byte, fn func(t uint16, raw []byte) []byte) []byte {
-		var v []byte
-		eachRawFull(raw[4:binary.NativeEndian.Uint16(raw)], func(t uint16, a []byte) { v = append(v, fn(t, a)...) })
-		return appendAttr(nil, binary.NativeEndian.Uint16(raw[2:]), v)
-	}
-	var out []byte
-	eachRawFull(attrs, func(t uint16, raw []byte) {
+	return mapAttrs(attrs, func(t uint16, exprs []byte) []byte {
 		if t&nlaTypeMask != nftaRuleExprs {
-			out = append(out, raw...)
-			return
+			return exprs
 		}
-		out = append(out, nested(raw, func(_ uint16, elem []byte) []byte {
-			if attrString(append(nfgen(0), elem[4:binary.NativeEndian.Uint16(elem)]...), nftaExprName) != "lookup" {
+		return mapNested(exprs, func(_ uint16, elem []byte) []byte {
+			if attrString(append(nfgen(0), attrValue(elem)...), nftaExprName) != "lookup" {
 				return elem
 			}
-			return nested(elem, func(t uint16, a []byte) []byte {
+			return mapNested(elem, func(t uint16, data []byte) []byte {
 				if t&nlaTypeMask != nftaExprData {
-					return a
+					return data
 				}
-				return nested(a, func(t uint16, la []byte) []byte {
+				return mapNested(data, func(t uint16, a []byte) []byte {
 					if t&nlaTypeMask == nftaLookupSet {
-						if n, ok := rename(cstring(la[4:binary.NativeEndian.Uint16(la)])); ok {
+						if n, ok := rename(cstring(attrValue(a))); ok {
 							return appendAttr(nil, t, append([]byte(n), 0))
 						}
 					}
-					return la
+					return a
 				})
 			})
-		})...)
+		})
 	})
+}
+
+// mapAttrs is the attributes b, each replaced by fn(its type, its whole
+// aligned bytes).
+func mapAttrs(b []byte, fn func(typ uint16, raw []byte) []byte) []byte {
+	var out []byte
+	eachRawFull(b, func(t uint16, raw []byte) { out = append(out, fn(t, raw)...) })
 	return out
 }
+
+// mapNested is the nested attribute raw with its attributes mapped by fn.
+func mapNested(raw []byte, fn func(typ uint16, raw []byte) []byte) []byte {
+	return appendAttr(nil, binary.NativeEndian.Uint16(raw[2:]), mapAttrs(attrValue(raw), fn))
+}
+
+// attrValue is the value of the attribute raw (its header dropped, and
+// the padding).
+func attrValue(raw []byte) []byte { return raw[4:binary.NativeEndian.Uint16(raw)] }
 
 // dialNFT opens a netfilter netlink socket in the calling thread's
 // namespace.
