@@ -561,16 +561,55 @@ func (w *World) afterChange(ctx context.Context, f *changeFlow) string {
 	// row ends it: in IPVS mode the first packet of a flow whose real
 	// server is gone is dropped (expire_nodest_conn, while its conntrack
 	// entry lives), the next one is refused or scheduled again.
+	//
+	// New flows showing the change says that the sync writing it has
+	// started, not that it has ended: kube-proxy's IPVS mode adds the new
+	// virtual servers Service by Service, deletes the stale ones at the
+	// end of its sync (cleanLegacyService in pkg/proxy/ipvs/proxier.go),
+	// then clears conntrack. In the VM such a sync can outlast
+	// staleClearWait, and an old flow to a changed port still reached sa
+	// through the old virtual server. So staleClearWait counts from when
+	// a sync of the flow's family has ended since new flows showed the
+	// change, or, if none ends, from when the proxy's longest sync so far
+	// would have.
+	shown := time.Now()
+	family := map[string]string{"v4": "IPv4", "v6": "IPv6"}[f.cell.Family]
+	before, err := w.syncs(family)
+	if err != nil {
+		return "harness: " + err.Error()
+	}
+	var synced time.Time
 	prev := ""
-	for deadline := time.Now().Add(staleClearWait); ; {
+	for {
 		o := w.udpOnce(from, f.dst, f.port)
 		done := o == want.cleared || want.cleared == "" && o != "sa" && o == prev
-		if done || !time.Now().Before(deadline) || ctx.Err() != nil {
+		if done || !synced.IsZero() && time.Since(synced) >= staleClearWait || ctx.Err() != nil {
 			return fmt.Sprintf("before %s, old flow after %s: %s", f.before, kind, o)
+		}
+		if synced.IsZero() {
+			now, err := w.syncs(family)
+			if err != nil {
+				return "harness: " + err.Error()
+			}
+			if now.count > before.count || time.Since(shown) >= before.longest {
+				synced = time.Now()
+				if waited := synced.Sub(shown); waited >= staleClearWait {
+					w.t.Logf("%s: the proxy's sync ended %s after new flows showed the change", f.cell.Key(), waited.Round(time.Millisecond))
+				}
+			}
 		}
 		prev = o
 		time.Sleep(250 * time.Millisecond)
 	}
+}
+
+// syncs reads the proxy's syncs of family from its metrics (parseSyncs).
+func (w *World) syncs(family string) (syncs, error) {
+	body, err := w.metrics()
+	if err != nil {
+		return syncs{}, err
+	}
+	return parseSyncs(body, family)
 }
 
 // udpOnce sends one datagram from port (0: a probe port of its own, see
@@ -609,7 +648,8 @@ const newFlowWait = 90 * time.Second
 const keepAlive = 5 * time.Second
 
 // staleClearWait bounds how long a change cell waits for a proxy to
-// clear the old flow's entry after new flows show the change.
+// clear the old flow's entry after the sync that shows the change has
+// ended (see afterChange).
 const staleClearWait = 10 * time.Second
 
 // The affinity timeout check (Shape.AffinityTimeout): affinityTimeout is

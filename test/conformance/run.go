@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -281,6 +283,74 @@ func familiesSynced(metrics string, families ...string) bool {
 		}
 	}
 	return true
+}
+
+// syncs is what a proxy's metrics say of its finished syncs of one IP
+// family (kube-proxy's are labelled by family; edgeproxy's, unlabelled,
+// cover both): how many, and how long the longest took at most — the
+// smallest bucket of kubeproxy_sync_proxy_rules_duration_seconds that
+// holds them all, or, past the last bucket, all of them together.
+type syncs struct {
+	count   int
+	longest time.Duration
+}
+
+// parseSyncs reads family's syncs ("IPv4", "IPv6") from a metrics text.
+func parseSyncs(metrics, family string) (syncs, error) {
+	const name = "kubeproxy_sync_proxy_rules_duration_seconds"
+	var s syncs
+	var sum float64
+	bounds := map[float64]int{} // le → cumulative count
+	found := false
+	for _, line := range strings.Split(metrics, "\n") {
+		series, value, ok := strings.Cut(line, " ")
+		if !ok || !strings.HasPrefix(series, name) {
+			continue
+		}
+		metric, labels, _ := strings.Cut(strings.TrimSuffix(series, "}"), "{")
+		if fam, ok := metricLabel(labels, "ip_family"); ok && fam != family {
+			continue
+		}
+		v, err := strconv.ParseFloat(value, 64)
+		if err != nil {
+			return syncs{}, fmt.Errorf("metrics: %q: %w", line, err)
+		}
+		switch metric {
+		case name + "_count":
+			s.count, found = int(v), true
+		case name + "_sum":
+			sum = v
+		case name + "_bucket":
+			le, _ := metricLabel(labels, "le")
+			b, err := strconv.ParseFloat(le, 64) // "+Inf" parses
+			if err != nil {
+				return syncs{}, fmt.Errorf("metrics: %q: %w", line, err)
+			}
+			bounds[b] = int(v)
+		}
+	}
+	if !found {
+		return syncs{}, fmt.Errorf("metrics: no %s_count for %s", name, family)
+	}
+	longest := sum
+	for _, b := range slices.Sorted(maps.Keys(bounds)) {
+		if bounds[b] == s.count && !math.IsInf(b, 1) {
+			longest = b
+			break
+		}
+	}
+	s.longest = time.Duration(longest * float64(time.Second))
+	return s, nil
+}
+
+// metricLabel finds a label's value in a series' labels (a="x",b="y").
+func metricLabel(labels, key string) (string, bool) {
+	for _, kv := range strings.Split(labels, ",") {
+		if v, ok := strings.CutPrefix(kv, key+"="); ok {
+			return strings.Trim(v, `"`), true
+		}
+	}
+	return "", false
 }
 
 func shape(name string) *Shape {
