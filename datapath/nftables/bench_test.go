@@ -2,6 +2,7 @@ package nftables
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/netip"
 	"os"
@@ -15,6 +16,8 @@ import (
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
+	"github.com/mdlayher/netlink"
+	"golang.org/x/sys/unix"
 
 	"github.com/edgeproxy/edgeproxy/datapath"
 	"github.com/edgeproxy/edgeproxy/internal/testkit/gate"
@@ -70,6 +73,67 @@ func BenchmarkColdStart(b *testing.B) {
 			cost.report(b)
 		})
 	}
+}
+
+// BenchmarkColdStartWatched is BenchmarkColdStart with a reader of the
+// namespace's nf_tables events, as test/bench's epbench has in every
+// proxy's run: the kernel then builds a notification of every object a
+// commit adds, and the reader's work shares the cores.
+func BenchmarkColdStartWatched(b *testing.B) {
+	gate.Root(b)
+	for _, n := range []int{5000, 10000} {
+		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
+			ns := netns.New(b, "nftbench")
+			readEvents(b, ns)
+			plan := benchPlan(n)
+			ctx := context.Background()
+			var cost applyCost
+			for b.Loop() {
+				b.StopTimer()
+				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
+				if err != nil {
+					b.Fatal(err)
+				}
+				if err := p.Cleanup(ctx); err != nil {
+					b.Fatal(err)
+				}
+				p.tables[0] = newTable(famIPv4)
+				cost.apply(ctx, b, p, plan)
+				b.StartTimer()
+			}
+			cost.report(b)
+		})
+	}
+}
+
+// readEvents subscribes a socket in ns to nf_tables' event group and reads
+// it until the benchmark ends.
+func readEvents(b *testing.B, ns *netns.NS) {
+	var c *netlink.Conn
+	if err := ns.Do(func() error {
+		var err error
+		c, err = netlink.Dial(unix.NETLINK_NETFILTER, &netlink.Config{Groups: 1 << (unix.NFNLGRP_NFTABLES - 1)})
+		return err
+	}); err != nil {
+		b.Fatal(err)
+	}
+	// As epbench's: large enough that a cold start never overflows it.
+	if rc, err := c.SyscallConn(); err == nil {
+		_ = rc.Control(func(fd uintptr) { _ = unix.SetsockoptInt(int(fd), unix.SOL_SOCKET, unix.SO_RCVBUFFORCE, 256<<20) })
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			if _, err := c.Receive(); err != nil && !errors.Is(err, unix.ENOBUFS) {
+				return
+			}
+		}
+	}()
+	b.Cleanup(func() {
+		c.Close()
+		<-done
+	})
 }
 
 // BenchmarkRestart: the whole plan over the table an earlier Proxier

@@ -27,7 +27,7 @@ type rule struct {
 	text  string
 	exprs []expr.Any
 	// anon is the anonymous map the rule looks up, if any: written
-	// with the rule, in the same operation (addRule), and gone with it.
+	// in the rule's batch (addRules), and gone with the rule.
 	anon *anonMap
 }
 
@@ -426,7 +426,7 @@ func ruleDNATMap(f *fam, proto datapath.Protocol, eps []datapath.Endpoint, weigh
 	}
 	m.at = len(ex)
 	ex = append(ex,
-		nil, // the lookup of m (addRule)
+		nil, // the lookup of m (addRuleOver)
 		&expr.NAT{Type: expr.NATTypeDestNAT, Family: f.nfproto, RegAddrMin: regs[0], RegProtoMin: regs[1], Specified: true})
 	text := fmt.Sprintf("meta l4proto %s dnat %s to numgen random mod %d map { %s }", strings.ToLower(string(proto)), f.name, slots, b.String())
 	return rule{text: text, exprs: ex, anon: m}

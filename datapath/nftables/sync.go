@@ -18,6 +18,9 @@ import (
 type batch struct {
 	c   *nftables.Conn
 	ops []func()
+	// late are the operations that add rules: queued after ops (see
+	// run).
+	late []func()
 	// objs counts the objects the operations put on the kernel's list
 	// of the transaction: one each, and a rule's map and each of its
 	// elements.
@@ -32,12 +35,19 @@ func (b *batch) add(op func()) {
 	b.objs++
 }
 
-// run queues every operation on the connection and returns how many.
+// run queues every operation on the connection and returns how many:
+// the rules last. google/nftables asks the kernel to echo each rule
+// (NLM_F_ECHO), and the kernel packs the notifications of a transaction
+// into shared messages only while they agree on being echoed; rules
+// between chains, maps and elements split them into a message each.
 func (b *batch) run() int {
 	for _, op := range b.ops {
 		op()
 	}
-	return len(b.ops)
+	for _, op := range b.late {
+		op()
+	}
+	return len(b.ops) + len(b.late)
 }
 
 // objects are the nftables values of one family's tables (the main one
@@ -136,30 +146,49 @@ func (b *batch) addChain(o *objects, c chainSpec) {
 	b.add(func() { b.c.AddChain(ch) })
 }
 
+// addRules queues c's rules at the end of its chain: the rules among the
+// late operations, each anonymous map among the others (see run), in
+// this batch both, so that no transaction holds a map without the rule
+// that binds it.
 func (b *batch) addRules(o *objects, c chainSpec) {
 	ch := o.chain(c)
 	for _, r := range c.rules {
-		b.add(func() { addRule(b.c, ch, r) })
-		if r.anon != nil {
-			b.objs += 1 + len(r.anon.elems)
+		if r.anon == nil {
+			b.late = append(b.late, func() { b.c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs}) })
+			b.objs++
+			continue
 		}
+		var set *nftables.Set
+		b.ops = append(b.ops, func() { set = addAnon(b.c, ch, r.anon) })
+		b.late = append(b.late, func() { addRuleOver(b.c, ch, r, set) })
+		b.objs += 1 + 1 + len(r.anon.elems)
 	}
 }
 
-// addRule queues r at the end of ch, and first its anonymous map, if it
-// has one: one operation, so that a bounded transaction never holds the
-// map without the rule that binds it. The set is new for each write
-// (AddSet gives it its transaction ID), and so is the lookup naming it.
-func addRule(c *nftables.Conn, ch *nftables.Chain, r rule) {
-	ex := r.exprs
-	if m := r.anon; m != nil {
-		set := &nftables.Set{Table: ch.Table, Anonymous: true, Constant: true, IsMap: true, Interval: m.interval,
-			KeyType: nftables.TypeInteger, DataType: m.data}
-		_ = c.AddSet(set, m.elems) // an error is Flush's
-		ex = slices.Clone(ex)
-		ex[m.at] = m.lookup(set)
-	}
+// addAnon queues m, a rule's anonymous map, in ch's table. The set is new
+// for each write (AddSet gives it its transaction ID).
+func addAnon(c *nftables.Conn, ch *nftables.Chain, m *anonMap) *nftables.Set {
+	set := &nftables.Set{Table: ch.Table, Anonymous: true, Constant: true, IsMap: true, Interval: m.interval,
+		KeyType: nftables.TypeInteger, DataType: m.data}
+	_ = c.AddSet(set, m.elems) // an error is Flush's
+	return set
+}
+
+// addRuleOver queues r at the end of ch, its lookup naming set (addAnon).
+func addRuleOver(c *nftables.Conn, ch *nftables.Chain, r rule, set *nftables.Set) {
+	ex := slices.Clone(r.exprs)
+	ex[r.anon.at] = r.anon.lookup(set)
 	c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: ex})
+}
+
+// addRule queues r at the end of ch, and first its anonymous map, if it
+// has one.
+func addRule(c *nftables.Conn, ch *nftables.Chain, r rule) {
+	if r.anon == nil {
+		c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs})
+		return
+	}
+	addRuleOver(c, ch, r, addAnon(c, ch, r.anon))
 }
 
 func (b *batch) flushChain(o *objects, c chainSpec) {

@@ -224,6 +224,7 @@ func (t *table) warmStart(b *batch, o *Options, limit int, groups map[datapath.S
 			tx := &batch{c: cb.c}
 			tx.elems(ob, true, del)
 			tx.ops = append(tx.ops, cb.ops...)
+			tx.late = append(tx.late, cb.late...)
 			tx.elems(ob, false, add)
 			clear(del)
 			clear(add)
