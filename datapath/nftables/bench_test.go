@@ -53,26 +53,31 @@ func BenchmarkColdStart(b *testing.B) {
 	gate.Root(b)
 	for _, n := range benchSizes {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
-			ns := netns.New(b, "nftbench")
-			plan := benchPlan(n)
-			ctx := context.Background()
-			var cost applyCost
-			for b.Loop() {
-				b.StopTimer()
-				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := p.Cleanup(ctx); err != nil {
-					b.Fatal(err)
-				}
-				p.tables[0] = newTable(famIPv4)
-				cost.apply(ctx, b, p, plan)
-				b.StartTimer()
-			}
-			cost.report(b)
+			coldStarts(b, netns.New(b, "nftbench"), n)
 		})
 	}
+}
+
+// coldStarts times cold starts of n Services into ns, each into an empty
+// table (removed untimed), and reports their cost.
+func coldStarts(b *testing.B, ns *netns.NS, n int) {
+	plan := benchPlan(n)
+	ctx := context.Background()
+	var cost applyCost
+	for b.Loop() {
+		b.StopTimer()
+		p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
+		if err != nil {
+			b.Fatal(err)
+		}
+		if err := p.Cleanup(ctx); err != nil {
+			b.Fatal(err)
+		}
+		p.tables[0] = newTable(famIPv4)
+		cost.apply(ctx, b, p, plan)
+		b.StartTimer()
+	}
+	cost.report(b)
 }
 
 // BenchmarkColdStartWatched is BenchmarkColdStart with a reader of the
@@ -85,23 +90,7 @@ func BenchmarkColdStartWatched(b *testing.B) {
 		b.Run(fmt.Sprintf("services=%d", n), func(b *testing.B) {
 			ns := netns.New(b, "nftbench")
 			readEvents(b, ns)
-			plan := benchPlan(n)
-			ctx := context.Background()
-			var cost applyCost
-			for b.Loop() {
-				b.StopTimer()
-				p, err := New(Options{MasqueradeBit: 14, ClusterCIDRs: []netip.Prefix{clusterCIDR}, NetNS: int(ns.Handle()), NoConntrack: true})
-				if err != nil {
-					b.Fatal(err)
-				}
-				if err := p.Cleanup(ctx); err != nil {
-					b.Fatal(err)
-				}
-				p.tables[0] = newTable(famIPv4)
-				cost.apply(ctx, b, p, plan)
-				b.StartTimer()
-			}
-			cost.report(b)
+			coldStarts(b, ns, n)
 		})
 	}
 }
