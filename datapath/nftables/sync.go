@@ -153,15 +153,13 @@ func (b *batch) addChain(o *objects, c chainSpec) {
 func (b *batch) addRules(o *objects, c chainSpec) {
 	ch := o.chain(c)
 	for _, r := range c.rules {
-		if r.anon == nil {
-			b.late = append(b.late, func() { b.c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs}) })
-			b.objs++
-			continue
-		}
 		var set *nftables.Set
-		b.ops = append(b.ops, func() { set = addAnon(b.c, ch, r.anon) })
+		if r.anon != nil {
+			b.ops = append(b.ops, func() { set = addAnon(b.c, ch, r.anon) })
+			b.objs += 1 + len(r.anon.elems)
+		}
 		b.late = append(b.late, func() { addRuleOver(b.c, ch, r, set) })
-		b.objs += 1 + 1 + len(r.anon.elems)
+		b.objs++
 	}
 }
 
@@ -174,21 +172,25 @@ func addAnon(c *nftables.Conn, ch *nftables.Chain, m *anonMap) *nftables.Set {
 	return set
 }
 
-// addRuleOver queues r at the end of ch, its lookup naming set (addAnon).
+// addRuleOver queues r at the end of ch; its lookup names set, r's
+// anonymous map as addAnon queued it (nil when r has none).
 func addRuleOver(c *nftables.Conn, ch *nftables.Chain, r rule, set *nftables.Set) {
-	ex := slices.Clone(r.exprs)
-	ex[r.anon.at] = r.anon.lookup(set)
+	ex := r.exprs
+	if set != nil {
+		ex = slices.Clone(ex)
+		ex[r.anon.at] = r.anon.lookup(set)
+	}
 	c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: ex})
 }
 
 // addRule queues r at the end of ch, and first its anonymous map, if it
 // has one.
 func addRule(c *nftables.Conn, ch *nftables.Chain, r rule) {
-	if r.anon == nil {
-		c.AddRule(&nftables.Rule{Table: ch.Table, Chain: ch, Exprs: r.exprs})
-		return
+	var set *nftables.Set
+	if r.anon != nil {
+		set = addAnon(c, ch, r.anon)
 	}
-	addRuleOver(c, ch, r, addAnon(c, ch, r.anon))
+	addRuleOver(c, ch, r, set)
 }
 
 func (b *batch) flushChain(o *objects, c chainSpec) {
