@@ -2,15 +2,12 @@ package bench
 
 import (
 	"bufio"
-	"cmp"
 	"context"
 	"fmt"
-	"math"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -269,12 +266,8 @@ func (s *Sampler) Stop() int64 {
 	return s.Peak
 }
 
-// Metrics is a scrape of a proxy's /metrics: sample name with labels (as
-// written) to value.
-type Metrics map[string]float64
-
 // Scrape reads the proxy's metrics.
-func (p *Proxy) Scrape(ctx context.Context) (Metrics, error) {
+func (p *Proxy) Scrape(ctx context.Context) (proxies.Metrics, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.Metrics, nil)
 	if err != nil {
 		return nil, err
@@ -287,107 +280,7 @@ func (p *Proxy) Scrape(ctx context.Context) (Metrics, error) {
 	if resp.StatusCode != http.StatusOK {
 		return nil, fmt.Errorf("bench: %s: %s", p.Metrics, resp.Status)
 	}
-	m := Metrics{}
-	sc := bufio.NewScanner(resp.Body)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	for sc.Scan() {
-		line := sc.Text()
-		if line == "" || line[0] == '#' {
-			continue
-		}
-		i := strings.LastIndexByte(line, ' ')
-		if i < 0 {
-			continue
-		}
-		v, err := strconv.ParseFloat(line[i+1:], 64)
-		if err != nil {
-			continue
-		}
-		m[line[:i]] = v
-	}
-	return m, sc.Err()
-}
-
-// Sum adds every sample whose name (before any label) is name and whose
-// labels contain all of the given label pairs (e.g. `ip_family="IPv4"`).
-func (m Metrics) Sum(name string, labels ...string) float64 {
-	var s float64
-	for k, v := range m {
-		n, rest, _ := strings.Cut(k, "{")
-		if n != name {
-			continue
-		}
-		ok := true
-		for _, l := range labels {
-			if !strings.Contains(rest, l) {
-				ok = false
-			}
-		}
-		if ok {
-			s += v
-		}
-	}
-	return s
-}
-
-// HistQuantile estimates quantile q of a histogram from its buckets (the
-// difference between two scrapes when before is given), by linear
-// interpolation inside the bucket as Prometheus does. NaN without samples.
-func HistQuantile(after, before Metrics, name string, q float64) float64 {
-	type bucket struct{ le, n float64 }
-	var bs []bucket
-	for k, v := range after {
-		n, rest, _ := strings.Cut(k, "{")
-		if n != name+"_bucket" {
-			continue
-		}
-		i := strings.Index(rest, `le="`)
-		if i < 0 {
-			continue
-		}
-		leS := rest[i+4:]
-		leS = leS[:strings.IndexByte(leS, '"')]
-		le, err := strconv.ParseFloat(leS, 64)
-		if err != nil {
-			continue
-		}
-		if before != nil {
-			v -= before[k]
-		}
-		bs = append(bs, bucket{le, v})
-	}
-	if len(bs) == 0 {
-		return math.NaN()
-	}
-	slices.SortFunc(bs, func(a, b bucket) int { return cmp.Compare(a.le, b.le) })
-	// Buckets of several label sets (IPv4 and IPv6) with the same bound add up.
-	merged := bs[:0]
-	for _, b := range bs {
-		if len(merged) > 0 && merged[len(merged)-1].le == b.le {
-			merged[len(merged)-1].n += b.n
-			continue
-		}
-		merged = append(merged, b)
-	}
-	total := merged[len(merged)-1].n
-	if total <= 0 {
-		return math.NaN()
-	}
-	rank := q * total
-	prevLe, prevN := 0.0, 0.0
-	for _, b := range merged {
-		if b.n >= rank {
-			if math.IsInf(b.le, 1) {
-				return prevLe
-			}
-			if b.n == prevN {
-				return b.le
-			}
-			return prevLe + (b.le-prevLe)*(rank-prevN)/(b.n-prevN)
-		}
-		prevLe, prevN = b.le, b.n
-	}
-	return prevLe
+	return proxies.ParseMetrics(resp.Body)
 }
 
 // warmCompileCache compiles the chain's module into the state directory's

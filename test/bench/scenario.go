@@ -16,6 +16,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 // Plan is what one run measures.
@@ -283,8 +285,8 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 	}
 	if after, err := p.Scrape(ctx); err == nil {
 		h := "kubeproxy_network_programming_duration_seconds"
-		res.FlipMetricP50 = HistQuantile(after, before, h, 0.5)
-		res.FlipMetricP99 = HistQuantile(after, before, h, 0.99)
+		res.FlipMetricP50 = proxies.HistQuantile(after, before, h, 0.5)
+		res.FlipMetricP99 = proxies.HistQuantile(after, before, h, 0.99)
 	}
 	res.WatchResolution = watch.Resolution().Seconds()
 	log.Info("S2 flips", "n", len(res.Flips), "p50", quantile(res.Flips, 0.5), "p99", quantile(res.Flips, 0.99))

@@ -605,11 +605,11 @@ func (w *World) afterChange(ctx context.Context, f *changeFlow) string {
 
 // syncs reads the proxy's syncs of family from its metrics (parseSyncs).
 func (w *World) syncs(family string) (syncs, error) {
-	body, err := w.metrics()
+	m, err := w.metrics()
 	if err != nil {
 		return syncs{}, err
 	}
-	return parseSyncs(body, family)
+	return parseSyncs(m, family)
 }
 
 // udpOnce sends one datagram from port (0: a probe port of its own, see

@@ -5,7 +5,6 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -218,8 +216,8 @@ func (w *World) ready(ctx context.Context, p *proc, optional6 bool) error {
 func (w *World) kubeProxySynced(ctx context.Context, p *proc) error {
 	deadline := time.Now().Add(3 * time.Minute)
 	for {
-		body, err := w.metrics()
-		if err == nil && familiesSynced(body, "IPv4", "IPv6") {
+		m, err := w.metrics()
+		if err == nil && familiesSynced(m, "IPv4", "IPv6") {
 			return nil
 		}
 		if err := p.Exited(); err != nil {
@@ -233,7 +231,7 @@ func (w *World) kubeProxySynced(ctx context.Context, p *proc) error {
 }
 
 // metrics reads /metrics from metricsAddr in the node namespace.
-func (w *World) metrics() (string, error) {
+func (w *World) metrics() (proxies.Metrics, error) {
 	var conn net.Conn
 	err := w.Node.Do(func() error {
 		var err error
@@ -241,44 +239,30 @@ func (w *World) metrics() (string, error) {
 		return err
 	})
 	if err != nil {
-		return "", fmt.Errorf("metrics: %w", err)
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	defer conn.Close()
 	_ = conn.SetDeadline(time.Now().Add(5 * time.Second))
 	if _, err := fmt.Fprintf(conn, "GET /metrics HTTP/1.0\r\nHost: %s\r\n\r\n", metricsAddr); err != nil {
-		return "", fmt.Errorf("metrics: %w", err)
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	resp, err := http.ReadResponse(bufio.NewReader(conn), nil)
 	if err != nil {
-		return "", fmt.Errorf("metrics: %w", err)
+		return nil, fmt.Errorf("metrics: %w", err)
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, 4<<20))
-	if err != nil {
-		return "", fmt.Errorf("metrics: %w", err)
-	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("metrics: status %d", resp.StatusCode)
+		return nil, fmt.Errorf("metrics: status %d", resp.StatusCode)
 	}
-	return string(body), nil
+	return proxies.ParseMetrics(io.LimitReader(resp.Body, 4<<20))
 }
 
-// familiesSynced reports whether kube-proxy's metrics text shows a
-// finished sync of every family: a nonzero
+// familiesSynced reports whether kube-proxy's metrics show a finished
+// sync of every family: a nonzero
 // kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="<family>"}.
-func familiesSynced(metrics string, families ...string) bool {
-	done := map[string]bool{}
-	for _, line := range strings.Split(metrics, "\n") {
-		for _, f := range families {
-			name := `kubeproxy_sync_proxy_rules_last_timestamp_seconds{ip_family="` + f + `"} `
-			if v, ok := strings.CutPrefix(line, name); ok {
-				ts, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
-				done[f] = err == nil && ts > 0
-			}
-		}
-	}
+func familiesSynced(m proxies.Metrics, families ...string) bool {
 	for _, f := range families {
-		if !done[f] {
+		if m.Sum("kubeproxy_sync_proxy_rules_last_timestamp_seconds", `ip_family="`+f+`"`) <= 0 {
 			return false
 		}
 	}
@@ -295,62 +279,27 @@ type syncs struct {
 	longest time.Duration
 }
 
-// parseSyncs reads family's syncs ("IPv4", "IPv6") from a metrics text.
-func parseSyncs(metrics, family string) (syncs, error) {
+// parseSyncs reads family's syncs ("IPv4", "IPv6") from a proxy's metrics.
+func parseSyncs(m proxies.Metrics, family string) (syncs, error) {
 	const name = "kubeproxy_sync_proxy_rules_duration_seconds"
-	var s syncs
-	var sum float64
-	bounds := map[float64]int{} // le → cumulative count
-	found := false
-	for _, line := range strings.Split(metrics, "\n") {
-		series, value, ok := strings.Cut(line, " ")
-		if !ok || !strings.HasPrefix(series, name) {
-			continue
-		}
-		metric, labels, _ := strings.Cut(strings.TrimSuffix(series, "}"), "{")
-		if fam, ok := metricLabel(labels, "ip_family"); ok && fam != family {
-			continue
-		}
-		v, err := strconv.ParseFloat(value, 64)
-		if err != nil {
-			return syncs{}, fmt.Errorf("metrics: %q: %w", line, err)
-		}
-		switch metric {
-		case name + "_count":
-			s.count, found = int(v), true
-		case name + "_sum":
-			sum = v
-		case name + "_bucket":
-			le, _ := metricLabel(labels, "le")
-			b, err := strconv.ParseFloat(le, 64) // "+Inf" parses
-			if err != nil {
-				return syncs{}, fmt.Errorf("metrics: %q: %w", line, err)
-			}
-			bounds[b] = int(v)
+	var labels []string // edgeproxy's series carry no family
+	for k := range m.Select(name + "_count") {
+		if strings.Contains(k, "ip_family=") {
+			labels = []string{`ip_family="` + family + `"`}
 		}
 	}
-	if !found {
+	if len(m.Select(name+"_count", labels...)) == 0 {
 		return syncs{}, fmt.Errorf("metrics: no %s_count for %s", name, family)
 	}
-	longest := sum
-	for _, b := range slices.Sorted(maps.Keys(bounds)) {
-		if bounds[b] == s.count && !math.IsInf(b, 1) {
-			longest = b
+	count := m.Sum(name+"_count", labels...)
+	longest := m.Sum(name+"_sum", labels...)
+	for _, b := range m.Buckets(name, labels...) {
+		if b.N == count && !math.IsInf(b.Le, 1) {
+			longest = b.Le
 			break
 		}
 	}
-	s.longest = time.Duration(longest * float64(time.Second))
-	return s, nil
-}
-
-// metricLabel finds a label's value in a series' labels (a="x",b="y").
-func metricLabel(labels, key string) (string, bool) {
-	for _, kv := range strings.Split(labels, ",") {
-		if v, ok := strings.CutPrefix(kv, key+"="); ok {
-			return strings.Trim(v, `"`), true
-		}
-	}
-	return "", false
+	return syncs{count: int(count), longest: time.Duration(longest * float64(time.Second))}, nil
 }
 
 func shape(name string) *Shape {

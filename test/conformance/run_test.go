@@ -1,8 +1,11 @@
 package conformance
 
 import (
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/edgeproxy/edgeproxy/test/proxies"
 )
 
 func TestFamiliesSynced(t *testing.T) {
@@ -21,7 +24,7 @@ func TestFamiliesSynced(t *testing.T) {
 			"kubeproxy_sync_proxy_rules_last_queued_timestamp_seconds{ip_family=\"IPv6\"} 1\n", false},
 		{"empty", "", false},
 	} {
-		if got := familiesSynced(c.metrics, "IPv4", "IPv6"); got != c.want {
+		if got := familiesSynced(parse(t, c.metrics), "IPv4", "IPv6"); got != c.want {
 			t.Errorf("%s: familiesSynced = %t, want %t", c.name, got, c.want)
 		}
 	}
@@ -58,12 +61,22 @@ kubeproxy_sync_proxy_rules_duration_seconds_count 5
 		{"kube-proxy IPv6: past the last bucket, the sum", kube, "IPv6", syncs{2, 30 * time.Second}},
 		{"edgeproxy: one series for both", edge, "IPv6", syncs{5, 2 * time.Millisecond}},
 	} {
-		got, err := parseSyncs(c.metrics, c.family)
+		got, err := parseSyncs(parse(t, c.metrics), c.family)
 		if err != nil || got != c.want {
 			t.Errorf("%s: parseSyncs = %+v, %v; want %+v", c.name, got, err, c.want)
 		}
 	}
-	if s, err := parseSyncs("kubeproxy_sync_proxy_rules_last_timestamp_seconds 1\n", "IPv4"); err == nil {
+	if s, err := parseSyncs(parse(t, "kubeproxy_sync_proxy_rules_last_timestamp_seconds 1\n"), "IPv4"); err == nil {
 		t.Errorf("no histogram: parseSyncs = %+v, want an error", s)
 	}
+}
+
+// parse reads a metrics text as the harness reads a proxy's /metrics.
+func parse(t *testing.T, text string) proxies.Metrics {
+	t.Helper()
+	m, err := proxies.ParseMetrics(strings.NewReader(text))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }

@@ -4,7 +4,8 @@
 // edgeproxy in another) — with the
 // same settings, and empties a node namespace between them. The
 // benchmarks (test/bench) and the conformance matrix (test/conformance)
-// share it, so both proxies are configured in one place.
+// share it, so both proxies are configured in one place and their
+// metrics are read one way (ParseMetrics).
 //
 // The iptables backend (legacy or nft) is chosen the same way for both: a
 // directory whose iptables, iptables-save and iptables-restore (and the
