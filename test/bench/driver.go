@@ -150,6 +150,14 @@ func (d *Driver) Grow(ctx context.Context, n int) error {
 	})
 }
 
+// Version is the resource version of service i's EndpointSlice as last
+// written.
+func (d *Driver) Version(i int) string {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.slices[i].ResourceVersion
+}
+
 // Flip replaces endpoint j of service i with a fresh address, as when a pod
 // is rescheduled, and returns the new destination. The write time is taken
 // just before the API call.

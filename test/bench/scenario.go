@@ -66,7 +66,11 @@ type Result struct {
 	FloorOneChange float64 `json:"floorOneChangeSeconds"`
 
 	// S2: API write → kernel-visible, seconds.
-	Flips           []float64 `json:"flipSeconds"`
+	Flips []float64 `json:"flipSeconds"`
+	// FlipDelivered is, for each flip, when the API server handed the
+	// written slice to the bench's own watch (Deliveries), from the write:
+	// the control plane's share of the flip, the rest is the proxy's.
+	FlipDelivered   []float64 `json:"flipDeliveredSeconds,omitempty"`
 	FlipMetricP50   float64   `json:"flipMetricP50Seconds"` // the proxy's own network programming histogram
 	FlipMetricP99   float64   `json:"flipMetricP99Seconds"`
 	WatchResolution float64   `json:"watchResolutionSeconds"`
@@ -263,6 +267,11 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 
 	// S2: single flips, each after the previous is visible and a min-sync period has passed.
 	before, _ := p.Scrape(ctx)
+	deliveries, err := drv.WatchDeliveries(ctx)
+	if err != nil {
+		return err
+	}
+	defer deliveries.Stop()
 	rng := rand.New(rand.NewPCG(uint64(res.Services), 7))
 	for f := range r.Plan.Flips {
 		i, j := rng.IntN(res.Services), f%r.Plan.Endpoints
@@ -275,7 +284,12 @@ func (r *Runner) one(ctx context.Context, drv *Driver, res *Result, churn bool) 
 		if err != nil {
 			return fmt.Errorf("flip %d: %w", f, err)
 		}
+		delivered, err := deliveries.Wait(ctx, drv.Version(i), 60*time.Second)
+		if err != nil {
+			return fmt.Errorf("flip %d: %w", f, err)
+		}
 		res.Flips = append(res.Flips, max(0, seen.Sub(wrote).Seconds()))
+		res.FlipDelivered = append(res.FlipDelivered, max(0, delivered.Sub(wrote).Seconds()))
 		if _, ok := k.(*nftKernel); ok {
 			res.FlipWrites = append(res.FlipWrites, watch.Written().Sub(w0))
 		}

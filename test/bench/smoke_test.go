@@ -73,6 +73,9 @@ func TestHarness(t *testing.T) {
 		if len(res.Flips) != plan.Flips {
 			t.Errorf("%s: %d flips measured, want %d", res.Proxy, len(res.Flips), plan.Flips)
 		}
+		if len(res.FlipDelivered) != len(res.Flips) || slices.ContainsFunc(res.FlipDelivered, func(d float64) bool { return d <= 0 }) {
+			t.Errorf("%s: the API server's share of each flip not measured: %v", res.Proxy, res.FlipDelivered)
+		}
 		if res.FloorRestore <= 0 || res.FloorOneChange <= 0 || res.RuleSetBytes <= 0 {
 			t.Errorf("%s: floor not measured: %+v", res.Proxy, res)
 		}
