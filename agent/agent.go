@@ -159,6 +159,7 @@ func New(opts Options) (*Agent, error) {
 	a.gc = newBetweenSyncs()
 	a.snaps = newSnapshotWriter(cfg.StateDir, a.log, a.metrics.snapshotWriteFailures, &a.snapAge)
 	a.snaps.gc = a.gc
+	a.snaps.failed = a.runner.Unrest
 	a.kubeProxy = newKubeProxyTakeover(opts.Registry)
 	var err error
 	// The sync loop sleeps for as long as an hour on a quiet node (see

@@ -34,7 +34,11 @@ type snapshotWriter struct {
 	// gc collects after a write that left the heap near its trigger
 	// (betweenSyncs); nil: never.
 	gc *betweenSyncs
-	wg sync.WaitGroup
+	// failed is called after a write failed (the sync loop's Unrest): a
+	// loop that rested while the write ran would not retry it for an
+	// hour; nil: nothing.
+	failed func()
+	wg     sync.WaitGroup
 
 	mu      sync.Mutex
 	written time.Time // the stamp of the last successful write
@@ -87,12 +91,16 @@ func (w *snapshotWriter) flush(now time.Time, interval time.Duration, build func
 		s = nil // garbage before w.then (releaseAfterStart)
 		w.mu.Lock()
 		w.writing = false
-		if !w.wroteLocked(written, err) {
+		ok := w.wroteLocked(written, err)
+		if !ok {
 			w.dirty = true
 		}
 		then := w.then
 		w.then = nil
 		w.mu.Unlock()
+		if !ok && w.failed != nil {
+			w.failed()
+		}
 		if then != nil {
 			then()
 		}

@@ -145,11 +145,14 @@ func TestSnapshotWriterNote(t *testing.T) {
 }
 
 // A failed write leaves the snapshot dirty (the next flush tries again),
-// is counted and logged once.
+// is counted and logged once, and calls failed after each (the sync loop
+// that rested while it ran takes its rest back).
 func TestSnapshotWriterRetriesAFailure(t *testing.T) {
 	dir := filepath.Join(t.TempDir(), "missing", "state")
 	w := newGatedWriter(t, dir)
 	w.save = func(string, *snapshot.Snapshot) error { return errTestDisk }
+	var failed atomic.Int32
+	w.failed = func() { failed.Add(1) }
 	t0 := time.Unix(1_700_000_000, 0)
 	for i := range 2 {
 		w.note(changedPlan)
@@ -164,11 +167,24 @@ func TestSnapshotWriterRetriesAFailure(t *testing.T) {
 	if n := testutil.ToFloat64(w.failures); n != 2 {
 		t.Errorf("failures counted %v, want 2", n)
 	}
+	if n := failed.Load(); n != 2 {
+		t.Errorf("failed called %d times, want 2", n)
+	}
 	if n := strings.Count(w.log.String(), "cannot write the snapshot"); n != 1 {
 		t.Errorf("logged %d times, want once:\n%s", n, w.log.String())
 	}
 	if w.age.Load() != 0 {
 		t.Error("a failed write set the snapshot's age")
+	}
+	// A write that succeeds does not call it.
+	w.save = func(dir string, s *snapshot.Snapshot) error { return snapshot.Save(t.TempDir(), s) }
+	w.note(changedPlan)
+	if !w.flushAt(t0.Add(2*time.Second), time.Hour) {
+		t.Fatal("no write started after the failures")
+	}
+	w.wait()
+	if n := failed.Load(); n != 2 {
+		t.Errorf("failed called %d times after a good write, want 2", n)
 	}
 }
 

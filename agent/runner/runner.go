@@ -188,6 +188,28 @@ func (r *Runner) Rest(d time.Duration) {
 	r.rest = max(r.rest, d) // outside a run: cleared before it counts
 }
 
+// Unrest takes back a rest: something the periodic runs guard against
+// turned up after the run that rested ended (or while it runs), so the
+// next periodic run is due the max interval after the last run's end
+// again (at once, when that has passed). It never blocks, and without a
+// rest it changes nothing.
+func (r *Runner) Unrest() {
+	r.mu.Lock()
+	r.rest = 0 // a run in progress that rested
+	at := r.lastEnd.Add(r.max)
+	cut := r.max > 0 && !r.lastEnd.IsZero() && r.maxAt.After(at)
+	if cut {
+		r.maxAt = at
+	}
+	r.mu.Unlock()
+	if cut {
+		select {
+		case r.wake <- struct{}{}: // the loop sets its timer again
+		default:
+		}
+	}
+}
+
 // Status returns a snapshot of the runner's state, safe to call from any
 // goroutine.
 func (r *Runner) Status() Status {

@@ -358,3 +358,37 @@ func TestRestDoesNotDelayRetryOrShorten(t *testing.T) {
 	h.at(retryI + minI)
 	h.tick(3, retryI+minI+maxI)
 }
+
+func TestUnrest(t *testing.T) {
+	h := newHarness(t, minI, retryI, maxI)
+	h.during = func() { h.r.Rest(time.Hour) }
+	h.at(maxI)
+	h.tick(1, maxI+time.Hour)
+	// After the run that rested: the periodic run is back on the max
+	// interval from its end...
+	h.at(maxI + time.Second)
+	h.r.Unrest()
+	h.tick(1, 2*maxI)
+	h.at(2 * maxI)
+	h.tick(2, 2*maxI+time.Hour)
+	// ... and due at once when that has passed.
+	late := 2*maxI + 10*time.Minute
+	h.at(late)
+	h.r.Unrest()
+	h.tick(3, late+time.Hour)
+	h.lastRunAt(late)
+
+	// During the run that rests, after its Rest: that rest does not count.
+	h.during = func() {
+		h.r.Rest(time.Hour)
+		h.r.Unrest()
+	}
+	h.at(late + time.Minute)
+	h.r.Run()
+	h.tick(4, late+time.Minute+maxI)
+
+	// Without a rest, nothing changes.
+	h.during = nil
+	h.r.Unrest()
+	h.tick(4, late+time.Minute+maxI)
+}

@@ -437,6 +437,12 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 	// warm: the table's rest is a restart's (warmStart).
 	warm := make([]bool, len(p.tables))
 	st := Stats{}
+	// Our own transactions need no look by Tampered: when the tables
+	// were verified at the generation before the apply, or the apply
+	// writes them whole, and the apply's transactions are all that moved
+	// it, they are verified after it; and the generations they made are
+	// known as ours (see afterApply).
+	gen0, genOK := p.beforeApply()
 	for i, t := range p.tables {
 		ips, err := datapath.NodePortIPs(t.f.family, p.opts.NodePortAddresses, p.opts.NodePortPrimary, plan.NodeIPs, p.opts.LocalAddrs)
 		if err != nil {
@@ -501,11 +507,6 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		st.Units = max(st.Units, pd.n)
 		pend = append(pend, pd)
 	}
-	// Our own transactions need no look by Tampered: when the tables
-	// were verified at the generation before the apply, and the apply's
-	// transactions are all that moved it, they stay verified; and the
-	// generations they made are known as ours (see afterApply).
-	gen0, genOK, whole := p.beforeApply(pend)
 	st.Messages = b.run()
 	if st.Messages > 0 {
 		st.Transactions = 1
@@ -573,7 +574,7 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 		pend[i].commit(t)
 		p.m.chains.WithLabelValues(t.f.name).Set(float64(t.chainCount(&p.opts)))
 	}
-	p.afterApply(gen0, genOK, whole, st.Transactions)
+	p.afterApply(gen0, genOK, whole(pend), st.Transactions)
 	p.nodeIPs = slices.Clone(plan.NodeIPs)
 	p.stats = st
 	// A failed conntrack cleanup does not fail the apply: the rules are

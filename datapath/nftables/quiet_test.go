@@ -10,11 +10,12 @@ import (
 )
 
 // Unchanged vouches for the tables only once Tampered verified them at
-// the current ruleset generation, or an apply from verified tables moved
-// it by its own transactions only: not before an apply, not after a
-// first apply until Tampered looked, not after another's commit (any table),
-// not while a failed apply owes a rebuild, and not once the node-port
-// addresses looked up now differ from those written.
+// the current ruleset generation, or an apply moved it by its own
+// transactions only, from verified tables or writing them whole (a first
+// apply): not before an apply, not after another's commit (any
+// table) until Tampered looked, not while a failed apply owes a rebuild,
+// and not once the node-port addresses looked up now differ from those
+// written.
 func TestUnchanged(t *testing.T) {
 	kernel(t)
 	ns := netns.New(t, "nftquiet")
@@ -37,8 +38,8 @@ func TestUnchanged(t *testing.T) {
 	if err := p.Apply(ctx, plan); err != nil {
 		t.Fatal(err)
 	}
-	if p.Unchanged() {
-		t.Fatal("Unchanged before Tampered looked at the first apply")
+	if !p.Unchanged() {
+		t.Fatal("not Unchanged after a first apply, which wrote the table whole")
 	}
 	verify()
 	if !p.Unchanged() || !p.Unchanged() {
@@ -110,8 +111,9 @@ func TestUnchanged(t *testing.T) {
 	// addresses looked up now are those written, not once they moved.
 	ns2 := netns.New(t, "nftquiet2")
 	local := []netip.Addr{netip.MustParseAddr("192.0.2.1")}
+	during := func() {} // runs inside each look-up of the node's addresses
 	q := newProxier(t, ns2, Options{ClusterCIDRs: []netip.Prefix{clusterCIDR}, NodePortAddresses: []netip.Prefix{netip.MustParsePrefix("192.0.2.0/24")},
-		LocalAddrs: func() ([]netip.Addr, error) { return local, nil }})
+		LocalAddrs: func() ([]netip.Addr, error) { during(); return local, nil }})
 	np := newPlan(1, nodePort(web, datapath.TCP, datapath.IPv4, 30080, ep("10.244.1.3:8080")))
 	if err := q.Apply(ctx, np); err != nil {
 		t.Fatal(err)
@@ -125,6 +127,28 @@ func TestUnchanged(t *testing.T) {
 	local = []netip.Addr{netip.MustParseAddr("192.0.2.1"), netip.MustParseAddr("192.0.2.7")}
 	if q.Unchanged() {
 		t.Fatal("Unchanged after the node gained a node-port address")
+	}
+	// Another's commit while an apply renders (here, from inside the
+	// apply's look-up of the node's addresses) is not taken for one of
+	// the apply's own: the apply does not vouch for the tables, and the
+	// look finds the hand-made chain.
+	local = local[:1]
+	during = func() {
+		during = func() {}
+		if _, err := ns2.Run("nft", "add", "chain", "ip", TableName, "intruder"); err != nil {
+			t.Error(err)
+		}
+	}
+	np2 := newPlan(2, nodePort(web, datapath.TCP, datapath.IPv4, 30080, ep("10.244.1.4:8080")))
+	np2.Full, np2.Changed = false, map[datapath.ServicePortName]bool{web: true}
+	if err := q.Apply(ctx, np2); err != nil {
+		t.Fatal(err)
+	}
+	if q.Unchanged() {
+		t.Fatal("Unchanged after an apply during which someone else added a chain to our table")
+	}
+	if bad, err := q.Tampered(ctx); err != nil || !bad {
+		t.Fatalf("Tampered = %v, %v, want the chain added during the apply seen", bad, err)
 	}
 	// The Node's primary addresses (the mode's default): the same, with
 	// the plan's NodeIPs.

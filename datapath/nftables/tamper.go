@@ -236,30 +236,42 @@ type genRange struct{ from, to uint32 }
 // genAfter reports whether generation a comes after b (the counter wraps).
 func genAfter(a, b uint32) bool { return int32(a-b) > 0 }
 
-// beforeApply returns the generation before an apply's transactions, and
-// whether the apply can vouch for the tables afterwards: when they were
-// verified at that generation, or when the apply writes every table whole
-// (pend all replace), so that nothing anyone did before counts.
-func (p *Proxier) beforeApply(pend []*pending) (gen0 uint32, ok, whole bool) {
+// beforeApply returns the generation before an apply read or rendered
+// anything (ok false: unknown). Read first, so that a commit of anyone
+// else's while the apply dumps the tables (a restart) or renders them
+// moves the generation past what the apply's own transactions account
+// for, and afterApply does not take it for ours.
+func (p *Proxier) beforeApply() (gen0 uint32, ok bool) {
 	gen, err := p.conn.GetGen()
 	if err != nil {
-		return 0, false, false
+		return 0, false
 	}
-	whole = len(pend) > 0
+	return gen.ID, true
+}
+
+// whole reports whether an apply writes every table whole (pend all
+// replace), so that nothing anyone did before it counts.
+func whole(pend []*pending) bool {
 	for _, pd := range pend {
-		whole = whole && pd.replace
+		if !pd.replace {
+			return false
+		}
 	}
-	return gen.ID, true, whole
+	return len(pend) > 0
 }
 
 // afterApply records the generations of an apply that started at gen0
 // and committed txs transactions, when the generation moved by exactly
 // that (no one else committed in between): they are ours, and the tables
 // are known as written at the new generation if they were at gen0 or the
-// apply wrote them whole. The tables that Tampered had verified stay
-// verified then: Tampered, asked after the commits the watch announced,
-// need not look again (at 10k Services, a dump of 10k chain names after
-// each of our own applies without a watch). Anything else is left to
+// apply wrote them whole. The tables are verified at the new generation
+// then too, when Tampered had verified them at gen0 or the apply wrote
+// them whole (nothing anyone did before it is left in them): Tampered,
+// asked after the commits the watch announced, need not look again (at
+// 10k Services, a dump of 10k chain names after each of our own applies
+// without a watch), and a cold start's apply vouches for its tables at
+// once, so that the loop can rest after it rather than wake one
+// sync.period later to compare (Unchanged). Anything else is left to
 // Tampered.
 func (p *Proxier) afterApply(gen0 uint32, ok, whole bool, txs int) {
 	if !ok || txs == 0 {
@@ -276,8 +288,8 @@ func (p *Proxier) afterApply(gen0 uint32, ok, whole bool, txs int) {
 	if whole || (p.base && p.baseGen == gen0) {
 		p.base, p.baseGen = true, gen.ID
 	}
-	if p.verified && p.verifiedGen == gen0 {
-		p.verifiedGen = gen.ID
+	if whole || (p.verified && p.verifiedGen == gen0) {
+		p.verified, p.verifiedGen = true, gen.ID
 	}
 }
 

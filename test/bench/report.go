@@ -479,15 +479,16 @@ func (rep *Report) nftablesSection(p func(string, ...any), backend string) {
 }
 
 // flipShares splits each S2 flip into the API server's share (write to the
-// bench's watch, FlipDelivered) and the proxy's (the rest, at least 0).
-// Empty when the run did not record deliveries.
+// bench's watch: FlipDelivered itself, which callers only read) and the
+// proxy's (the rest, at least 0). Empty when the run did not record
+// deliveries.
 func (r *Result) flipShares() (api, proxy []float64) {
 	if len(r.FlipDelivered) != len(r.Flips) {
 		return nil, nil
 	}
+	proxy = make([]float64, len(r.Flips))
 	for i, d := range r.FlipDelivered {
-		api = append(api, d)
-		proxy = append(proxy, max(0, r.Flips[i]-d))
+		proxy[i] = max(0, r.Flips[i]-d)
 	}
-	return api, proxy
+	return r.FlipDelivered, proxy
 }
