@@ -72,7 +72,7 @@ deps-demo:
 # deadline that Go's fuzz coordinator can race on a busy machine and report as
 # "context deadline exceeded" with no input found (a count has no deadline).
 FUZZ_TARGETS := ./agent/source:FuzzManifest ./agent/config:FuzzLoad ./agent/snapshot:FuzzDecode \
-	./policy/abi:FuzzDecode ./datapath:FuzzSanitize
+	./policy/abi:FuzzDecode ./datapath:FuzzSanitize ./datapath:FuzzSanitizer
 FUZZ_SMOKE ?= 50000x
 FUZZTIME   ?= 10m
 fuzz-smoke:

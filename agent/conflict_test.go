@@ -78,3 +78,54 @@ func TestConflictingServicesDoNotStopTheRest(t *testing.T) {
 		t.Errorf("edgeproxy_frontend_conflicts = %v, want 1", n)
 	}
 }
+
+// A conflict that one change brings is found in the sync of that change
+// (which reads only the changed service ports), and so is its end.
+func TestConflictComesAndGoesWithAChange(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "all.yaml")
+	// new/b's first port moved off old/a's: no conflict.
+	apart := strings.Replace(conflictManifests(80), "ports: [{port: 80}, {name: other", "ports: [{port: 82}, {name: other", 1)
+	if err := os.WriteFile(path, []byte(apart), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	rec := recorder.New()
+	a := startAgent(t, rec, dir)
+	<-a.Synced()
+	programmed := func(what string) func() bool {
+		return func() bool {
+			p, _ := rec.Last()
+			return p != nil && strings.Contains(p.String(), what)
+		}
+	}
+	eventually(t, "new/b on port 82", programmed("10.96.9.9:82 ClusterIP new/b "))
+	if n := testutil.ToFloat64(a.quarantine.conflicts); n != 0 {
+		t.Fatalf("edgeproxy_frontend_conflicts = %v before any conflict", n)
+	}
+
+	if err := os.WriteFile(path, []byte(conflictManifests(80)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new/b's port 82 gone", func() bool { return !programmed("10.96.9.9:82 ")() })
+	p, _ := rec.Last()
+	if text := p.String(); strings.Contains(text, "10.96.9.9:80 ClusterIP new/b ") || !strings.Contains(text, "10.96.9.9:80 ClusterIP old/a ") {
+		t.Errorf("the conflict came with a change and old/a does not hold 10.96.9.9:80 alone:\n%s", text)
+	}
+	if p.Full {
+		t.Errorf("the change came in a full plan; want the partial sync that reads only changed ports")
+	}
+	if n := testutil.ToFloat64(a.quarantine.conflicts); n != 1 {
+		t.Errorf("edgeproxy_frontend_conflicts = %v, want 1", n)
+	}
+
+	if err := os.WriteFile(path, []byte(apart), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, "new/b back on port 82", programmed("10.96.9.9:82 ClusterIP new/b "))
+	if n := testutil.ToFloat64(a.quarantine.conflicts); n != 0 {
+		t.Errorf("edgeproxy_frontend_conflicts = %v after the conflict ended, want 0", n)
+	}
+	if r := a.Refused(); len(r) != 0 {
+		t.Errorf("still refused after the conflict ended: %+v", r)
+	}
+}

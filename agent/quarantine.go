@@ -27,6 +27,9 @@ type quarantine struct {
 	taken map[model.ServicePortName]string
 	// shown is every refusal of the last sync, to log only the new ones.
 	shown map[string]bool
+	// sanitizer keeps what each service port of the planner's plans
+	// claims: a sync looks at the ports it changed, not at every one.
+	sanitizer datapath.Sanitizer
 }
 
 func newQuarantine(reg prometheus.Registerer, log *slog.Logger) *quarantine {
@@ -49,7 +52,7 @@ func newQuarantine(reg prometheus.Registerer, log *slog.Logger) *quarantine {
 // the service ports whose refusals changed since the last sync as changed,
 // so that a partial sync adds or removes their frontends.
 func (q *quarantine) sanitize(plan *datapath.Plan, snap *state.Snapshot) []datapath.Refusal {
-	refused := plan.Sanitize(olderFirst(snap))
+	refused := q.sanitizer.Sanitize(plan, olderFirst(snap))
 	taken := make(map[model.ServicePortName]string, len(refused))
 	for _, r := range refused {
 		taken[r.Service] += r.Frontend + "\x00" + r.Reason + "\n"

@@ -1,7 +1,9 @@
 package datapath
 
 import (
+	"maps"
 	"net/netip"
+	"reflect"
 	"slices"
 	"strings"
 	"testing"
@@ -74,4 +76,63 @@ func FuzzSanitize(f *testing.F) {
 			t.Fatalf("order-dependent:\n%s\nvs\n%s\n%v\n%v", p, rev, r1, r2)
 		}
 	})
+}
+
+// FuzzSanitizer: over a series of plans, each Changed naming the service
+// ports whose frontends differ from the plan before, a Sanitizer returns
+// and leaves what Sanitize does, and what it keeps is what it would read
+// from the plan anew.
+func FuzzSanitizer(f *testing.F) {
+	f.Add([]byte{0, 0, 0, 1, 0, 1, 1, 0, 0, 1, 0, 1, 2, 1, 0, 1, 0, 1, 3, 0, 1, 1, 0, 1})
+	f.Add([]byte{0, 1, 1, 0, 3, 2, 2, 4, 3, 1, 1, 0, 0, 1, 1, 0, 3, 2, 1, 1, 1, 1, 0, 1})
+	f.Fuzz(func(t *testing.T, b []byte) {
+		b = b[:min(len(b), 6*16)] // 13 plans at most
+		var s Sanitizer
+		var prev *Plan
+		gen := uint64(7)
+		// Plan k is made of frontends k to k+3 of b: the next plan
+		// drops one frontend and adds another.
+		for k := 0; k == 0 || 6*(k+3) < len(b); k++ {
+			gen++
+			plan := planFrom(b[6*k : min(len(b), 6*(k+4))])
+			plan.Sort()
+			plan.Generation = gen
+			plan.Changed = changedSince(prev, plan)
+			prev = clonePlan(plan)
+			whole := clonePlan(plan)
+			got, want := s.Sanitize(plan, nil), whole.Sanitize(nil)
+			if !reflect.DeepEqual(got, want) || !reflect.DeepEqual(plan.Frontends, whole.Frontends) {
+				t.Fatalf("plan %d: Sanitizer gave %v and\n%s\nSanitize %v and\n%s", k, got, plan, want, whole)
+			}
+			fresh := Sanitizer{seed: s.seed, ports: map[ServicePortName]portClaim{}} // the same seed
+			fresh.reset(prev)
+			if !reflect.DeepEqual(fresh.ports, s.ports) || !maps.Equal(fresh.claims, s.claims) || fresh.bad != s.bad || fresh.twice != s.twice {
+				t.Fatalf("plan %d: kept %d bad, %d twice, %v; read anew %d, %d, %v", k, s.bad, s.twice, s.claims, fresh.bad, fresh.twice, fresh.claims)
+			}
+		}
+	})
+}
+
+// changedSince names the service ports whose frontends differ between
+// prev (nil: none) and next, both sorted.
+func changedSince(prev, next *Plan) map[ServicePortName]bool {
+	if prev == nil {
+		prev = &Plan{}
+	}
+	out := map[ServicePortName]bool{}
+	for _, p := range []*Plan{prev, next} {
+		for i := range p.Frontends {
+			name := p.Frontends[i].Service
+			if !reflect.DeepEqual(prev.PortFrontends(name), next.PortFrontends(name)) {
+				out[name] = true
+			}
+		}
+	}
+	return out
+}
+
+func clonePlan(p *Plan) *Plan {
+	c := *p
+	c.Frontends = slices.Clone(p.Frontends)
+	return &c
 }

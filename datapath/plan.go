@@ -271,6 +271,21 @@ func (p *Plan) Sort() {
 	slices.SortFunc(p.Frontends, func(a, b Frontend) int { return Compare(&a, &b) })
 }
 
+// PortFrontends returns the frontends of the service port named name, a
+// part of p.Frontends (found by binary search: the plan must be sorted).
+func (p *Plan) PortFrontends(name ServicePortName) []Frontend {
+	cmp := func(f Frontend, n ServicePortName) int { return f.Service.Compare(n) }
+	i, ok := slices.BinarySearchFunc(p.Frontends, name, cmp)
+	if !ok {
+		return nil
+	}
+	j := i + 1
+	for j < len(p.Frontends) && p.Frontends[j].Service == name {
+		j++
+	}
+	return p.Frontends[i:j:j]
+}
+
 // String renders one line per frontend, in order. Stable for golden tests.
 func (p *Plan) String() string {
 	var b strings.Builder

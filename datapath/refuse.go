@@ -3,6 +3,7 @@ package datapath
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"slices"
 	"strings"
 )
@@ -211,4 +212,113 @@ func (p *Plan) Sanitize(first func(a, b ServicePortName) bool) []Refusal {
 // frontendID names a frontend without its endpoints.
 func frontendID(f *Frontend) string {
 	return fmt.Sprintf("%s %s %s", f.Protocol, f.AddrString(), f.Kind)
+}
+
+// Sanitizer is Sanitize for the plans of one planner in turn, each of
+// whose Changed names every service port whose frontends differ from the
+// plan before (the planner's, before any Sanitize). It keeps what it found
+// in each service port, so that a plan in which no service port breaks an
+// invariant and no frontend is claimed twice is passed in the time of its
+// changed ports: at 10k Services, Sanitize's walk of every frontend was a
+// quarter of a one-Service sync. A plan with something to take out is
+// sanitized whole by Sanitize, and so is one whose Generation does not
+// follow the last one's. The zero Sanitizer is ready for use.
+type Sanitizer struct {
+	gen   uint64
+	ports map[ServicePortName]portClaim
+	// claims counts the claims of each frontend Key, by its hash: two
+	// keys that share a hash count as one claimed twice, which only costs
+	// a whole Sanitize.
+	claims map[uint64]int32
+	seed   maphash.Seed
+	bad    int // service ports with a broken frontend
+	twice  int // hashes claimed more than once
+}
+
+// portClaim is what one service port claims: its frontends' keys (hashed)
+// and whether one of its frontends breaks an invariant.
+type portClaim struct {
+	keys []uint64
+	bad  bool
+}
+
+// Sanitize does what p.Sanitize(first) does and returns the same. p must
+// be sorted (Plan's contract).
+func (s *Sanitizer) Sanitize(p *Plan, first func(a, b ServicePortName) bool) []Refusal {
+	if s.ports == nil || p.Generation != s.gen+1 {
+		s.reset(p)
+	} else {
+		for name := range p.Changed {
+			s.drop(name)
+			if fs := p.PortFrontends(name); len(fs) > 0 {
+				s.add(name, fs)
+			}
+		}
+	}
+	s.gen = p.Generation
+	if s.bad == 0 && s.twice == 0 {
+		return nil
+	}
+	return p.Sanitize(first)
+}
+
+// reset forgets what it knew and reads every service port of p.
+func (s *Sanitizer) reset(p *Plan) {
+	if s.ports == nil {
+		s.seed = maphash.MakeSeed()
+	}
+	s.ports = make(map[ServicePortName]portClaim)
+	s.claims = make(map[uint64]int32, len(p.Frontends))
+	s.bad, s.twice = 0, 0
+	for i := 0; i < len(p.Frontends); {
+		j := i + 1
+		for j < len(p.Frontends) && p.Frontends[j].Service == p.Frontends[i].Service {
+			j++
+		}
+		name := p.Frontends[i].Service
+		if _, seen := s.ports[name]; seen {
+			// Not sorted after all: every later plan is sanitized whole.
+			s.bad++
+		}
+		s.add(name, p.Frontends[i:j])
+		i = j
+	}
+}
+
+// add records the frontends fs of the service port name, which holds none.
+func (s *Sanitizer) add(name ServicePortName, fs []Frontend) {
+	c := portClaim{keys: make([]uint64, len(fs))}
+	for i := range fs {
+		f := &fs[i]
+		c.bad = c.bad || len(frontendProblems(f)) > 0
+		h := maphash.Comparable(s.seed, f.Key())
+		c.keys[i] = h
+		if s.claims[h]++; s.claims[h] == 2 {
+			s.twice++
+		}
+	}
+	if c.bad {
+		s.bad++
+	}
+	s.ports[name] = c
+}
+
+// drop forgets what the service port name claimed.
+func (s *Sanitizer) drop(name ServicePortName) {
+	c, ok := s.ports[name]
+	if !ok {
+		return
+	}
+	for _, h := range c.keys {
+		switch s.claims[h]--; s.claims[h] {
+		case 1:
+			s.twice--
+		case 0:
+			delete(s.claims, h)
+		}
+	}
+	if c.bad {
+		s.bad--
+	}
+	delete(s.ports, name)
 }

@@ -589,15 +589,23 @@ func (p *Proxier) Apply(ctx context.Context, plan *datapath.Plan) error {
 }
 
 // group collects the frontends of family fam by service port: all of
-// them, or only the changed ones.
+// them, or only the changed ones (found by name: a one-Service change
+// does not walk every frontend).
 func group(plan *datapath.Plan, f datapath.Family, all bool) map[datapath.ServicePortName][]datapath.Frontend {
 	out := map[datapath.ServicePortName][]datapath.Frontend{}
-	for i := range plan.Frontends {
-		fr := &plan.Frontends[i]
-		if fr.Family != f || (!all && !plan.Changed[fr.Service]) {
-			continue
+	add := func(fs []datapath.Frontend) {
+		for i := range fs {
+			if fr := &fs[i]; fr.Family == f {
+				out[fr.Service] = append(out[fr.Service], *fr)
+			}
 		}
-		out[fr.Service] = append(out[fr.Service], *fr)
+	}
+	if all {
+		add(plan.Frontends)
+		return out
+	}
+	for name := range plan.Changed {
+		add(plan.PortFrontends(name))
 	}
 	return out
 }
