@@ -233,6 +233,10 @@ type Sanitizer struct {
 	seed   maphash.Seed
 	bad    int // service ports with a broken frontend
 	twice  int // hashes claimed more than once
+	// unsorted: the last plan was not in Compare's order (against Plan's
+	// contract), so its ports cannot be found by name: the next plan is
+	// read whole too, and every such plan is sanitized whole.
+	unsorted bool
 }
 
 // portClaim is what one service port claims: its frontends' keys (hashed)
@@ -242,10 +246,9 @@ type portClaim struct {
 	bad  bool
 }
 
-// Sanitize does what p.Sanitize(first) does and returns the same. p must
-// be sorted (Plan's contract).
+// Sanitize does what p.Sanitize(first) does and returns the same.
 func (s *Sanitizer) Sanitize(p *Plan, first func(a, b ServicePortName) bool) []Refusal {
-	if s.ports == nil || p.Generation != s.gen+1 {
+	if s.ports == nil || s.unsorted || p.Generation != s.gen+1 {
 		s.reset(p)
 	} else {
 		for name := range p.Changed {
@@ -256,7 +259,7 @@ func (s *Sanitizer) Sanitize(p *Plan, first func(a, b ServicePortName) bool) []R
 		}
 	}
 	s.gen = p.Generation
-	if s.bad == 0 && s.twice == 0 {
+	if !s.unsorted && s.bad == 0 && s.twice == 0 {
 		return nil
 	}
 	return p.Sanitize(first)
@@ -269,16 +272,17 @@ func (s *Sanitizer) reset(p *Plan) {
 	}
 	s.ports = make(map[ServicePortName]portClaim)
 	s.claims = make(map[uint64]int32, len(p.Frontends))
-	s.bad, s.twice = 0, 0
+	s.bad, s.twice, s.unsorted = 0, 0, false
 	for i := 0; i < len(p.Frontends); {
 		j := i + 1
 		for j < len(p.Frontends) && p.Frontends[j].Service == p.Frontends[i].Service {
 			j++
 		}
 		name := p.Frontends[i].Service
-		if _, seen := s.ports[name]; seen {
-			// Not sorted after all: every later plan is sanitized whole.
-			s.bad++
+		if i > 0 && p.Frontends[i-1].Service.Compare(name) > 0 {
+			// Out of order (a port split in two is too): what is
+			// kept is not used until a sorted plan is read whole.
+			s.unsorted = true
 		}
 		s.add(name, p.Frontends[i:j])
 		i = j
